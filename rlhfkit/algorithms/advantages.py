@@ -1,0 +1,145 @@
+"""Advantage estimators: GAE (per token), group-relative (GRPO / Dr.GRPO), leave-one-out (RLOO),
+REINFORCE baselines, and masked whitening.
+
+Shapes follow DESIGN.md: ``B`` sequences, ``T`` response positions, ``G`` = ``group_size``; rows
+``g*G .. g*G+G-1`` share prompt ``g``. Sequence-level estimators return ``(B,)``; the caller
+broadcasts them over the response tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_groups, check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
+
+
+def gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438, eq. 11–16).
+
+    ``δ_t = r_t + γ V_{t+1} - V_t`` and ``A_t = δ_t + γλ A_{t+1}``, run backwards over the response
+    positions of each row. Masked positions are skipped whatever they hold (NaN included): the
+    "next" step of a response token is the next *unmasked* position, and the value after the last
+    response token is 0 (the episode ends there). No whitening happens here.
+
+    Args: ``token_rewards``, ``values``, ``response_mask`` of shape (B, T).
+    Returns: ``(advantages, returns)``, both (B, T), with ``returns = advantages + values`` on
+    response tokens and 0 on masked positions.
+    """
+    check_same_shape(token_rewards=token_rewards, values=values)
+    check_tensor("token_rewards", token_rewards, ndim=2)
+    mask = check_mask(response_mask, token_rewards.shape)
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    rewards = torch.where(mask, token_rewards, zero)
+    vals = torch.where(mask, values, zero)
+
+    B, T = rewards.shape
+    advantages = torch.zeros_like(vals)
+    next_value = torch.zeros(B, dtype=vals.dtype, device=vals.device)
+    next_adv = torch.zeros_like(next_value)
+    for t in reversed(range(T)):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - vals[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        # On a masked position nothing changes: the recursion carries over it untouched.
+        advantages[:, t] = torch.where(m, adv_t, zero)
+        next_value = torch.where(m, vals[:, t], next_value)
+        next_adv = torch.where(m, adv_t, next_adv)
+    returns = torch.where(mask, advantages + vals, zero)
+    return advantages, returns
+
+
+def group_advantages(
+    scores: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6
+) -> torch.Tensor:
+    """Group-relative advantages of GRPO (Shao et al. 2024, arXiv:2402.03300, §4.1.2).
+
+    ``A_i = (r_i - mean_g) / (std_g + eps)`` with the unbiased sample std of the ``G`` rewards of
+    the group (as TRL and verl). ``scale="none"`` is Dr.GRPO (Liu et al. 2025, arXiv:2503.20783):
+    ``A_i = r_i - mean_g``, removing the question-difficulty bias of the std division.
+
+    Args: ``scores`` (B,), B divisible by ``group_size`` ≥ 2. Returns: (B,).
+    """
+    grouped = _grouped(scores, group_size)
+    centred = grouped - grouped.mean(dim=1, keepdim=True)
+    if scale == "std":
+        centred = centred / (grouped.std(dim=1, keepdim=True, unbiased=True) + eps)
+    elif scale != "none":
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    return centred.reshape(-1)
+
+
+def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
+
+    ``A_i = r_i - (1/(G-1)) Σ_{j≠i} r_j``, which equals ``G/(G-1) (r_i - mean_g)``.
+
+    Args: ``scores`` (B,), B divisible by ``group_size`` ≥ 2. Returns: (B,).
+    """
+    grouped = _grouped(scores, group_size)
+    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - baseline).reshape(-1)
+
+
+def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean") -> torch.Tensor:
+    """REINFORCE with a baseline (Williams 1992; reference "REINFORCE and RLOO for LLMs").
+
+    ``A_i = r_i - b`` where ``b`` is the batch mean (``"batch_mean"``), nothing (``"none"``), or a
+    number / 0-d tensor the caller holds (e.g. a running mean across steps).
+
+    Args: ``scores`` (B,). Returns: (B,).
+    """
+    check_tensor("scores", scores, ndim=1)
+    if isinstance(baseline, str):
+        if baseline == "batch_mean":
+            return scores - scores.mean()
+        if baseline == "none":
+            return scores.clone()
+        raise ValueError(f"baseline must be 'batch_mean', 'none' or a number, got {baseline!r}")
+    if isinstance(baseline, torch.Tensor) and baseline.numel() != 1:
+        raise ValueError(f"baseline tensor must hold one number, got shape {tuple(baseline.shape)}")
+    return scores - baseline
+
+
+def whiten(
+    x: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Masked whitening ``(x - mean) / sqrt(var + eps)`` over the positions in ``mask``.
+
+    The variance is the unbiased (Bessel-corrected) one, as in TRL's ``masked_whiten``.
+    ``shift_mean=False`` adds the mean back, so only the scale changes (used for PPO rewards).
+    Masked positions come back as 0. Needs at least 2 unmasked values.
+
+    Args: ``x`` of any shape, ``mask`` of the same shape or None. Returns: same shape as ``x``.
+    """
+    check_tensor("x", x)
+    m = torch.ones_like(x, dtype=torch.bool) if mask is None else check_mask(mask, x.shape, "mask")
+    count = m.sum()
+    if bool(count < 2):
+        raise ValueError(f"whiten needs at least 2 unmasked values, got {int(count)} in shape {tuple(x.shape)}")
+    mean = masked_mean(x, m)
+    centred = torch.where(m, x - mean, torch.zeros((), dtype=x.dtype, device=x.device))
+    var = masked_sum(centred**2, m) / (count - 1).to(x.dtype)
+    out = centred * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(m, out, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def broadcast_sequence_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) sequence-level advantages → (B, T), equal on every response token and 0 elsewhere."""
+    check_tensor("advantages", advantages, ndim=1)
+    check_tensor("response_mask", response_mask, ndim=2)
+    mask = check_mask(response_mask, (advantages.shape[0], response_mask.shape[1]))
+    return torch.where(mask, advantages[:, None], torch.zeros((), dtype=advantages.dtype, device=advantages.device))
+
+
+def _grouped(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    check_tensor("scores", scores, ndim=1)
+    n_groups = check_groups(scores.shape[0], group_size)
+    return scores.reshape(n_groups, group_size)

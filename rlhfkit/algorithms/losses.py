@@ -1,0 +1,189 @@
+"""Policy losses (PPO clip with asymmetric and dual clipping, plain policy gradient), the clipped
+value loss, and ``aggregate`` — the one place where a (B, T) loss matrix becomes a scalar.
+
+All losses are negated objectives (for gradient descent) and return ``(loss, metrics)`` where
+``metrics`` holds detached 0-d tensors (no ``.item()``; the caller decides when to synchronise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
+from .kl import kl_penalty
+from .logprobs import entropy_from_logits  # noqa: F401  (re-exported: the entropy bonus lives with the losses)
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+_MAX_LOG_RATIO = 20.0
+
+
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", horizon: int | None = None):
+    """Reduce a per-token loss ``loss_mat`` (B, T) under ``mask`` (B, T) to a scalar.
+
+    - ``token-mean``: ``Σ(l·m) / Σm`` — every token weighs the same (DAPO, arXiv:2503.14476).
+    - ``seq-mean-token-mean``: mean over rows of ``Σ_t(l·m) / Σ_t m`` — every sequence weighs the
+      same (original GRPO).
+    - ``seq-mean-token-sum``: mean over rows of ``Σ_t(l·m)`` — the bandit form of REINFORCE/RLOO,
+      where a sequence's log-probability is the sum of its tokens'.
+    - ``seq-mean-token-sum-norm``: ``Σ(l·m) / (B · horizon)`` with a constant ``horizon``
+      (Dr.GRPO, arXiv:2503.20783; defaults to T), free of any length bias.
+
+    Rows without any unmasked token count for nothing: they are left out of the "mean over rows"
+    and of ``B``, so adding them never changes the result, and an all-zero mask gives 0, not NaN.
+    """
+    check_tensor("loss_mat", loss_mat, ndim=2)
+    m = check_mask(mask, loss_mat.shape, "mask")
+    if mode == "token-mean":
+        return masked_mean(loss_mat, m)
+    row_tokens = m.sum(dim=1)
+    n_rows = (row_tokens > 0).sum().clamp(min=1).to(loss_mat.dtype)
+    row_sums = masked_sum(loss_mat, m, dim=1)
+    if mode == "seq-mean-token-mean":
+        return (row_sums / row_tokens.clamp(min=1).to(loss_mat.dtype)).sum() / n_rows
+    if mode == "seq-mean-token-sum":
+        return row_sums.sum() / n_rows
+    if mode == "seq-mean-token-sum-norm":
+        horizon = loss_mat.shape[1] if horizon is None else horizon
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        return row_sums.sum() / (n_rows * horizon)
+    raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGGREGATIONS)}")
+
+
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token-mean",
+    horizon: int | None = None,
+):
+    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated:
+
+    ``loss_t = -min(ρ_t A_t, clip(ρ_t, 1 - clip_low, 1 + clip_high) A_t)``, ``ρ_t = exp(logp - old)``.
+
+    ``clip_low != clip_high`` is DAPO's clip-higher (arXiv:2503.14476). ``dual_clip = c > 1``
+    (Ye et al. 2020, arXiv:1912.09729) bounds the objective from below by ``c·A`` when ``A < 0``,
+    so a huge ratio on a bad token cannot blow the loss up.
+
+    Args: (B, T) tensors (``advantages`` may be (B,), broadcast over tokens). Returns ``(loss,
+    metrics)``: ``policy/clip_frac`` (tokens where the clipped term is active),
+    ``policy/clip_frac_dual``, ``policy/approx_kl`` (k1, ``mean(old - new)``),
+    ``policy/approx_kl_k3`` and ``policy/ratio_mean``, all token-means over the mask.
+    """
+    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    log_ratio = (logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    is_dual = torch.zeros_like(is_clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        bound = -advantages * dual_clip
+        is_dual = (advantages < 0) & (loss_mat > bound)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
+    loss = aggregate(loss_mat, mask, agg, horizon)
+    with torch.no_grad():
+        metrics = {
+            "policy/clip_frac": masked_mean(is_clipped.to(logprobs.dtype), mask),
+            "policy/clip_frac_dual": masked_mean(is_dual.to(logprobs.dtype), mask),
+            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
+            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+            "policy/ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def pg_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    agg: str = "seq-mean-token-sum",
+    horizon: int | None = None,
+):
+    """Plain policy gradient (REINFORCE, Williams 1992): ``loss_t = -A_t · log π(y_t)``.
+
+    With sequence-level advantages and ``agg="seq-mean-token-sum"`` this is exactly the bandit
+    loss of the reference's REINFORCE / RLOO code: ``mean_i(-A_i Σ_t log π(y_{i,t}))``.
+    ``old_logprobs`` only feeds the approx-KL metrics (the loss is on-policy by construction).
+    Returns ``(loss, metrics)`` with ``policy/approx_kl`` and ``policy/approx_kl_k3``.
+    """
+    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    loss = aggregate(-advantages * logprobs, mask, agg, horizon)
+    with torch.no_grad():
+        metrics = {
+            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
+            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip: float | None = None,
+    agg: str = "token-mean",
+    horizon: int | None = None,
+):
+    """Critic loss ``0.5 · max((v - R)^2, (v_clipped - R)^2)`` with
+    ``v_clipped = old_v + clip(v - old_v, -clip, clip)`` (``cliprange_value`` of Ziegler et al.
+    2019 / "The N Implementation Details of RLHF with PPO"); ``clip=None`` gives ``0.5 (v - R)^2``.
+
+    Args: (B, T) tensors. Returns ``(loss, metrics)``: ``critic/value_clip_frac``,
+    ``critic/values_mean``, ``critic/explained_variance`` (``1 - Var(R - v) / Var(R)``).
+    """
+    check_same_shape(values=values, old_values=old_values, returns=returns)
+    check_tensor("values", values, ndim=2)
+    mask = check_mask(response_mask, values.shape)
+    err = (values - returns).square()
+    if clip is None:
+        loss_mat, clip_frac = 0.5 * err, torch.zeros((), dtype=values.dtype, device=values.device)
+    else:
+        if clip <= 0:
+            raise ValueError(f"value clip must be > 0 or None, got {clip}")
+        v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+        err_clipped = (v_clipped - returns).square()
+        loss_mat = 0.5 * torch.maximum(err, err_clipped)
+        clip_frac = masked_mean((err_clipped > err).to(values.dtype), mask)
+    loss = aggregate(loss_mat, mask, agg, horizon)
+    with torch.no_grad():
+        var_returns = _masked_var(returns, mask)
+        explained = 1.0 - _masked_var(returns - values, mask) / var_returns.clamp(min=1e-8)
+        metrics = {
+            "critic/value_clip_frac": clip_frac,
+            "critic/values_mean": masked_mean(values, mask),
+            "critic/explained_variance": explained,
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def _masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mean = masked_mean(x, mask)
+    return masked_mean((x - mean).square(), mask)
+
+
+def _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask):
+    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
+    check_tensor("logprobs", logprobs, ndim=2)
+    check_tensor("advantages", advantages)
+    if advantages.dim() == 1 and advantages.shape[0] == logprobs.shape[0]:
+        advantages = advantages[:, None]
+    elif tuple(advantages.shape) != tuple(logprobs.shape):
+        raise ValueError(
+            f"advantages must have shape {tuple(logprobs.shape)} or ({logprobs.shape[0]},), "
+            f"got {tuple(advantages.shape)}"
+        )
+    mask = check_mask(response_mask, logprobs.shape)
+    # Advantages are constants of the surrogate: never let a gradient flow into them.
+    return mask, advantages.detach()

@@ -1,0 +1,1 @@
+"""Embedded demo tasks: synthetic data, oracle scorers, tiny-model factories."""

@@ -1,0 +1,84 @@
+"""Loading causal LMs and tokenizers from local Hugging Face directories (or model objects)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _check_dir(path, what: str) -> Path:
+    p = Path(os.fspath(path)).expanduser()
+    if not p.exists():
+        raise ValueError(f"{what} path does not exist: {p}")
+    if p.is_dir() and not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
+        raise ValueError(f"{what} directory {p} has no config.json: not a Hugging Face model directory")
+    return p
+
+
+def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
+    """Set every dropout probability to 0 (RL needs the same log-probs in rollout and update:
+    dropout would make the PPO ratio ≠ 1 on the very first step)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                    "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            if isinstance(getattr(config, key, None), float):
+                setattr(config, key, 0.0)
+    return model
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """Eval mode and no gradients: a frozen reference or reward model."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def load_tokenizer(source):
+    """A tokenizer from a directory (or the tokenizer object itself). Left padding for generation;
+    a missing pad token falls back to EOS (masks are built from positions, so this is safe)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    if isinstance(source, PreTrainedTokenizerBase):
+        tok = source
+    else:
+        tok = AutoTokenizer.from_pretrained(_check_dir(source, "tokenizer"))
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '')!r} has no EOS token; RL needs one to end completions")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_causal_lm(source, dtype="float32"):
+    """An ``AutoModelForCausalLM`` from a local directory, or a model object as given; dropout off.
+
+    The path is checked before anything is loaded, so a typo is one clear line.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(source, torch.nn.Module):
+        model = source
+        if dtype is not None:
+            model = model.to(resolve_dtype(dtype))
+    else:
+        path = _check_dir(source, "model")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+    return disable_dropout(model)

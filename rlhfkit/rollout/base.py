@@ -1,0 +1,94 @@
+"""The rollout interface: prompts in (token ids), ``n`` completions each out, as one padded batch.
+
+An engine only has to return the response token ids per completion; ``build_rollout`` turns them
+into the batch layout every other part uses, so a vLLM engine plugs in unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    greedy: bool = False
+
+
+@dataclass
+class Rollout:
+    """``B = len(prompts) * n`` rows; rows ``g*n .. g*n+n-1`` come from prompt ``g``.
+
+    ``input_ids`` (B, P+T) = left-padded prompt (P columns) + response (T columns, right-padded);
+    ``attention_mask`` (B, P+T) covers prompt tokens and response tokens up to the first EOS;
+    ``response_mask`` (B, T): 1 on response tokens up to and including the first EOS;
+    ``has_eos`` (B,): whether the completion emitted EOS (False = truncated at the length limit).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    has_eos: torch.Tensor
+    prompt_len: int
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        return self.input_ids[:, self.prompt_len :]
+
+    def select(self, rows: torch.Tensor) -> "Rollout":
+        return Rollout(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows],
+                       self.has_eos[rows], self.prompt_len)
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> Rollout: ...
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, L) ids and attention mask, left-padded to the longest sequence."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def response_mask_from_ids(responses: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask by the *position* of the first EOS (never by token value: pad may equal EOS).
+
+    Returns ``(response_mask (B, T) long, has_eos (B,) bool)``.
+    """
+    is_eos = responses == eos_id
+    has_eos = is_eos.any(-1)
+    T = responses.shape[1]
+    first = torch.where(has_eos, is_eos.long().argmax(-1), torch.full_like(has_eos, T, dtype=torch.long))
+    positions = torch.arange(T, device=responses.device)
+    return (positions[None, :] <= first[:, None]).long(), has_eos
+
+
+def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], n: int,
+                  pad_id: int, eos_id: int) -> Rollout:
+    """Assemble a ``Rollout`` from prompt ids and per-completion response ids (len(prompts)*n)."""
+    if len(responses) != len(prompts) * n:
+        raise ValueError(f"engine returned {len(responses)} completions for {len(prompts)} prompts x n={n}")
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+    T = max(1, max(len(r) for r in responses))
+    resp = torch.full((len(responses), T), pad_id, dtype=torch.long)
+    for i, r in enumerate(responses):
+        if len(r):
+            resp[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+    response_mask, has_eos = response_mask_from_ids(resp, eos_id)
+    empty = torch.tensor([len(r) == 0 for r in responses])
+    response_mask[empty] = 0
+    return Rollout(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, response_mask], 1),
+                   response_mask, has_eos, prompt_ids.shape[1])

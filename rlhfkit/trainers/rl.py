@@ -1,0 +1,318 @@
+"""The one RL loop for every algorithm (DESIGN.md, "The RL loop").
+
+Each step reads like the paper pseudocode: 1. sample prompts; 2. generate G completions each;
+3. score them; 4. old / reference log-probs and values; 5. token rewards and advantages through the
+registries; 6. K passes of minibatch updates; 7. log and checkpoint. Algorithms differ only by
+their config preset (``config.PRESETS``) — there is no ``if algorithm == ...`` below.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..algorithms import (
+    ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate,
+    apply_missing_eos_penalty, token_level_rewards, value_loss, whiten,
+)
+from ..algorithms._checks import masked_mean
+from ..config import RLConfig
+from ..rollout import HFEngine, Rollout, SamplingParams
+from ..tracking import MetricsLogger
+from .checkpoint import load_checkpoint, save_checkpoint
+from .rl_setup import build_models, build_rewards, tokenize_prompts
+
+
+@dataclass
+class Experience:
+    """Everything phase 6 trains on; all (B, T) except ``rollout``."""
+
+    rollout: Rollout
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    old_values: torch.Tensor | None
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+
+
+class RLTrainer:
+    """``RLTrainer(model=..., reward_funcs=[...], args=RLConfig(algorithm="grpo"), train_dataset=...).train()``
+
+    ``model``: a local HF directory or a causal-LM object; ``processing_class``: its tokenizer
+    (loaded from the directory when omitted); ``reward_funcs``: callables of TRL's shape, names of
+    registered functions, or reward-model directories; ``train_dataset``: a ``datasets.Dataset``,
+    a list of dicts or a JSONL path with a ``prompt`` column (text or chat messages);
+    ``peft_config``: a ``peft`` config to train a LoRA adapter (the reference is then the base model
+    with the adapter disabled — no second copy).
+    """
+
+    def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
+                 processing_class=None, reward_weights=None, peft_config=None, ref_model=None):
+        self.args = args = args or RLConfig()
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
+        _seed_everything(args.seed)
+        self.m = build_models(model, processing_class, args, peft_config, ref_model)
+        self.tokenizer = self.m.tokenizer
+        self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer)
+        self.rows, self.prompt_ids = tokenize_prompts(train_dataset, self.tokenizer, args.max_prompt_length)
+        self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        self.sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
+        self.optimizer, self.scheduler = self._build_optimizer()
+        self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
+                       else FixedKLController(args.kl_coef))
+        self.step, self.data_epoch, self.data_pos = 0, 0, 0
+        self.order = self._epoch_order(0)
+        if args.resume_from:
+            self._resume(args.resume_from)
+        self.logger = MetricsLogger(args.output_dir, args.log_every)
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> list[dict]:
+        args = self.args
+        while self.step < args.max_steps:
+            timings: dict[str, float] = {}
+            with _timer(timings, "generate"):
+                rows = self._sample_prompts()                                      # 1
+                rollout = self.engine.generate([self.prompt_ids[i] for i in rows],  # 2
+                                               args.group_size, self.sampling)
+            with _timer(timings, "reward"):
+                scores, valid, metrics = self._score(rows, rollout)                # 3
+            with _timer(timings, "logprobs"):
+                exp = self._make_experience(rollout, scores, valid, metrics)      # 4, 5
+            with _timer(timings, "update"):
+                metrics.update(self._update(exp))                                  # 6
+            self.step += 1
+            self._log(metrics, exp, timings)                                       # 7
+            if args.output_dir and args.save_steps and self.step % args.save_steps == 0:
+                self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
+        if args.output_dir:
+            self.save_model(Path(args.output_dir) / "final")
+        return self.logger.history
+
+    def _sample_prompts(self) -> list[int]:
+        """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle."""
+        rows = []
+        while len(rows) < self.args.prompts_per_step:
+            if self.data_pos >= len(self.order):
+                self.data_epoch, self.data_pos = self.data_epoch + 1, 0
+                self.order = self._epoch_order(self.data_epoch)
+            rows.append(self.order[self.data_pos])
+            self.data_pos += 1
+        return rows
+
+    def _score(self, rows: list[int], rollout: Rollout):
+        """Phase 3: reward functions / models on the decoded completions, then the EOS trick,
+        clipping and normalisation. Samples no function scored are masked out (``valid``)."""
+        G, args = self.args.group_size, self.args
+        data = [self.rows[i] for i in rows for _ in range(G)]
+        completions = self._decode(rollout)
+        columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
+        out = self.rewards([d["prompt"] for d in data], completions, columns)
+        metrics = {f"reward/{name}_mean": torch.nanmean(v) for name, v in out.per_function.items()}
+        scores, valid = out.scores, out.valid
+        if not bool(valid.all()):  # stand-in: the mean of the group's valid scores (no pull on the baseline)
+            grouped, ok = scores.view(-1, G), valid.view(-1, G)
+            fill = (grouped * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1)
+            scores = torch.where(ok, grouped, fill).reshape(-1)
+        if args.missing_eos_penalty is not None:
+            scores = apply_missing_eos_penalty(scores, rollout.has_eos, args.missing_eos_penalty)
+        if args.reward_clip is not None:
+            scores = scores.clamp(-args.reward_clip, args.reward_clip)
+        metrics["reward/mean"], metrics["reward/std"] = scores.mean(), scores.std() if len(scores) > 1 else scores[0] * 0
+        metrics["reward/valid_frac"] = valid.float().mean()
+        if args.normalize_rewards and len(scores) > 1:
+            scores = whiten(scores)
+        self.last_completions = completions
+        return scores, valid, metrics
+
+    def _decode(self, rollout: Rollout) -> list[str]:
+        lengths = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()  # text excludes EOS
+        ids = rollout.response_ids.tolist()
+        return self.tokenizer.batch_decode([r[:n] for r, n in zip(ids, lengths)], skip_special_tokens=True)
+
+    @torch.no_grad()
+    def _make_experience(self, rollout: Rollout, scores, valid, metrics) -> Experience:
+        """Phases 4–5: old / reference log-probs and values, token rewards, advantages."""
+        args, device = self.args, self.m.device
+        rollout = Rollout(rollout.input_ids.to(device), rollout.attention_mask.to(device),
+                          rollout.response_mask.to(device), rollout.has_eos.to(device), rollout.prompt_len)
+        mask, scores = rollout.response_mask.bool(), scores.to(device)
+        need_old = (args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic
+        old = self.m.policy_outputs(rollout, with_values=args.use_critic) if need_old else None
+        old_logprobs, old_values = (old[0], old[1]) if old else (None, None)
+        ref = self.m.reference_logprobs(rollout) if args.kl_coef > 0 else None
+        kl = None
+        if ref is not None and old_logprobs is not None:
+            kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
+            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)
+            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
+        rewards = token_level_rewards(scores, kl if args.kl_in_reward else None, mask, self.kl_ctl.value)
+        advantages, returns = ADVANTAGE_ESTIMATORS.get(args.advantage_estimator)(
+            rewards, mask, values=old_values, group_size=args.group_size, gamma=args.gamma, lam=args.lam)
+        if args.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        mask = mask & valid.to(device)[:, None]  # unscored samples get no gradient
+        metrics["reward/token_reward_sum"] = (rewards.sum(-1)).mean()
+        metrics["policy/advantages_mean"] = masked_mean(advantages, mask)
+        return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns)
+
+    @property
+    def _single_pass(self) -> bool:
+        """One on-policy pass: old log-probs equal the current ones, so they are not recomputed."""
+        mini = self.args.mini_batch_size or self.args.batch_size
+        return self.args.num_iterations == 1 and mini >= self.args.batch_size
+
+    def _update(self, exp: Experience) -> dict:
+        """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches."""
+        args, B = self.args, exp.mask.shape[0]
+        mini = args.mini_batch_size or B
+        micro = min(args.micro_batch_size or mini, mini)
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for _ in range(args.num_iterations):
+            for mb_rows in torch.randperm(B).split(mini):
+                weight = self._loss_weights(exp.mask[mb_rows])
+                for rows in mb_rows.split(micro):
+                    loss, m = self._loss(exp, rows.to(self.m.device))
+                    (loss * self._loss_weights(exp.mask[rows]) / weight.clamp(min=1)).backward()
+                    for k, v in m.items():
+                        sums[k] = sums.get(k, 0) + v
+                    count += 1
+                m_opt = self._optimizer_step()
+                for k, v in m_opt.items():
+                    sums[k] = sums.get(k, 0) + v / max(1, math.ceil(len(mb_rows) / micro))
+        return {k: v / count if not k.startswith("perf/grad") else v / (count / max(1, count // args.num_iterations))
+                for k, v in sums.items()}
+
+    def _loss_weights(self, mask: torch.Tensor) -> torch.Tensor:
+        """The share of a micro-batch in its minibatch's loss: tokens for token-mean, else rows."""
+        if self.args.loss_agg == "token-mean":
+            return mask.sum().float()
+        return (mask.sum(-1) > 0).sum().float()
+
+    def _loss(self, exp: Experience, rows: torch.Tensor):
+        args = self.args
+        r = exp.rollout.select(rows)
+        mask, adv = exp.mask[rows], exp.advantages[rows]
+        T = mask.shape[1]
+        horizon = args.loss_horizon or args.max_new_tokens
+        logprobs, values, entropy = self.m.train_outputs(r, with_values=args.use_critic,
+                                                         entropy_grad=args.entropy_coef > 0)
+        old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
+        loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
+            logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
+            clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip)
+        metrics["policy/loss"] = loss.detach()
+        metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
+        if args.entropy_coef > 0:
+            loss = loss - args.entropy_coef * aggregate(entropy, mask, args.loss_agg, horizon)
+        if exp.ref_logprobs is not None and not args.kl_in_reward:
+            kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
+            loss = loss + self.kl_ctl.value * aggregate(kl, mask, args.loss_agg, horizon)
+            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(logprobs.detach(), exp.ref_logprobs[rows]), mask)
+            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(logprobs.detach(), exp.ref_logprobs[rows]), mask)
+        if args.use_critic:
+            v_loss, v_metrics = value_loss(values, exp.old_values[rows], exp.returns[rows], mask,
+                                           clip=args.value_clip, agg=args.loss_agg, horizon=horizon)
+            loss = loss + args.vf_coef * v_loss
+            metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
+        del T
+        return loss, metrics
+
+    def _optimizer_step(self) -> dict:
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"perf/grad_norm": grad_norm.detach()}
+
+    # ---------------------------------------------------------------- set-up and bookkeeping
+    def _build_optimizer(self):
+        args = self.args
+        groups = [{"params": [p for p in self.m.policy.parameters() if p.requires_grad], "lr": args.learning_rate}]
+        if self.m.critic_module is not None:
+            groups.append({"params": [p for p in self.m.critic_module.parameters() if p.requires_grad],
+                           "lr": args.critic_learning_rate or args.learning_rate})
+        optimizer = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
+        mini = args.mini_batch_size or args.batch_size
+        total = max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini))
+        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args, total))
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
+        return torch.randperm(len(self.rows), generator=gen).tolist()
+
+    def _log(self, metrics: dict, exp: Experience, timings: dict) -> None:
+        lengths = exp.rollout.response_mask.sum(-1).float()
+        metrics.update({
+            "rollout/response_length_mean": lengths.mean(), "rollout/response_length_max": lengths.max(),
+            "rollout/truncated_frac": (~exp.rollout.has_eos).float().mean(),
+            "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
+            **{f"perf/time_{k}": v for k, v in timings.items()},
+            "perf/tokens_per_s": float(lengths.sum()) / max(sum(timings.values()), 1e-9),
+        })
+        row = self.logger.log(self.step, metrics, self.args.max_steps)
+        if "kl/k1" in row:  # KL per sequence drives the adaptive controller
+            seq_kl = row["kl/k1"] * row["rollout/response_length_mean"]
+            self.kl_ctl.update(seq_kl, self.args.batch_size)
+
+    def _modules(self) -> dict[str, torch.nn.Module]:
+        mods = {"policy": self.m.policy}
+        if self.m.critic_module is not None:
+            mods["critic"] = self.m.critic_module
+        return mods
+
+    def save_checkpoint(self, path: Path) -> None:
+        counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos,
+                    "kl_coef": self.kl_ctl.value}
+        save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters)
+
+    def _resume(self, path) -> None:
+        counters = load_checkpoint(path, self._modules(), self.optimizer, self.scheduler)
+        self.step, self.data_epoch, self.data_pos = counters["step"], counters["data_epoch"], counters["data_pos"]
+        self.order = self._epoch_order(self.data_epoch)
+        self.kl_ctl.value = counters["kl_coef"]
+
+    def save_model(self, path: Path) -> None:
+        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged)."""
+        self.m.save_policy(Path(path))
+        self.tokenizer.save_pretrained(path)
+
+
+def _schedule(args: RLConfig, total: int):
+    def factor(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / (args.warmup_steps + 1)
+        if args.lr_scheduler == "constant":
+            return 1.0
+        progress = (step - args.warmup_steps) / max(1, total - args.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def _timer(timings: dict, name: str):
+    start = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - start
+
+
+__all__ = ["RLTrainer", "Experience", "nullcontext"]

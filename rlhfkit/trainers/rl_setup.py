@@ -1,0 +1,136 @@
+"""Set-up of the RL loop's models, reward sources and prompts.
+
+``Models`` holds the policy, the critic (a separate ``ScalarModel`` or a value head on the
+policy's backbone) and the reference (a frozen copy, or the policy with its LoRA adapter disabled),
+and exposes the three forward passes the loop needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from ..config import RLConfig
+from ..data import load_prompt_dataset, render_prompt
+from ..models import ScalarModel, disable_dropout, forward_response, freeze, load_causal_lm, load_tokenizer
+from ..rewards import RewardFunctions, get_reward_function
+from ..rewards.reward_model import RewardModelFunction
+from ..rollout import Rollout
+
+
+class Models:
+    def __init__(self, policy, tokenizer, args: RLConfig, ref_model=None):
+        self.policy, self.tokenizer, self.args = policy, tokenizer, args
+        self.device = next(policy.parameters()).device
+        self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
+        self.reference = None
+        if args.kl_coef > 0 and not self.is_peft:
+            ref = ref_model if ref_model is not None else copy.deepcopy(policy)
+            self.reference = freeze(load_causal_lm(ref, args.dtype if ref_model is not None else None))
+        self.critic = self.value_head = None
+        if args.use_critic and args.critic == "shared":
+            hidden = policy.config.hidden_size
+            self.value_head = torch.nn.Linear(hidden, 1).to(self.device)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+        elif args.use_critic:
+            self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
+                           else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
+
+    @property
+    def critic_module(self) -> torch.nn.Module | None:
+        return self.critic if self.critic is not None else self.value_head
+
+    def _forward(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
+        T = rollout.response_mask.shape[1]
+        out = forward_response(self.policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
+                               with_entropy=with_entropy, entropy_grad=entropy_grad,
+                               with_hidden=with_values and self.value_head is not None)
+        values = None
+        if with_values and self.value_head is not None:
+            values = self.value_head(out.hidden).squeeze(-1).float()
+        elif with_values:
+            values = self.critic.values(rollout.input_ids, rollout.attention_mask, T)
+        return out.logprobs, values, out.entropy
+
+    @torch.no_grad()
+    def policy_outputs(self, rollout: Rollout, with_values: bool):
+        """Old log-probs (and values) before any update, in micro-batches."""
+        parts = [self._forward(r, with_values, False, False)[:2] for r in self._chunks(rollout)]
+        logprobs = torch.cat([p[0] for p in parts])
+        return logprobs, (torch.cat([p[1] for p in parts]) if with_values else None)
+
+    def train_outputs(self, rollout: Rollout, with_values: bool, entropy_grad: bool):
+        return self._forward(rollout, with_values, True, entropy_grad)
+
+    @torch.no_grad()
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        model = self.reference if self.reference is not None else self.policy
+        adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
+        T = rollout.response_mask.shape[1]
+        with adapter_off:
+            return torch.cat([forward_response(model, r.input_ids, r.attention_mask, T, self.args.temperature).logprobs
+                              for r in self._chunks(rollout)])
+
+    def _chunks(self, rollout: Rollout):
+        size = self.args.micro_batch_size or rollout.input_ids.shape[0]
+        for rows in torch.arange(rollout.input_ids.shape[0], device=self.device).split(size):
+            yield rollout.select(rows)
+
+    def save_policy(self, path: Path) -> None:
+        model = self.policy
+        if self.is_peft:
+            model = copy.deepcopy(self.policy).merge_and_unload()
+        model.save_pretrained(path)
+
+
+def _base_causal_lm(policy):
+    return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+
+
+def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_model=None) -> Models:
+    if processing_class is None and not isinstance(model, (str, os.PathLike)):
+        raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+    tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+    policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        policy = disable_dropout(get_peft_model(policy, peft_config))
+    return Models(policy, tokenizer, args, ref_model)
+
+
+def build_rewards(reward_funcs, reward_weights, tokenizer) -> RewardFunctions:
+    """Reward sources: callables, registered names / import paths, reward-model directories or
+    ``ScalarModel`` objects (scored with their own tokenizer, or the policy's for objects)."""
+    if reward_funcs is None:
+        raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    resolved, names = [], []
+    for i, spec in enumerate(funcs):
+        if isinstance(spec, ScalarModel):
+            fn = RewardModelFunction(freeze(spec), tokenizer, render=render_prompt, name=f"reward_model_{i}")
+        elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_dir():
+            rm = freeze(ScalarModel.from_pretrained(spec))
+            fn = RewardModelFunction(rm, load_tokenizer(spec), render=render_prompt, name=Path(spec).name)
+        else:
+            fn = get_reward_function(spec)
+        resolved.append(fn)
+        names.append(getattr(fn, "__name__", None) or type(fn).__name__)
+    return RewardFunctions(resolved, reward_weights, names)
+
+
+def tokenize_prompts(dataset, tokenizer, max_prompt_length: int | None):
+    """Rows of the dataset, and each prompt rendered (chat template) and tokenised once."""
+    rows = load_prompt_dataset(dataset)
+    ids = []
+    for row in rows:
+        tokens = tokenizer(render_prompt(row["prompt"], tokenizer), add_special_tokens=False)["input_ids"]
+        if max_prompt_length is not None:
+            tokens = tokens[-max_prompt_length:]
+        ids.append(tokens)
+    return rows, ids

@@ -6,29 +6,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.config import PRESETS, RLConfig
+from rlhfkit.config import RLConfig
+from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import RLTrainer
 
-PROMPTS = [{"prompt": p} for p in ["abc", "hello", "xyz 12", "qq", "the cat", "go", "12+3=", "hi there"]]
-
-
-def fraction_of_a(prompts, completions, **kwargs):
-    """Toy reward: the share of 'a' characters in the completion (optimum: 'aaaa...')."""
-    return [c.count("a") / max(1, len(c)) for c in completions]
-
-
 def make_trainer(algorithm, tmp_path=None, **overrides):
-    tok = char_tokenizer()
-    model = tiny_causal_lm(tok, seed=0)
-    group_based = PRESETS[algorithm]["group_size"] > 1
-    args = dict(algorithm=algorithm, learning_rate=3e-3, max_new_tokens=8, max_steps=30, log_every=0, seed=0,
-                prompts_per_step=4 if group_based else 16)
     if tmp_path is not None:
-        args["output_dir"] = str(tmp_path)
-    args.update(overrides)
-    return RLTrainer(model, [fraction_of_a], RLConfig(**args), train_dataset=PROMPTS, processing_class=tok)
-
+        overrides["output_dir"] = str(tmp_path)
+    return toy_trainer(algorithm, **overrides)
 
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo", "reinforce", "rloo", "dr_grpo"])
 def test_every_preset_raises_mean_reward(algorithm):
@@ -36,7 +22,6 @@ def test_every_preset_raises_mean_reward(algorithm):
     start = sum(r["reward/mean"] for r in history[:5]) / 5
     end = sum(r["reward/mean"] for r in history[-5:]) / 5
     assert end - start > 0.2, (algorithm, start, end)
-
 
 def test_run_directory_has_metrics_and_a_loadable_final_model(tmp_path):
     make_trainer("grpo", tmp_path, max_steps=2).train()
@@ -49,12 +34,10 @@ def test_run_directory_has_metrics_and_a_loadable_final_model(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert model.config.vocab_size == len(char_tokenizer())
 
-
 def test_ppo_logs_critic_metrics():
     row = make_trainer("ppo", max_steps=1).train()[0]
     for key in ["critic/loss", "critic/explained_variance", "critic/value_clip_frac"]:
         assert key in row
-
 
 @pytest.mark.parametrize("algorithm,critic", [("ppo", "separate"), ("ppo", "shared"), ("grpo", None)])
 def test_resume_gives_the_same_weights(tmp_path, algorithm, critic):
@@ -75,7 +58,6 @@ def test_resume_gives_the_same_weights(tmp_path, algorithm, critic):
         for a, b in zip(full.m.critic_module.parameters(), resumed.m.critic_module.parameters()):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
-
 def test_checkpoints_are_written_every_save_steps(tmp_path):
     make_trainer("rloo", tmp_path, max_steps=2, save_steps=1).train()
     for step in (1, 2):
@@ -83,11 +65,9 @@ def test_checkpoints_are_written_every_save_steps(tmp_path):
         assert (ckpt / "policy.safetensors").exists() and (ckpt / "training_state.pt").exists()
         assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
 
-
 def test_resume_from_a_directory_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="not a checkpoint directory"):
         make_trainer("grpo", resume_from=str(tmp_path))
-
 
 def test_lora_policy_uses_the_adapter_disabled_base_as_reference(tmp_path):
     from peft import LoraConfig
@@ -106,7 +86,6 @@ def test_lora_policy_uses_the_adapter_disabled_base_as_reference(tmp_path):
     assert trainable and all("lora_" in n for n in trainable)
     AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # merged, loads without peft
 
-
 def test_single_on_policy_pass_does_not_recompute_old_logprobs():
     trainer = make_trainer("grpo", kl_coef=0.0)
     rows = trainer._sample_prompts()
@@ -115,7 +94,6 @@ def test_single_on_policy_pass_does_not_recompute_old_logprobs():
     assert trainer._make_experience(rollout, scores, valid, metrics).old_logprobs is None
     multi = make_trainer("grpo", kl_coef=0.0, num_iterations=2)
     assert multi._make_experience(rollout, scores, valid, metrics).old_logprobs is not None
-
 
 def test_dataset_formats_and_chat_prompts(tmp_path, tiny_model_dir):
     from datasets import Dataset
@@ -128,7 +106,6 @@ def test_dataset_formats_and_chat_prompts(tmp_path, tiny_model_dir):
         assert len(trainer.train()) == 1
     chat = RLTrainer(tiny_model_dir, [fraction_of_a], args, train_dataset=str(path))
     assert chat.tokenizer.decode(chat.prompt_ids[0]).startswith("u:")  # rendered with the chat template
-
 
 def test_reward_columns_reach_the_reward_function():
     seen = {}
@@ -143,7 +120,6 @@ def test_reward_columns_reach_the_reward_function():
     RLTrainer(tiny_causal_lm(tok), [uses_column], args, train_dataset=data, processing_class=tok).train()
     assert sorted(seen["target"]) == ["x", "x", "y", "y"]
 
-
 def test_samples_no_function_scores_are_masked_out():
     def only_some(prompts, completions, **kwargs):
         return [None if i % 2 else 1.0 for i in range(len(completions))]
@@ -157,7 +133,6 @@ def test_samples_no_function_scores_are_masked_out():
     exp = trainer._make_experience(rollout, scores, valid, metrics)
     assert not exp.mask[1::2].any() and exp.mask[0::2].any()
 
-
 def test_a_failing_reward_function_is_named():
     def broken(prompts, completions, **kwargs):
         raise RuntimeError("boom")
@@ -168,14 +143,12 @@ def test_a_failing_reward_function_is_named():
     with pytest.raises(ValueError, match="broken"):
         trainer.train()
 
-
 def test_missing_eos_penalty_replaces_scores_of_truncated_completions():
     trainer = make_trainer("grpo", missing_eos_penalty=-1.0, max_new_tokens=2)
     rows = trainer._sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
     scores, _, _ = trainer._score(rows, rollout)
     assert (scores[~rollout.has_eos] == -1.0).all()
-
 
 def test_bad_arguments_are_clear(tiny_model_dir):
     with pytest.raises(ValueError, match="train_dataset is required"):

@@ -21,7 +21,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
     - ``k1``: ``log p - log q``
     - ``k2``: ``0.5 (log p - log q)^2``
-    - ``k3``: ``exp(log q - log p) - (log q - log p) - 1`` (log-ratio clamped to ±20 before exp)
+    - ``k3``: ``exp(log q - log p) - (log q - log p) - 1`` (computed with expm1; log-ratio clamped to ±20)
     - ``abs``: ``|log p - log q|``
 
     Args: ``logprobs``, ``ref_logprobs`` of equal shape, usually (B, T). Returns: same shape.
@@ -35,7 +35,8 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         return 0.5 * diff.square()
     if estimator == "k3":
         log_r = (-diff).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        return torch.exp(log_r) - log_r - 1.0
+        # expm1: exp(x) - 1 - x in float32 rounds below 0 for tiny x; k3 must stay >= 0.
+        return torch.expm1(log_r) - log_r
     if estimator == "abs":
         return diff.abs()
     raise ValueError(f"unknown KL estimator {estimator!r}; valid: 'k1', 'k2', 'k3', 'abs'")

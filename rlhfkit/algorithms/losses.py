@@ -159,7 +159,9 @@ def value_loss(
     loss = aggregate(loss_mat, mask, agg, horizon)
     with torch.no_grad():
         var_returns = _masked_var(returns, mask)
-        explained = 1.0 - _masked_var(returns - values, mask) / var_returns.clamp(min=1e-8)
+        # Constant returns leave nothing to explain: report 0 rather than a huge negative number.
+        explained = torch.where(var_returns > 1e-8, 1.0 - _masked_var(returns - values, mask) / var_returns.clamp(min=1e-8),
+                                torch.zeros_like(var_returns))
         metrics = {
             "critic/value_clip_frac": clip_frac,
             "critic/values_mean": masked_mean(values, mask),

@@ -365,3 +365,10 @@ def test_entropy_is_reexported_from_losses():
     from rlhfkit.algorithms import entropy_from_logits
 
     assert losses_module.entropy_from_logits is entropy_from_logits
+
+
+def test_value_loss_explained_variance_is_zero_for_constant_returns():
+    values = torch.tensor([[0.1, 0.4, -0.2]])
+    returns = torch.full((1, 3), 2.0)
+    _, m = value_loss(values, values, returns, torch.ones(1, 3))
+    assert m["critic/explained_variance"].item() == 0.0

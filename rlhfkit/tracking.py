@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -21,9 +22,15 @@ def to_floats(metrics: dict) -> dict[str, float]:
 class MetricsLogger:
     """Appends ``{"step": n, ...metrics}`` to ``metrics.jsonl`` and prints every ``log_every`` steps."""
 
-    def __init__(self, output_dir: str | None, log_every: int = 1, main_metric: str = "reward/mean"):
+    def __init__(self, output_dir: str | None, log_every: int = 1, main_metric: str = "reward/mean",
+                 progress_bar: bool = True, total_steps: int | None = None, initial_step: int = 0):
         self.path = Path(output_dir) / "metrics.jsonl" if output_dir else None
         self.log_every, self.main_metric = log_every, main_metric
+        self.bar = None
+        if progress_bar and log_every and total_steps and sys.stdout.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True)
         self.history: list[dict] = []
         self.start = time.perf_counter()
         if self.path:
@@ -35,9 +42,41 @@ class MetricsLogger:
         if self.path:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
-        if self.log_every and (step % self.log_every == 0 or step == total_steps):
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            if self.main_metric in row:
+                self.bar.set_postfix({self.main_metric: f"{row[self.main_metric]:.3f}"})
+            if step == total_steps:
+                self.bar.close()
+        elif self.log_every and (step % self.log_every == 0 or step == total_steps):
             elapsed = time.perf_counter() - self.start
             shown = [self.main_metric, "kl/k1", "policy/entropy", "rollout/response_length_mean"]
             parts = " ".join(f"{k.split('/')[-1]}={row[k]:.3f}" for k in shown if k in row)
-            print(f"step {step}/{total_steps} {parts} ({elapsed:.0f}s)", flush=True)
+            eta = elapsed / max(1, len(self.history)) * (total_steps - step)
+            print(f"step {step}/{total_steps} {parts} ({elapsed:.0f}s, eta {eta:.0f}s)", flush=True)
         return row
+
+
+def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resuming: bool = False) -> Path | None:
+    """Create the run directory; refuse one that already holds files unless ``overwrite`` or
+    resuming, so an earlier run is never overwritten silently."""
+    if not output_dir:
+        return None
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output_dir {str(path)!r} exists and is not a directory")
+    if path.exists() and any(path.iterdir()) and not (overwrite or resuming):
+        raise ValueError(f"output_dir {str(path)!r} already exists and is not empty: choose another, "
+                         "set overwrite=true, or resume_from a checkpoint")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_samples(output_dir: str | None, step: int, prompts, completions, scores, limit: int) -> None:
+    """Append up to ``limit`` ``{"step", "prompt", "completion", "score"}`` lines to samples.jsonl."""
+    if not output_dir or limit <= 0:
+        return
+    with (Path(output_dir) / "samples.jsonl").open("a") as f:
+        for p, c, s in list(zip(prompts, completions, scores))[:limit]:
+            f.write(json.dumps({"step": step, "prompt": p if isinstance(p, str) else json.dumps(p),
+                                "completion": c, "score": float(s)}) + "\n")

@@ -25,8 +25,9 @@ from ..algorithms import (
 from ..algorithms._checks import masked_mean
 from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams
-from ..tracking import MetricsLogger
+from ..tracking import MetricsLogger, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, save_checkpoint
+from ..data import load_prompt_dataset
 from .rl_setup import build_models, build_rewards, tokenize_prompts
 
 
@@ -59,6 +60,8 @@ class RLTrainer:
         self.args = args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
+        train_dataset = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
+        prepare_run_dir(args.output_dir, args.overwrite, resuming=bool(args.resume_from))
         _seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         self.tokenizer = self.m.tokenizer
@@ -73,7 +76,8 @@ class RLTrainer:
         self.order = self._epoch_order(0)
         if args.resume_from:
             self._resume(args.resume_from)
-        self.logger = MetricsLogger(args.output_dir, args.log_every)
+        self.logger = MetricsLogger(args.output_dir, args.log_every, progress_bar=args.progress_bar,
+                                    total_steps=args.max_steps, initial_step=self.step)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -131,8 +135,14 @@ class RLTrainer:
         metrics["reward/valid_frac"] = valid.float().mean()
         if args.normalize_rewards and len(scores) > 1:
             scores = whiten(scores)
-        self.last_completions = completions
+        if self._sample_step():
+            write_samples(args.output_dir, self.step + 1, [d["prompt"] for d in data], completions, scores,
+                          args.num_logged_samples)
         return scores, valid, metrics
+
+    def _sample_step(self) -> bool:
+        every = max(1, self.args.max_steps // 10)
+        return (self.step + 1) % every == 0 or self.step == 0 or self.step + 1 == self.args.max_steps
 
     def _decode(self, rollout: Rollout) -> list[str]:
         lengths = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()  # text excludes EOS

@@ -1,0 +1,60 @@
+"""The quickstart's synthetic task, with a hidden oracle that plays the human.
+
+A prompt is a short random word over ``a``–``h`` followed by ``=``; the good response shifts every
+letter by one (``abc=`` → ``bcd``) and stops. The oracle scores a completion by the share of
+positions that match the shifted word, over the longer of the two lengths, so both wrong letters
+and not stopping cost. Demonstrations are noisy: each letter is replaced by a random one with
+probability ``noise``, so SFT alone learns an imperfect policy that RL can improve.
+"""
+
+from __future__ import annotations
+
+import random
+
+LETTERS = "abcdefgh"
+SHIFT = {c: LETTERS[(i + 1) % len(LETTERS)] for i, c in enumerate(LETTERS)}
+
+
+def target(prompt: str) -> str:
+    """The ideal response to ``prompt`` (the word before ``=``, every letter shifted by one)."""
+    return "".join(SHIFT[c] for c in prompt.rstrip("=") if c in SHIFT)
+
+
+def oracle_score(prompt: str, completion: str) -> float:
+    """Matching positions / max(len(target), len(completion)), in [0, 1]."""
+    want = target(prompt)
+    if not want and not completion:
+        return 1.0
+    hits = sum(a == b for a, b in zip(want, completion))
+    return hits / max(len(want), len(completion))
+
+
+def oracle_reward(prompts, completions, **columns) -> list[float]:
+    """``oracle_score`` in TRL's reward-function shape (the "human" of the quickstart)."""
+    return [oracle_score(p, c) for p, c in zip(prompts, completions)]
+
+
+def make_prompts(n: int, seed: int, min_len: int = 3, max_len: int = 6) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(LETTERS) for _ in range(rng.randint(min_len, max_len))) + "=" for _ in range(n)]
+
+
+def make_sft_rows(n: int, seed: int, noise: float = 0.3) -> list[dict]:
+    """Noisy demonstrations ``{"prompt", "completion"}``: each letter wrong with prob ``noise``."""
+    rng = random.Random(seed + 1)
+    rows = []
+    for prompt in make_prompts(n, seed):
+        completion = "".join(rng.choice(LETTERS) if rng.random() < noise else c for c in target(prompt))
+        rows.append({"prompt": prompt, "completion": completion})
+    return rows
+
+
+def label_pairs(prompts: list[str], completions_a: list[str], completions_b: list[str]) -> list[dict]:
+    """Oracle-labelled preference pairs; ties and identical completions are dropped."""
+    rows = []
+    for p, a, b in zip(prompts, completions_a, completions_b):
+        sa, sb = oracle_score(p, a), oracle_score(p, b)
+        if a and b and a != b and sa != sb:
+            chosen, rejected = (a, b) if sa > sb else (b, a)
+            rows.append({"prompt": p, "chosen": chosen, "rejected": rejected})
+    return rows

@@ -1,0 +1,65 @@
+"""Scoring a policy on a prompt set: sample completions, score them with reward functions and/or
+reward models, and measure the KL to a reference model (the quantities of an RLHF before/after
+table)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..algorithms import kl_penalty
+from ..algorithms._checks import masked_sum
+from ..data import load_prompt_dataset
+from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
+from ..rollout import HFEngine, SamplingParams
+from .rl_setup import build_rewards, tokenize_prompts
+
+
+@torch.no_grad()
+def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None, samples_per_prompt: int = 1,
+                    sampling: SamplingParams | None = None, batch_size: int = 64, reward_weights=None) -> dict:
+    """Returns ``{"metrics": {...}, "samples": [{prompt, completion, score}, ...]}``.
+
+    Metrics: ``eval/<source>_mean`` per reward source, ``eval/score_mean`` (weighted total),
+    ``eval/kl_to_reference`` (k1 summed over each completion's tokens, averaged — the sequence KL),
+    ``eval/response_length_mean`` and ``eval/truncated_frac``.
+    """
+    rows = load_prompt_dataset(dataset, name="eval dataset")  # data errors before any model load
+    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
+    policy = freeze(load_causal_lm(model, None if isinstance(model, torch.nn.Module) else "float32"))
+    ref = freeze(load_causal_lm(reference, None if isinstance(reference, torch.nn.Module) else "float32")) \
+        if reference is not None else None
+    rewards = build_rewards(reward_funcs, reward_weights, tokenizer)
+    rows, prompt_ids = tokenize_prompts(rows, tokenizer, None)
+    sampling = sampling or SamplingParams()
+    engine = HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    per_source: dict[str, list] = {}
+    totals, kls, lengths, truncated, samples = [], [], [], [], []
+    step = max(1, batch_size // samples_per_prompt)
+    for start in range(0, len(rows), step):
+        batch = rows[start : start + step]
+        rollout = engine.generate(prompt_ids[start : start + step], samples_per_prompt, sampling)
+        n_text = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()
+        completions = tokenizer.batch_decode([r[:n] for r, n in zip(rollout.response_ids.tolist(), n_text)],
+                                             skip_special_tokens=True)
+        data = [r for r in batch for _ in range(samples_per_prompt)]
+        columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
+        out = rewards([d["prompt"] for d in data], completions, columns)
+        for name, values in out.per_function.items():
+            per_source.setdefault(name, []).append(values)
+        totals.append(out.scores)
+        lengths.append(rollout.response_mask.sum(-1).float())
+        truncated.append((~rollout.has_eos).float())
+        if ref is not None:
+            T = rollout.response_mask.shape[1]
+            lp = forward_response(policy, rollout.input_ids, rollout.attention_mask, T, sampling.temperature).logprobs
+            lq = forward_response(ref, rollout.input_ids, rollout.attention_mask, T, sampling.temperature).logprobs
+            kls.append(masked_sum(kl_penalty(lp, lq, "k1"), rollout.response_mask.bool(), dim=-1))
+        samples += [{"prompt": d["prompt"], "completion": c, "score": float(s)}
+                    for d, c, s in zip(data, completions, out.scores)]
+    metrics = {f"eval/{k}_mean": float(torch.nanmean(torch.cat(v))) for k, v in per_source.items()}
+    metrics["eval/score_mean"] = float(torch.cat(totals).mean())
+    metrics["eval/response_length_mean"] = float(torch.cat(lengths).mean())
+    metrics["eval/truncated_frac"] = float(torch.cat(truncated).mean())
+    if kls:
+        metrics["eval/kl_to_reference"] = float(torch.cat(kls).mean())
+    return {"metrics": metrics, "samples": samples}

@@ -116,7 +116,8 @@ def build_rewards(reward_funcs, reward_weights, tokenizer) -> RewardFunctions:
             fn = RewardModelFunction(freeze(spec), tokenizer, render=render_prompt, name=f"reward_model_{i}")
         elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_dir():
             rm = freeze(ScalarModel.from_pretrained(spec))
-            fn = RewardModelFunction(rm, load_tokenizer(spec), render=render_prompt, name=Path(spec).name)
+            name = Path(spec).name if Path(spec).name != "final" else Path(spec).parent.name  # run/final -> run
+            fn = RewardModelFunction(rm, load_tokenizer(spec), render=render_prompt, name=name)
         else:
             fn = get_reward_function(spec)
         resolved.append(fn)

@@ -33,6 +33,11 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        # Attention layers copy their dropout rate from the config at construction (e.g. Llama's
+        # ``self.attention_dropout``) and pass it to the attention kernel: zero those copies too.
+        for key in ("attention_dropout", "dropout", "attn_dropout", "dropout_p"):
+            if isinstance(getattr(module, key, None), float):
+                setattr(module, key, 0.0)
     config = getattr(model, "config", None)
     if config is not None:
         for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",

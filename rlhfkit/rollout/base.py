@@ -62,17 +62,22 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
     return ids, mask
 
 
-def response_mask_from_ids(responses: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def response_mask_from_ids(responses: torch.Tensor, eos_id: int,
+                           lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask by the *position* of the first EOS (never by token value: pad may equal EOS).
 
-    Returns ``(response_mask (B, T) long, has_eos (B,) bool)``.
+    ``lengths`` (B,), when given, is the number of real tokens per row (the rest is filler that
+    must never count, even when it holds the EOS id). Returns ``(response_mask (B, T) long,
+    has_eos (B,) bool)``.
     """
-    is_eos = responses == eos_id
-    has_eos = is_eos.any(-1)
     T = responses.shape[1]
-    first = torch.where(has_eos, is_eos.long().argmax(-1), torch.full_like(has_eos, T, dtype=torch.long))
     positions = torch.arange(T, device=responses.device)
-    return (positions[None, :] <= first[:, None]).long(), has_eos
+    real = torch.ones_like(responses, dtype=torch.bool) if lengths is None else positions[None, :] < lengths[:, None]
+    is_eos = (responses == eos_id) & real
+    has_eos = is_eos.any(-1)
+    end = is_eos.long().argmax(-1) if lengths is None else torch.minimum(is_eos.long().argmax(-1), lengths - 1)
+    end = torch.where(has_eos, end, torch.full_like(end, T - 1) if lengths is None else lengths - 1)
+    return (positions[None, :] <= end[:, None]).long(), has_eos
 
 
 def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], n: int,
@@ -87,8 +92,7 @@ def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
     for i, r in enumerate(responses):
         if len(r):
             resp[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-    response_mask, has_eos = response_mask_from_ids(resp, eos_id)
-    empty = torch.tensor([len(r) == 0 for r in responses])
-    response_mask[empty] = 0
+    lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
+    response_mask, has_eos = response_mask_from_ids(resp, eos_id, lengths)
     return Rollout(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, response_mask], 1),
                    response_mask, has_eos, prompt_ids.shape[1])

@@ -32,7 +32,7 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, pad_is_eos: bool = False):
     for ch in dict.fromkeys(alphabet):
         vocab.setdefault(ch, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." misses "\n"
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -1,0 +1,193 @@
+"""SFT datasets: load and check (prompt, completion) or chat ``messages`` rows, tokenise them with
+``encode_pair`` and collate them into padded or packed batches.
+
+Row formats (TRL's "prompt-completion" and "conversational" formats):
+
+* ``{"prompt": P, "completion": C}`` — each a non-empty string or a list of chat messages
+  (``C`` as messages: exactly one assistant message);
+* ``{"messages": [..., {"role": "assistant", "content": C}]}`` — the conversation before the last
+  assistant turn is the prompt, that turn is the completion (``split_messages``).
+
+Labels are built by *position*: ``-100`` on prompt tokens and padding, the token id elsewhere —
+never by comparing ids to the pad id, so the EOS appended to every completion is learned even when
+pad == EOS. The model at position ``t`` is trained to predict ``labels[t + 1]`` (the usual shift).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .encode import Encoded, encode_pair, split_messages
+from .prompts import _labelled_rows, _type_name, prompt_problem
+
+IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
+
+
+# ---------------------------------------------------------------- loading and checking
+
+
+def load_sft_dataset(source: Any, name: str = "train_dataset") -> list[dict]:
+    """Load and check an SFT dataset; returns one dict per row with all of its columns.
+
+    ``source``: a ``datasets.Dataset``, a list of dicts, or a ``.jsonl`` / ``.json`` / ``.parquet``
+    path (as ``load_prompt_dataset``). Raises ``ValueError`` naming the source, the row (1-based
+    line / row for files, 0-based index for in-memory data) and the field when a row is malformed.
+    """
+    label, rows = _labelled_rows(source, name)
+    if not rows:
+        raise ValueError(f"{label}: the dataset is empty (no rows)")
+    out = []
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"{label}: {where}: expected an object (dict), got {_type_name(row)}")
+        field, problem = sft_row_problem(row)
+        if problem:
+            raise ValueError(f"{label}: {where}: " + (f"field {field!r}: " if field else "") + problem)
+        out.append(dict(row))
+    return out
+
+
+def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
+    """(field, what is wrong with it) for a malformed SFT row, or ``(None, None)``."""
+    has_pair, has_messages = "prompt" in row or "completion" in row, "messages" in row
+    if has_pair and has_messages:
+        return None, "has both 'messages' and 'prompt'/'completion'; use one format per row"
+    if has_messages:
+        return "messages", _messages_problem(row["messages"])
+    present = ", ".join(map(repr, row)) or "none"
+    for field in ("prompt", "completion"):
+        if field not in row:
+            return None, (f"missing field {field!r} (an SFT row needs 'prompt' and 'completion', or "
+                          f"'messages'; fields present: {present})")
+    problem = prompt_problem(row["prompt"])
+    if problem:
+        return "prompt", problem
+    return "completion", _completion_problem(row["completion"])
+
+
+def _completion_problem(completion: Any) -> str | None:
+    if isinstance(completion, str):
+        return None if completion.strip() else "the completion is an empty (or whitespace-only) string"
+    problem = prompt_problem(completion)
+    if problem:
+        return problem.replace("the prompt", "the completion")
+    if len(completion) != 1 or completion[0]["role"] != "assistant":
+        roles = [m["role"] for m in completion]
+        return f"a chat completion must be exactly one assistant message, got roles {roles}"
+    return None if completion[0]["content"].strip() else "the assistant message's content is empty"
+
+
+def _messages_problem(messages: Any) -> str | None:
+    if not isinstance(messages, (list, tuple)):
+        return f"expected a list of chat messages, got {_type_name(messages)}"
+    problem = prompt_problem(messages)
+    if problem:
+        return problem.replace("the prompt", "'messages'")
+    if messages[-1]["role"] != "assistant":
+        return (f"the last message must be the assistant's (the completion to learn), "
+                f"got role {messages[-1]['role']!r}")
+    if len(messages) < 2:
+        return "needs at least one message (the prompt) before the final assistant message"
+    if not messages[-1]["content"].strip():
+        return "the final assistant message's content is empty"
+    return None
+
+
+# ---------------------------------------------------------------- tokenising
+
+
+def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset") -> list[Encoded]:
+    """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
+    policy: the prompt loses its start first, then the completion its end and its EOS).
+    An encoding error (e.g. chat messages but no chat template) names the row's 0-based index."""
+    out = []
+    for i, row in enumerate(rows):
+        if "messages" in row:
+            prompt, completion = split_messages(row["messages"])
+        else:
+            prompt, completion = row["prompt"], row["completion"]
+        try:
+            out.append(encode_pair(prompt, completion, tokenizer, max_length))
+        except ValueError as e:
+            raise ValueError(f"{name}: row index {i} (0-based): {e}") from None
+    return out
+
+
+# ---------------------------------------------------------------- batching
+
+
+def pack(encoded: list[Encoded], max_length: int) -> list[list[Encoded]]:
+    """Next-fit packing: examples in order, a new row whenever the next one does not fit in
+    ``max_length`` tokens. No example is split across rows."""
+    groups: list[list[Encoded]] = []
+    used = max_length + 1
+    for e in encoded:
+        n = len(e.input_ids)
+        if n > max_length:
+            raise ValueError(f"pack: an example has {n} tokens > max_length {max_length}; encode with max_length")
+        if used + n > max_length:
+            groups.append([])
+            used = 0
+        groups[-1].append(e)
+        used += n
+    return groups
+
+
+def collate(encoded: list[Encoded], pad_id: int, packing: bool = False, max_length: int | None = None) -> dict:
+    """A batch: ``input_ids``, ``attention_mask``, ``labels``, ``position_ids``, all (B, L) long.
+
+    Without packing: one example per row, right-padded to the longest (B = len(encoded));
+    ``max_length`` is unused (``encode_pair`` already truncated the examples).
+    With packing: ``pack(encoded, max_length)`` rows of exactly ``max_length`` tokens.
+    See ``collate_groups`` for the layout.
+    """
+    if packing:
+        if max_length is None:
+            raise ValueError("collate: packing needs max_length")
+        return collate_groups(pack(encoded, max_length), pad_id, max_length)
+    return collate_groups([[e] for e in encoded], pad_id)
+
+
+def collate_groups(groups: list[list[Encoded]], pad_id: int, length: int | None = None) -> dict:
+    """Lay out rows of one or more examples each, right-padded with ``pad_id`` to ``length``
+    (default: the longest row).
+
+    Per example starting at column ``s`` with ``n`` tokens and prompt length ``p``:
+    ``labels[s + j] = input_ids[s + j]`` for ``p <= j < n``, else ``-100``; ``labels[s]`` is always
+    ``-100`` (nothing in the example predicts its first token, and in a packed row this stops
+    an example's last token being trained to predict the next example); ``position_ids[s + j] = j``.
+    Padding: ``attention_mask`` 0, labels ``-100``, position ids counting from 0 again, so the
+    padding is a segment of its own. Position ids restarting at 0 are how transformers'
+    ``masking_utils`` (eager, sdpa, flex and flash attention, e.g. Llama, Qwen2, Mistral) detects
+    packed sequences and builds a block-diagonal causal mask — but only when the model is called
+    with ``attention_mask=None``; models that do not use ``masking_utils`` (e.g. remote code) then
+    attend across examples of a packed row.
+    """
+    width = max(sum(len(e.input_ids) for e in g) for g in groups)
+    length = width if length is None else length
+    if width > length:
+        raise ValueError(f"collate: a row has {width} tokens > length {length}")
+    B = len(groups)
+    input_ids = torch.full((B, length), pad_id, dtype=torch.long)
+    labels = torch.full((B, length), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((B, length), dtype=torch.long)
+    position_ids = torch.zeros((B, length), dtype=torch.long)
+    for b, group in enumerate(groups):
+        start = 0
+        for e in group:
+            n, ids = len(e.input_ids), torch.tensor(e.input_ids, dtype=torch.long)
+            input_ids[b, start:start + n] = ids
+            first = start + max(e.prompt_len, 1)
+            labels[b, first:start + n] = ids[first - start:]
+            attention_mask[b, start:start + n] = 1
+            position_ids[b, start:start + n] = torch.arange(n)
+            start += n
+        position_ids[b, start:] = torch.arange(length - start)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+            "position_ids": position_ids}
+
+
+__all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "load_sft_dataset", "pack",
+           "sft_row_problem"]

@@ -1,0 +1,260 @@
+"""Supervised fine-tuning: next-token cross-entropy on completion tokens only.
+
+For an optimizer step over micro-batches ``k = 1..K`` (``grad_accumulation``) with completion
+positions ``C`` (labels ≠ -100, after the shift: logits at ``t`` predict ``labels[t + 1]``)::
+
+    loss = - Σ_{(b,t) ∈ C} log p_θ(x_{b,t+1} | x_{b,≤t}) / |C|
+
+i.e. the mean over every completion token of the step, however the tokens fall into micro-batches
+(each micro-batch backpropagates its token *sum* divided by the step's token count, so
+accumulation gives the same gradient as one large batch — the fix of the 2024 gradient-accumulation
+bug in transformers/TRL). Prompt tokens and padding never contribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.encode import Encoded
+from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
+from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
+from ..tracking import MetricsLogger
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Everything an SFT run reads. ``SFTConfig(learning_rate=1e-3, max_steps=40, batch_size=4)``."""
+
+    learning_rate: float = 2e-5
+    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
+    num_epochs: float = 3.0
+    """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
+    max_steps: int | None = None
+    """Optimizer steps to run; None: ceil(num_epochs x rows / (batch_size x grad_accumulation))."""
+    batch_size: int = 8
+    """Rows per forward/backward (an example each, or a packed row of max_length tokens when packing)."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step; the loss is the mean over all completion tokens of the step."""
+    max_length: int = 1024
+    """Tokens per example (prompt + completion + EOS; longer: the prompt's start goes first, then the completion's end), and the packed row length."""
+    packing: bool = False
+    """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup, in optimizer steps."""
+    lr_scheduler: str = "cosine"
+    """After warmup: 'cosine' decay towards 0 over the remaining steps (the usual SFT choice) or 'constant'."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay (Loshchilov & Hutter 2019) on every trainable parameter (norms and biases too); 0 as in TRL."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None: off."""
+    eval_every: int = 0
+    """Compute eval/loss every this many optimizer steps (0: only after the last step); needs eval_dataset."""
+    seed: int = 0
+    """Seed of torch, numpy and Python's random (dropout) and of the per-epoch data order."""
+    output_dir: str | None = None
+    """Run directory (metrics.jsonl, final/ model and tokenizer); None: nothing is written."""
+    log_every: int = 10
+    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
+    dtype: str = "float32"
+    """Weights dtype when model is a path: float32, bfloat16 or float16. A model object keeps its own."""
+
+    def __post_init__(self):
+        checks = [
+            (self.learning_rate > 0, "learning_rate", "> 0"),
+            (self.num_epochs > 0, "num_epochs", "> 0"),
+            (self.max_steps is None or self.max_steps >= 0, "max_steps", ">= 0 or None"),
+            (self.batch_size >= 1, "batch_size", ">= 1"),
+            (self.grad_accumulation >= 1, "grad_accumulation", ">= 1"),
+            (self.max_length >= 2, "max_length", ">= 2"),
+            (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
+            (self.lr_scheduler in ("constant", "cosine"), "lr_scheduler", "'constant' or 'cosine'"),
+            (self.weight_decay >= 0, "weight_decay", ">= 0"),
+            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
+            (self.eval_every >= 0, "eval_every", ">= 0"),
+            (self.log_every >= 0, "log_every", ">= 0"),
+            (self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"SFTConfig field {name!r} must be {expected}, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "SFTConfig":
+        return dataclasses.replace(self, **changes)
+
+
+class SFTTrainer:
+    """``SFTTrainer(model, args=SFTConfig(...), train_dataset=..., eval_dataset=None, processing_class=None)``
+
+    ``model``: a local HF directory or a causal-LM object (then ``processing_class``, its
+    tokenizer, is required; from a directory it is loaded when omitted). Datasets: a
+    ``datasets.Dataset``, a list of dicts or a .jsonl / .json / .parquet path, rows
+    ``{"prompt", "completion"}`` or ``{"messages"}`` (``data.sft``). Data are loaded, checked and
+    tokenised before the model is loaded, so a bad row fails fast. Dropout stays as the model has it.
+    """
+
+    def __init__(self, model, args: SFTConfig | None = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None):
+        self.args = args = args or SFTConfig()
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
+        is_path = isinstance(model, (str, os.PathLike))
+        if not is_path and not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be a model directory or a causal-LM object, got {type(model).__name__}")
+        if not is_path and processing_class is None:
+            raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        train_rows = load_sft_dataset(train_dataset, "train_dataset")
+        eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+        train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
+        self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
+                              if eval_rows is not None else None)
+        # A training unit is one row of a batch: one example, or one packed row of max_length.
+        self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
+        _seed_everything(args.seed)
+        self.model = _load_model(model, args.dtype) if is_path else model
+        self.device = next(self.model.parameters()).device
+        rows_per_step = args.batch_size * args.grad_accumulation
+        self.total_steps = (args.max_steps if args.max_steps is not None
+                            else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                           lr=args.learning_rate, weight_decay=args.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor(args, self.total_steps))
+        self.step, self.epoch, self.data_pos, self.units_seen = 0, 0, 0, 0
+        self.order = self._epoch_order(0)
+        self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="sft/loss")
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> list[dict]:
+        """Run ``total_steps`` optimizer steps; returns one metrics dict per step."""
+        args = self.args
+        self.model.train()
+        while self.step < self.total_steps:
+            metrics = self._train_step(self._next_units(args.batch_size * args.grad_accumulation))
+            self.step += 1
+            last = self.step == self.total_steps
+            if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
+                metrics["eval/loss"] = self.evaluate()
+            self.logger.log(self.step, metrics, self.total_steps)
+        if self.step == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
+            self.logger.log(0, {"eval/loss": self.evaluate()}, 0)
+        if args.output_dir:
+            self.save_model(Path(args.output_dir) / "final")
+        return self.logger.history
+
+    def _train_step(self, units: list[list[Encoded]]) -> dict:
+        """One optimizer step over ``grad_accumulation`` micro-batches; token-mean loss of the step."""
+        args = self.args
+        batches = [self._collate(units[i:i + args.batch_size]) for i in range(0, len(units), args.batch_size)]
+        n_tokens = max(1, sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches))
+        total = torch.zeros((), device=self.device)
+        for batch in batches:
+            loss_sum, _ = self.loss_sum(batch, packed=args.packing)
+            (loss_sum / n_tokens).backward()
+            total += loss_sum.detach()
+        max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"sft/loss": total / n_tokens, "sft/lr": lr, "sft/grad_norm": grad_norm.detach(),
+                "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units)}
+
+    def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
+        """(Σ cross-entropy over the batch's completion tokens, their count); logits in float32.
+
+        ``packed``: call the model with ``attention_mask=None`` and the position ids, from which
+        transformers builds a block-diagonal causal mask (one block per packed example)."""
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        mask = None if packed else batch["attention_mask"]
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=mask,
+                            position_ids=batch["position_ids"], use_cache=False).logits
+        targets = batch["labels"][:, 1:]
+        keep = targets != IGNORE_INDEX
+        # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.
+        loss = F.cross_entropy(logits[:, :-1][keep].float(), targets[keep], reduction="sum")
+        return loss, int(keep.sum())
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean cross-entropy over every completion token of the eval set (one example per row,
+        right-padded: exact for any model), in eval mode; training mode is restored after."""
+        if self.eval_examples is None:
+            raise ValueError("evaluate() needs an eval_dataset")
+        was_training = self.model.training
+        self.model.eval()
+        total, count = 0.0, 0
+        size = self.args.batch_size
+        for i in range(0, len(self.eval_examples), size):
+            batch = collate_groups([[e] for e in self.eval_examples[i:i + size]], self.tokenizer.pad_token_id)
+            loss_sum, n = self.loss_sum(batch)
+            total, count = total + float(loss_sum), count + n
+        self.model.train(was_training)
+        return total / max(count, 1)
+
+    # ---------------------------------------------------------------- data order and saving
+    def _collate(self, units: list[list[Encoded]]) -> dict:
+        length = self.args.max_length if self.args.packing else None
+        return collate_groups(units, self.tokenizer.pad_token_id, length)
+
+    def _next_units(self, n: int) -> list[list[Encoded]]:
+        """The next ``n`` training units of a seeded per-epoch shuffle (epochs roll over mid-step)."""
+        out = []
+        while len(out) < n:
+            if self.data_pos >= len(self.order):
+                self.epoch, self.data_pos = self.epoch + 1, 0
+                self.order = self._epoch_order(self.epoch)
+            out.append(self.units[self.order[self.data_pos]])
+            self.data_pos += 1
+        self.units_seen += n
+        return out
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
+        return torch.randperm(len(self.units), generator=gen).tolist()
+
+    def save_model(self, path) -> None:
+        """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def _load_model(path, dtype: str):
+    """``AutoModelForCausalLM`` from a local directory (checked first: a typo is one clear line).
+    Unlike ``load_causal_lm`` (RL), dropout is kept: SFT needs no identical log-probs across passes."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(_check_dir(path, "model"), dtype=resolve_dtype(dtype))
+
+
+def _lr_factor(args: SFTConfig, total: int):
+    """Multiplier of the peak rate at optimizer step ``s``: ``(s+1)/(w+1)`` during warmup ``w``,
+    then 1 (constant) or ``0.5 (1 + cos(π (s-w)/(total-w)))`` (cosine, Loshchilov & Hutter 2017)."""
+    def factor(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / (args.warmup_steps + 1)
+        if args.lr_scheduler == "constant":
+            return 1.0
+        progress = (step - args.warmup_steps) / max(1, total - args.warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+__all__ = ["SFTConfig", "SFTTrainer"]

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
-from ..tracking import MetricsLogger
+from ..tracking import MetricsLogger, prepare_run_dir
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ class SFTConfig:
     """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
     dtype: str = "float32"
     """Weights dtype when model is a path: float32, bfloat16 or float16. A model object keeps its own."""
+    progress_bar: bool = True
+    """On a terminal, show a progress bar with ETA and the loss; False (--quiet): log lines only."""
+    overwrite: bool = False
+    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
 
     def __post_init__(self):
         checks = [
@@ -112,6 +116,7 @@ class SFTTrainer:
         if not is_path and processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
+        prepare_run_dir(args.output_dir, args.overwrite)
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
@@ -130,7 +135,8 @@ class SFTTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor(args, self.total_steps))
         self.step, self.epoch, self.data_pos, self.units_seen = 0, 0, 0, 0
         self.order = self._epoch_order(0)
-        self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="sft/loss")
+        self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="sft/loss",
+                                    progress_bar=args.progress_bar, total_steps=self.total_steps)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:

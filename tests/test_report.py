@@ -1,0 +1,160 @@
+"""Plots and the HTML run report (rlhfkit/report.py) on a synthetic run directory."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from rlhfkit.config import RLConfig, save_config  # noqa: E402
+from rlhfkit.report import read_metrics, write_plots, write_report  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _run_dir(tmp_path, steps=10, samples=True, config=True):
+    run = tmp_path / "my-run"
+    run.mkdir()
+    rows = []
+    for step in range(1, steps + 1):
+        row = {"step": step, "reward/mean": step / steps, "reward/std": 0.1, "kl/k1": 0.01 * step,
+               "policy/entropy": 2.0 - 0.1 * step, "perf/step_time": 0.5}
+        if step % 5 == 0:
+            row["eval/loss"] = 1.0 / step  # logged only every few steps
+        rows.append(row)
+    _write_jsonl(run / "metrics.jsonl", rows)
+    if samples:
+        _write_jsonl(run / "samples.jsonl", [
+            {"step": step, "prompt": f"prompt <{step}> & {i}", "completion": f"<b>answer {step}.{i}</b>",
+             "score": step / 10}
+            for step in range(1, steps + 1) for i in range(5)
+        ])
+    if config:
+        save_config(RLConfig(algorithm="ppo", kl_coef=0.1), run / "config.yaml")
+    return run
+
+
+def test_write_plots_one_png_per_present_group(tmp_path):
+    run = _run_dir(tmp_path)
+    paths = write_plots(run)
+    assert sorted(p.name for p in paths) == ["entropy.png", "kl.png", "loss.png", "reward.png"]
+    for path in paths:
+        assert path.parent == run / "plots" and path.read_bytes().startswith(PNG_MAGIC)
+    assert not (run / "plots" / "critic_loss.png").exists()  # absent metrics are skipped
+
+
+def test_write_plots_with_no_plotted_metric(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    _write_jsonl(run / "metrics.jsonl", [{"step": 1, "perf/step_time": 1.0}])
+    assert write_plots(run) == []
+
+
+def test_missing_metrics_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"metrics\.jsonl: no such file"):
+        write_plots(tmp_path)
+    with pytest.raises(ValueError, match=r"metrics\.jsonl"):
+        write_report(tmp_path)
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[1, 2]", '{"reward/mean": 1.0}'])
+def test_bad_metrics_line_is_named(tmp_path, bad):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n\n' + bad + "\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:3: "):
+        write_plots(tmp_path)
+
+
+def test_report_is_self_contained_and_escaped(tmp_path):
+    run = _run_dir(tmp_path)
+    path = write_report(run)
+    assert path == run / "report.html"
+    page = path.read_text(encoding="utf-8")
+    assert "<h1>my-run</h1>" in page
+    # plots embedded as base64 PNGs, no external files referenced
+    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
+    assert "src=\"plots/" not in page and "<link" not in page and "<script" not in page
+    # samples: escaped, never raw
+    assert "&lt;b&gt;answer 10.0&lt;/b&gt;" in page and "<b>answer" not in page
+    assert "prompt &lt;1&gt; &amp; 0" in page
+    # config as a table, resolved values
+    assert "<td>kl_coef</td><td>0.1</td>" in page and "<td>advantage_estimator</td><td>gae</td>" in page
+    # summary: first and last value of the main metrics
+    assert "<td>reward/mean</td><td>0.1</td><td>1</td><td>1</td><td>10</td>" in page
+    assert "perf/step_time</td>" not in page
+    assert "No samples.jsonl" not in page and "No config.yaml" not in page
+
+
+def test_report_samples_spread_over_the_run(tmp_path):
+    page = write_report(_run_dir(tmp_path)).read_text(encoding="utf-8")
+    steps = [int(s) for s in re.findall(r"<h3>Step (\d+)</h3>", page)]
+    assert steps == [1, 4, 7, 10]  # at most 4 steps, first and last included
+    assert page.count('<div class="sample">') == 4 * 4  # a few samples per step, not all 5
+    assert "score 1" in page
+
+
+def test_report_with_few_sample_steps(tmp_path):
+    page = write_report(_run_dir(tmp_path, steps=2)).read_text(encoding="utf-8")
+    assert re.findall(r"<h3>Step (\d+)</h3>", page) == ["1", "2"]
+
+
+def test_report_notes_missing_optional_files(tmp_path):
+    run = _run_dir(tmp_path, samples=False, config=False)
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "No samples.jsonl in this run directory." in page
+    assert "No config.yaml in this run directory." in page
+    assert (run / "plots" / "reward.png").is_file()
+
+
+def test_report_notes_unreadable_config_and_bad_samples(tmp_path):
+    run = _run_dir(tmp_path, samples=False, config=False)
+    (run / "config.yaml").write_text("a: [1\n")
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "config.yaml could not be read" in page
+    (run / "samples.jsonl").write_text("oops\n")
+    with pytest.raises(ValueError, match=r"samples\.jsonl:1: "):
+        write_report(run)
+
+
+def test_report_without_plottable_metrics(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    _write_jsonl(run / "metrics.jsonl", [{"step": 1, "perf/step_time": 1.0}])
+    page = write_report(run).read_text(encoding="utf-8")
+    assert "No plots" in page and "None of the main metrics" in page
+
+
+def test_report_for_sft_and_reward_model_runs(tmp_path):
+    run = tmp_path / "sft"
+    run.mkdir()
+    _write_jsonl(run / "metrics.jsonl", [
+        {"step": s, "sft/loss": 3.0 / s, "rm/accuracy": 0.5 + 0.04 * s} for s in range(1, 6)
+    ])
+    names = sorted(p.name for p in write_plots(run))
+    assert names == ["loss.png", "rm_accuracy.png"]
+    page = write_report(run).read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") == 2
+
+
+def test_repeated_steps_are_merged_later_values_winning(tmp_path):
+    # A run resumed from checkpoint-2 logs steps 3 and 4 again; step 0 logs an eval loss on its own line.
+    _write_jsonl(tmp_path / "metrics.jsonl", [
+        {"step": 0, "eval/loss": 2.0}, {"step": 0, "sft/loss": 3.0},
+        *({"step": s, "sft/loss": 9.0} for s in (1, 2, 3, 4)),
+        *({"step": s, "sft/loss": 1.0 / s} for s in (3, 4, 5)),
+    ])
+    assert read_metrics(tmp_path) == [
+        {"step": 0, "eval/loss": 2.0, "sft/loss": 3.0}, {"step": 1, "sft/loss": 9.0}, {"step": 2, "sft/loss": 9.0},
+        {"step": 3, "sft/loss": 1 / 3}, {"step": 4, "sft/loss": 0.25}, {"step": 5, "sft/loss": 0.2},
+    ]
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "6 logged steps, last step 5." in page
+    assert "<td>sft/loss</td><td>3</td><td>0</td><td>0.2</td><td>5</td>" in page

@@ -14,13 +14,14 @@ from .advantages import (
 )
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
 from .logprobs import entropy_from_logits, selective_logprobs
-from .losses import AGGREGATIONS, aggregate, pg_loss, ppo_policy_loss, value_loss
+from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, pg_loss, ppo_policy_loss, value_loss
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, Registry, sequence_rewards
 from .shaping import apply_missing_eos_penalty, last_token_index, token_level_rewards
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS",
-    "POLICY_LOSSES", "Registry", "aggregate", "apply_missing_eos_penalty", "broadcast_sequence_advantages",
+    "POLICY_LOSSES", "Registry", "aggregate", "apply_missing_eos_penalty", "bradley_terry_loss",
+    "broadcast_sequence_advantages",
     "entropy_from_logits", "gae", "group_advantages", "kl_penalty", "last_token_index", "pg_loss",
     "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "selective_logprobs", "sequence_rewards",
     "token_level_rewards", "value_loss", "whiten",

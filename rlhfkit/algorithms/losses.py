@@ -189,3 +189,42 @@ def _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask):
     mask = check_mask(response_mask, logprobs.shape)
     # Advantages are constants of the surrogate: never let a gradient flow into them.
     return mask, advantages.detach()
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | float | None = None):
+    """Pairwise reward-model loss: the negative log-likelihood of the Bradley–Terry model
+    (Bradley & Terry 1952; the reward-model loss of Ouyang et al. 2022, arXiv:2203.02155, eq. 1):
+
+    ``loss = mean_i -log σ(r_c,i - r_r,i - m_i)``
+
+    with the margin ``m_i`` of Llama 2 (Touvron et al. 2023, arXiv:2307.09288, eq. 2): a pair
+    labelled "much better" must be separated by at least about ``m`` before its loss fades.
+    ``margin=None`` is ``m = 0``; a float applies to every pair; a (B,) tensor is per pair.
+
+    Args: ``chosen``, ``rejected`` (B,) rewards of the preferred and the other completion.
+    Returns ``(loss, metrics)``: ``rm/accuracy`` (share of pairs with ``r_c > r_r``; a tie counts
+    as wrong), ``rm/margin_mean`` (mean ``r_c - r_r``), ``rm/chosen_mean``, ``rm/rejected_mean``,
+    ``rm/reward_mean`` and ``rm/reward_std`` (over all 2B rewards, unbiased std).
+    """
+    check_same_shape(chosen=chosen, rejected=rejected)
+    check_tensor("chosen", chosen, ndim=1)
+    if chosen.shape[0] == 0:
+        raise ValueError("bradley_terry_loss needs at least one pair, got chosen of shape (0,)")
+    diff = chosen - rejected
+    if margin is not None:
+        if isinstance(margin, torch.Tensor) and tuple(margin.shape) not in ((), tuple(chosen.shape)):
+            raise ValueError(f"margin must be a number or have shape {tuple(chosen.shape)}, got {tuple(margin.shape)}")
+        diff = diff - margin
+    # logsigmoid, not log(sigmoid(.)): finite for any difference (log σ(-100) would be -inf in float32).
+    loss = -torch.nn.functional.logsigmoid(diff).mean()
+    with torch.no_grad():
+        both = torch.cat([chosen, rejected])
+        metrics = {
+            "rm/accuracy": (chosen > rejected).to(chosen.dtype).mean(),
+            "rm/margin_mean": (chosen - rejected).mean(),
+            "rm/chosen_mean": chosen.mean(),
+            "rm/rejected_mean": rejected.mean(),
+            "rm/reward_mean": both.mean(),
+            "rm/reward_std": both.std(),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}

@@ -1,0 +1,146 @@
+"""Preference datasets for reward-model training, and completion sets to centre a reward model on.
+
+A preference row is ``{"prompt", "chosen", "rejected"}`` with an optional ``margin`` (TRL's
+explicit-prompt preference format): the prompt is a string or a list of chat messages (checked
+with ``prompt_problem``); ``chosen`` and ``rejected`` are non-empty strings, or lists of chat
+messages whose last one is the assistant's reply (its content is the completion); ``margin`` is a
+finite number — how much better ``chosen`` is, for the margin loss of Llama 2
+(arXiv:2307.09288, eq. 2); null means no margin for that row. Every other column is kept.
+
+Sources and error messages are those of ``prompts.load_prompt_dataset``: ``datasets.Dataset``,
+lists of dicts, ``.jsonl`` / ``.json`` / ``.parquet`` files; a ``ValueError`` names the source, the
+row (1-based for files, 0-based index in memory) and the field, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+from .encode import split_messages
+from .prompts import _labelled_rows, _message_problem, _short, _type_name, prompt_problem
+
+PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
+
+
+def load_preference_dataset(source: Any, name: str = "train_dataset") -> list[dict]:
+    """Load and check a preference dataset; returns one dict per row with all of its columns.
+
+    Args:
+        source: a ``datasets.Dataset``, a list of dicts, or a path to a ``.jsonl``, ``.json`` or
+            ``.parquet`` file.
+        name: how in-memory data is named in error messages (file sources use their path).
+
+    Raises ``ValueError`` naming source, row and field for: an empty dataset, a row that is not an
+    object, a missing ``prompt`` / ``chosen`` / ``rejected``, a malformed prompt, an empty or
+    malformed completion, ``chosen`` equal to ``rejected`` (a pair that teaches nothing), and a
+    ``margin`` that is not a finite number. Unreadable files (missing, not UTF-8, bad JSON) are
+    reported by the readers of ``prompts.py``.
+    """
+    label, rows = _labelled_rows(source, name)
+    if not rows:
+        raise ValueError(f"{label}: the dataset is empty (no rows)")
+    out = []
+    for where, row in rows:
+        problem = preference_row_problem(row)
+        if problem:
+            raise ValueError(f"{label}: {where}: {problem}")
+        out.append(dict(row))
+    return out
+
+
+def preference_row_problem(row: Any) -> str | None:
+    """What is wrong with one preference row (naming the field), or ``None``."""
+    if not isinstance(row, dict):
+        return f"expected an object (dict), got {_type_name(row)}"
+    for field in PREFERENCE_FIELDS:
+        if field not in row:
+            present = ", ".join(map(repr, row)) or "none"
+            return f"missing field {field!r} (fields present: {present})"
+    problem = prompt_problem(row["prompt"])
+    if problem:
+        return f"field 'prompt': {problem}"
+    texts = {}
+    for field in ("chosen", "rejected"):
+        text, problem = _completion(row[field])
+        if problem:
+            return f"field {field!r}: {problem}"
+        texts[field] = text
+    if texts["chosen"] == texts["rejected"]:
+        same = _short(texts["chosen"])
+        return f"fields 'chosen' and 'rejected' are the same completion {same}: the pair teaches nothing"
+    if row.get("margin") is not None:  # null: no margin for this row (a column with gaps)
+        margin = row["margin"]
+        if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
+            return f"field 'margin': expected a finite number, got {_type_name(margin)} {_short(margin)}"
+    return None
+
+
+def _completion(value: Any) -> tuple[str, str | None]:
+    """(completion text, problem or None) for a string or a list of messages ending with the assistant's."""
+    if isinstance(value, str):
+        return value, (None if value.strip() else "the completion is an empty (or whitespace-only) string")
+    if not isinstance(value, (list, tuple)):
+        return "", f"expected a string or a list of chat messages, got {_type_name(value)} {_short(value)}"
+    if not value:
+        return "", "the completion is an empty list of chat messages"
+    for i, msg in enumerate(value):
+        problem = _message_problem(msg)
+        if problem:
+            return "", f"message {i} (0-based): {problem}"
+    last = value[-1]
+    if last["role"] != "assistant":
+        return "", f"the last message must be the assistant's (the completion), got role {last['role']!r}"
+    if not last["content"].strip():
+        return "", "the assistant's message is empty (or whitespace-only)"
+    return last["content"], None
+
+
+def load_completions(source: Any, name: str = "center_dataset") -> list[dict]:
+    """Load (prompt, completion) pairs to score, e.g. the SFT data a reward model is centred on.
+
+    Rows may be plain strings (a completion with an empty prompt; in-memory lists only),
+    ``{"prompt", "completion"}`` dicts, chat ``{"messages"}`` dicts (the last, assistant message
+    is the completion) or ``{"text"}`` dicts (a completion with an empty prompt). Returns
+    ``[{"prompt": ..., "completion": ...}]``; errors name source, row and field.
+    """
+    label, rows = _labelled_rows(source, name)
+    if not rows:
+        raise ValueError(f"{label}: the dataset is empty (no rows)")
+    out = []
+    for where, row in rows:
+        pair, problem = _completion_row(row)
+        if problem:
+            raise ValueError(f"{label}: {where}: {problem}")
+        out.append(pair)
+    return out
+
+
+def _completion_row(row: Any) -> tuple[dict | None, str | None]:
+    if isinstance(row, str):
+        return {"prompt": "", "completion": row}, (None if row.strip() else "the text is an empty string")
+    if not isinstance(row, dict):
+        return None, f"expected a string or an object (dict), got {_type_name(row)}"
+    if "messages" in row:
+        text, problem = _completion(row["messages"])
+        if problem:
+            return None, f"field 'messages': {problem}"
+        return {"prompt": split_messages(list(row["messages"]))[0] or "", "completion": text}, None
+    if "text" in row and "completion" not in row:
+        text = row["text"]
+        if not isinstance(text, str) or not text.strip():
+            return None, f"field 'text': expected a non-empty string, got {_type_name(text)} {_short(text)}"
+        return {"prompt": "", "completion": text}, None
+    for field in ("prompt", "completion"):
+        if field not in row:
+            present = ", ".join(map(repr, row)) or "none"
+            return None, (f"missing field {field!r} (fields present: {present}); expected 'prompt' and "
+                          "'completion', 'messages' or 'text'")
+    problem = prompt_problem(row["prompt"])
+    if problem:
+        return None, f"field 'prompt': {problem}"
+    text, problem = _completion(row["completion"])
+    if problem:
+        return None, f"field 'completion': {problem}"
+    return {"prompt": row["prompt"], "completion": text}, None

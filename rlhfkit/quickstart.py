@@ -1,0 +1,108 @@
+"""The quickstart: SFT → reward model → PPO on the embedded shift task, on a laptop CPU.
+
+A hidden oracle plays the human (``tasks/shift.py``): it writes noisy demonstrations for SFT and
+labels pairs of SFT samples for the reward model; PPO then optimises the *learned* reward with a KL
+leash to the SFT model, and the before/after table reports the *oracle's* score too, so reward
+hacking of the learned reward would show.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from .config import RLConfig
+from .rollout import HFEngine, SamplingParams
+from .tasks import shift
+from .tasks.tiny import char_tokenizer, tiny_causal_lm
+from .trainers.evaluate import evaluate_policy
+
+SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
+
+
+def _stage(name: str, quiet: bool):
+    if not quiet:
+        print(f"\n== {name} ==", flush=True)
+    return time.perf_counter()
+
+
+def sample_pairs(model_dir: str, prompts: list[str], seed: int) -> list[dict]:
+    """Two samples per prompt from the SFT model, labelled by the oracle."""
+    import torch
+
+    from .models import load_causal_lm, load_tokenizer
+
+    tok, model = load_tokenizer(model_dir), load_causal_lm(model_dir)
+    torch.manual_seed(seed)
+    engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id)
+    a, b = [], []
+    for start in range(0, len(prompts), 128):
+        chunk = prompts[start : start + 128]
+        rollout = engine.generate([tok(p, add_special_tokens=False)["input_ids"] for p in chunk], 2, SAMPLING)
+        n = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()
+        texts = tok.batch_decode([r[:k] for r, k in zip(rollout.response_ids.tolist(), n)], skip_special_tokens=True)
+        a += texts[0::2]
+        b += texts[1::2]
+    return shift.label_pairs(prompts, a, b)
+
+
+def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = False, quiet: bool = False,
+                   seed: int = 0, overwrite: bool = False) -> dict:
+    """Run the three stages into ``output_dir``; returns the before/after metrics and wall time."""
+    from .trainers.reward_model import RewardModelConfig, RewardModelTrainer
+    from .trainers.sft import SFTConfig, SFTTrainer
+    from .trainers.rl import RLTrainer
+    from .tracking import prepare_run_dir
+
+    root = prepare_run_dir(output_dir, overwrite)
+    steps = lambda n: max(2, int(n * scale))  # noqa: E731
+    t0 = time.perf_counter()
+    log = dict(log_every=0 if quiet else 10, progress_bar=not quiet)
+
+    _stage("1/3 SFT on noisy demonstrations", quiet)
+    tok = char_tokenizer(alphabet=shift.LETTERS + "=")
+    sft_rows = shift.make_sft_rows(2000, seed)
+    SFTTrainer(tiny_causal_lm(tok, hidden_size=64, layers=2, seed=seed),
+               SFTConfig(learning_rate=3e-3, max_steps=steps(300), batch_size=32, output_dir=str(root / "sft"),
+                         seed=seed, **log),
+               train_dataset=sft_rows, processing_class=tok).train()
+    sft_dir = str(root / "sft" / "final")
+
+    _stage("2/3 reward model on oracle-labelled pairs of SFT samples", quiet)
+    pairs = sample_pairs(sft_dir, shift.make_prompts(steps(1500), seed + 1), seed)
+    RewardModelTrainer(sft_dir, RewardModelConfig(learning_rate=1e-3, max_steps=steps(200), batch_size=32,
+                                                  output_dir=str(root / "rm"), seed=seed, **log),
+                       train_dataset=pairs[: int(len(pairs) * 0.9)], eval_dataset=pairs[int(len(pairs) * 0.9):],
+                       center_dataset=sft_rows[:500]).train()
+    rm_dir = str(root / "rm" / "final")
+
+    eval_prompts = [{"prompt": p} for p in shift.make_prompts(128, seed + 2)]
+    results = {"SFT": evaluate_policy(sft_dir, [shift.oracle_reward, rm_dir], eval_prompts, reference=sft_dir,
+                                      sampling=SAMPLING)}
+    rl_prompts = [{"prompt": p} for p in shift.make_prompts(2000, seed + 3)]
+    algorithms = ["ppo", "grpo"] if compare_grpo else ["ppo"]
+    for algorithm in algorithms:
+        _stage(f"3/3 {algorithm.upper()} against the learned reward, KL to the SFT model", quiet)
+        args = RLConfig(algorithm=algorithm, learning_rate=1e-3, kl_coef=0.02, max_steps=steps(60),
+                        prompts_per_step=32 if algorithm == "ppo" else 8, max_new_tokens=SAMPLING.max_new_tokens,
+                        critic_init=rm_dir if algorithm == "ppo" else None, missing_eos_penalty=-1.0,
+                        output_dir=str(root / algorithm), seed=seed, **log)
+        RLTrainer(sft_dir, [rm_dir], args, train_dataset=rl_prompts).train()
+        results[algorithm.upper()] = evaluate_policy(str(root / algorithm / "final"), [shift.oracle_reward, rm_dir],
+                                                     eval_prompts, reference=sft_dir, sampling=SAMPLING)
+    wall = time.perf_counter() - t0
+    print_table(results, wall)
+    return {"results": {k: v["metrics"] for k, v in results.items()}, "wall_s": wall}
+
+
+def print_table(results: dict, wall: float) -> None:
+    print(f"\n{'policy':<8} {'oracle score':>12} {'RM score':>9} {'KL to SFT':>10} {'length':>7}")
+    for name, r in results.items():
+        m = r["metrics"]
+        print(f"{name:<8} {m['eval/oracle_reward_mean']:>12.3f} {m['eval/rm_mean']:>9.3f} "
+              f"{m.get('eval/kl_to_reference', 0.0):>10.3f} {m['eval/response_length_mean']:>7.2f}")
+    print("\nsample completions (prompt -> completion | ideal):")
+    for name, r in results.items():
+        shown = ", ".join(f"{s['prompt']}{s['completion']}|{shift.target(s['prompt'])}" for s in r["samples"][:4])
+        print(f"  {name:<6} {shown}")
+    print(f"\nwall time: {wall:.0f} s")

@@ -1,0 +1,310 @@
+"""Reward-model training on preference pairs (Bradley–Terry), then centring.
+
+Each step scores the chosen and the rejected completions of a batch of pairs in one forward pass
+(both halves concatenated, right-padded: ``ScalarModel.score`` reads each row's last attended
+token, the EOS appended by ``encode_pair``) and minimises ``-log σ(r_c - r_r - m)``
+(``algorithms.bradley_terry_loss``; Ouyang et al. 2022, arXiv:2203.02155, eq. 1; margin of Llama 2,
+arXiv:2307.09288, eq. 2). After training the mean score of a reference set is stored as the model's
+``offset``, so loaded scores have mean 0 on it (Ouyang et al. 2022 §3.5 normalise the RM so the
+labeller demonstrations score 0 on average; "The N Implementation Details of RLHF with PPO" §
+reward normalisation): the RL loop then sees rewards on a known scale. The Bradley–Terry loss
+depends on score differences only, so the shift costs nothing.
+
+``final/`` loads with ``ScalarModel.from_pretrained``, serves as a reward function
+(``RLTrainer(reward_funcs=[dir])``) and initialises the PPO critic (``RLConfig(critic_init=dir)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..algorithms import bradley_terry_loss
+from ..data.encode import encode_pair
+from ..data.preferences import load_completions, load_preference_dataset
+from ..models import ScalarModel, load_tokenizer
+from ..models.loading import DTYPES, _check_dir
+from ..tracking import MetricsLogger, prepare_run_dir, to_floats
+
+SCHEDULERS = ("constant", "linear", "cosine")
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """Everything a reward-model run reads. ``RewardModelConfig(learning_rate=1e-5, batch_size=8)``."""
+
+    learning_rate: float = 1e-5
+    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6)."""
+    num_epochs: int = 1
+    """Passes over the pairs when max_steps is None. One: reward models overfit after the first epoch (Ouyang et al. 2022, appendix C.2)."""
+    max_steps: int | None = None
+    """Optimizer steps; None: num_epochs passes over the training pairs."""
+    batch_size: int = 8
+    """Preference pairs per step (each forward pass scores 2 x batch_size sequences)."""
+    max_length: int | None = 1024
+    """Tokens per sequence (prompt + completion + EOS); prompts are cut from the start, pairs whose completion does not fit are dropped (as TRL does). None: no limit."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup, in optimizer steps."""
+    lr_scheduler: str = "linear"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None: off."""
+    eval_every: int = 0
+    """Evaluate on eval_dataset every this many steps (0: only after the last step)."""
+    seed: int = 0
+    """Seed of torch, numpy and Python's random (the fresh head's init) and of the pair order."""
+    output_dir: str | None = None
+    """Run directory (metrics.jsonl and final/, the reward model with its tokenizer); None: nothing is written."""
+    log_every: int = 1
+    """Print a progress line every this many steps (0: silent)."""
+    dtype: str = "float32"
+    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16."""
+    center: bool = True
+    """After training, store the mean score of center_dataset (default: the training completions) as the offset, so scores are centred at 0."""
+    progress_bar: bool = True
+    """On a terminal, show a progress bar with ETA and the accuracy; False (--quiet): log lines only."""
+    overwrite: bool = False
+    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
+
+    def __post_init__(self):
+        checks = [
+            (self.learning_rate > 0, "learning_rate", "> 0"),
+            (self.num_epochs >= 1, "num_epochs", ">= 1"),
+            (self.max_steps is None or self.max_steps >= 0, "max_steps", ">= 0 or None"),
+            (self.batch_size >= 1, "batch_size", ">= 1"),
+            (self.max_length is None or self.max_length >= 2, "max_length", ">= 2 or None"),
+            (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
+            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
+            (self.weight_decay >= 0, "weight_decay", ">= 0"),
+            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
+            (self.eval_every >= 0, "eval_every", ">= 0"),
+            (self.log_every >= 0, "log_every", ">= 0"),
+            (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+        ]
+        for ok, name, expected in checks:
+            if not ok:
+                raise ValueError(f"config field {name!r} must be {expected}, got {getattr(self, name)!r}")
+
+    def replace(self, **changes) -> "RewardModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Pair:
+    chosen: list[int]
+    rejected: list[int]
+    margin: float | None  # None: the row had no margin column
+
+
+class RewardModelTrainer:
+    """``RewardModelTrainer(model, RewardModelConfig(...), train_dataset=pairs).train()``
+
+    ``model``: a local directory — a causal LM (a fresh scalar head on its transformer) or a saved
+    ``ScalarModel`` (training continues) — or a causal-LM object (``ScalarModel.from_causal_lm``
+    copies its transformer) or a ``ScalarModel``; ``processing_class``: the tokenizer (required
+    for objects); ``train_dataset`` / ``eval_dataset``: preference pairs (``load_preference_dataset``);
+    ``center_dataset``: completions to centre on (``load_completions``; e.g. the SFT data).
+    Every dataset is read, checked and tokenised before any model is loaded.
+    """
+
+    def __init__(self, model, args: RewardModelConfig | None = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, center_dataset=None):
+        self.args = args = args or RewardModelConfig()
+        if train_dataset is None:
+            raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
+        if center_dataset is not None and not args.center:
+            raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
+        train_rows = load_preference_dataset(train_dataset, "train_dataset")
+        prepare_run_dir(args.output_dir, args.overwrite)
+        eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        center_rows = load_completions(center_dataset) if center_dataset is not None else None
+        is_path = isinstance(model, (str, os.PathLike))
+        if is_path:
+            _check_dir(model, "model")
+        elif processing_class is None:
+            raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+        self.train_pairs = self._encode_pairs(train_rows, "train_dataset")
+        self.eval_pairs = self._encode_pairs(eval_rows, "eval_dataset") if eval_rows is not None else None
+        if center_rows is None:  # default: every training completion, chosen and rejected
+            self.center_ids = [ids for p in self.train_pairs for ids in (p.chosen, p.rejected)]
+        else:
+            self.center_ids = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
+                               for r in center_rows]
+        _seed_everything(args.seed)
+        self.model = _load_scalar_model(model, args.dtype)
+        self.device = next(self.model.parameters()).device
+        self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
+        self.total_steps = args.max_steps if args.max_steps is not None else args.num_epochs * self.steps_per_epoch
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(args, self.total_steps))
+        self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="rm/accuracy",
+                                    progress_bar=args.progress_bar, total_steps=self.total_steps)
+
+    # ---------------------------------------------------------------- data
+    def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
+        """Tokenise (prompt + completion + EOS) for both sides; drop pairs whose completion is cut."""
+        pairs, dropped = [], 0
+        for i, row in enumerate(rows):
+            try:
+                chosen, rejected = (encode_pair(row["prompt"], row[k], self.tokenizer, self.args.max_length)
+                                    for k in ("chosen", "rejected"))
+            except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
+                raise ValueError(f"{name}: pair {i} (0-based): {e}") from None
+            if chosen.truncated or rejected.truncated:
+                dropped += 1
+                continue
+            margin = float(row["margin"]) if row.get("margin") is not None else None
+            pairs.append(Pair(chosen.input_ids, rejected.input_ids, margin))
+        if not pairs:
+            raise ValueError(f"{name}: every pair is longer than max_length={self.args.max_length} tokens "
+                             "even with its prompt cut; raise max_length")
+        if dropped:
+            warnings.warn(f"{name}: dropped {dropped} of {len(rows)} pairs whose completion does not fit in "
+                          f"max_length={self.args.max_length} tokens", stacklevel=3)
+        return pairs
+
+    def _batches(self):
+        """Pair indices, ``batch_size`` at a time, over seeded per-epoch shuffles (the last batch of an
+        epoch may be smaller), for ever."""
+        epoch = 0
+        while True:
+            gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
+            yield from torch.randperm(len(self.train_pairs), generator=gen).split(self.args.batch_size)
+            epoch += 1
+
+    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ids and attention mask (the mask, not the pad id, marks padding)."""
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s, dtype=torch.long), 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _score_pairs(self, pairs: list[Pair]):
+        """(chosen, rejected, margin) for a batch: both sides in one forward pass."""
+        ids, mask = self._pad([p.chosen for p in pairs] + [p.rejected for p in pairs])
+        scores = self.model.score(ids, mask)
+        margin = None
+        if any(p.margin is not None for p in pairs):  # a row without a margin in a margin dataset: 0
+            margin = torch.tensor([p.margin or 0.0 for p in pairs], dtype=scores.dtype, device=scores.device)
+        return scores[: len(pairs)], scores[len(pairs):], margin
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> list[dict]:
+        """Train, evaluate and centre; returns one dict of metrics per step (as in metrics.jsonl)."""
+        batches = self._batches()
+        for step in range(1, self.total_steps + 1):
+            metrics = self._step([self.train_pairs[i] for i in next(batches).tolist()])
+            metrics["rm/epoch"] = step / self.steps_per_epoch
+            last = step == self.total_steps
+            if self.eval_pairs is not None and (last or (self.args.eval_every and step % self.args.eval_every == 0)):
+                metrics.update(self.evaluate())
+            if last and self.args.center:
+                metrics["rm/offset"] = self.center()
+            self.logger.log(step, metrics, self.total_steps)
+        if self.total_steps == 0 and self.args.center:
+            self.logger.log(0, {"rm/offset": self.center()}, 0)
+        if self.args.output_dir:
+            self.save_model(Path(self.args.output_dir) / "final")
+        return self.logger.history
+
+    def _step(self, pairs: list[Pair]) -> dict:
+        self.model.train()
+        chosen, rejected, margin = self._score_pairs(pairs)
+        loss, metrics = bradley_terry_loss(chosen, rejected, margin)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"rm/loss": loss.detach(), **metrics, "perf/lr": lr, "perf/grad_norm": grad_norm.detach()}
+
+    @torch.no_grad()
+    def evaluate(self, dataset=None) -> dict[str, float]:
+        """Bradley–Terry loss and metrics over ``dataset`` (default: ``eval_dataset``) as
+        ``eval/loss``, ``eval/accuracy``, ``eval/margin_mean``, ``eval/chosen_mean``, ... (floats)."""
+        pairs = self.eval_pairs if dataset is None else self._encode_pairs(
+            load_preference_dataset(dataset, "eval_dataset"), "eval_dataset")
+        if pairs is None:
+            raise ValueError("evaluate() needs a dataset: pass one, or eval_dataset to the trainer")
+        self.model.eval()
+        size = self.args.batch_size
+        parts = [self._score_pairs(pairs[i : i + size]) for i in range(0, len(pairs), size)]
+        chosen, rejected = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        margin = None
+        if any(p[2] is not None for p in parts):
+            margin = torch.cat([p[2] if p[2] is not None else torch.zeros_like(p[0]) for p in parts])
+        loss, metrics = bradley_terry_loss(chosen, rejected, margin)
+        return to_floats({"eval/loss": loss, **{"eval/" + k.split("/", 1)[1]: v for k, v in metrics.items()}})
+
+    @torch.no_grad()
+    def center(self) -> float:
+        """Shift the scores so their mean over the centre set is 0; returns the new offset.
+
+        ``offset ← offset + mean(score)``: scores already subtract the current offset (a
+        continued reward model may have one).
+        """
+        self.model.eval()
+        size = 2 * self.args.batch_size
+        scores = torch.cat([self.model.score(*self._pad(self.center_ids[i : i + size]))
+                            for i in range(0, len(self.center_ids), size)])
+        offset = float(self.model.offset) + scores.double().mean().item()
+        self.model.set_offset(offset)
+        return offset
+
+    def save_model(self, path) -> None:
+        """The reward model (``ScalarModel.save_pretrained``: backbone, head, offset) and its tokenizer."""
+        self.model.save_pretrained(Path(path))
+        self.tokenizer.save_pretrained(path)
+
+
+def _load_scalar_model(model, dtype: str) -> ScalarModel:
+    """A ``ScalarModel`` from a directory (``ScalarModel.from_pretrained``), a causal-LM object (its
+    transformer copied, fresh head) or a ``ScalarModel`` as given."""
+    if isinstance(model, ScalarModel):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        return ScalarModel.from_pretrained(model, dtype)
+    if isinstance(model, torch.nn.Module) and hasattr(model, "base_model"):
+        return ScalarModel.from_causal_lm(model)
+    raise ValueError(f"model must be a directory, a causal-LM object or a ScalarModel, got {type(model).__name__}")
+
+
+def _schedule(args: RewardModelConfig, total: int):
+    """Learning-rate factor per step: linear warmup, then constant, linear decay or cosine."""
+    def factor(step: int) -> float:
+        if step < args.warmup_steps:
+            return (step + 1) / (args.warmup_steps + 1)
+        progress = min(1.0, (step - args.warmup_steps) / max(1, total - args.warmup_steps))
+        if args.lr_scheduler == "linear":
+            return 1.0 - progress
+        if args.lr_scheduler == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+__all__ = ["RewardModelConfig", "RewardModelTrainer"]

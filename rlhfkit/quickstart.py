@@ -8,6 +8,7 @@ hacking of the learned reward would show.
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 
@@ -63,16 +64,19 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")
     sft_rows = shift.make_sft_rows(2000, seed)
     SFTTrainer(tiny_causal_lm(tok, hidden_size=64, layers=2, seed=seed),
-               SFTConfig(learning_rate=3e-3, max_steps=steps(300), batch_size=32, output_dir=str(root / "sft"),
+               SFTConfig(learning_rate=3e-3, max_steps=steps(600), batch_size=32, output_dir=str(root / "sft"),
                          seed=seed, **log),
                train_dataset=sft_rows, processing_class=tok).train()
     sft_dir = str(root / "sft" / "final")
 
     _stage("2/3 reward model on oracle-labelled pairs of SFT samples", quiet)
-    pairs = sample_pairs(sft_dir, shift.make_prompts(steps(1500), seed + 1), seed)
-    RewardModelTrainer(sft_dir, RewardModelConfig(learning_rate=1e-3, max_steps=steps(200), batch_size=32,
+    pairs = sample_pairs(sft_dir, shift.make_prompts(steps(4000), seed + 1), seed)
+    held_out = len(pairs) // 10
+    train_pairs = pairs[held_out:] + shift.make_synthetic_pairs(steps(8000), seed)
+    random.Random(seed).shuffle(train_pairs)
+    RewardModelTrainer(sft_dir, RewardModelConfig(learning_rate=1e-3, max_steps=steps(1000), batch_size=64,
                                                   output_dir=str(root / "rm"), seed=seed, **log),
-                       train_dataset=pairs[: int(len(pairs) * 0.9)], eval_dataset=pairs[int(len(pairs) * 0.9):],
+                       train_dataset=train_pairs, eval_dataset=pairs[:held_out],
                        center_dataset=sft_rows[:500]).train()
     rm_dir = str(root / "rm" / "final")
 
@@ -83,8 +87,10 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
     algorithms = ["ppo", "grpo"] if compare_grpo else ["ppo"]
     for algorithm in algorithms:
         _stage(f"3/3 {algorithm.upper()} against the learned reward, KL to the SFT model", quiet)
-        args = RLConfig(algorithm=algorithm, learning_rate=1e-3, kl_coef=0.02, max_steps=steps(60),
-                        prompts_per_step=32 if algorithm == "ppo" else 8, max_new_tokens=SAMPLING.max_new_tokens,
+        # PPO: 32 prompts x 1 sample, lr 1e-4; GRPO: 8 prompts x 4 samples, lr 3e-4 (tuned on this task).
+        args = RLConfig(algorithm=algorithm, learning_rate=1e-4 if algorithm == "ppo" else 3e-4, kl_coef=0.05,
+                        max_steps=steps(300), prompts_per_step=32 if algorithm == "ppo" else 8,
+                        max_new_tokens=SAMPLING.max_new_tokens,
                         critic_init=rm_dir if algorithm == "ppo" else None, missing_eos_penalty=-1.0,
                         output_dir=str(root / algorithm), seed=seed, **log)
         RLTrainer(sft_dir, [rm_dir], args, train_dataset=rl_prompts).train()

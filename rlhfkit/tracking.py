@@ -57,9 +57,11 @@ class MetricsLogger:
         return row
 
 
-def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resuming: bool = False) -> Path | None:
+def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resuming: bool = False,
+                    config=None) -> Path | None:
     """Create the run directory; refuse one that already holds files unless ``overwrite`` or
-    resuming, so an earlier run is never overwritten silently."""
+    resuming, so an earlier run is never overwritten silently. Writes ``config.yaml`` (the resolved
+    ``config``) first, so even a run that fails records what it was asked to do."""
     if not output_dir:
         return None
     path = Path(output_dir)
@@ -69,7 +71,19 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resuming: b
         raise ValueError(f"output_dir {str(path)!r} already exists and is not empty: choose another, "
                          "set overwrite=true, or resume_from a checkpoint")
     path.mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        from .config import save_config
+
+        save_config(config, path / "config.yaml")
     return path
+
+
+def finish_run(output_dir: str | None) -> None:
+    """PNG plots of the main curves into ``output_dir/plots`` (``rlhfkit report`` adds the HTML)."""
+    if output_dir:
+        from .report import write_plots
+
+        write_plots(output_dir)
 
 
 def write_samples(output_dir: str | None, step: int, prompts, completions, scores, limit: int) -> None:

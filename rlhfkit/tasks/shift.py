@@ -58,3 +58,24 @@ def label_pairs(prompts: list[str], completions_a: list[str], completions_b: lis
             chosen, rejected = (a, b) if sa > sb else (b, a)
             rows.append({"prompt": p, "chosen": chosen, "rejected": rejected})
     return rows
+
+
+def corrupt(word: str, rng: random.Random, noise: float) -> str:
+    """``word`` with each letter replaced with prob ``noise``, and sometimes a letter dropped or added."""
+    out = "".join(rng.choice(LETTERS) if rng.random() < noise else c for c in word)
+    roll = rng.random()
+    if roll < noise / 3 and len(out) > 1:
+        out = out[:-1]
+    elif roll > 1 - noise / 3:
+        out += rng.choice(LETTERS)
+    return out
+
+
+def make_synthetic_pairs(n: int, seed: int) -> list[dict]:
+    """Oracle-labelled pairs of corrupted ideal responses at random noise levels: broad coverage of
+    good and bad completions, so the reward model also judges what the RL policy may drift to."""
+    rng = random.Random(seed + 2)
+    prompts = make_prompts(n, seed + 3)
+    a = [corrupt(target(p), rng, rng.random()) for p in prompts]
+    b = [corrupt(target(p), rng, rng.random()) for p in prompts]
+    return label_pairs(prompts, a, b)

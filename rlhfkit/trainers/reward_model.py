@@ -32,7 +32,7 @@ from ..data.encode import encode_pair
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import DTYPES, _check_dir
-from ..tracking import MetricsLogger, prepare_run_dir, to_floats
+from ..tracking import MetricsLogger, finish_run, prepare_run_dir, to_floats
 
 SCHEDULERS = ("constant", "linear", "cosine")
 
@@ -125,7 +125,7 @@ class RewardModelTrainer:
         if center_dataset is not None and not args.center:
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
-        prepare_run_dir(args.output_dir, args.overwrite)
+        prepare_run_dir(args.output_dir, args.overwrite, config=args)
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
         is_path = isinstance(model, (str, os.PathLike))
@@ -219,6 +219,7 @@ class RewardModelTrainer:
             self.logger.log(0, {"rm/offset": self.center()}, 0)
         if self.args.output_dir:
             self.save_model(Path(self.args.output_dir) / "final")
+            finish_run(self.args.output_dir)
         return self.logger.history
 
     def _step(self, pairs: list[Pair]) -> dict:

@@ -25,7 +25,7 @@ from ..algorithms import (
 from ..algorithms._checks import masked_mean
 from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams
-from ..tracking import MetricsLogger, prepare_run_dir, write_samples
+from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, save_checkpoint
 from ..data import load_prompt_dataset
 from .rl_setup import build_models, build_rewards, tokenize_prompts
@@ -61,7 +61,7 @@ class RLTrainer:
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_dataset = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
-        prepare_run_dir(args.output_dir, args.overwrite, resuming=bool(args.resume_from))
+        prepare_run_dir(args.output_dir, args.overwrite, resuming=bool(args.resume_from), config=args)
         _seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         self.tokenizer = self.m.tokenizer
@@ -100,6 +100,7 @@ class RLTrainer:
                 self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
         if args.output_dir:
             self.save_model(Path(args.output_dir) / "final")
+            finish_run(args.output_dir)
         return self.logger.history
 
     def _sample_prompts(self) -> list[int]:

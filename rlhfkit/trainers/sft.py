@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
-from ..tracking import MetricsLogger, prepare_run_dir
+from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class SFTTrainer:
         if not is_path and processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
-        prepare_run_dir(args.output_dir, args.overwrite)
+        prepare_run_dir(args.output_dir, args.overwrite, config=args)
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
@@ -154,6 +154,7 @@ class SFTTrainer:
             self.logger.log(0, {"eval/loss": self.evaluate()}, 0)
         if args.output_dir:
             self.save_model(Path(args.output_dir) / "final")
+            finish_run(args.output_dir)
         return self.logger.history
 
     def _train_step(self, units: list[list[Encoded]]) -> dict:

@@ -1,12 +1,107 @@
-"""The ``rlhfkit`` command."""
+"""The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``rl``, ``eval``, ``report``, ``data``, ``demo``.
+
+Training commands take ``--config recipe.yaml`` and ``key=value`` overrides; ``--help`` lists every
+key with its documentation. Bad input is one line on stderr and exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _train(job_cls, args, run) -> int:
+    from .config import format_help, load_config
+
+    if args.help:
+        print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite]\n")
+        print((job_cls.__doc__ or "").strip() + "\n\nkeys:\n" + format_help(job_cls))
+        return 0
+    overrides = list(args.overrides)
+    if args.quiet:
+        overrides.append("progress_bar=false")
+    if args.overwrite:
+        overrides.append("overwrite=true")
+    job = load_config(job_cls, args.config, overrides)
+    run(job)
+    return 0
+
+
+def _run_sft(job) -> None:
+    from .jobs import require, trainer_config
+    from .trainers import SFTConfig, SFTTrainer
+
+    require(job, "model", "train_dataset")
+    SFTTrainer(job.model, trainer_config(job, SFTConfig), job.train_dataset, job.eval_dataset).train()
+
+
+def _run_rm(job) -> None:
+    from .jobs import require, trainer_config
+    from .trainers import RewardModelConfig, RewardModelTrainer
+
+    require(job, "model", "train_dataset")
+    RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), job.train_dataset, job.eval_dataset,
+                       center_dataset=job.center_dataset).train()
+
+
+def _run_rl(job) -> None:
+    from .config import RLConfig
+    from .jobs import lora_config, require, trainer_config
+    from .trainers import RLTrainer
+
+    require(job, "model", "train_dataset", "reward_funcs")
+    RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
+              reward_weights=list(job.reward_weights) if job.reward_weights else None,
+              peft_config=lora_config(job), ref_model=job.ref_model).train()
+
+
+def _eval(args) -> int:
+    from .rollout import SamplingParams
+    from .trainers.evaluate import evaluate_policy
+
+    if not args.reward:
+        raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
+    sampling = SamplingParams(args.max_new_tokens, args.temperature, greedy=args.greedy)
+    result = evaluate_policy(args.model, args.reward, args.dataset, reference=args.reference,
+                             samples_per_prompt=args.samples, sampling=sampling)
+    for key, value in result["metrics"].items():
+        print(f"{key:<32} {value:10.4f}")
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def _quickstart(args) -> int:
+    from .quickstart import run_quickstart
+
+    out = run_quickstart(args.output_dir, scale=args.scale, compare_grpo=not args.no_grpo, quiet=args.quiet,
+                         seed=args.seed, overwrite=args.overwrite)
+    before = out["results"]["SFT"]["eval/oracle_reward_mean"]
+    after = out["results"]["PPO"]["eval/oracle_reward_mean"]
+    if after <= before:
+        print(f"quickstart failed: PPO did not raise the oracle score ({before:.3f} -> {after:.3f})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _report(args) -> int:
+    from .report import write_report
+
+    print(write_report(args.run_dir))
+    return 0
+
+
+def _data(args) -> int:
+    from .tasks.shift import write_task_files
+
+    for name, path in write_task_files(args.out_dir, args.seed).items():
+        print(f"{name:<20} {path}")
+    return 0
+
+
+def _demo(args) -> int:
     from .tasks.bandit import BANDIT_PRESETS, train_bandit
 
     print("Sequence bandit (4 positions x 6 tokens, hidden target; reward = fraction matched)")
@@ -19,15 +114,70 @@ def _demo(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rlhfkit", description=__doc__)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlhfkit", description="RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="train PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")
+    q = sub.add_parser("quickstart", help="SFT -> reward model -> PPO (and GRPO) on a synthetic task, on CPU")
+    q.add_argument("--output-dir", default="runs/quickstart", help="run directory (default runs/quickstart)")
+    q.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data (default 1)")
+    q.add_argument("--no-grpo", action="store_true", help="skip the GRPO comparison")
+    q.add_argument("--seed", type=int, default=0)
+    for p in (q,):
+        p.add_argument("--quiet", action="store_true", help="log lines only, no progress bars")
+        p.add_argument("--overwrite", action="store_true", help="reuse an existing output directory")
+    q.set_defaults(func=_quickstart)
+    for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("rl", "RLJob")):
+        t = sub.add_parser(name, add_help=False, help=f"train ({name}); --help lists every config key")
+        t.add_argument("--config", help="YAML file of config keys")
+        t.add_argument("overrides", nargs="*", help="key=value overrides")
+        t.add_argument("--quiet", action="store_true", help="log lines only, no progress bar")
+        t.add_argument("--overwrite", action="store_true", help="allow an existing, non-empty output_dir")
+        t.add_argument("-h", "--help", action="store_true")
+        t.set_defaults(func=None, job=job)
+    e = sub.add_parser("eval", help="score a policy on a prompt set with reward functions / reward models")
+    e.add_argument("--model", required=True, help="policy directory")
+    e.add_argument("--dataset", required=True, help="prompts file (.jsonl/.json/.parquet, 'prompt' column)")
+    e.add_argument("--reward", action="append", default=[], help="reward source (repeatable)")
+    e.add_argument("--reference", help="reference model directory: report the KL to it")
+    e.add_argument("--samples", type=int, default=1, help="completions per prompt")
+    e.add_argument("--max-new-tokens", type=int, default=32)
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    e.add_argument("--output", help="write metrics and samples to this JSON file")
+    e.set_defaults(func=_eval)
+    r = sub.add_parser("report", help="regenerate a run directory's plots and report.html")
+    r.add_argument("run_dir")
+    r.set_defaults(func=_report)
+    d = sub.add_parser("data", help="write the shift task's files (tiny model, SFT data, pairs, prompts)")
+    d.add_argument("out_dir")
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(func=_data)
+    demo = sub.add_parser("demo", help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")
     demo.add_argument("--steps", type=int, default=60, help="training steps per algorithm (default 60)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
+        transformers.utils.logging.set_verbosity_error()
+        from . import tasks  # noqa: F401  (registers the embedded tasks' reward functions)
+        from .tasks import shift  # noqa: F401
+
+        if args.func is None:
+            from . import jobs
+
+            runners = {"sft": _run_sft, "rm": _run_rm, "rl": _run_rl}
+            return _train(getattr(jobs, args.job), args, runners[args.command])
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"rlhfkit {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -79,3 +79,38 @@ def make_synthetic_pairs(n: int, seed: int) -> list[dict]:
     a = [corrupt(target(p), rng, rng.random()) for p in prompts]
     b = [corrupt(target(p), rng, rng.random()) for p in prompts]
     return label_pairs(prompts, a, b)
+
+
+def write_task_files(out_dir, seed: int = 0) -> dict[str, str]:
+    """The shift task as files for the recipes: a tiny untrained model, SFT demonstrations,
+    oracle-labelled preference pairs and RL prompts (train and eval). Returns name -> path."""
+    import json
+    from pathlib import Path
+
+    from .tiny import char_tokenizer, save_tiny_model
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "sft.jsonl": make_sft_rows(2000, seed),
+        "pairs.jsonl": make_synthetic_pairs(4000, seed),
+        "prompts.jsonl": [{"prompt": p} for p in make_prompts(2000, seed + 3)],
+        "eval_prompts.jsonl": [{"prompt": p} for p in make_prompts(128, seed + 2)],
+    }
+    paths = {}
+    for name, rows in files.items():
+        (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths[name] = str(out / name)
+    paths["model"] = save_tiny_model(out / "model", char_tokenizer(alphabet=LETTERS + "="), hidden_size=64, layers=2,
+                                     seed=seed)
+    return paths
+
+
+def _register() -> None:
+    from ..rewards import REWARD_FUNCTIONS, register_reward_function
+
+    if "shift_oracle" not in REWARD_FUNCTIONS:
+        register_reward_function("shift_oracle")(oracle_reward)
+
+
+_register()

@@ -10,16 +10,18 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 
-## The main job: set up, then run the demo of the algorithm core.
+## The main job: set up, then SFT -> reward model -> PPO (and GRPO) on a synthetic task (~1-2 min on CPU).
+## Each run gets its own directory under runs/, so nothing is overwritten.
 quickstart: $(STAMP)
-	$(BIN)/rlhfkit demo
+	$(BIN)/rlhfkit quickstart --output-dir runs/quickstart-$$(date +%Y%m%d-%H%M%S)
 
-demo: quickstart
+## The algorithm core alone: four algorithms on a bandit with a known optimum (seconds).
+demo: $(STAMP)
+	$(BIN)/rlhfkit demo
 
 ## The default test suite (slow tests excluded), with coverage of the algorithm core.
 test: $(STAMP)

@@ -121,7 +121,10 @@ def build_rewards(reward_funcs, reward_weights, tokenizer) -> RewardFunctions:
         else:
             fn = get_reward_function(spec)
         resolved.append(fn)
-        names.append(getattr(fn, "__name__", None) or type(fn).__name__)
+        if isinstance(spec, str) and not isinstance(fn, RewardModelFunction):  # the name the user wrote
+            names.append(spec.replace(":", ".").rsplit(".", 1)[-1])
+        else:
+            names.append(getattr(fn, "__name__", None) or type(fn).__name__)
     return RewardFunctions(resolved, reward_weights, names)
 
 

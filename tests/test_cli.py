@@ -1,0 +1,107 @@
+"""The command line: help, overrides, one-line errors before any model is loaded, eval, quickstart."""
+
+import json
+import time
+
+import pytest
+
+from rlhfkit.cli import main
+from rlhfkit.quickstart import run_quickstart
+
+
+@pytest.fixture()
+def shift_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "data/shift"]) == 0
+    return tmp_path / "data" / "shift"
+
+
+@pytest.mark.parametrize("command,key", [("sft", "max_length"), ("rm", "center_dataset"), ("rl", "kl_coef")])
+def test_help_lists_every_key_with_its_doc(command, key, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert key in out and "model" in out
+
+
+def test_unknown_key_suggests_close_matches(capsys):
+    assert main(["rl", "kl_cof=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "kl_cof" in err and "kl_coef" in err and len(err.strip().splitlines()) == 1
+
+
+def test_wrong_type_names_the_key(capsys):
+    assert main(["sft", "max_steps=ten"]) == 2
+    assert "max_steps" in capsys.readouterr().err
+
+
+def test_yaml_that_does_not_parse(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\nmax_steps: 3\n")
+    assert main(["sft", "--config", str(bad)]) == 2
+    assert "bad.yaml" in capsys.readouterr().err
+
+
+def test_missing_config_file(capsys):
+    assert main(["rm", "--config", "/no/such.yaml"]) == 2
+    assert "/no/such.yaml" in capsys.readouterr().err
+
+
+def test_required_keys(capsys):
+    assert main(["rl", "algorithm=grpo"]) == 2
+    assert "'model'" in capsys.readouterr().err
+
+
+def test_bad_data_is_reported_before_the_model_is_loaded(shift_files, capsys):
+    data = shift_files / "broken.jsonl"
+    data.write_text('{"prompt": "ab=", "completion": "bc"}\n{"prompt": "cd=", "completion": ""}\n')
+    assert main(["sft", "model=/no/such/model", f"train_dataset={data}", "output_dir=runs/x"]) == 2
+    err = capsys.readouterr().err
+    assert "broken.jsonl" in err and "line 2" in err and "completion" in err
+
+
+def test_chosen_equal_to_rejected_is_refused(shift_files, capsys):
+    data = shift_files / "pairs_bad.jsonl"
+    data.write_text('{"prompt": "ab=", "chosen": "bc", "rejected": "bc"}\n')
+    assert main(["rm", "model=/no/such/model", f"train_dataset={data}"]) == 2
+    err = capsys.readouterr().err
+    assert "pairs_bad.jsonl" in err and "line 1" in err
+
+
+def test_missing_model_path_is_one_line(shift_files, capsys):
+    assert main(["rl", "model=/no/such/model", f"train_dataset={shift_files / 'prompts.jsonl'}",
+                 "reward_funcs=[shift_oracle]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "/no/such/model" in err and len(err.splitlines()) == 1
+
+
+def test_eval_scores_a_policy(shift_files, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--model", str(shift_files / "model"), "--dataset", str(shift_files / "eval_prompts.jsonl"),
+                 "--reward", "shift_oracle", "--reference", str(shift_files / "model"), "--max-new-tokens", "6",
+                 "--output", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert 0.0 <= result["metrics"]["eval/shift_oracle_mean"] <= 1.0
+    assert abs(result["metrics"]["eval/kl_to_reference"]) < 1e-4  # the policy is its own reference
+    assert len(result["samples"]) == 128 and "eval/shift_oracle_mean" in capsys.readouterr().out
+
+
+def test_eval_needs_a_reward(shift_files, capsys):
+    assert main(["eval", "--model", str(shift_files / "model"), "--dataset",
+                 str(shift_files / "eval_prompts.jsonl")]) == 2
+
+
+def test_short_quickstart_runs_every_stage(tmp_path, capsys):
+    out = run_quickstart(str(tmp_path / "qs"), scale=0.05, compare_grpo=True, quiet=True)
+    assert set(out["results"]) == {"SFT", "PPO", "GRPO"}
+    for stage in ("sft", "rm", "ppo", "grpo"):
+        assert (tmp_path / "qs" / stage / "final").is_dir(), stage
+    table = capsys.readouterr().out
+    assert "oracle score" in table and "wall time" in table
+
+
+@pytest.mark.slow
+def test_full_quickstart_improves_the_oracle_score_within_five_minutes(tmp_path):
+    start = time.perf_counter()
+    assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--quiet"]) == 0
+    assert time.perf_counter() - start < 300

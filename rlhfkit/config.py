@@ -11,7 +11,7 @@ import dataclasses
 import difflib
 import inspect
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -131,7 +131,7 @@ class OptimConfig:
     warmup_steps: int = 0
     """Linear learning-rate warmup, in optimizer steps."""
     lr_scheduler: str = "constant"
-    """constant or cosine (after warmup)."""
+    """constant, linear or cosine decay to 0 (after warmup)."""
     mini_batch_size: int | None = None
     """Rows per optimizer step; None: the whole batch (one step per pass)."""
     micro_batch_size: int | None = None
@@ -200,7 +200,7 @@ def _validate(c: RLConfig) -> None:
         (c.num_iterations >= 1, "num_iterations", ">= 1"),
         (c.max_steps >= 0, "max_steps", ">= 0"),
         (c.learning_rate > 0, "learning_rate", "> 0"),
-        (c.lr_scheduler in ("constant", "cosine"), "lr_scheduler", "'constant' or 'cosine'"),
+        (c.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "'constant', 'linear' or 'cosine'"),
         (c.critic in ("separate", "shared"), "critic", "'separate' or 'shared'"),
         (c.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
         (c.mini_batch_size is None or 1 <= c.mini_batch_size <= c.batch_size, "mini_batch_size",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
 
 from .config import RLConfig
 from .rollout import HFEngine, SamplingParams

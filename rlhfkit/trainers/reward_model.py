@@ -19,12 +19,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..algorithms import bradley_terry_loss
@@ -32,9 +30,9 @@ from ..data.encode import encode_pair
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import DTYPES, _check_dir
+from .common import SCHEDULERS, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, to_floats
 
-SCHEDULERS = ("constant", "linear", "cosine")
 
 
 @dataclass(frozen=True)
@@ -141,14 +139,14 @@ class RewardModelTrainer:
         else:
             self.center_ids = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
                                for r in center_rows]
-        _seed_everything(args.seed)
+        seed_everything(args.seed)
         self.model = _load_scalar_model(model, args.dtype)
         self.device = next(self.model.parameters()).device
         self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
         self.total_steps = args.max_steps if args.max_steps is not None else args.num_epochs * self.steps_per_epoch
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(args, self.total_steps))
+        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
         self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="rm/accuracy",
                                     progress_bar=args.progress_bar, total_steps=self.total_steps)
 
@@ -227,14 +225,8 @@ class RewardModelTrainer:
         chosen, rejected, margin = self._score_pairs(pairs)
         loss, metrics = bradley_terry_loss(chosen, rejected, margin)
         loss.backward()
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"rm/loss": loss.detach(), **metrics, "perf/lr": lr, "perf/grad_norm": grad_norm.detach()}
+        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
+        return {"rm/loss": loss.detach(), **metrics, "perf/lr": lr, "perf/grad_norm": grad_norm}
 
     @torch.no_grad()
     def evaluate(self, dataset=None) -> dict[str, float]:
@@ -285,27 +277,6 @@ def _load_scalar_model(model, dtype: str) -> ScalarModel:
     if isinstance(model, torch.nn.Module) and hasattr(model, "base_model"):
         return ScalarModel.from_causal_lm(model)
     raise ValueError(f"model must be a directory, a causal-LM object or a ScalarModel, got {type(model).__name__}")
-
-
-def _schedule(args: RewardModelConfig, total: int):
-    """Learning-rate factor per step: linear warmup, then constant, linear decay or cosine."""
-    def factor(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / (args.warmup_steps + 1)
-        progress = min(1.0, (step - args.warmup_steps) / max(1, total - args.warmup_steps))
-        if args.lr_scheduler == "linear":
-            return 1.0 - progress
-        if args.lr_scheduler == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return factor
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 __all__ = ["RewardModelConfig", "RewardModelTrainer"]

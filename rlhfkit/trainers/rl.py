@@ -9,13 +9,11 @@ their config preset (``config.PRESETS``) — there is no ``if algorithm == ...``
 from __future__ import annotations
 
 import math
-import random
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..algorithms import (
@@ -27,6 +25,7 @@ from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, save_checkpoint
+from .common import make_scheduler, optimizer_step, seed_everything
 from ..data import load_prompt_dataset
 from .rl_setup import build_models, build_rewards, tokenize_prompts
 
@@ -62,7 +61,7 @@ class RLTrainer:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_dataset = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
         prepare_run_dir(args.output_dir, args.overwrite, resuming=bool(args.resume_from), config=args)
-        _seed_everything(args.seed)
+        seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         self.tokenizer = self.m.tokenizer
         self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer)
@@ -188,21 +187,20 @@ class RLTrainer:
         mini = args.mini_batch_size or B
         micro = min(args.micro_batch_size or mini, mini)
         sums: dict[str, torch.Tensor] = {}
-        count = 0
+        n_micro = n_steps = 0
         for _ in range(args.num_iterations):
             for mb_rows in torch.randperm(B).split(mini):
-                weight = self._loss_weights(exp.mask[mb_rows])
+                weight = self._loss_weights(exp.mask[mb_rows]).clamp(min=1)
                 for rows in mb_rows.split(micro):
                     loss, m = self._loss(exp, rows.to(self.m.device))
-                    (loss * self._loss_weights(exp.mask[rows]) / weight.clamp(min=1)).backward()
+                    (loss * self._loss_weights(exp.mask[rows]) / weight).backward()
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0) + v
-                    count += 1
-                m_opt = self._optimizer_step()
-                for k, v in m_opt.items():
-                    sums[k] = sums.get(k, 0) + v / max(1, math.ceil(len(mb_rows) / micro))
-        return {k: v / count if not k.startswith("perf/grad") else v / (count / max(1, count // args.num_iterations))
-                for k, v in sums.items()}
+                    n_micro += 1
+                grad_norm = self._optimizer_step()["perf/grad_norm"]
+                sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + grad_norm
+                n_steps += 1
+        return {k: v / (n_steps if k == "perf/grad_norm" else n_micro) for k, v in sums.items()}
 
     def _loss_weights(self, mask: torch.Tensor) -> torch.Tensor:
         """The share of a micro-batch in its minibatch's loss: tokens for token-mean, else rows."""
@@ -214,7 +212,6 @@ class RLTrainer:
         args = self.args
         r = exp.rollout.select(rows)
         mask, adv = exp.mask[rows], exp.advantages[rows]
-        T = mask.shape[1]
         horizon = args.loss_horizon or args.max_new_tokens
         logprobs, values, entropy = self.m.train_outputs(r, with_values=args.use_critic,
                                                          entropy_grad=args.entropy_coef > 0)
@@ -236,17 +233,11 @@ class RLTrainer:
                                            clip=args.value_clip, agg=args.loss_agg, horizon=horizon)
             loss = loss + args.vf_coef * v_loss
             metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
-        del T
         return loss, metrics
 
     def _optimizer_step(self) -> dict:
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"perf/grad_norm": grad_norm.detach()}
+        grad_norm, _ = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
+        return {"perf/grad_norm": grad_norm}
 
     # ---------------------------------------------------------------- set-up and bookkeeping
     def _build_optimizer(self):
@@ -258,7 +249,7 @@ class RLTrainer:
         optimizer = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
         mini = args.mini_batch_size or args.batch_size
         total = max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini))
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(args, total))
+        return optimizer, make_scheduler(optimizer, args.lr_scheduler, args.warmup_steps, total)
 
     def _epoch_order(self, epoch: int) -> list[int]:
         gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
@@ -301,24 +292,6 @@ class RLTrainer:
         self.tokenizer.save_pretrained(path)
 
 
-def _schedule(args: RLConfig, total: int):
-    def factor(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / (args.warmup_steps + 1)
-        if args.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - args.warmup_steps) / max(1, total - args.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 @contextmanager
 def _timer(timings: dict, name: str):
     start = time.perf_counter()
@@ -326,4 +299,4 @@ def _timer(timings: dict, name: str):
     timings[name] = time.perf_counter() - start
 
 
-__all__ = ["RLTrainer", "Experience", "nullcontext"]
+__all__ = ["RLTrainer", "Experience"]

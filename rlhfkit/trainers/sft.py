@@ -16,17 +16,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
+from .common import SCHEDULERS, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 
 
@@ -80,7 +79,7 @@ class SFTConfig:
             (self.grad_accumulation >= 1, "grad_accumulation", ">= 1"),
             (self.max_length >= 2, "max_length", ">= 2"),
             (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
-            (self.lr_scheduler in ("constant", "cosine"), "lr_scheduler", "'constant' or 'cosine'"),
+            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
             (self.weight_decay >= 0, "weight_decay", ">= 0"),
             (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
             (self.eval_every >= 0, "eval_every", ">= 0"),
@@ -124,7 +123,7 @@ class SFTTrainer:
                               if eval_rows is not None else None)
         # A training unit is one row of a batch: one example, or one packed row of max_length.
         self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
-        _seed_everything(args.seed)
+        seed_everything(args.seed)
         self.model = _load_model(model, args.dtype) if is_path else model
         self.device = next(self.model.parameters()).device
         rows_per_step = args.batch_size * args.grad_accumulation
@@ -132,7 +131,7 @@ class SFTTrainer:
                             else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
         self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
                                            lr=args.learning_rate, weight_decay=args.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_factor(args, self.total_steps))
+        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
         self.step, self.epoch, self.data_pos, self.units_seen = 0, 0, 0, 0
         self.order = self._epoch_order(0)
         self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="sft/loss",
@@ -167,14 +166,8 @@ class SFTTrainer:
             loss_sum, _ = self.loss_sum(batch, packed=args.packing)
             (loss_sum / n_tokens).backward()
             total += loss_sum.detach()
-        max_norm = args.max_grad_norm if args.max_grad_norm is not None else float("inf")
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"sft/loss": total / n_tokens, "sft/lr": lr, "sft/grad_norm": grad_norm.detach(),
+        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, args.max_grad_norm)
+        return {"sft/loss": total / n_tokens, "sft/lr": lr, "sft/grad_norm": grad_norm,
                 "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units)}
 
     def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
@@ -242,26 +235,6 @@ def _load_model(path, dtype: str):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(_check_dir(path, "model"), dtype=resolve_dtype(dtype))
-
-
-def _lr_factor(args: SFTConfig, total: int):
-    """Multiplier of the peak rate at optimizer step ``s``: ``(s+1)/(w+1)`` during warmup ``w``,
-    then 1 (constant) or ``0.5 (1 + cos(π (s-w)/(total-w)))`` (cosine, Loshchilov & Hutter 2017)."""
-    def factor(step: int) -> float:
-        if step < args.warmup_steps:
-            return (step + 1) / (args.warmup_steps + 1)
-        if args.lr_scheduler == "constant":
-            return 1.0
-        progress = (step - args.warmup_steps) / max(1, total - args.warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 __all__ = ["SFTConfig", "SFTTrainer"]

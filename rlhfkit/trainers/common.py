@@ -1,0 +1,50 @@
+"""Pieces every trainer shares: seeding, the learning-rate schedule, and the optimizer step."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import torch
+
+SCHEDULERS = ("constant", "linear", "cosine")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
+    """``LambdaLR`` whose factor at optimizer step ``s`` is ``(s+1)/(w+1)`` during warmup ``w``, then
+    1 (constant), ``1 - p`` (linear) or ``0.5 (1 + cos(π p))`` (cosine, Loshchilov & Hutter 2017)
+    with ``p = (s - w) / (total - w)`` clipped to 1."""
+    if kind not in SCHEDULERS:
+        raise ValueError(f"lr_scheduler must be one of {', '.join(SCHEDULERS)}, got {kind!r}")
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if kind == "linear":
+            return 1.0 - progress
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def optimizer_step(optimizer, scheduler, max_grad_norm: float | None) -> tuple[torch.Tensor, float]:
+    """Clip the global gradient norm (None: no clipping, norm still measured), step the optimizer
+    and the schedule, clear gradients. Returns ``(grad_norm, learning rate used)``."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.detach(), lr

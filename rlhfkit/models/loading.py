@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
+
+from .sources import resolve_model_dir
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -19,12 +20,8 @@ def resolve_dtype(dtype) -> torch.dtype:
 
 
 def _check_dir(path, what: str) -> Path:
-    p = Path(os.fspath(path)).expanduser()
-    if not p.exists():
-        raise ValueError(f"{what} path does not exist: {p}")
-    if p.is_dir() and not (p / "config.json").exists() and not (p / "adapter_config.json").exists():
-        raise ValueError(f"{what} directory {p} has no config.json: not a Hugging Face model directory")
-    return p
+    """A local HF directory for ``path`` (GGUF files and ``package:`` sources are converted once)."""
+    return resolve_model_dir(path, what)
 
 
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:

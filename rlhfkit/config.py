@@ -42,6 +42,8 @@ class ModelConfig:
     """Weights dtype: float32, bfloat16 or float16. bfloat16 halves memory; float32 is the safe CPU default."""
     critic: str = "separate"
     """PPO critic: 'separate' (its own copy of the backbone, as in the reference) or 'shared' (a value head on the policy's backbone: less memory)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
     critic_init: str | None = None
     """Directory of a trained reward model to initialise the separate critic from; None: from the policy."""
 

@@ -101,6 +101,12 @@ def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_
         from peft import get_peft_model
 
         policy = disable_dropout(get_peft_model(policy, peft_config))
+    if args.gradient_checkpointing:
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if peft_config is not None:
+            policy.enable_input_require_grads()
+    # Train mode (dropout is off, so forward passes are unchanged): activation checkpointing needs it.
+    policy.train()
     return Models(policy, tokenizer, args, ref_model)
 
 

@@ -1,0 +1,134 @@
+"""Time one RL step phase by phase, against the compute floor of the same work, and peak memory.
+
+    python benchmarks/rl_step.py                          # GRPO, SmolLM2-135M, 4 prompts x 4 x 32 tokens
+    python benchmarks/rl_step.py --algorithm ppo --critic shared --lora-r 16
+    python benchmarks/rl_step.py --compare ppo,grpo,rloo  # one subprocess each: per-algorithm peak RSS
+
+Per step (after warm-up): generate / reward / logprobs / update seconds from the trainer's own
+timers, tokens/s, then — in the same process, on the same sequences — the *floor*: a bare
+``model.generate`` of the same number of decode steps for the same rows, plus one bare forward /
+backward / AdamW step over the same sequences. ``step / floor`` is the overhead of everything else.
+Peak RSS is the process's maximum resident set (``getrusage``), model loading included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+
+
+def build_trainer(a):
+    from rlhfkit.config import RLConfig
+    from rlhfkit.jobs import RLJob, lora_config
+    from rlhfkit.tasks.arithmetic import make_rows
+    from rlhfkit.trainers import RLTrainer
+
+    cfg = RLConfig(algorithm=a.algorithm, dtype=a.dtype, prompts_per_step=a.prompts, group_size=a.group_size,
+                   max_new_tokens=a.new_tokens, max_steps=a.warmup + a.steps, learning_rate=1e-6, log_every=0,
+                   progress_bar=False, seed=0, critic=a.critic, gradient_checkpointing=a.gradient_checkpointing,
+                   **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}))
+    peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
+    return RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0),
+                     peft_config=peft)
+
+
+def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
+    """Bare generate of ``new_tokens`` decode steps for the same rows, and one bare training step."""
+    from rlhfkit.rollout.base import left_pad
+
+    model = trainer.m.policy
+    ids, mask = left_pad(prompt_ids, trainer.tokenizer.pad_token_id)
+    ids, mask = ids.repeat_interleave(rows // len(prompt_ids), 0), mask.repeat_interleave(rows // len(prompt_ids), 0)
+    model.eval()
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, pad_token_id=trainer.tokenizer.pad_token_id)
+    gen = time.perf_counter() - start
+    full_mask = torch.ones_like(out)
+    full_mask[:, : ids.shape[1]] = mask
+    start = time.perf_counter()
+    logits = model(input_ids=out, attention_mask=full_mask).logits
+    logits.float().logsumexp(-1).mean().backward()
+    trainer.optimizer.step()
+    trainer.optimizer.zero_grad(set_to_none=True)
+    return {"floor_generate": gen, "floor_update": time.perf_counter() - start}
+
+
+def run_one(a) -> dict:
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.manual_seed(0)
+    trainer = build_trainer(a)
+    history = trainer.train()[a.warmup:]
+    mean = lambda key: sum(r.get(key, 0.0) for r in history) / len(history)  # noqa: E731
+    phases = {p: mean(f"perf/time_{p}") for p in ("generate", "reward", "logprobs", "update")}
+    step = sum(phases.values())
+    result = {"algorithm": a.algorithm, "dtype": a.dtype, "checkpointing": a.gradient_checkpointing, "critic": a.critic if trainer.args.use_critic else "-",
+              "lora_r": a.lora_r, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
+              "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
+              "peak_rss_gb": peak_rss_gb()}
+    T = int(max(r["rollout/response_length_max"] for r in history))
+    prompt_ids = [trainer.prompt_ids[i] for i in range(a.prompts)]
+    f = floor(trainer, a.prompts * trainer.args.group_size, prompt_ids, T)
+    result.update(f, floor_s=f["floor_generate"] + f["floor_update"])
+    result["step_over_floor"] = step / result["floor_s"]
+    return result
+
+
+def main() -> None:
+    from rlhfkit.models.sources import smollm2_gguf
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=smollm2_gguf())
+    p.add_argument("--algorithm", default="grpo")
+    p.add_argument("--compare", help="comma-separated algorithms, each in its own process")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--critic", default="shared", help="PPO critic: shared or separate")
+    p.add_argument("--kl-coef", type=float, default=None, help="override the preset's KL coefficient")
+    p.add_argument("--lora-r", type=int, default=0)
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="print one JSON line (used by --compare)")
+    a = p.parse_args()
+    if a.compare:
+        rows = []
+        for algorithm in a.compare.split(","):
+            argv = [x for i, x in enumerate(sys.argv[1:]) if x != "--compare" and sys.argv[i] != "--compare"
+                    and not x.startswith("--compare=")]
+            out = subprocess.run([sys.executable, __file__, *argv, "--algorithm", algorithm, "--json"],
+                                 capture_output=True, text=True, check=True).stdout
+            rows.append(json.loads(out.strip().splitlines()[-1]))
+        print_rows(rows)
+        return
+    result = run_one(a)
+    print(json.dumps(result) if a.json else "", flush=True)
+    if not a.json:
+        print_rows([result])
+
+
+def print_rows(rows: list[dict]) -> None:
+    cols = ["algorithm", "critic", "lora_r", "time_generate", "time_reward", "time_logprobs", "time_update", "step_s",
+            "floor_generate", "floor_update", "step_over_floor", "tokens_per_s", "peak_rss_gb"]
+    print(" ".join(f"{c:>15}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:>15.3f}" if isinstance(r[c], float) else f"{str(r[c]):>15}" for c in cols))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""The benchmark scripts run (on a tiny model here; the README's numbers come from SmolLM2)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_step.py"
+
+
+@pytest.mark.parametrize("extra", [["--algorithm", "grpo"], ["--algorithm", "ppo", "--critic", "shared",
+                                                                "--gradient-checkpointing"]])
+def test_rl_step_benchmark_runs(tiny_model_dir, extra):
+    out = subprocess.run([sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--warmup", "0", "--steps", "1",
+                          "--new-tokens", "4", "--json", *extra], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["step_s"] > 0 and row["floor_s"] > 0 and row["peak_rss_gb"] > 0

@@ -36,6 +36,7 @@ def build_trainer(a):
     cfg = RLConfig(algorithm=a.algorithm, dtype=a.dtype, prompts_per_step=a.prompts, group_size=a.group_size,
                    max_new_tokens=a.new_tokens, max_steps=a.warmup + a.steps, learning_rate=1e-6, log_every=0,
                    progress_bar=False, seed=0, critic=a.critic, gradient_checkpointing=a.gradient_checkpointing,
+                   autocast=a.autocast,
                    **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}))
     peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
     return RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0),
@@ -51,14 +52,16 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     ids, mask = ids.repeat_interleave(rows // len(prompt_ids), 0), mask.repeat_interleave(rows // len(prompt_ids), 0)
     model.eval()
     start = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), trainer.m.autocast():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, pad_token_id=trainer.tokenizer.pad_token_id)
     gen = time.perf_counter() - start
     full_mask = torch.ones_like(out)
     full_mask[:, : ids.shape[1]] = mask
+    model.train()
     start = time.perf_counter()
-    logits = model(input_ids=out, attention_mask=full_mask).logits
+    with trainer.m.autocast():
+        logits = model(input_ids=out, attention_mask=full_mask).logits
     logits.float().logsumexp(-1).mean().backward()
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -75,7 +78,8 @@ def run_one(a) -> dict:
     mean = lambda key: sum(r.get(key, 0.0) for r in history) / len(history)  # noqa: E731
     phases = {p: mean(f"perf/time_{p}") for p in ("generate", "reward", "logprobs", "update")}
     step = sum(phases.values())
-    result = {"algorithm": a.algorithm, "dtype": a.dtype, "checkpointing": a.gradient_checkpointing, "critic": a.critic if trainer.args.use_critic else "-",
+    result = {"algorithm": a.algorithm, "dtype": a.dtype, "autocast": a.autocast,
+              "checkpointing": a.gradient_checkpointing, "critic": a.critic if trainer.args.use_critic else "-",
               "lora_r": a.lora_r, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
               "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
               "peak_rss_gb": peak_rss_gb()}
@@ -99,6 +103,7 @@ def main() -> None:
     p.add_argument("--kl-coef", type=float, default=None, help="override the preset's KL coefficient")
     p.add_argument("--lora-r", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--autocast", default=None, help="bfloat16: mixed-precision matmuls, float32 weights")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=32)

@@ -65,7 +65,7 @@ def _eval(args) -> int:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
     sampling = SamplingParams(args.max_new_tokens, args.temperature, greedy=args.greedy)
     result = evaluate_policy(args.model, args.reward, args.dataset, reference=args.reference,
-                             samples_per_prompt=args.samples, sampling=sampling)
+                             samples_per_prompt=args.samples, sampling=sampling, batch_size=args.batch_size)
     for key, value in result["metrics"].items():
         print(f"{key:<32} {value:10.4f}")
     if args.output:
@@ -148,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--max-new-tokens", type=int, default=32)
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
+    e.add_argument("--batch-size", type=int, default=64, help="completions generated at once (default 64)")
     e.add_argument("--output", help="write metrics and samples to this JSON file")
     e.set_defaults(func=_eval)
     r = sub.add_parser("report", help="regenerate a run directory's plots and report.html")

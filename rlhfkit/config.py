@@ -42,6 +42,8 @@ class ModelConfig:
     """Weights dtype: float32, bfloat16 or float16. bfloat16 halves memory; float32 is the safe CPU default."""
     critic: str = "separate"
     """PPO critic: 'separate' (its own copy of the backbone, as in the reference) or 'shared' (a value head on the policy's backbone: less memory)."""
+    autocast: str | None = None
+    """Mixed precision: 'bfloat16' runs generation and forward/backward matmuls in bfloat16 under torch.autocast while weights, gradients and optimizer states stay in `dtype` (use with float32). None: off."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
     critic_init: str | None = None
@@ -205,6 +207,7 @@ def _validate(c: RLConfig) -> None:
         (c.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "'constant', 'linear' or 'cosine'"),
         (c.critic in ("separate", "shared"), "critic", "'separate' or 'shared'"),
         (c.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
+        (c.autocast in (None, "bfloat16", "float16"), "autocast", "None, 'bfloat16' or 'float16'"),
         (c.mini_batch_size is None or 1 <= c.mini_batch_size <= c.batch_size, "mini_batch_size",
          f"between 1 and the batch size {c.batch_size}"),
         (c.micro_batch_size is None or c.micro_batch_size >= 1, "micro_batch_size", ">= 1"),

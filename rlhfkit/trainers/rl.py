@@ -85,8 +85,9 @@ class RLTrainer:
             timings: dict[str, float] = {}
             with _timer(timings, "generate"):
                 rows = self._sample_prompts()                                      # 1
-                rollout = self.engine.generate([self.prompt_ids[i] for i in rows],  # 2
-                                               args.group_size, self.sampling)
+                with self.m.autocast():
+                    rollout = self.engine.generate([self.prompt_ids[i] for i in rows],  # 2
+                                                   args.group_size, self.sampling)
             with _timer(timings, "reward"):
                 scores, valid, metrics = self._score(rows, rollout)                # 3
             with _timer(timings, "logprobs"):

@@ -41,11 +41,21 @@ class Models:
             self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
                            else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
 
+    def autocast(self):
+        """``torch.autocast`` when the config asks for mixed precision, else a no-op context."""
+        if self.args.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.args.autocast))
+
     @property
     def critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
 
     def _forward(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
+        with self.autocast():
+            return self._forward_inner(rollout, with_values, with_entropy, entropy_grad)
+
+    def _forward_inner(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
         T = rollout.response_mask.shape[1]
         out = forward_response(self.policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
                                with_entropy=with_entropy, entropy_grad=entropy_grad,
@@ -72,7 +82,7 @@ class Models:
         model = self.reference if self.reference is not None else self.policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         T = rollout.response_mask.shape[1]
-        with adapter_off:
+        with adapter_off, self.autocast():
             return torch.cat([forward_response(model, r.input_ids, r.attention_mask, T, self.args.temperature).logprobs
                               for r in self._chunks(rollout)])
 

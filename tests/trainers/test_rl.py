@@ -161,3 +161,12 @@ def test_bad_arguments_are_clear(tiny_model_dir):
         RLConfig(algorithm="ppo2")
     with pytest.raises(ValueError, match="unknown advantage estimator"):
         RLConfig(advantage_estimator="gea")
+
+
+def test_bfloat16_autocast_and_gradient_checkpointing_keep_float32_weights():
+    trainer = make_trainer("ppo", max_steps=2, autocast="bfloat16", gradient_checkpointing=True, critic="shared")
+    before = [p.detach().clone() for p in trainer.m.policy.parameters()]
+    history = trainer.train()
+    assert all(p.dtype == torch.float32 for p in trainer.m.policy.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.m.policy.parameters()))
+    assert all(torch.isfinite(torch.tensor(r["policy/loss"])) for r in history)

@@ -10,6 +10,7 @@ import argparse
 import json
 import signal
 import sys
+from pathlib import Path
 
 
 def _train(job_cls, args, run) -> int:
@@ -97,6 +98,10 @@ def _report(args) -> int:
 def _data(args) -> int:
     from .tasks import arithmetic, shift
 
+    existing = [p for p in ("sft.jsonl", "pairs.jsonl", "prompts.jsonl", "eval_prompts.jsonl", "model",
+                            "train.jsonl", "eval.jsonl") if (Path(args.out_dir) / p).exists()]
+    if existing and not args.overwrite:
+        raise ValueError(f"{args.out_dir} already holds {', '.join(existing)}: choose another directory or --overwrite")
     if args.task == "arithmetic":
         paths = arithmetic.write_task_files(args.out_dir, args.seed, digits=args.digits, operators=args.operators)
     else:
@@ -161,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
     d.add_argument("--operators", default="+", help="arithmetic: operators to use, e.g. '+-'")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--overwrite", action="store_true", help="replace the task's files if they exist")
     d.set_defaults(func=_data)
     demo = sub.add_parser("demo", help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")
     demo.add_argument("--steps", type=int, default=60, help="training steps per algorithm (default 60)")

@@ -42,6 +42,8 @@ class ModelConfig:
     """Weights dtype: float32, bfloat16 or float16. bfloat16 halves memory; float32 is the safe CPU default."""
     critic: str = "separate"
     """PPO critic: 'separate' (its own copy of the backbone, as in the reference) or 'shared' (a value head on the policy's backbone: less memory)."""
+    device: str = "auto"
+    """Where the models run: 'auto' (the GPU when torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
     autocast: str | None = None
     """Mixed precision: 'bfloat16' runs generation and forward/backward matmuls in bfloat16 under torch.autocast while weights, gradients and optimizer states stay in `dtype` (use with float32). None: off."""
     gradient_checkpointing: bool = False
@@ -181,6 +183,13 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, RolloutConfig, ModelConf
         return self.prompts_per_step * self.group_size
 
     def replace(self, **changes) -> "RLConfig":
+        """A copy with ``changes``. Switching ``algorithm`` also resets the fields that still hold the
+        old preset's values, so the new preset fills them (not the old algorithm's settings)."""
+        new_algorithm = changes.get("algorithm", self.algorithm)
+        if new_algorithm != self.algorithm and new_algorithm in PRESETS:
+            for key, value in PRESETS[self.algorithm].items():
+                if key not in changes and getattr(self, key) == value:
+                    changes[key] = None
         return dataclasses.replace(self, **changes)
 
 
@@ -196,6 +205,11 @@ def _validate(c: RLConfig) -> None:
         (c.advantage_estimator not in ("group", "group_no_std", "rloo") or c.group_size >= 2, "group_size",
          f">= 2 for the {c.advantage_estimator!r} estimator"),
         (c.advantage_estimator != "gae" or c.use_critic, "use_critic", "True for the 'gae' estimator"),
+        (not c.use_critic or c.advantage_estimator in ("gae", "reinforce_plus_plus"), "use_critic",
+         f"False for the {c.advantage_estimator!r} estimator (it gives the critic no returns to learn)"),
+        (c.max_prompt_length is None or c.max_prompt_length >= 1, "max_prompt_length", ">= 1 or None"),
+        (c.device == "auto" or c.device.split(":")[0] in ("cpu", "cuda", "mps", "xpu"), "device",
+         "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
         (c.prompts_per_step >= 1, "prompts_per_step", ">= 1"),
         (c.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
         (c.temperature > 0, "temperature", "> 0"),

@@ -14,15 +14,19 @@ from .trainers.sft import SFTConfig
 @dataclass(frozen=True)
 class Sources:
     model: str = ""
-    """Model to train: a local Hugging Face model directory."""
+    """Model to train: a local Hugging Face model directory, a .gguf file, or package:NAME/file.gguf (a file shipped in an installed Python package)."""
     train_dataset: str = ""
     """Training data: a .jsonl, .json or .parquet file."""
-    eval_dataset: str | None = None
-    """Held-out data in the same format (SFT / reward model); None: no evaluation."""
 
 
 @dataclass(frozen=True)
-class RMSources(Sources):
+class SupervisedSources(Sources):
+    eval_dataset: str | None = None
+    """Held-out data in the same format; None: no evaluation."""
+
+
+@dataclass(frozen=True)
+class RMSources(SupervisedSources):
     center_dataset: str | None = None
     """Completions ({prompt, completion} rows, e.g. the SFT data) whose mean score becomes the reward's zero; None: the training completions."""
 
@@ -44,7 +48,7 @@ class RLSources(Sources):
 
 
 @dataclass(frozen=True)
-class SFTJob(SFTConfig, Sources):
+class SFTJob(SFTConfig, SupervisedSources):
     """Supervised fine-tuning on demonstrations."""
 
 

@@ -12,7 +12,7 @@ import random
 import time
 
 from .config import RLConfig
-from .rollout import HFEngine, SamplingParams
+from .rollout import HFEngine, SamplingParams, decode_completions
 from .tasks import shift
 from .tasks.tiny import char_tokenizer, tiny_causal_lm
 from .trainers.evaluate import evaluate_policy
@@ -39,8 +39,7 @@ def sample_pairs(model_dir: str, prompts: list[str], seed: int) -> list[dict]:
     for start in range(0, len(prompts), 128):
         chunk = prompts[start : start + 128]
         rollout = engine.generate([tok(p, add_special_tokens=False)["input_ids"] for p in chunk], 2, SAMPLING)
-        n = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()
-        texts = tok.batch_decode([r[:k] for r, k in zip(rollout.response_ids.tolist(), n)], skip_special_tokens=True)
+        texts = decode_completions(rollout, tok)
         a += texts[0::2]
         b += texts[1::2]
     return shift.label_pairs(prompts, a, b)
@@ -57,7 +56,7 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
     root = prepare_run_dir(output_dir, overwrite)
     steps = lambda n: max(2, int(n * scale))  # noqa: E731
     t0 = time.perf_counter()
-    log = dict(log_every=0 if quiet else 10, progress_bar=not quiet)
+    log = dict(log_every=0 if quiet else 10, progress_bar=not quiet, overwrite=overwrite)
 
     _stage("1/3 SFT on noisy demonstrations", quiet)
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -57,24 +58,41 @@ class MetricsLogger:
         return row
 
 
-def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resuming: bool = False,
+RUN_ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "plots", "report.html")
+
+
+def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: str | None = None,
                     config=None) -> Path | None:
-    """Create the run directory; refuse one that already holds files unless ``overwrite`` or
-    resuming, so an earlier run is never overwritten silently. Writes ``config.yaml`` (the resolved
-    ``config``) first, so even a run that fails records what it was asked to do."""
+    """Create the run directory and write ``config.yaml`` (the resolved ``config``) first, so even a
+    run that fails records what it was asked to do.
+
+    A directory that already holds files is refused — an earlier run is never overwritten
+    silently — unless ``overwrite`` (then the old run's logs and plots are removed, so the new run's
+    report does not mix both) or ``resume_from`` is a checkpoint *inside* it (the run continues:
+    logs are appended, and the config of the resumed run goes to ``config-resume-<name>.yaml``)."""
     if not output_dir:
         return None
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"output_dir {str(path)!r} exists and is not a directory")
+    resuming = resume_from is not None and path.resolve() in Path(resume_from).resolve().parents
     if path.exists() and any(path.iterdir()) and not (overwrite or resuming):
-        raise ValueError(f"output_dir {str(path)!r} already exists and is not empty: choose another, "
-                         "set overwrite=true, or resume_from a checkpoint")
+        hint = (f" (resume_from={resume_from!r} is not inside it)" if resume_from else "")
+        raise ValueError(f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
+                         "set overwrite=true, or resume_from one of its checkpoints")
+    if overwrite and not resuming:
+        for name in RUN_ARTIFACTS:
+            target = path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
     path.mkdir(parents=True, exist_ok=True)
     if config is not None:
         from .config import save_config
 
-        save_config(config, path / "config.yaml")
+        name = f"config-resume-{Path(resume_from).name}.yaml" if resuming else "config.yaml"
+        save_config(config, path / name)
     return path
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
-from .kl import kl_penalty
+from .kl import _MAX_LOG_RATIO, kl_penalty
 from .logprobs import entropy_from_logits  # noqa: F401  (re-exported: the entropy bonus lives with the losses)
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-_MAX_LOG_RATIO = 20.0
 
 
 def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", horizon: int | None = None):

@@ -51,7 +51,7 @@ def encode_pair(prompt: Any, completion: Any, tokenizer, max_length: int | None 
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         excess = len(prompt_ids) + len(completion_ids) - max_length
-        cut = min(excess, len(prompt_ids) - 1)
+        cut = max(0, min(excess, len(prompt_ids) - 1))  # keep one prompt token (none if it had none)
         prompt_ids = prompt_ids[cut:]
         if excess > cut:
             completion_ids = completion_ids[: len(completion_ids) - (excess - cut)]

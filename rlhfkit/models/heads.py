@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..algorithms import last_token_index
 from .loading import _check_dir, disable_dropout, resolve_dtype
 from .policy import position_ids_from_mask
 
@@ -100,7 +101,6 @@ class ScalarModel(torch.nn.Module):
     def score(self, input_ids, attention_mask) -> torch.Tensor:
         """(B,) float32 score at the last attended token of each row, minus ``offset``."""
         hidden = self._hidden(input_ids, attention_mask)
-        positions = torch.arange(1, attention_mask.shape[1] + 1, device=attention_mask.device)
-        last = (attention_mask.long() * positions).argmax(-1)
+        last = last_token_index(attention_mask)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         return self.head(hidden[rows, last]).squeeze(-1).float() - self.offset

@@ -1,6 +1,6 @@
 """Generation engines behind one small interface (``RolloutEngine``)."""
 
-from .base import Rollout, RolloutEngine, SamplingParams, build_rollout
+from .base import Rollout, RolloutEngine, SamplingParams, build_rollout, decode_completions
 from .hf import HFEngine
 
-__all__ = ["HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "build_rollout"]
+__all__ = ["HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "build_rollout", "decode_completions"]

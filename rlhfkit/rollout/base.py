@@ -96,3 +96,10 @@ def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
     response_mask, has_eos = response_mask_from_ids(resp, eos_id, lengths)
     return Rollout(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, response_mask], 1),
                    response_mask, has_eos, prompt_ids.shape[1])
+
+
+def decode_completions(rollout: Rollout, tokenizer) -> list[str]:
+    """The text of each completion, without its EOS and anything after it."""
+    lengths = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()
+    ids = rollout.response_ids.tolist()
+    return tokenizer.batch_decode([r[:n] for r, n in zip(ids, lengths)], skip_special_tokens=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import PRESETS
 from ..algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -22,13 +23,8 @@ from ..algorithms import (
     whiten,
 )
 
-# (advantage estimator, policy loss, loss aggregation, KL in the reward?) — DESIGN.md's presets.
-BANDIT_PRESETS = {
-    "ppo": ("gae", "ppo_clip", "token-mean", True),
-    "grpo": ("group", "ppo_clip", "seq-mean-token-mean", False),
-    "reinforce": ("reinforce", "vanilla", "seq-mean-token-sum", True),
-    "rloo": ("rloo", "vanilla", "seq-mean-token-sum", True),
-}
+# The four algorithms of DESIGN.md, trained with their RL-loop presets (config.PRESETS).
+BANDIT_PRESETS = ("ppo", "grpo", "reinforce", "rloo")
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,8 @@ def train_bandit(
     reward of the first and last steps and whether the greedy policy is the optimum."""
     if algorithm not in BANDIT_PRESETS:
         raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(BANDIT_PRESETS)}")
-    estimator, loss_name, agg, kl_in_reward = BANDIT_PRESETS[algorithm]
+    preset = PRESETS[algorithm]
+    estimator, loss_name, agg = preset["advantage_estimator"], preset["policy_loss"], preset["loss_agg"]
     gen = torch.Generator().manual_seed(seed)
     target = torch.randint(vocab, (positions,), generator=gen)
     logits = torch.zeros(positions, vocab, requires_grad=True)
@@ -71,13 +68,13 @@ def train_bandit(
             scores = (tokens == target).float().mean(-1)
             old = selective_logprobs(logits.expand(batch, -1, -1), tokens)
             ref = selective_logprobs(ref_logits.expand(batch, -1, -1), tokens)
-            kl = KL_ESTIMATORS.get("k1")(old, ref) if kl_in_reward else None
+            kl = KL_ESTIMATORS.get("k1")(old, ref) if preset["kl_in_reward"] else None
             rewards = token_level_rewards(scores, kl, mask, kl_coef)
             values = critic.detach().expand(batch, -1)
             adv, returns = ADVANTAGE_ESTIMATORS.get(estimator)(
                 rewards, mask, values=values, group_size=group_size, gamma=1.0, lam=0.95
             )
-            if estimator == "gae":  # PPO whitens its token-level advantages
+            if preset["whiten_advantages"]:
                 adv = whiten(adv, mask)
         rewards_seen.append(float(scores.mean()))
         new = selective_logprobs(logits.expand(batch, -1, -1), tokens)

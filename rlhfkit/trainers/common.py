@@ -48,3 +48,10 @@ def optimizer_step(optimizer, scheduler, max_grad_norm: float | None) -> tuple[t
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm.detach(), lr
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> list[int]:
+    """The data order of ``epoch``: a permutation of ``range(n)`` fixed by (seed, epoch), so a
+    resumed run continues the same order from its saved position."""
+    gen = torch.Generator().manual_seed(seed * 100003 + epoch)
+    return torch.randperm(n, generator=gen).tolist()

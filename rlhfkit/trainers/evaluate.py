@@ -4,19 +4,22 @@ table)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from ..algorithms import kl_penalty
-from ..algorithms._checks import masked_sum
+from ..algorithms import masked_sum
 from ..data import load_prompt_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
-from ..rollout import HFEngine, SamplingParams
-from .rl_setup import build_rewards, tokenize_prompts
+from ..rollout import HFEngine, SamplingParams, decode_completions
+from .rl_setup import build_rewards, resolve_device, tokenize_prompts
 
 
 @torch.no_grad()
 def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None, samples_per_prompt: int = 1,
-                    sampling: SamplingParams | None = None, batch_size: int = 64, reward_weights=None) -> dict:
+                    sampling: SamplingParams | None = None, batch_size: int = 64, reward_weights=None,
+                    device: str = "auto") -> dict:
     """Returns ``{"metrics": {...}, "samples": [{prompt, completion, score}, ...]}``.
 
     Metrics: ``eval/<source>_mean`` per reward source, ``eval/score_mean`` (weighted total),
@@ -25,12 +28,29 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     """
     rows = load_prompt_dataset(dataset, name="eval dataset")  # data errors before any model load
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
-    policy = freeze(load_causal_lm(model, None if isinstance(model, torch.nn.Module) else "float32"))
-    ref = freeze(load_causal_lm(reference, None if isinstance(reference, torch.nn.Module) else "float32")) \
-        if reference is not None else None
-    rewards = build_rewards(reward_funcs, reward_weights, tokenizer)
-    rows, prompt_ids = tokenize_prompts(rows, tokenizer, None)
-    sampling = sampling or SamplingParams()
+    policy, ref = _load(model, device), _load(reference, device) if reference is not None else None
+    rewards = build_rewards(reward_funcs, reward_weights, tokenizer, next(policy.parameters()).device)
+    prompt_ids = tokenize_prompts(rows, tokenizer, None)
+    with _eval_mode(policy, ref):
+        return _evaluate(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt,
+                         sampling or SamplingParams(), batch_size)
+
+
+@contextmanager
+def _eval_mode(*models):
+    """Eval mode for the duration (no dropout), then each model's own mode back."""
+    models = [m for m in models if m is not None]
+    modes = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(models, modes):
+            m.train(mode)
+
+
+def _evaluate(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size) -> dict:
     engine = HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
     per_source: dict[str, list] = {}
     totals, kls, lengths, truncated, samples = [], [], [], [], []
@@ -38,9 +58,7 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     for start in range(0, len(rows), step):
         batch = rows[start : start + step]
         rollout = engine.generate(prompt_ids[start : start + step], samples_per_prompt, sampling)
-        n_text = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()
-        completions = tokenizer.batch_decode([r[:n] for r, n in zip(rollout.response_ids.tolist(), n_text)],
-                                             skip_special_tokens=True)
+        completions = decode_completions(rollout, tokenizer)
         data = [r for r in batch for _ in range(samples_per_prompt)]
         columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
         out = rewards([d["prompt"] for d in data], completions, columns)
@@ -63,3 +81,11 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     if kls:
         metrics["eval/kl_to_reference"] = float(torch.cat(kls).mean())
     return {"metrics": metrics, "samples": samples}
+
+
+def _load(model, device: str):
+    """A model directory is loaded frozen onto ``device``; a model object is used as it is (only
+    switched to eval mode for the duration, never frozen: it may be the caller's live policy)."""
+    if isinstance(model, torch.nn.Module):
+        return model
+    return freeze(load_causal_lm(model, "float32")).to(resolve_device(device))

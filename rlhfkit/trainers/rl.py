@@ -18,14 +18,13 @@ import torch
 
 from ..algorithms import (
     ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate,
-    apply_missing_eos_penalty, token_level_rewards, value_loss, whiten,
+    apply_missing_eos_penalty, masked_mean, token_level_rewards, value_loss, whiten,
 )
-from ..algorithms._checks import masked_mean
 from ..config import RLConfig
-from ..rollout import HFEngine, Rollout, SamplingParams
+from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, save_checkpoint
-from .common import make_scheduler, optimizer_step, seed_everything
+from .common import epoch_order, make_scheduler, optimizer_step, seed_everything
 from ..data import load_prompt_dataset
 from .rl_setup import build_models, build_rewards, tokenize_prompts
 
@@ -60,12 +59,13 @@ class RLTrainer:
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_dataset = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
-        prepare_run_dir(args.output_dir, args.overwrite, resuming=bool(args.resume_from), config=args)
+        prepare_run_dir(args.output_dir, args.overwrite, resume_from=args.resume_from, config=args)
         seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         self.tokenizer = self.m.tokenizer
-        self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer)
-        self.rows, self.prompt_ids = tokenize_prompts(train_dataset, self.tokenizer, args.max_prompt_length)
+        self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.m.device)
+        self.rows, self.prompt_ids = train_dataset, tokenize_prompts(train_dataset, self.tokenizer,
+                                                                     args.max_prompt_length)
         self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
         self.sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
         self.optimizer, self.scheduler = self._build_optimizer()
@@ -119,11 +119,12 @@ class RLTrainer:
         clipping and normalisation. Samples no function scored are masked out (``valid``)."""
         G, args = self.args.group_size, self.args
         data = [self.rows[i] for i in rows for _ in range(G)]
-        completions = self._decode(rollout)
+        completions = decode_completions(rollout, self.tokenizer)
         columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
         out = self.rewards([d["prompt"] for d in data], completions, columns)
         metrics = {f"reward/{name}_mean": torch.nanmean(v) for name, v in out.per_function.items()}
-        scores, valid = out.scores, out.valid
+        scores, valid = out.scores.to(rollout.has_eos.device), out.valid.to(rollout.has_eos.device)
+        raw_scores = scores
         if not bool(valid.all()):  # stand-in: the mean of the group's valid scores (no pull on the baseline)
             grouped, ok = scores.view(-1, G), valid.view(-1, G)
             fill = (grouped * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1)
@@ -137,18 +138,13 @@ class RLTrainer:
         if args.normalize_rewards and len(scores) > 1:
             scores = whiten(scores)
         if self._sample_step():
-            write_samples(args.output_dir, self.step + 1, [d["prompt"] for d in data], completions, scores,
+            write_samples(args.output_dir, self.step + 1, [d["prompt"] for d in data], completions, raw_scores,
                           args.num_logged_samples)
         return scores, valid, metrics
 
     def _sample_step(self) -> bool:
         every = max(1, self.args.max_steps // 10)
         return (self.step + 1) % every == 0 or self.step == 0 or self.step + 1 == self.args.max_steps
-
-    def _decode(self, rollout: Rollout) -> list[str]:
-        lengths = (rollout.response_mask.sum(-1) - rollout.has_eos.long()).tolist()  # text excludes EOS
-        ids = rollout.response_ids.tolist()
-        return self.tokenizer.batch_decode([r[:n] for r, n in zip(ids, lengths)], skip_special_tokens=True)
 
     @torch.no_grad()
     def _make_experience(self, rollout: Rollout, scores, valid, metrics) -> Experience:
@@ -253,8 +249,7 @@ class RLTrainer:
         return optimizer, make_scheduler(optimizer, args.lr_scheduler, args.warmup_steps, total)
 
     def _epoch_order(self, epoch: int) -> list[int]:
-        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
-        return torch.randperm(len(self.rows), generator=gen).tolist()
+        return epoch_order(self.args.seed, epoch, len(self.rows))
 
     def _log(self, metrics: dict, exp: Experience, timings: dict) -> None:
         lengths = exp.rollout.response_mask.sum(-1).float()

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ..config import RLConfig
-from ..data import load_prompt_dataset, render_prompt
+from ..data import render_prompt
+from ..data.encode import encode_pair
 from ..models import ScalarModel, disable_dropout, forward_response, freeze, load_causal_lm, load_tokenizer
 from ..rewards import RewardFunctions, get_reward_function
 from ..rewards.reward_model import RewardModelFunction
@@ -28,13 +29,14 @@ class Models:
         self.device = next(policy.parameters()).device
         self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
         self.reference = None
-        if args.kl_coef > 0 and not self.is_peft:
+        if args.kl_coef > 0 and (ref_model is not None or not self.is_peft):
             ref = ref_model if ref_model is not None else copy.deepcopy(policy)
-            self.reference = freeze(load_causal_lm(ref, args.dtype if ref_model is not None else None))
+            self.reference = freeze(load_causal_lm(ref, args.dtype if ref_model is not None else None)).to(self.device)
         self.critic = self.value_head = None
         if args.use_critic and args.critic == "shared":
             hidden = policy.config.hidden_size
-            self.value_head = torch.nn.Linear(hidden, 1).to(self.device)
+            # Zero init: every value starts at 0, so the first advantages are the plain returns.
+            self.value_head = torch.nn.Linear(hidden, 1).to(self.device, next(policy.parameters()).dtype)
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         elif args.use_critic:
@@ -98,6 +100,13 @@ class Models:
         model.save_pretrained(path)
 
 
+def resolve_device(device: str) -> torch.device:
+    """'auto' → the GPU when torch sees one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
 def _base_causal_lm(policy):
     return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
 
@@ -107,6 +116,7 @@ def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
     tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
     policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
+    policy = policy.to(resolve_device(args.device))
     if peft_config is not None:
         from peft import get_peft_model
 
@@ -120,7 +130,7 @@ def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_
     return Models(policy, tokenizer, args, ref_model)
 
 
-def build_rewards(reward_funcs, reward_weights, tokenizer) -> RewardFunctions:
+def build_rewards(reward_funcs, reward_weights, tokenizer, device=None) -> RewardFunctions:
     """Reward sources: callables, registered names / import paths, reward-model directories or
     ``ScalarModel`` objects (scored with their own tokenizer, or the policy's for objects)."""
     if reward_funcs is None:
@@ -129,11 +139,11 @@ def build_rewards(reward_funcs, reward_weights, tokenizer) -> RewardFunctions:
     resolved, names = [], []
     for i, spec in enumerate(funcs):
         if isinstance(spec, ScalarModel):
-            fn = RewardModelFunction(freeze(spec), tokenizer, render=render_prompt, name=f"reward_model_{i}")
+            fn = RewardModelFunction(freeze(spec), tokenizer, encode=encode_pair, name=f"reward_model_{i}")
         elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_dir():
-            rm = freeze(ScalarModel.from_pretrained(spec))
+            rm = freeze(ScalarModel.from_pretrained(spec)).to(device or "cpu")
             name = Path(spec).name if Path(spec).name != "final" else Path(spec).parent.name  # run/final -> run
-            fn = RewardModelFunction(rm, load_tokenizer(spec), render=render_prompt, name=name)
+            fn = RewardModelFunction(rm, load_tokenizer(spec), encode=encode_pair, name=name)
         else:
             fn = get_reward_function(spec)
         resolved.append(fn)
@@ -144,13 +154,13 @@ def build_rewards(reward_funcs, reward_weights, tokenizer) -> RewardFunctions:
     return RewardFunctions(resolved, reward_weights, names)
 
 
-def tokenize_prompts(dataset, tokenizer, max_prompt_length: int | None):
-    """Rows of the dataset, and each prompt rendered (chat template) and tokenised once."""
-    rows = load_prompt_dataset(dataset)
+def tokenize_prompts(rows: list[dict], tokenizer, max_prompt_length: int | None) -> list[list[int]]:
+    """Each row's prompt rendered (chat template) and tokenised once; longer than
+    ``max_prompt_length``: its start is cut, keeping the end next to the response."""
     ids = []
     for row in rows:
         tokens = tokenizer(render_prompt(row["prompt"], tokenizer), add_special_tokens=False)["input_ids"]
         if max_prompt_length is not None:
             tokens = tokens[-max_prompt_length:]
         ids.append(tokens)
-    return rows, ids
+    return ids

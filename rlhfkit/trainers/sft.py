@@ -25,7 +25,7 @@ from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
 from ..config import TrainConfig, check_fields
-from .common import make_scheduler, optimizer_step, seed_everything
+from .common import epoch_order, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 
 
@@ -177,8 +177,7 @@ class SFTTrainer:
         return out
 
     def _epoch_order(self, epoch: int) -> list[int]:
-        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
-        return torch.randperm(len(self.units), generator=gen).tolist()
+        return epoch_order(self.args.seed, epoch, len(self.units))
 
     def save_model(self, path) -> None:
         """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads."""

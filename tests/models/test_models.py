@@ -453,15 +453,17 @@ def test_reward_model_function_scores_text_plus_eos(pad_is_eos):
         assert small == pytest.approx(scores, abs=1e-5)
 
 
-def test_reward_model_function_render_and_offset():
+def test_reward_model_function_encodes_like_reward_model_training_and_subtracts_offset():
+    from rlhfkit.data.encode import encode_pair
+
     tok = char_tokenizer()
     sm = freeze(ScalarModel.from_causal_lm(_model(tok)))
-    render = lambda prompt, tokenizer: "u:" + prompt + "\na:"  # noqa: E731
-    fn = RewardModelFunction(sm, tok, render=render, name="rm")
+    chat = [[{"role": "user", "content": p}] for p in PROMPTS[:2]]
+    fn = RewardModelFunction(sm, tok, encode=encode_pair, name="rm")
     assert fn.__name__ == "rm"
-    scores = fn(PROMPTS[:2], COMPLETIONS[:2], answer=["x", "y"])
+    scores = fn(chat, COMPLETIONS[:2], answer=["x", "y"])
     direct = RewardModelFunction(sm, tok)(["u:" + p + "\na:" for p in PROMPTS[:2]], COMPLETIONS[:2])
-    assert scores == pytest.approx(direct, abs=1e-6)
+    assert scores == pytest.approx(direct, abs=1e-6)  # the chat template renders "u:...\na:"
     sm.set_offset(2.0)
-    shifted = fn(PROMPTS[:2], COMPLETIONS[:2])
+    shifted = fn(chat, COMPLETIONS[:2])
     assert shifted == pytest.approx([s - 2.0 for s in scores], abs=1e-5)

@@ -62,11 +62,8 @@ def _series(rows: list[dict], metric: str) -> tuple[list[float], list[float]]:
 
 
 def write_plots(run_dir) -> list[Path]:
-    """One PNG per metric group present in ``run_dir/metrics.jsonl``, into ``run_dir/plots/``
-    (none when the run logged no step, e.g. ``max_steps=0``)."""
+    """One PNG per metric group present in ``run_dir/metrics.jsonl``, into ``run_dir/plots/``."""
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").exists() and run_dir.is_dir():
-        return []
     return _plot_rows(read_metrics(run_dir), run_dir / "plots")
 
 

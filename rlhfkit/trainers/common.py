@@ -55,3 +55,13 @@ def epoch_order(seed: int, epoch: int, n: int) -> list[int]:
     resumed run continues the same order from its saved position."""
     gen = torch.Generator().manual_seed(seed * 100003 + epoch)
     return torch.randperm(n, generator=gen).tolist()
+
+
+def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter 2019). The fused kernel updates every parameter in one pass without
+    the per-step copies of the foreach path (lower peak memory, faster on CPU); it needs float
+    parameters on the CPU or a GPU, else the default path is used. ``params``: tensors or groups."""
+    params = list(params)
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    fused = bool(tensors) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in tensors)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)

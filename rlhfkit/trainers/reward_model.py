@@ -30,7 +30,7 @@ from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
 from ..config import TrainConfig
-from .common import make_scheduler, optimizer_step, seed_everything
+from .common import make_optimizer, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, to_floats
 
 
@@ -103,7 +103,7 @@ class RewardModelTrainer:
         self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
         self.total_steps = args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
         params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=args.learning_rate, weight_decay=args.weight_decay)
+        self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
         self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="rm/accuracy",
                                     progress_bar=args.progress_bar, total_steps=self.total_steps)

@@ -24,7 +24,7 @@ from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, save_checkpoint
-from .common import epoch_order, make_scheduler, optimizer_step, seed_everything
+from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from ..data import load_prompt_dataset
 from .rl_setup import build_models, build_rewards, tokenize_prompts
 
@@ -243,7 +243,7 @@ class RLTrainer:
         if self.m.critic_module is not None:
             groups.append({"params": [p for p in self.m.critic_module.parameters() if p.requires_grad],
                            "lr": args.critic_learning_rate or args.learning_rate})
-        optimizer = torch.optim.AdamW(groups, weight_decay=args.weight_decay)
+        optimizer = make_optimizer(groups, args.learning_rate, args.weight_decay)
         mini = args.mini_batch_size or args.batch_size
         total = max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini))
         return optimizer, make_scheduler(optimizer, args.lr_scheduler, args.warmup_steps, total)

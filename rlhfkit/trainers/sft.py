@@ -25,7 +25,7 @@ from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
 from ..config import TrainConfig, check_fields
-from .common import epoch_order, make_scheduler, optimizer_step, seed_everything
+from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 
 
@@ -86,8 +86,8 @@ class SFTTrainer:
         rows_per_step = args.batch_size * args.grad_accumulation
         self.total_steps = (args.max_steps if args.max_steps is not None
                             else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                           lr=args.learning_rate, weight_decay=args.weight_decay)
+        self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], args.learning_rate,
+                                        args.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
         self.step, self.epoch, self.data_pos, self.units_seen = 0, 0, 0, 0
         self.order = self._epoch_order(0)

@@ -103,7 +103,9 @@ def _data(args) -> int:
     if existing and not args.overwrite:
         raise ValueError(f"{args.out_dir} already holds {', '.join(existing)}: choose another directory or --overwrite")
     if args.task == "arithmetic":
-        paths = arithmetic.write_task_files(args.out_dir, args.seed, digits=args.digits, operators=args.operators)
+        train_digits = [int(d) for d in args.train_digits.split(",")] if args.train_digits else None
+        paths = arithmetic.write_task_files(args.out_dir, args.seed, n_train=args.n_train, digits=args.digits,
+                                            operators=args.operators, train_digits=train_digits)
     else:
         paths = shift.write_task_files(args.out_dir, args.seed)
     for name, path in paths.items():
@@ -165,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--task", choices=["shift", "arithmetic"], default="shift")
     d.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
     d.add_argument("--operators", default="+", help="arithmetic: operators to use, e.g. '+-'")
+    d.add_argument("--n-train", type=int, default=2000, help="arithmetic: questions in the training split")
+    d.add_argument("--train-digits", help="arithmetic: digits mix of the training split, e.g. '1,2' (default: --digits)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace the task's files if they exist")
     d.set_defaults(func=_data)

@@ -19,16 +19,21 @@ def question(a: int, op: str, b: int) -> str:
     return f"What is {a} {op} {b}? {INSTRUCTION}"
 
 
-def make_rows(n: int, seed: int, digits: int = 2, operators: str = "+", exclude: set | None = None) -> list[dict]:
-    """``n`` distinct questions (none of ``exclude``, a set of (a, op, b)) with their answers."""
-    if digits < 1 or any(op not in OPERATORS for op in operators):
-        raise ValueError(f"digits must be >= 1 and operators a subset of {''.join(OPERATORS)}, got {digits}, {operators!r}")
-    lo, hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
-    capacity = (hi - lo + 1) ** 2 * len(operators) - len(exclude or ())
+def make_rows(n: int, seed: int, digits=2, operators: str = "+", exclude: set | None = None) -> list[dict]:
+    """``n`` distinct questions (none of ``exclude``, a set of (a, op, b)) with their answers.
+    ``digits``: digits per operand, or a sequence of them to draw from per question (a curriculum
+    mix such as (1, 2))."""
+    options = (digits,) if isinstance(digits, int) else tuple(digits)
+    if not options or min(options) < 1 or any(op not in OPERATORS for op in operators) or not operators:
+        raise ValueError(f"digits must be >= 1 and operators a non-empty subset of {''.join(OPERATORS)}, "
+                         f"got {digits}, {operators!r}")
+    ranges = {d: (10 ** (d - 1) if d > 1 else 0, 10**d - 1) for d in options}
+    capacity = sum((hi - lo + 1) ** 2 for lo, hi in ranges.values()) * len(operators) - len(exclude or ())
     if n > capacity:
         raise ValueError(f"only {capacity} distinct questions exist for digits={digits}, operators={operators!r}")
     rng, seen, rows = random.Random(seed), set(exclude or ()), []
     while len(rows) < n:
+        lo, hi = ranges[rng.choice(options) if len(options) > 1 else options[0]]  # same draws as before mixes
         key = (rng.randint(lo, hi), rng.choice(operators), rng.randint(lo, hi))
         if key in seen:
             continue
@@ -38,11 +43,12 @@ def make_rows(n: int, seed: int, digits: int = 2, operators: str = "+", exclude:
     return rows
 
 
-def make_splits(n_train: int, n_eval: int, seed: int = 0, digits: int = 2, operators: str = "+"):
-    """Disjoint (train, eval) splits; the eval split is drawn first so it does not depend on n_train."""
+def make_splits(n_train: int, n_eval: int, seed: int = 0, digits=2, operators: str = "+", train_digits=None):
+    """Disjoint (train, eval) splits; the eval split is drawn first so it does not depend on n_train.
+    ``train_digits`` (default ``digits``) lets training mix in easier questions."""
     eval_rows = make_rows(n_eval, seed + 1, digits, operators)
     held = {_key(r) for r in eval_rows}
-    return make_rows(n_train, seed, digits, operators, exclude=held), eval_rows
+    return make_rows(n_train, seed, train_digits or digits, operators, exclude=held), eval_rows
 
 
 def _key(row: dict) -> tuple:
@@ -51,11 +57,11 @@ def _key(row: dict) -> tuple:
 
 
 def write_task_files(out_dir, seed: int = 0, n_train: int = 2000, n_eval: int = 64, digits: int = 2,
-                     operators: str = "+") -> dict[str, str]:
+                     operators: str = "+", train_digits=None) -> dict[str, str]:
     """train.jsonl and eval.jsonl for the recipes. Returns name -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train, eval_rows = make_splits(n_train, n_eval, seed, digits, operators)
+    train, eval_rows = make_splits(n_train, n_eval, seed, digits, operators, train_digits)
     paths = {}
     for name, rows in (("train.jsonl", train), ("eval.jsonl", eval_rows)):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -37,3 +37,10 @@ def test_files_work_with_the_answer_checker(tmp_path):
     rows = [json.loads(line) for line in open(paths["eval.jsonl"])]
     assert len(rows) == 8
     assert math_answer(None, [r["answer"] for r in rows], [r["answer"] for r in rows]) == [1.0] * 8
+
+
+def test_training_split_can_mix_in_easier_questions():
+    train, held = make_splits(200, 32, seed=0, digits=2, train_digits=(1, 2))
+    sizes = {len(r["prompt"][0]["content"].split()[2]) for r in train}
+    assert sizes == {1, 2}
+    assert all(len(r["prompt"][0]["content"].split()[2]) == 2 for r in held)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from .data.prompts import _read_jsonl_numbered as read_numbered_jsonl
+
 # One figure per group: (file stem, title, metrics drawn, metric drawn as a ± band around the first).
 PLOT_GROUPS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("reward", "Reward", ("reward/mean",), "reward/std"),
@@ -28,20 +30,14 @@ SAMPLE_STEPS, SAMPLES_PER_STEP = 4, 4
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSONL file, each a JSON object with a ``step``; a ``ValueError`` names the file
-    (and line) when it is missing or a line is not such an object."""
-    if not path.is_file():
+    """Rows of a JSONL log, each a JSON object with a numeric ``step``; a ``ValueError`` names the
+    file (and line) when it is missing or a row is malformed."""
+    if not Path(path).is_file():
         raise ValueError(f"{path}: no such file")
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object with a numeric 'step'")
+    for lineno, row in read_numbered_jsonl(Path(path)):
+        if not isinstance(row.get("step"), (int, float)):
+            raise ValueError(f"{path}: line {lineno}: expected a JSON object with a numeric 'step'")
         rows.append(row)
     return rows
 

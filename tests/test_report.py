@@ -68,7 +68,7 @@ def test_missing_metrics_file_is_named(tmp_path):
 @pytest.mark.parametrize("bad", ["{not json", "[1, 2]", '{"reward/mean": 1.0}'])
 def test_bad_metrics_line_is_named(tmp_path, bad):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n\n' + bad + "\n")
-    with pytest.raises(ValueError, match=r"metrics\.jsonl:3: "):
+    with pytest.raises(ValueError, match=r"metrics\.jsonl: line 3: "):
         write_plots(tmp_path)
 
 
@@ -120,7 +120,7 @@ def test_report_notes_unreadable_config_and_bad_samples(tmp_path):
     page = write_report(run).read_text(encoding="utf-8")
     assert "config.yaml could not be read" in page
     (run / "samples.jsonl").write_text("oops\n")
-    with pytest.raises(ValueError, match=r"samples\.jsonl:1: "):
+    with pytest.raises(ValueError, match=r"samples\.jsonl: line 1: "):
         write_report(run)
 
 

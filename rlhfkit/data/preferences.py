@@ -19,7 +19,7 @@ import numbers
 from typing import Any
 
 from .encode import split_messages
-from .prompts import _labelled_rows, _message_problem, _short, _type_name, prompt_problem
+from .prompts import _labelled_rows, _message_problem, _short, _type_name, load_checked_rows, prompt_problem
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 
@@ -38,16 +38,7 @@ def load_preference_dataset(source: Any, name: str = "train_dataset") -> list[di
     ``margin`` that is not a finite number. Unreadable files (missing, not UTF-8, bad JSON) are
     reported by the readers of ``prompts.py``.
     """
-    label, rows = _labelled_rows(source, name)
-    if not rows:
-        raise ValueError(f"{label}: the dataset is empty (no rows)")
-    out = []
-    for where, row in rows:
-        problem = preference_row_problem(row)
-        if problem:
-            raise ValueError(f"{label}: {where}: {problem}")
-        out.append(dict(row))
-    return out
+    return load_checked_rows(source, name, preference_row_problem)
 
 
 def preference_row_problem(row: Any) -> str | None:

@@ -145,6 +145,20 @@ def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = 
     in-memory data) and the field when the source is empty, a row is not an object, or a prompt
     is missing or malformed.
     """
+    def problem(row: dict) -> str | None:
+        if prompt_column not in row:
+            present = ", ".join(map(repr, row)) or "none"
+            return f"missing field {prompt_column!r} (fields present: {present})"
+        found = prompt_problem(row[prompt_column])
+        return f"field {prompt_column!r}: {found}" if found else None
+
+    return load_checked_rows(source, name, problem)
+
+
+def load_checked_rows(source: Any, name: str, row_problem) -> list[dict]:
+    """Rows of ``source`` (see ``load_prompt_dataset``), each a dict that ``row_problem(row)``
+    finds nothing wrong with (it returns a sentence, or None); the first problem is raised as a
+    ``ValueError`` naming the source and the row. The loaders of every dataset kind share this."""
     label, rows = _labelled_rows(source, name)
     if not rows:
         raise ValueError(f"{label}: the dataset is empty (no rows)")
@@ -152,12 +166,9 @@ def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = 
     for where, row in rows:
         if not isinstance(row, dict):
             raise ValueError(f"{label}: {where}: expected an object (dict), got {_type_name(row)}")
-        if prompt_column not in row:
-            present = ", ".join(map(repr, row)) or "none"
-            raise ValueError(f"{label}: {where}: missing field {prompt_column!r} (fields present: {present})")
-        problem = prompt_problem(row[prompt_column])
+        problem = row_problem(row)
         if problem:
-            raise ValueError(f"{label}: {where}: field {prompt_column!r}: {problem}")
+            raise ValueError(f"{label}: {where}: {problem}")
         out.append(dict(row))
     return out
 

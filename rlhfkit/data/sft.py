@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .encode import Encoded, encode_pair, split_messages
-from .prompts import _labelled_rows, _type_name, prompt_problem
+from .prompts import _type_name, load_checked_rows, prompt_problem
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
 
@@ -35,18 +35,11 @@ def load_sft_dataset(source: Any, name: str = "train_dataset") -> list[dict]:
     path (as ``load_prompt_dataset``). Raises ``ValueError`` naming the source, the row (1-based
     line / row for files, 0-based index for in-memory data) and the field when a row is malformed.
     """
-    label, rows = _labelled_rows(source, name)
-    if not rows:
-        raise ValueError(f"{label}: the dataset is empty (no rows)")
-    out = []
-    for where, row in rows:
-        if not isinstance(row, dict):
-            raise ValueError(f"{label}: {where}: expected an object (dict), got {_type_name(row)}")
-        field, problem = sft_row_problem(row)
-        if problem:
-            raise ValueError(f"{label}: {where}: " + (f"field {field!r}: " if field else "") + problem)
-        out.append(dict(row))
-    return out
+    def problem(row: dict) -> str | None:
+        field, found = sft_row_problem(row)
+        return ((f"field {field!r}: " if field else "") + found) if found else None
+
+    return load_checked_rows(source, name, problem)
 
 
 def sft_row_problem(row: dict) -> tuple[str | None, str | None]:

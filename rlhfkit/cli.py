@@ -14,7 +14,7 @@ from pathlib import Path
 
 
 def _train(job_cls, args, run) -> int:
-    from .config import format_help, load_config
+    from .config_io import format_help, load_config
 
     if args.help:
         print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite]\n")

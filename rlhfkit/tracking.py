@@ -89,7 +89,7 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
                 target.unlink()
     path.mkdir(parents=True, exist_ok=True)
     if config is not None:
-        from .config import save_config
+        from .config_io import save_config
 
         name = f"config-resume-{Path(resume_from).name}.yaml" if resuming else "config.yaml"
         save_config(config, path / name)

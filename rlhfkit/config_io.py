@@ -1,0 +1,220 @@
+"""Config files and help text, generic over any frozen dataclass config: the docstring under each
+field as ``--help`` text, YAML files plus ``key=value`` overrides with one-line errors (unknown keys
+with close matches, wrong types, YAML syntax with file and line), and the resolved config saved
+back as YAML."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import textwrap
+from pathlib import Path
+
+import yaml
+
+
+def field_docs(cls) -> dict[str, str]:
+    """Field name -> the docstring right under the field, read from the source of every dataclass in
+    ``cls.__mro__`` (a subclass's docstring wins); ``""`` for an undocumented field."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object and dataclasses.is_dataclass(klass):
+            docs.update(_class_field_docs(klass))
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+def _class_field_docs(klass) -> dict[str, str]:
+    try:
+        source = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):  # no source (built in a REPL, or from a .pyc only): no docs
+        return {}
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+    docs = {}
+    for stmt, nxt in zip(node.body, node.body[1:]):
+        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)):
+            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def _defining_class(cls, name: str):
+    return next(k for k in cls.__mro__ if name in inspect.get_annotations(k))
+
+
+def format_help(cls) -> str:
+    """Every field with its type, default and docstring, grouped by the class that defines it."""
+    docs = field_docs(cls)
+    groups: dict[str, list[str]] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        title = _defining_class(cls, f.name).__name__.removesuffix("Config") or cls.__name__
+        if f.default is not dataclasses.MISSING:
+            default = f"default {f.default!r}"
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f"default {f.default_factory()!r}"
+        else:
+            default = "required"
+        lines = [f"  {f.name} ({f.type}, {default})"]
+        if docs[f.name]:
+            lines.append(textwrap.fill(docs[f.name], width=100, initial_indent=" " * 6,
+                                       subsequent_indent=" " * 6))
+        groups.setdefault(title, []).extend(lines)
+    header = f"{cls.__name__} fields: set them in a YAML file or as key=value overrides."
+    return "\n\n".join([header] + [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()])
+
+
+def load_config(cls, path=None, overrides=()):
+    """``cls`` built from a YAML file (a mapping of field names to values), then ``key=value``
+    overrides (values parsed as YAML: ``kl_coef=0.1``, ``dual_clip=null``, ``adaptive_kl=true``).
+    Every mistake is a one-line ``ValueError``; the config's own validation runs last, unchanged."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    sources = []
+    if path is not None:
+        sources.append((f"file {path}", _read_yaml_mapping(Path(path))))
+    sources.append(("the command line", _parse_overrides(overrides)))
+    values = {}
+    for source, mapping in sources:
+        for key, value in mapping.items():
+            if key not in fields:
+                raise ValueError(_unknown_key_message(key, value, fields, source))
+            values[key] = _check_type(key, value, fields[key].type, source)
+    return cls(**values)
+
+
+def _read_yaml_mapping(path: Path) -> dict:
+    if not path.is_file():
+        raise ValueError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = " ".join(str(getattr(e, "problem", None) or e).split())
+        context, context_mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and context_mark is not None and mark is not None and context_mark.line != mark.line:
+            problem += f" ({' '.join(context.split())} on line {context_mark.line + 1})"
+        raise ValueError(f"{where}: YAML syntax error: {problem}") from None
+    if data is None:  # an empty file: all defaults
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the top level must be a mapping of field names to values, "
+                         f"got {type(data).__name__}")
+    return data
+
+
+def _parse_overrides(overrides) -> dict:
+    if isinstance(overrides, str):  # a lone "k=v" would otherwise be iterated character by character
+        overrides = [overrides]
+    parsed = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"override {item!r} must be key=value (e.g. kl_coef=0.1)")
+        try:
+            parsed[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ValueError(f"override {item!r}: the value does not parse as YAML") from None
+    return parsed
+
+
+def _unknown_key_message(key, value, fields, source: str) -> str:
+    close = difflib.get_close_matches(str(key), list(fields), n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    if isinstance(value, dict):
+        hint += " (sections are not supported: write fields at the top level)"
+    return f"unknown config key {key!r} from {source}{hint}"
+
+
+def _check_type(key: str, value, annotation, source: str):
+    """``value`` converted to the field's annotation (a string under postponed annotations)."""
+    ok, converted = _convert(value, str(annotation).replace(" ", ""))
+    if not ok:
+        raise ValueError(f"config key {key!r} from {source} expects {annotation}, "
+                         f"got {value!r} ({type(value).__name__})")
+    return converted
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def _convert(value, ann: str) -> tuple[bool, object]:
+    if ann.startswith("Optional[") and ann.endswith("]"):
+        ann = ann[len("Optional["):-1] + "|None"
+    options = _split_top(ann, "|")
+    if len(options) > 1:
+        if value is None and "None" in options:
+            return True, None
+        for option in options:
+            if option != "None":
+                ok, converted = _convert(value, option)
+                if ok:
+                    return True, converted
+        return False, value
+    if ann == "bool":
+        return isinstance(value, bool), value
+    if ann == "int":
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if ann == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True, float(value)
+        # PyYAML reads 1e-5 (no dot) as a string, following YAML 1.1; accept what float() reads.
+        try:
+            return isinstance(value, str), float(value)
+        except (TypeError, ValueError):
+            return False, value
+    if ann == "str":
+        return isinstance(value, str), value
+    if ann == "None":
+        return value is None, value
+    for kind, make in (("tuple", tuple), ("list", list)):
+        if ann.startswith(kind + "[") and ann.endswith("]"):
+            return _convert_sequence(value, _split_top(ann[len(kind) + 1:-1], ","), make)
+    return True, value  # an annotation this reader does not know: the config's validation decides
+
+
+def _convert_sequence(value, items: list[str], make) -> tuple[bool, object]:
+    if not isinstance(value, (list, tuple)):
+        return False, value
+    if len(items) == 2 and items[1] == "...":
+        items = [items[0]] * len(value)
+    elif len(items) == 1 and make is list:
+        items = items * len(value)
+    if len(items) != len(value):
+        return False, value
+    out = []
+    for v, item in zip(value, items):
+        ok, converted = _convert(v, item)
+        if not ok:
+            return False, value
+        out.append(converted)
+    return True, make(out)
+
+
+def save_config(config, path) -> Path:
+    """The resolved config (presets filled) as YAML; ``load_config(type(config), path)`` returns an
+    equal config."""
+    def plain(v):
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = dataclasses.asdict(config)
+    values = {f.name: plain(data[f.name]) for f in dataclasses.fields(config) if f.init}
+    path.write_text(yaml.safe_dump(values, sort_keys=False, allow_unicode=True))
+    return path

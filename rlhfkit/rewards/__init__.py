@@ -8,7 +8,9 @@ from .functions import (
     get_reward_function,
     register_reward_function,
 )
-from .verifiable import answer_format, answers_match, exact_match, extract_answer, math_answer, strict_math_answer
+from .verifiable import (
+    answer_format, answers_match, concise_math_answer, exact_match, extract_answer, math_answer, strict_math_answer,
+)
 
 __all__ = [
     "REWARD_FUNCTIONS",
@@ -18,6 +20,7 @@ __all__ = [
     "register_reward_function",
     "answer_format",
     "answers_match",
+    "concise_math_answer",
     "exact_match",
     "extract_answer",
     "math_answer",

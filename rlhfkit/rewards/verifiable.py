@@ -77,3 +77,15 @@ def strict_math_answer(prompts, completions, answer, **columns) -> list[float]:
 def exact_match(prompts, completions, answer, **columns) -> list[float]:
     """1.0 when the stripped completion equals the stripped ``answer`` column (case-sensitive)."""
     return [float(isinstance(c, str) and c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
+
+
+@register_reward_function("concise_math_answer")
+def concise_math_answer(prompts, completions, answer, **columns) -> list[float]:
+    """For a right answer, 1 minus 0.05 per character beyond the answer itself (0 at 20 extra); 0 for a
+    wrong one. A smooth path from "27 + 42 = 69." (0.45) to "69" (1.0), where the all-or-nothing
+    format reward gives no gradient until a bare right answer happens to be sampled."""
+    out = []
+    for c, a, right in zip(completions, answer, math_answer(prompts, completions, answer)):
+        extra = len(c.strip()) - len(str(a)) if isinstance(c, str) else 0
+        out.append(right * max(0.0, 1.0 - 0.05 * max(0, extra)))
+    return out

@@ -37,3 +37,12 @@ def test_exact_match():
 def test_usable_by_name():
     for name in ("math_answer", "answer_format", "strict_math_answer", "exact_match"):
         assert name in REWARD_FUNCTIONS or get_reward_function(f"rlhfkit.rewards.verifiable:{name}")
+
+
+def test_concise_math_answer_rewards_shorter_right_answers_only():
+    from rlhfkit.rewards import concise_math_answer
+
+    scores = concise_math_answer(None, ["27 + 42 = 69.", "69", "69.", "68", "", "27 + 42 equals exactly sixty-nine, 69"],
+                                 ["69"] * 6)
+    assert scores[1] == 1.0 and scores[0] == pytest.approx(0.45) and scores[2] == pytest.approx(0.95)
+    assert scores[3] == 0.0 and scores[4] == 0.0 and scores[5] == 0.0  # 36 extra characters: floor at 0

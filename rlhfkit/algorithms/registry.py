@@ -14,8 +14,6 @@ A new algorithm is a preset plus, at most, one new entry here.
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from typing import Callable
 
 import torch
@@ -48,21 +46,23 @@ class Registry:
         return decorator
 
     def _check_signature(self, name: str, fn: Callable) -> None:
-        params = inspect.signature(fn).parameters
-        names = list(params)
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            raise ValueError(f"{self.kind} {name!r} must be a plain function, got {type(fn).__name__}")
+        names = list(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
         if names[: len(self.positional)] != list(self.positional):
             raise ValueError(
                 f"{self.kind} {name!r} must take ({', '.join(self.positional)}) first, got ({', '.join(names)})"
             )
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        missing = [k for k in self.keywords if k not in params and not takes_any]
+        takes_any = bool(code.co_flags & 0x08)  # CO_VARKEYWORDS: the function has **kwargs
+        missing = [k for k in self.keywords if k not in names and not takes_any]
         if missing:
             raise ValueError(f"{self.kind} {name!r} must accept keyword(s) {missing}")
 
     def get(self, name: str) -> Callable:
         if name not in self._entries:
-            close = difflib.get_close_matches(str(name), self._entries, n=3)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            close = sorted((d, n) for n in self._entries if (d := _edit_distance(str(name), n)) <= max(2, len(n) // 3))
+            hint = f" Did you mean {', '.join(repr(n) for _, n in close[:3])}?" if close else ""
             raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}.{hint}")
         return self._entries[name]
 
@@ -71,6 +71,16 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def _edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions), for "did you mean" hints."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
 
 
 ADVANTAGE_ESTIMATORS = Registry(

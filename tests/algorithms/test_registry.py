@@ -240,3 +240,14 @@ def test_every_kl_estimator_matches_kl_penalty(name):
     lp, ref = -torch.rand(2, 5, generator=g, dtype=F64), -torch.rand(2, 5, generator=g, dtype=F64)
     torch.testing.assert_close(KL_ESTIMATORS.get(name)(lp, ref), kl_penalty(lp, ref, name))
     assert name in KL_ESTIMATORS.get(name).__doc__
+
+
+def test_registering_a_non_function_is_refused():
+    from rlhfkit.algorithms import Registry
+
+    class Callable:
+        def __call__(self, logprobs, ref_logprobs):
+            return logprobs
+
+    with pytest.raises(ValueError, match="must be a plain function, got Callable"):
+        Registry("demo", ("logprobs", "ref_logprobs")).register("x")(Callable())

@@ -3,6 +3,7 @@
     python benchmarks/rl_step.py                          # GRPO, SmolLM2-135M, 4 prompts x 4 x 32 tokens
     python benchmarks/rl_step.py --algorithm ppo --critic shared --lora-r 16
     python benchmarks/rl_step.py --compare ppo,grpo,rloo  # one subprocess each: per-algorithm peak RSS
+    python benchmarks/rl_step.py --no-share-prompt        # each completion encodes its prompt itself
 
 Per step (after warm-up): generate / reward / logprobs / update seconds from the trainer's own
 timers, tokens/s, then — in the same process, on the same sequences — the *floor*: a bare
@@ -36,7 +37,7 @@ def build_trainer(a):
     cfg = RLConfig(algorithm=a.algorithm, dtype=a.dtype, prompts_per_step=a.prompts, group_size=a.group_size,
                    max_new_tokens=a.new_tokens, max_steps=a.warmup + a.steps, learning_rate=1e-6, log_every=0,
                    progress_bar=False, seed=0, critic=a.critic, gradient_checkpointing=a.gradient_checkpointing,
-                   autocast=a.autocast,
+                   autocast=a.autocast, share_prompt=not a.no_share_prompt,
                    **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}))
     peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
     return RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0),
@@ -80,7 +81,7 @@ def run_one(a) -> dict:
     step = sum(phases.values())
     result = {"algorithm": a.algorithm, "dtype": a.dtype, "autocast": a.autocast,
               "checkpointing": a.gradient_checkpointing, "critic": a.critic if trainer.args.use_critic else "-",
-              "lora_r": a.lora_r, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
+              "lora_r": a.lora_r, "share_prompt": not a.no_share_prompt, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
               "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
               "peak_rss_gb": peak_rss_gb()}
     T = int(max(r["rollout/response_length_max"] for r in history))
@@ -104,6 +105,8 @@ def main() -> None:
     p.add_argument("--lora-r", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--autocast", default=None, help="bfloat16: mixed-precision matmuls, float32 weights")
+    p.add_argument("--no-share-prompt", action="store_true",
+                   help="encode the prompt for every completion (share_prompt=False), to measure what sharing saves")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -128,7 +131,7 @@ def main() -> None:
 
 
 def print_rows(rows: list[dict]) -> None:
-    cols = ["algorithm", "critic", "lora_r", "time_generate", "time_reward", "time_logprobs", "time_update", "step_s",
+    cols = ["algorithm", "critic", "lora_r", "share_prompt", "time_generate", "time_reward", "time_logprobs", "time_update", "step_s",
             "floor_generate", "floor_update", "step_over_floor", "tokens_per_s", "peak_rss_gb"]
     print(" ".join(f"{c:>15}" for c in cols))
     for r in rows:

@@ -42,6 +42,8 @@ class ModelConfig:
     """Mixed precision: 'bfloat16' runs generation and forward/backward matmuls in bfloat16 under torch.autocast while weights, gradients and optimizer states stay in `dtype` (use with float32). None: off."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
+    share_prompt: bool = True
+    """Run each prompt through the model once per group and share its key/value cache with the group's G completions, in generation and in the log-prob/update passes (same results, less compute; the update passes skip it under gradient_checkpointing)."""
     critic_init: str | None = None
     """Directory of a trained reward model to initialise the separate critic from; None: from the policy."""
 

@@ -84,3 +84,13 @@ def load_causal_lm(source, dtype="float32"):
         path = _check_dir(source, "model")
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
     return disable_dropout(model)
+
+
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward (non-reentrant), through the current
+    ``activation_checkpointing_enable`` where transformers has it, else its older name."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -37,29 +37,96 @@ def forward_response(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     with_hidden: bool = False,
+    prompt_index: torch.Tensor | None = None,
 ) -> ResponseForward:
     """Per-token log-probs of the last ``response_len`` tokens of ``input_ids`` (B, P+T).
 
     Logits are divided by ``temperature`` (the sampling temperature, so log-probs match what was
     sampled: "The N Implementation Details of RLHF with PPO", detail on temperature). Entropy is
     computed without gradient unless ``entropy_grad`` (the entropy bonus needs it).
+
+    ``prompt_index`` (B,): which prompt each row continues (rows with equal index have identical
+    prompt columns, as the ``G`` completions of a group do). When given, each distinct prompt runs
+    through the model once and its key/value cache is shared by its rows — the same results (and
+    gradients, which flow back through the shared cache) for ``~(G-1)/G`` less prompt compute.
     """
     T = response_len
+    start, used = _attended_span(attention_mask, T)
+    if start > 0 or used < T:  # columns no row attends: left padding of every row, ends of every response
+        P = input_ids.shape[1] - T
+        out = forward_response(model, input_ids[:, start : P + used], attention_mask[:, start : P + used], used,
+                               temperature, with_entropy, entropy_grad, with_hidden, prompt_index)
+        return ResponseForward(*(None if x is None else _pad_columns(x, T) for x in
+                                 (out.logprobs, out.entropy, out.hidden)))
+    positions = position_ids_from_mask(attention_mask)
+    if prompt_index is not None and _can_share_prompt(model):
+        unique, inverse = torch.unique(prompt_index, return_inverse=True)
+        if len(unique) < len(prompt_index):
+            return _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, len(unique),
+                                          temperature, with_entropy, entropy_grad, with_hidden)
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
+        position_ids=positions,
         logits_to_keep=T + 1,
         output_hidden_states=with_hidden,
         use_cache=False,
     )
-    logits = out.logits[:, -(T + 1) : -1]
+    hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
+    return _response_outputs(out.logits[:, -(T + 1) : -1], input_ids[:, -T:], hidden, temperature,
+                             with_entropy, entropy_grad)
+
+
+def _attended_span(attention_mask: torch.Tensor, T: int) -> tuple[int, int]:
+    """(first column any row attends, capped to leave one prompt column; response columns up to the
+    last one any row attends, at least 1)."""
+    P = attention_mask.shape[1] - T
+    attended = attention_mask.bool().any(0)
+    start = min(int(attended.long().argmax()) if bool(attended.any()) else 0, max(P - 1, 0))
+    in_response = attended[P:].nonzero()
+    used = int(in_response[-1]) + 1 if len(in_response) else 1
+    return start, used
+
+
+def _pad_columns(x: torch.Tensor, T: int) -> torch.Tensor:
+    """(B, t, ...) -> (B, T, ...) with zeros in the new (unattended) columns."""
+    pad = x.new_zeros((x.shape[0], T - x.shape[1], *x.shape[2:]))
+    return torch.cat([x, pad], 1)
+
+
+def _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, n_prompts, temperature,
+                           with_entropy, entropy_grad, with_hidden) -> ResponseForward:
+    """The prompt columns once per distinct prompt (keeping its cache), then every row's response
+    columns on top of its prompt's cache. Response token 0 is predicted by the prompt pass's last
+    position, tokens 1..T-1 by the response pass."""
+    B, P = input_ids.shape[0], input_ids.shape[1] - T
+    rows = torch.arange(B, device=input_ids.device)
+    first = torch.full((n_prompts,), B, device=input_ids.device).scatter_reduce(0, inverse, rows, "amin")
+    head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+                 position_ids=positions[first, :P], logits_to_keep=1, output_hidden_states=with_hidden,
+                 use_cache=True)
+    cache = head.past_key_values
+    cache.batch_select_indices(inverse)  # differentiable gather: row i reads its prompt's keys/values
+    tail = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
+                 past_key_values=cache, logits_to_keep=T, output_hidden_states=with_hidden, use_cache=True)
+    logits = torch.cat([head.logits[inverse], tail.logits[:, :-1]], 1)
+    hidden = (torch.cat([head.hidden_states[-1][inverse, -1:], tail.hidden_states[-1][:, :-1]], 1)
+              if with_hidden else None)
+    return _response_outputs(logits, input_ids[:, -T:], hidden, temperature, with_entropy, entropy_grad)
+
+
+def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad) -> ResponseForward:
     if temperature != 1.0:
         logits = logits / temperature
-    logprobs = selective_logprobs(logits, input_ids[:, -T:])
+    logprobs = selective_logprobs(logits, targets)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits)
-    hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
     return ResponseForward(logprobs, entropy, hidden)
+
+
+def _can_share_prompt(model) -> bool:
+    """Hugging Face layers drop ``past_key_values`` under gradient checkpointing in training mode
+    (even without grad), which would silently cut the response off its prompt."""
+    return not any(getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules())

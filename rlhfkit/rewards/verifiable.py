@@ -89,3 +89,23 @@ def concise_math_answer(prompts, completions, answer, **columns) -> list[float]:
         extra = len(c.strip()) - len(str(a)) if isinstance(c, str) else 0
         out.append(right * max(0.0, 1.0 - 0.05 * max(0, extra)))
     return out
+
+
+@register_reward_function("digit_match")
+def digit_match(prompts, completions, answer, **columns) -> list[float]:
+    """Partial credit for a completion that is just a whole number *with as many digits as the
+    answer*: the share of its digits that are right ("68" for 69 → 0.5, "69." → 1.0). A number of
+    the wrong length ("169" for 69), any other completion, and answers that are not whole numbers
+    score 0. A dense signal for learning to compute an answer directly, where the all-or-nothing
+    ``strict_math_answer`` is rarely earned at first; the length gate makes the number of digits
+    (the carry into a new place) part of what is rewarded."""
+    out = []
+    for c, a, bare in zip(completions, answer, answer_format(prompts, completions)):
+        gold, got = str(a).strip(), c.strip().rstrip(".").strip() if bare else ""
+        same_sign = got.startswith("-") == gold.startswith("-")
+        gold, got = gold.lstrip("-"), got.lstrip("-")
+        if not (same_sign and gold.isdigit() and got.isdigit() and len(got) == len(gold)):
+            out.append(0.0)
+            continue
+        out.append(sum(x == y for x, y in zip(got, gold)) / len(gold))
+    return out

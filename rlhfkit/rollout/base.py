@@ -28,7 +28,9 @@ class Rollout:
     ``input_ids`` (B, P+T) = left-padded prompt (P columns) + response (T columns, right-padded);
     ``attention_mask`` (B, P+T) covers prompt tokens and response tokens up to the first EOS;
     ``response_mask`` (B, T): 1 on response tokens up to and including the first EOS;
-    ``has_eos`` (B,): whether the completion emitted EOS (False = truncated at the length limit).
+    ``has_eos`` (B,): whether the completion emitted EOS (False = truncated at the length limit);
+    ``prompt_index`` (B,): which prompt each row continues (``g`` for rows ``g*n .. g*n+n-1``), so
+    the forward passes can run each prompt once for its group (``forward_response``).
     """
 
     input_ids: torch.Tensor
@@ -36,6 +38,7 @@ class Rollout:
     response_mask: torch.Tensor
     has_eos: torch.Tensor
     prompt_len: int
+    prompt_index: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -43,7 +46,18 @@ class Rollout:
 
     def select(self, rows: torch.Tensor) -> "Rollout":
         return Rollout(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows],
-                       self.has_eos[rows], self.prompt_len)
+                       self.has_eos[rows], self.prompt_len,
+                       None if self.prompt_index is None else self.prompt_index[rows.to(self.prompt_index.device)])
+
+    def to(self, device) -> "Rollout":
+        return Rollout(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
+                       self.has_eos.to(device), self.prompt_len,
+                       None if self.prompt_index is None else self.prompt_index.to(device))
+
+
+def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:
+    """``prompt_index`` of the layout where rows ``g*n .. g*n+n-1`` continue prompt ``g``."""
+    return torch.arange(n_prompts, device=device).repeat_interleave(n)
 
 
 class RolloutEngine(Protocol):
@@ -95,7 +109,7 @@ def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
     response_mask, has_eos = response_mask_from_ids(resp, eos_id, lengths)
     return Rollout(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, response_mask], 1),
-                   response_mask, has_eos, prompt_ids.shape[1])
+                   response_mask, has_eos, prompt_ids.shape[1], group_index(len(prompts), n))
 
 
 def decode_completions(rollout: Rollout, tokenizer) -> list[str]:

@@ -66,7 +66,8 @@ class RLTrainer:
         self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.m.device)
         self.rows, self.prompt_ids = train_dataset, tokenize_prompts(train_dataset, self.tokenizer,
                                                                      args.max_prompt_length)
-        self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
+        self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
+                              args.share_prompt)
         self.sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
         self.optimizer, self.scheduler = self._build_optimizer()
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
@@ -150,8 +151,7 @@ class RLTrainer:
     def _make_experience(self, rollout: Rollout, scores, valid, metrics) -> Experience:
         """Phases 4–5: old / reference log-probs and values, token rewards, advantages."""
         args, device = self.args, self.m.device
-        rollout = Rollout(rollout.input_ids.to(device), rollout.attention_mask.to(device),
-                          rollout.response_mask.to(device), rollout.has_eos.to(device), rollout.prompt_len)
+        rollout = rollout.to(device)
         mask, scores = rollout.response_mask.bool(), scores.to(device)
         need_old = (args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic
         old = self.m.policy_outputs(rollout, with_values=args.use_critic) if need_old else None
@@ -187,6 +187,7 @@ class RLTrainer:
         n_micro = n_steps = 0
         for _ in range(args.num_iterations):
             for mb_rows in torch.randperm(B).split(mini):
+                mb_rows = self._group_by_prompt(exp, mb_rows)
                 weight = self._loss_weights(exp.mask[mb_rows]).clamp(min=1)
                 for rows in mb_rows.split(micro):
                     loss, m = self._loss(exp, rows.to(self.m.device))
@@ -198,6 +199,14 @@ class RLTrainer:
                 sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + grad_norm
                 n_steps += 1
         return {k: v / (n_steps if k == "perf/grad_norm" else n_micro) for k, v in sums.items()}
+
+    def _group_by_prompt(self, exp: Experience, rows: torch.Tensor) -> torch.Tensor:
+        """A minibatch's rows ordered by prompt, so micro-batches hold whole groups whose prompt
+        pass is shared (gradient accumulation over a minibatch does not depend on the order)."""
+        index = exp.rollout.prompt_index
+        if not self.args.share_prompt or index is None:
+            return rows
+        return rows[torch.sort(index[rows.to(index.device)].cpu(), stable=True).indices]
 
     def _loss_weights(self, mask: torch.Tensor) -> torch.Tensor:
         """The share of a micro-batch in its minibatch's loss: tokens for token-mean, else rows."""

@@ -17,7 +17,9 @@ import torch
 from ..config import RLConfig
 from ..data import render_prompt
 from ..data.encode import encode_pair
-from ..models import ScalarModel, disable_dropout, forward_response, freeze, load_causal_lm, load_tokenizer
+from ..models import (
+    ScalarModel, disable_dropout, enable_activation_checkpointing, forward_response, freeze, load_causal_lm, load_tokenizer,
+)
 from ..rewards import RewardFunctions, get_reward_function
 from ..rewards.reward_model import RewardModelFunction
 from ..rollout import Rollout
@@ -61,7 +63,8 @@ class Models:
         T = rollout.response_mask.shape[1]
         out = forward_response(self.policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
                                with_entropy=with_entropy, entropy_grad=entropy_grad,
-                               with_hidden=with_values and self.value_head is not None)
+                               with_hidden=with_values and self.value_head is not None,
+                               prompt_index=self._prompt_index(rollout))
         values = None
         if with_values and self.value_head is not None:
             values = self.value_head(out.hidden).squeeze(-1).float()
@@ -85,8 +88,12 @@ class Models:
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         T = rollout.response_mask.shape[1]
         with adapter_off, self.autocast():
-            return torch.cat([forward_response(model, r.input_ids, r.attention_mask, T, self.args.temperature).logprobs
+            return torch.cat([forward_response(model, r.input_ids, r.attention_mask, T, self.args.temperature,
+                                               prompt_index=self._prompt_index(r)).logprobs
                               for r in self._chunks(rollout)])
+
+    def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
+        return rollout.prompt_index if self.args.share_prompt else None
 
     def _chunks(self, rollout: Rollout):
         size = self.args.micro_batch_size or rollout.input_ids.shape[0]
@@ -122,7 +129,7 @@ def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_
 
         policy = disable_dropout(get_peft_model(policy, peft_config))
     if args.gradient_checkpointing:
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(policy)
         if peft_config is not None:
             policy.enable_input_require_grads()
     # Train mode (dropout is off, so forward passes are unchanged): activation checkpointing needs it.

@@ -46,3 +46,15 @@ def test_concise_math_answer_rewards_shorter_right_answers_only():
                                  ["69"] * 6)
     assert scores[1] == 1.0 and scores[0] == pytest.approx(0.45) and scores[2] == pytest.approx(0.95)
     assert scores[3] == 0.0 and scores[4] == 0.0 and scores[5] == 0.0  # 36 extra characters: floor at 0
+
+
+def test_digit_match_partial_credit_for_bare_numbers_only():
+    from rlhfkit.rewards import digit_match
+
+    completions = ["69", "69.", " 68 ", "19", "96", "169", "9", "27 + 42 = 69", "", "sixty-nine", None, "-69", "6.9"]
+    scores = digit_match(None, completions, ["69"] * len(completions))
+    assert scores[:5] == [1.0, 1.0, 0.5, 0.5, 0.0]  # the share of digits right, place by place
+    assert scores[5:] == [0.0] * 8  # the wrong number of digits, not a bare whole number, or the wrong sign
+    assert digit_match(None, ["-5", "5", "-4", "-15"], ["-5", "-5", "-5", "-5"]) == [1.0, 0.0, 0.0, 0.0]
+    assert digit_match(None, ["1", "0.5"], ["1/2", "0.5"]) == [0.0, 0.0]  # answers that are not whole numbers
+    assert "digit_match" in REWARD_FUNCTIONS

@@ -475,3 +475,22 @@ def test_token_level_rewards_on_generated_rollout():
             assert r.response_ids[i, pos] == tok.eos_token_id
         else:
             assert pos == T - 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_hf_engine_shared_prompt_cache_samples_the_same(arch):
+    """Encoding each prompt once and repeating its cache for the n rows gives the same samples (same
+    seed) as encoding the n repeated prompts, and fills ``prompt_index`` with each row's prompt."""
+    tok = _tokenizer(True)
+    model = _model(tok, eos_bias=1.5, arch=arch)
+    prompts = _prompts(tok)
+    outs = []
+    for share in (False, True):
+        torch.manual_seed(3)
+        outs.append(HFEngine(model, tok.pad_token_id, tok.eos_token_id, share).generate(
+            prompts, 3, SamplingParams(max_new_tokens=6, temperature=1.0)))
+    assert torch.equal(outs[0].input_ids, outs[1].input_ids)
+    assert torch.equal(outs[0].response_mask, outs[1].response_mask)
+    for r in outs:
+        assert r.prompt_index.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+        assert r.select(torch.tensor([4, 9])).prompt_index.tolist() == [1, 3]

@@ -33,8 +33,8 @@ smollm2: $(STAMP)
 
 ## Speed and memory of one RL step on SmolLM2 (see README, "Benchmarks").
 bench: smollm2
-	$(BIN)/python benchmarks/rl_step.py
-	$(BIN)/python benchmarks/rl_step.py --compare ppo,grpo,rloo
+	$(BIN)/python benchmarks/rl_step.py --kl-coef 0
+	$(BIN)/python benchmarks/rl_step.py --compare ppo,grpo,rloo --lora-r 16
 
 ## Slow tests only.
 test-slow: smollm2

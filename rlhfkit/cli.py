@@ -54,7 +54,7 @@ def _run_rl(job) -> None:
 
     require(job, "model", "train_dataset", "reward_funcs")
     RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
-              reward_weights=list(job.reward_weights) if job.reward_weights else None,
+              eval_dataset=job.eval_dataset, reward_weights=list(job.reward_weights) if job.reward_weights else None,
               peft_config=lora_config(job), ref_model=job.ref_model).train()
 
 

@@ -160,6 +160,10 @@ class RunConfig:
     """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
     num_logged_samples: int = 4
     """Completions written to samples.jsonl (for the report) at each of ~10 evenly spaced steps."""
+    eval_every: int = 0
+    """With an eval dataset: evaluate before the first step, every this many steps and after the last (0: before and after only). Greedy completions scored by the training reward sources, logged as eval/<source>_mean, eval/score_mean."""
+    eval_max_new_tokens: int | None = None
+    """New-token limit of the evaluation's greedy completions; None: max_new_tokens."""
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,8 @@ def _validate(c: RLConfig) -> None:
         (c.kl_coef >= 0, "kl_coef", ">= 0"),
         (c.num_iterations >= 1, "num_iterations", ">= 1"),
         (c.max_steps >= 0, "max_steps", ">= 0"),
+        (c.eval_every >= 0, "eval_every", ">= 0"),
+        (c.eval_max_new_tokens is None or c.eval_max_new_tokens >= 1, "eval_max_new_tokens", "None or >= 1"),
         (c.learning_rate > 0, "learning_rate", "> 0"),
         (c.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "'constant', 'linear' or 'cosine'"),
         (c.critic in ("separate", "shared"), "critic", "'separate' or 'shared'"),

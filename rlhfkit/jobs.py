@@ -17,16 +17,12 @@ class Sources:
     """Model to train: a local Hugging Face model directory, a .gguf file, or package:NAME/file.gguf (a file shipped in an installed Python package)."""
     train_dataset: str = ""
     """Training data: a .jsonl, .json or .parquet file."""
-
-
-@dataclass(frozen=True)
-class SupervisedSources(Sources):
     eval_dataset: str | None = None
     """Held-out data in the same format; None: no evaluation."""
 
 
 @dataclass(frozen=True)
-class RMSources(SupervisedSources):
+class RMSources(Sources):
     center_dataset: str | None = None
     """Completions ({prompt, completion} rows, e.g. the SFT data) whose mean score becomes the reward's zero; None: the training completions."""
 
@@ -48,7 +44,7 @@ class RLSources(Sources):
 
 
 @dataclass(frozen=True)
-class SFTJob(SFTConfig, SupervisedSources):
+class SFTJob(SFTConfig, Sources):
     """Supervised fine-tuning on demonstrations."""
 
 

@@ -21,6 +21,7 @@ PLOT_GROUPS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("entropy", "Policy entropy", ("policy/entropy",), None),
     ("clip_frac", "Clip fraction", ("policy/clip_frac",), None),
     ("critic_loss", "Critic loss", ("critic/loss",), None),
+    ("eval_score", "Held-out score (greedy)", ("eval/score_mean",), None),
     ("response_length", "Response length (tokens)", ("rollout/response_length_mean",), None),
     ("loss", "Loss", ("sft/loss", "rm/loss", "eval/loss"), None),
     ("rm_accuracy", "Reward-model accuracy", ("rm/accuracy", "eval/accuracy"), None),

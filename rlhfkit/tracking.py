@@ -51,7 +51,7 @@ class MetricsLogger:
                 self.bar.close()
         elif self.log_every and (step % self.log_every == 0 or step == total_steps):
             elapsed = time.perf_counter() - self.start
-            shown = [self.main_metric, "kl/k1", "policy/entropy", "rollout/response_length_mean"]
+            shown = [self.main_metric, "kl/k1", "policy/entropy", "rollout/response_length_mean", "eval/score_mean"]
             parts = " ".join(f"{k.split('/')[-1]}={row[k]:.3f}" for k in shown if k in row)
             eta = elapsed / max(1, len(self.history)) * (total_steps - step)
             print(f"step {step}/{total_steps} {parts} ({elapsed:.0f}s, eta {eta:.0f}s)", flush=True)

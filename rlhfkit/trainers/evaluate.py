@@ -32,7 +32,7 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     rewards = build_rewards(reward_funcs, reward_weights, tokenizer, next(policy.parameters()).device)
     prompt_ids = tokenize_prompts(rows, tokenizer, None)
     with _eval_mode(policy, ref):
-        return _evaluate(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt,
+        return run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt,
                          sampling or SamplingParams(), batch_size)
 
 
@@ -50,7 +50,9 @@ def _eval_mode(*models):
             m.train(mode)
 
 
-def _evaluate(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size) -> dict:
+def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size) -> dict:
+    """``evaluate_policy`` on models, reward sources and tokenized prompts already set up (the RL
+    trainer's periodic evaluation calls it with its live policy)."""
     engine = HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
     per_source: dict[str, list] = {}
     totals, kls, lengths, truncated, samples = [], [], [], [], []

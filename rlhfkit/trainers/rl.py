@@ -25,6 +25,7 @@ from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, save_checkpoint
 from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
+from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
 from .rl_setup import build_models, build_rewards, tokenize_prompts
 
@@ -50,15 +51,18 @@ class RLTrainer:
     registered functions, or reward-model directories; ``train_dataset``: a ``datasets.Dataset``,
     a list of dicts or a JSONL path with a ``prompt`` column (text or chat messages);
     ``peft_config``: a ``peft`` config to train a LoRA adapter (the reference is then the base model
-    with the adapter disabled — no second copy).
+    with the adapter disabled — no second copy); ``eval_dataset``: held-out prompts (same format)
+    evaluated with greedy decoding before the first step, every ``eval_every`` steps and after the
+    last (``evaluate``).
     """
 
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
-                 processing_class=None, reward_weights=None, peft_config=None, ref_model=None):
+                 processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None):
         self.args = args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_dataset = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
+        self.eval_rows = load_prompt_dataset(eval_dataset, name="eval dataset") if eval_dataset is not None else None
         prepare_run_dir(args.output_dir, args.overwrite, resume_from=args.resume_from, config=args)
         seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
@@ -66,6 +70,8 @@ class RLTrainer:
         self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.m.device)
         self.rows, self.prompt_ids = train_dataset, tokenize_prompts(train_dataset, self.tokenizer,
                                                                      args.max_prompt_length)
+        self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, args.max_prompt_length)
+                                if self.eval_rows is not None else None)
         self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
                               args.share_prompt)
         self.sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
@@ -82,6 +88,8 @@ class RLTrainer:
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
         args = self.args
+        if self.eval_rows is not None and self.step == 0:
+            self.logger.log(0, self.evaluate(), args.max_steps)
         while self.step < args.max_steps:
             timings: dict[str, float] = {}
             with _timer(timings, "generate"):
@@ -96,6 +104,8 @@ class RLTrainer:
             with _timer(timings, "update"):
                 metrics.update(self._update(exp))                                  # 6
             self.step += 1
+            if self._eval_due():
+                metrics.update(self.evaluate())
             self._log(metrics, exp, timings)                                       # 7
             if args.output_dir and args.save_steps and self.step % args.save_steps == 0:
                 self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
@@ -103,6 +113,21 @@ class RLTrainer:
             self.save_model(Path(args.output_dir) / "final")
             finish_run(args.output_dir)
         return self.logger.history
+
+    def evaluate(self) -> dict:
+        """Greedy completions of the eval prompts scored by the training reward sources:
+        ``eval/<source>_mean``, ``eval/score_mean``, length and truncation (as ``rlhfkit eval``)."""
+        if self.eval_rows is None:
+            raise ValueError("evaluate() needs an eval_dataset")
+        args = self.args
+        sampling = SamplingParams(args.eval_max_new_tokens or args.max_new_tokens, greedy=True)
+        with self.m.autocast():
+            return run_evaluation(self.m.policy, None, self.tokenizer, self.rewards, self.eval_rows,
+                                  self.eval_prompt_ids, 1, sampling, batch_size=64)["metrics"]
+
+    def _eval_due(self) -> bool:
+        every = self.args.eval_every
+        return self.eval_rows is not None and ((every and self.step % every == 0) or self.step == self.args.max_steps)
 
     def _sample_prompts(self) -> list[int]:
         """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle."""

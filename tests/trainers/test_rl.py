@@ -188,3 +188,27 @@ def test_sharing_the_prompt_pass_trains_the_same_weights(algorithm):
     assert [r["reward/mean"] for r in histories[0]] == pytest.approx([r["reward/mean"] for r in histories[1]])
     for (name, a), (_, b) in zip(runs[0].m.policy.named_parameters(), runs[1].m.policy.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_eval_dataset_is_evaluated_before_every_eval_every_steps_and_after_the_last(tmp_path):
+    """Greedy evaluation on held-out prompts logs eval/* at steps 0, 2, 4 and 5 (the last), and
+    does not change training (greedy decoding draws no random numbers)."""
+    plain = make_trainer("grpo", max_steps=5)
+    plain_history = plain.train()
+    args = plain.args.replace(eval_every=2, eval_max_new_tokens=4, output_dir=str(tmp_path))
+    trainer = RLTrainer(tiny_causal_lm(char_tokenizer(), seed=0), [fraction_of_a], args, train_dataset=PROMPTS,
+                        eval_dataset=PROMPTS[:3], processing_class=char_tokenizer())
+    history = trainer.train()
+    evals = [r for r in history if "eval/score_mean" in r]
+    assert [r["step"] for r in evals] == [0, 2, 4, 5]
+    assert all(0 <= r["eval/fraction_of_a_mean"] <= 1 and r["eval/response_length_mean"] <= 4 for r in evals)
+    train_rows = [r for r in history if r["step"] > 0]
+    assert [r["reward/mean"] for r in train_rows] == pytest.approx([r["reward/mean"] for r in plain_history])
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0]["step"] == 0 and "eval/score_mean" in logged[0]
+
+
+def test_eval_dataset_errors_name_it():
+    with pytest.raises(ValueError, match="eval dataset"):
+        RLTrainer(tiny_causal_lm(char_tokenizer(), seed=0), [fraction_of_a], RLConfig(max_steps=1),
+                  train_dataset=PROMPTS, eval_dataset=[{"no_prompt": 1}], processing_class=char_tokenizer())

@@ -150,6 +150,8 @@ class RunConfig:
     """Run directory (metrics.jsonl, checkpoints, final model); None: nothing is written."""
     save_steps: int = 0
     """Write a checkpoint every this many steps (0: only the final model)."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
     resume_from: str | None = None
     """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position)."""
     log_every: int = 1
@@ -218,6 +220,7 @@ def _validate(c: RLConfig) -> None:
         (c.num_iterations >= 1, "num_iterations", ">= 1"),
         (c.max_steps >= 0, "max_steps", ">= 0"),
         (c.eval_every >= 0, "eval_every", ">= 0"),
+        (c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit", "None or >= 1"),
         (c.eval_max_new_tokens is None or c.eval_max_new_tokens >= 1, "eval_max_new_tokens", "None or >= 1"),
         (c.learning_rate > 0, "learning_rate", "> 0"),
         (c.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "'constant', 'linear' or 'cosine'"),

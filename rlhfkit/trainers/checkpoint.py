@@ -71,3 +71,18 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return json.loads((path / STATE_FILE).read_text())
+
+
+def prune_checkpoints(output_dir, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` ``checkpoint-<step>`` directories this trainer wrote in
+    ``output_dir`` (those holding a ``STATE_FILE``); anything else is left alone. Returns
+    the deleted paths."""
+    import shutil
+
+    ours = [p for p in Path(output_dir).glob("checkpoint-*")
+            if p.name.split("-", 1)[1].isdigit() and (p / STATE_FILE).is_file()]
+    ours.sort(key=lambda p: int(p.name.split("-", 1)[1]))
+    doomed = ours[: max(0, len(ours) - keep)]
+    for path in doomed:
+        shutil.rmtree(path)
+    return doomed

@@ -23,7 +23,7 @@ from ..algorithms import (
 from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
@@ -109,6 +109,8 @@ class RLTrainer:
             self._log(metrics, exp, timings)                                       # 7
             if args.output_dir and args.save_steps and self.step % args.save_steps == 0:
                 self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
+                if args.save_total_limit:
+                    prune_checkpoints(args.output_dir, args.save_total_limit)
         if args.output_dir:
             self.save_model(Path(args.output_dir) / "final")
             finish_run(args.output_dir)

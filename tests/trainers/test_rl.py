@@ -212,3 +212,16 @@ def test_eval_dataset_errors_name_it():
     with pytest.raises(ValueError, match="eval dataset"):
         RLTrainer(tiny_causal_lm(char_tokenizer(), seed=0), [fraction_of_a], RLConfig(max_steps=1),
                   train_dataset=PROMPTS, eval_dataset=[{"no_prompt": 1}], processing_class=char_tokenizer())
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints_only(tmp_path):
+    (tmp_path / "checkpoint-0").mkdir(parents=True)  # not written by a trainer (no state file): kept
+    (tmp_path / "checkpoint-0" / "notes.txt").write_text("mine")
+    make_trainer("grpo", tmp_path, max_steps=4, save_steps=1, save_total_limit=2, overwrite=True).train()
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-0", "checkpoint-3", "checkpoint-4"]
+    assert (tmp_path / "checkpoint-0" / "notes.txt").read_text() == "mine"
+
+
+def test_save_total_limit_must_be_positive():
+    with pytest.raises(ValueError, match="save_total_limit"):
+        RLConfig(save_total_limit=0)

@@ -26,36 +26,50 @@ def _train(job_cls, args, run) -> int:
     if args.overwrite:
         overrides.append("overwrite=true")
     job = load_config(job_cls, args.config, overrides)
-    run(job)
+    trainer = run(job)
+    _record_job(job)
+    trainer.train()
     return 0
 
 
-def _run_sft(job) -> None:
+def _record_job(job) -> None:
+    """The run directory's config record gets the whole job — the trainer config plus the model,
+    data and reward sources — so ``rlhfkit <command> --config <run>/config.yaml output_dir=...``
+    repeats the run."""
+    from .config_io import save_config
+    from .tracking import run_config_path
+
+    if job.output_dir:
+        save_config(job, run_config_path(job.output_dir, getattr(job, "resume_from", None)))
+
+
+def _run_sft(job):
     from .jobs import require, trainer_config
     from .trainers import SFTConfig, SFTTrainer
 
     require(job, "model", "train_dataset")
-    SFTTrainer(job.model, trainer_config(job, SFTConfig), job.train_dataset, job.eval_dataset).train()
+    return SFTTrainer(job.model, trainer_config(job, SFTConfig), job.train_dataset, job.eval_dataset)
 
 
-def _run_rm(job) -> None:
+def _run_rm(job):
     from .jobs import require, trainer_config
     from .trainers import RewardModelConfig, RewardModelTrainer
 
     require(job, "model", "train_dataset")
-    RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), job.train_dataset, job.eval_dataset,
-                       center_dataset=job.center_dataset).train()
+    return RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), job.train_dataset,
+                              job.eval_dataset, center_dataset=job.center_dataset)
 
 
-def _run_rl(job) -> None:
+def _run_rl(job):
     from .config import RLConfig
     from .jobs import lora_config, require, trainer_config
     from .trainers import RLTrainer
 
     require(job, "model", "train_dataset", "reward_funcs")
-    RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
-              eval_dataset=job.eval_dataset, reward_weights=list(job.reward_weights) if job.reward_weights else None,
-              peft_config=lora_config(job), ref_model=job.ref_model).train()
+    return RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
+                     eval_dataset=job.eval_dataset,
+                     reward_weights=list(job.reward_weights) if job.reward_weights else None,
+                     peft_config=lora_config(job), ref_model=job.ref_model)
 
 
 def _eval(args) -> int:

@@ -75,7 +75,7 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
         raise ValueError(f"output_dir {str(path)!r} exists and is not a directory")
-    resuming = resume_from is not None and path.resolve() in Path(resume_from).resolve().parents
+    resuming = _resuming_inside(path, resume_from)
     if path.exists() and any(path.iterdir()) and not (overwrite or resuming):
         hint = (f" (resume_from={resume_from!r} is not inside it)" if resume_from else "")
         raise ValueError(f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
@@ -91,9 +91,20 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
     if config is not None:
         from .config_io import save_config
 
-        name = f"config-resume-{Path(resume_from).name}.yaml" if resuming else "config.yaml"
-        save_config(config, path / name)
+        save_config(config, run_config_path(path, resume_from))
     return path
+
+
+def _resuming_inside(output_dir: Path, resume_from: str | None) -> bool:
+    return resume_from is not None and Path(output_dir).resolve() in Path(resume_from).resolve().parents
+
+
+def run_config_path(output_dir, resume_from: str | None = None) -> Path:
+    """Where a run records its config: ``config.yaml``, or ``config-resume-<checkpoint>.yaml`` for a
+    run resumed from one of its own checkpoints (the first run's record is kept)."""
+    path = Path(output_dir)
+    return path / (f"config-resume-{Path(resume_from).name}.yaml" if _resuming_inside(path, resume_from)
+                   else "config.yaml")
 
 
 def finish_run(output_dir: str | None) -> None:

@@ -4,6 +4,7 @@ import json
 import time
 
 import pytest
+import torch
 
 from rlhfkit.cli import main
 from rlhfkit.quickstart import run_quickstart
@@ -105,3 +106,21 @@ def test_full_quickstart_improves_the_oracle_score_within_five_minutes(tmp_path)
     start = time.perf_counter()
     assert main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--quiet"]) == 0
     assert time.perf_counter() - start < 300
+
+
+def test_a_run_records_its_whole_job_and_its_config_repeats_it(shift_files, capsys):
+    """config.yaml holds the sources too (model, data, rewards), so `--config <run>/config.yaml`
+    repeats the run; the repeat trains the same policy."""
+    import yaml
+    from safetensors.torch import load_file
+
+    args = ["rl", f"model={shift_files / 'model'}", f"train_dataset={shift_files / 'prompts.jsonl'}",
+            "reward_funcs=[shift_oracle]", "algorithm=grpo", "max_steps=2", "max_new_tokens=4",
+            "prompts_per_step=2", "output_dir=runs/first", "--quiet"]
+    assert main(args) == 0, capsys.readouterr().err
+    recorded = yaml.safe_load(open("runs/first/config.yaml"))
+    assert recorded["model"] == str(shift_files / "model") and recorded["reward_funcs"] == ["shift_oracle"]
+    assert recorded["algorithm"] == "grpo" and recorded["max_steps"] == 2
+    assert main(["rl", "--config", "runs/first/config.yaml", "output_dir=runs/again", "--quiet"]) == 0
+    first, again = (load_file(f"runs/{name}/final/model.safetensors") for name in ("first", "again"))
+    assert all(torch.equal(first[k], again[k]) for k in first)

@@ -73,13 +73,17 @@ def _run_rl(job):
 
 
 def _eval(args) -> int:
+    from .data import load_prompt_dataset
+    from .jobs import checkpoint_policy
     from .rollout import SamplingParams
     from .trainers.evaluate import evaluate_policy
 
     if not args.reward:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
     sampling = SamplingParams(args.max_new_tokens, args.temperature, greedy=args.greedy)
-    result = evaluate_policy(args.model, args.reward, args.dataset, reference=args.reference,
+    load_prompt_dataset(args.dataset, name="eval dataset")  # data errors before any model is loaded
+    model, tokenizer = checkpoint_policy(args.model) or (args.model, None)
+    result = evaluate_policy(model, args.reward, args.dataset, tokenizer=tokenizer, reference=args.reference,
                              samples_per_prompt=args.samples, sampling=sampling, batch_size=args.batch_size)
     for key, value in result["metrics"].items():
         print(f"{key:<32} {value:10.4f}")
@@ -161,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("-h", "--help", action="store_true")
         t.set_defaults(func=None, job=job)
     e = sub.add_parser("eval", help="score a policy on a prompt set with reward functions / reward models")
-    e.add_argument("--model", required=True, help="policy directory")
+    e.add_argument("--model", required=True,
+                   help="policy: a model directory, .gguf file, package:NAME/file, or an `rlhfkit rl` checkpoint-N directory")
     e.add_argument("--dataset", required=True, help="prompts file (.jsonl/.json/.parquet, 'prompt' column)")
     e.add_argument("--reward", action="append", default=[], help="reward source (repeatable)")
     e.add_argument("--reference", help="reference model directory: report the KL to it")

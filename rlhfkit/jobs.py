@@ -78,3 +78,38 @@ def lora_config(job: RLJob):
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
     return LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, target_modules=targets, lora_dropout=0.0,
                       task_type="CAUSAL_LM")
+
+
+def checkpoint_policy(path):
+    """The policy saved in an ``rlhfkit rl`` checkpoint (``<run>/checkpoint-N/``), as a merged causal
+    LM, with the base model's source for the tokenizer — or None when ``path`` is not such a
+    checkpoint. The run's ``config.yaml`` names the base model and the LoRA settings; the
+    checkpoint holds the trained weights (all of them, or the adapter's)."""
+    from pathlib import Path
+
+    from .config_io import load_config
+    from .trainers.checkpoint import STATE_FILE, load_trainable_state
+
+    path = Path(path)
+    if not (path.is_dir() and (path / STATE_FILE).is_file() and (path / "policy.safetensors").is_file()):
+        return None
+    record = path.parent / "config.yaml"
+    job = load_config(RLJob, str(record)) if record.is_file() else None
+    if job is None or not job.model:
+        raise ValueError(f"checkpoint {path}: {record} does not name the run's model (a run started from "
+                         "Python records only its trainer config); load the base model and apply "
+                         "policy.safetensors, or evaluate the run's final/ directory")
+    from safetensors.torch import load_file
+
+    from .models import load_causal_lm
+
+    model = load_causal_lm(job.model, job.dtype)
+    peft = lora_config(job)
+    if peft is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft)
+    load_trainable_state(model, load_file(str(path / "policy.safetensors")), str(path))
+    if peft is not None:
+        model = model.merge_and_unload()
+    return model, job.model

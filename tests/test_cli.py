@@ -124,3 +124,35 @@ def test_a_run_records_its_whole_job_and_its_config_repeats_it(shift_files, caps
     assert main(["rl", "--config", "runs/first/config.yaml", "output_dir=runs/again", "--quiet"]) == 0
     first, again = (load_file(f"runs/{name}/final/model.safetensors") for name in ("first", "again"))
     assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_eval_accepts_an_rl_checkpoint_directory(shift_files, capsys, lora):
+    """`rlhfkit eval --model <run>/checkpoint-N` rebuilds the policy from the run's config (base model,
+    LoRA settings) and the checkpoint's weights: at the last step it scores exactly like final/."""
+    extra = ["lora_r=4"] if lora else []
+    assert main(["rl", f"model={shift_files / 'model'}", f"train_dataset={shift_files / 'prompts.jsonl'}",
+                 "reward_funcs=[shift_oracle]", "algorithm=grpo", "max_steps=2", "save_steps=2", "max_new_tokens=4",
+                 "prompts_per_step=2", "learning_rate=0.01", "output_dir=runs/r", *extra, "--quiet"]) == 0
+    scores = {}
+    for name in ("checkpoint-2", "final"):
+        assert main(["eval", "--model", f"runs/r/{name}", "--dataset", str(shift_files / "eval_prompts.jsonl"),
+                     "--reward", "shift_oracle", "--greedy", "--max-new-tokens", "4", "--output", f"{name}.json",
+                     "--reference", str(shift_files / "model")]) == 0
+        scores[name] = json.load(open(f"{name}.json"))
+    assert abs(scores["final"]["metrics"]["eval/kl_to_reference"]) > 1e-4  # trained away from the base model
+    assert scores["checkpoint-2"]["metrics"] == pytest.approx(scores["final"]["metrics"])
+    assert [s["completion"] for s in scores["checkpoint-2"]["samples"]] == \
+        [s["completion"] for s in scores["final"]["samples"]]
+
+
+def test_eval_of_a_checkpoint_without_a_recorded_model_is_one_line(tmp_path, shift_files, capsys):
+    ckpt = tmp_path / "run" / "checkpoint-1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    (ckpt / "policy.safetensors").write_bytes(b"")
+    (tmp_path / "run" / "config.yaml").write_text("algorithm: grpo\n")
+    assert main(["eval", "--model", str(ckpt), "--dataset", str(shift_files / "eval_prompts.jsonl"),
+                 "--reward", "shift_oracle"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "checkpoint-1" in err and "model" in err and len(err.splitlines()) == 1

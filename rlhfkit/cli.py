@@ -80,7 +80,8 @@ def _eval(args) -> int:
 
     if not args.reward:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
-    sampling = SamplingParams(args.max_new_tokens, args.temperature, greedy=args.greedy)
+    given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None}, greedy=args.greedy)
     load_prompt_dataset(args.dataset, name="eval dataset")  # data errors before any model is loaded
     model, tokenizer = checkpoint_policy(args.model) or (args.model, None)
     result = evaluate_policy(model, args.reward, args.dataset, tokenizer=tokenizer, reference=args.reference,
@@ -171,8 +172,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--reward", action="append", default=[], help="reward source (repeatable)")
     e.add_argument("--reference", help="reference model directory: report the KL to it")
     e.add_argument("--samples", type=int, default=1, help="completions per prompt")
-    e.add_argument("--max-new-tokens", type=int, default=32)
-    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-new-tokens", type=int, help="response length limit (default: RL's max_new_tokens default)")
+    e.add_argument("--temperature", type=float, help="sampling temperature (default: RL's, 1.0)")
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     e.add_argument("--batch-size", type=int, default=64, help="completions generated at once (default 64)")
     e.add_argument("--output", help="write metrics and samples to this JSON file")

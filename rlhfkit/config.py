@@ -1,13 +1,90 @@
 """Configuration: dataclasses split by concern, each field documented right under it (that
 docstring is the only source of help text). ``RLConfig`` joins them into one flat object, as
-TRL's ``GRPOConfig`` is, and fills fields left at ``None`` from the chosen algorithm's preset.
-Configs are frozen: nothing changes them at run time.
+TRL's ``GRPOConfig`` is, and fills the algorithm fields the user left unset from the chosen
+algorithm's preset. Configs are frozen: nothing changes them at run time.
+
+Every numeric field has its allowed range in ``RANGES`` and every fixed list of choices is named
+once (``DTYPES``, ``SCHEDULERS``, ...): ``check_ranges`` enforces both at construction, for every
+config class, with a one-line error naming the config, the field, the value and the range.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16")
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+SCHEDULERS = ("constant", "linear", "cosine")
+CRITICS = ("separate", "shared")
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+
+# Allowed values of every numeric field of every config, by field name (one meaning per name
+# across configs). Notation: "(a, b)" open, "[a, b]" closed, "> a", ">= a", "finite"; "or None"
+# admits None. tests/test_config.py checks that every numeric field of every config is listed.
+RANGES: dict[str, str] = {
+    # rollout
+    "prompts_per_step": ">= 1", "group_size": ">= 1", "max_new_tokens": ">= 1",
+    "max_prompt_length": ">= 1 or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
+    # algorithm
+    "loss_horizon": ">= 1 or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
+    "clip_low": "(0, 1)", "clip_high": "> 0", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
+    "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": ">= 1",
+    "missing_eos_penalty": "finite or None", "reward_clip": "> 0 or None",
+    # optimisation
+    "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
+    "max_grad_norm": "> 0 or None", "warmup_steps": ">= 0", "mini_batch_size": ">= 1 or None",
+    "micro_batch_size": ">= 1 or None", "grad_accumulation": ">= 1",
+    # run
+    "max_steps": ">= 0 or None", "seed": ">= 0", "save_steps": ">= 0", "save_total_limit": ">= 1 or None",
+    "log_every": ">= 0", "num_logged_samples": ">= 0", "eval_every": ">= 0", "eval_max_new_tokens": ">= 1 or None",
+    # supervised trainers
+    "num_epochs": "> 0", "batch_size": ">= 1", "max_length": ">= 2",
+    # command-line sources
+    "lora_r": ">= 0", "lora_alpha": "> 0",
+}
+
+
+def in_range(value, spec: str, integer: bool = False) -> bool:
+    """Whether ``value`` satisfies a ``RANGES`` spec (a bool is not a number; ``integer``: a whole
+    number is required)."""
+    text, none_ok = (spec[: -len(" or None")], True) if spec.endswith(" or None") else (spec, False)
+    if value is None:
+        return none_ok
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return False
+    if integer and not isinstance(value, int):
+        return False
+    if text == "finite":
+        return math.isfinite(value)
+    if text[0] in "([":
+        low, high = (float(x) for x in text[1:-1].split(","))
+        above = value > low if text[0] == "(" else value >= low
+        below = value < high if text[-1] == ")" else value <= high
+        return above and below
+    op, bound = text.split()
+    return value >= float(bound) if op == ">=" else value > float(bound)
+
+
+def check_ranges(config) -> None:
+    """Check every field of ``config`` listed in ``RANGES`` against its range and its annotation
+    (None only where the annotation admits it, whole numbers for ``int`` fields); the first
+    failure is raised as one line naming the config, the field, the value and the range."""
+    for f in dataclasses.fields(config):
+        spec = RANGES.get(f.name)
+        if spec is None or not f.init:
+            continue
+        annotation = str(f.type).replace(" ", "")
+        if "None" not in annotation:
+            spec = spec.removesuffix(" or None")
+        integer = annotation.removesuffix("|None") == "int"
+        value = getattr(config, f.name)
+        if not in_range(value, spec, integer):
+            expected = f"in {spec}" if spec[0] in "([" else spec
+            kind = "an integer " if integer else ""
+            raise ValueError(f"{type(config).__name__}: config field {f.name!r} must be {kind}{expected}, "
+                             f"got {value!r}")
 
 
 # The algorithms of DESIGN.md are presets of one config — never branches in the loop.
@@ -27,13 +104,18 @@ PRESETS: dict[str, dict] = {
     "rloo": dict(use_critic=False, advantage_estimator="rloo", policy_loss="vanilla",
                  loss_agg="seq-mean-token-sum", kl_in_reward=True, kl_estimator="k1", kl_coef=0.05,
                  whiten_advantages=False, group_size=4, num_iterations=1),
+    # REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level k1 KL in the reward, discounted returns
+    # whitened over the batch (the estimator does it), PPO's clipped surrogate, no critic, no groups.
+    "reinforce_plus_plus": dict(use_critic=False, advantage_estimator="reinforce_plus_plus", policy_loss="ppo_clip",
+                                loss_agg="token-mean", kl_in_reward=True, kl_estimator="k1", kl_coef=0.01,
+                                whiten_advantages=False, group_size=1, num_iterations=1),
 }
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     dtype: str = "float32"
-    """Weights dtype: float32, bfloat16 or float16. bfloat16 halves memory; float32 is the safe CPU default."""
+    """Weights dtype: float32, bfloat16 or float16 (DTYPES). bfloat16 halves memory; float32 is the safe CPU default."""
     critic: str = "separate"
     """PPO critic: 'separate' (its own copy of the backbone, as in the reference) or 'shared' (a value head on the policy's backbone: less memory)."""
     device: str = "auto"
@@ -69,7 +151,7 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class AlgorithmConfig:
     algorithm: str = "grpo"
-    """Preset: ppo, grpo, dr_grpo, reinforce or rloo. Any field below left at None takes the preset's value."""
+    """Preset: ppo, grpo, dr_grpo, reinforce, reinforce_plus_plus or rloo. Every field below that defaults to None takes the preset's value unless you set it: a value you set always wins, also when `replace(algorithm=...)` switches presets."""
     advantage_estimator: str | None = None
     """Name in ADVANTAGE_ESTIMATORS: gae, group, group_no_std, rloo, reinforce, reinforce_plus_plus."""
     policy_loss: str | None = None
@@ -83,7 +165,7 @@ class AlgorithmConfig:
     kl_coef: float | None = None
     """β of the KL penalty to the reference policy; 0 turns the reference off entirely."""
     kl_estimator: str | None = None
-    """k1, k2, k3 or abs (Schulman 2020). PPO puts k1 in the reward; GRPO puts k3 in the loss."""
+    """k1, k2, k3 or abs (Schulman 2020). In the reward (kl_in_reward) any of them works: PPO and RLOO put k1 there. In the loss only k2 and k3 work, because only their gradients follow a divergence: k2's gradient is that of KL(π‖ref), k3's (GRPO's choice) that of KL(ref‖π); k1's gradient is zero in expectation (the penalty would do nothing) and abs's follows no divergence, so both are refused there."""
     kl_in_reward: bool | None = None
     """True: -β·KL is added to every token's reward. False: β·KL is added to the loss (GRPO)."""
     adaptive_kl: bool = False
@@ -121,19 +203,41 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True)
-class OptimConfig:
+class OptimBase:
+    """Optimiser fields every trainer shares."""
+
     learning_rate: float = 1e-5
-    """AdamW learning rate of the policy."""
-    critic_learning_rate: float | None = None
-    """AdamW learning rate of the critic; None: learning_rate."""
+    """AdamW peak learning rate (of the policy, in RL)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW decoupled weight decay on every trainable parameter (norms and biases too)."""
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this; None: off."""
     warmup_steps: int = 0
     """Linear learning-rate warmup, in optimizer steps."""
     lr_scheduler: str = "constant"
-    """constant, linear or cosine decay to 0 (after warmup)."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+
+
+@dataclass(frozen=True)
+class RunBase:
+    """Run fields every trainer shares."""
+
+    seed: int = 0
+    """Seed of torch, numpy and Python's random, and of the data order."""
+    output_dir: str | None = None
+    """Run directory (config.yaml, metrics.jsonl, plots/, checkpoints, final/); None: nothing is written."""
+    log_every: int = 1
+    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
+    progress_bar: bool = True
+    """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
+    overwrite: bool = False
+    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
+
+
+@dataclass(frozen=True)
+class OptimConfig(OptimBase):
+    critic_learning_rate: float | None = None
+    """AdamW learning rate of the critic; None: learning_rate."""
     mini_batch_size: int | None = None
     """Rows per optimizer step; None: the whole batch (one step per pass)."""
     micro_batch_size: int | None = None
@@ -141,25 +245,15 @@ class OptimConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(RunBase):
     max_steps: int = 100
     """RL steps (each: generate, score, update)."""
-    seed: int = 0
-    """Seed of torch, numpy and Python's random, and of the prompt order."""
-    output_dir: str | None = None
-    """Run directory (metrics.jsonl, checkpoints, final model); None: nothing is written."""
     save_steps: int = 0
     """Write a checkpoint every this many steps (0: only the final model)."""
     save_total_limit: int | None = None
     """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
     resume_from: str | None = None
     """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position)."""
-    log_every: int = 1
-    """Print a progress line every this many steps (0: silent)."""
-    progress_bar: bool = True
-    """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
-    overwrite: bool = False
-    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
     num_logged_samples: int = 4
     """Completions written to samples.jsonl (for the report) at each of ~10 evenly spaced steps."""
     eval_every: int = 0
@@ -170,14 +264,22 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, RolloutConfig, ModelConfig):
-    """Everything an RL run reads. ``RLConfig(algorithm="rloo", kl_coef=0.1)``."""
+    """Everything an RL run reads. ``RLConfig(algorithm="rloo", kl_coef=0.1)``.
+
+    The preset rule: a preset's values are defaults. A preset field you leave unset (None) takes
+    the preset's value; a value you set always wins — at construction and when ``replace`` switches
+    ``algorithm`` (only the fields the old preset filled are refilled by the new one)."""
 
     def __post_init__(self):
         if self.algorithm not in PRESETS:
             raise ValueError(f"algorithm must be one of {', '.join(PRESETS)}, got {self.algorithm!r}")
+        filled = []
         for key, value in PRESETS[self.algorithm].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
+                filled.append(key)
+        # Not a dataclass field: which values came from the preset (the rest the user set).
+        object.__setattr__(self, "preset_filled", frozenset(filled))
         _validate(self)
 
     @property
@@ -185,108 +287,71 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, RolloutConfig, ModelConf
         return self.prompts_per_step * self.group_size
 
     def replace(self, **changes) -> "RLConfig":
-        """A copy with ``changes``. Switching ``algorithm`` also resets the fields that still hold the
-        old preset's values, so the new preset fills them (not the old algorithm's settings)."""
-        new_algorithm = changes.get("algorithm", self.algorithm)
-        if new_algorithm != self.algorithm and new_algorithm in PRESETS:
-            for key, value in PRESETS[self.algorithm].items():
-                if key not in changes and getattr(self, key) == value:
-                    changes[key] = None
+        """A copy with ``changes``. Fields the preset filled are refilled by the (new) preset; fields
+        the user set keep their values unless ``changes`` names them."""
+        for key in self.preset_filled:
+            changes.setdefault(key, None)
         return dataclasses.replace(self, **changes)
 
 
 def _validate(c: RLConfig) -> None:
     from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
-    ADVANTAGE_ESTIMATORS.get(c.advantage_estimator)
+    check_ranges(c)
+    estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
     POLICY_LOSSES.get(c.policy_loss)
-    KL_ESTIMATORS.get(c.kl_estimator)
-    checks = [
+    kl = KL_ESTIMATORS.traits(c.kl_estimator)
+    in_loss = [n for n in KL_ESTIMATORS.names() if KL_ESTIMATORS.traits(n)["loss_gradient"]]
+    check_fields(c, [
         (c.loss_agg in AGGREGATIONS, "loss_agg", f"one of {', '.join(AGGREGATIONS)}"),
-        (c.group_size >= 1, "group_size", ">= 1"),
-        (c.advantage_estimator not in ("group", "group_no_std", "rloo") or c.group_size >= 2, "group_size",
-         f">= 2 for the {c.advantage_estimator!r} estimator"),
-        (c.advantage_estimator != "gae" or c.use_critic, "use_critic", "True for the 'gae' estimator"),
-        (not c.use_critic or c.advantage_estimator in ("gae", "reinforce_plus_plus"), "use_critic",
+        (not estimator["needs_groups"] or c.group_size >= 2, "group_size",
+         f">= 2 for the {c.advantage_estimator!r} estimator (its baseline is the rest of the group)"),
+        (not estimator["needs_values"] or c.use_critic, "use_critic", f"True for the {c.advantage_estimator!r} estimator"),
+        (not c.use_critic or estimator["gives_returns"], "use_critic",
          f"False for the {c.advantage_estimator!r} estimator (it gives the critic no returns to learn)"),
-        (c.max_prompt_length is None or c.max_prompt_length >= 1, "max_prompt_length", ">= 1 or None"),
-        (c.device == "auto" or c.device.split(":")[0] in ("cpu", "cuda", "mps", "xpu"), "device",
+        (c.kl_in_reward or c.kl_coef == 0 or kl["loss_gradient"], "kl_estimator",
+         f"one of {', '.join(in_loss)} when the KL goes into the loss (kl_in_reward=False): the gradient of "
+         f"{c.kl_estimator!r} {kl['why_not_in_loss']}"),
+        (c.device == "auto" or c.device.split(":")[0] in DEVICE_KINDS, "device",
          "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
-        (c.prompts_per_step >= 1, "prompts_per_step", ">= 1"),
-        (c.max_new_tokens >= 1, "max_new_tokens", ">= 1"),
-        (c.temperature > 0, "temperature", "> 0"),
-        (0 < c.top_p <= 1, "top_p", "in (0, 1]"),
-        (c.kl_coef >= 0, "kl_coef", ">= 0"),
-        (c.num_iterations >= 1, "num_iterations", ">= 1"),
-        (c.max_steps >= 0, "max_steps", ">= 0"),
-        (c.eval_every >= 0, "eval_every", ">= 0"),
-        (c.save_total_limit is None or c.save_total_limit >= 1, "save_total_limit", "None or >= 1"),
-        (c.eval_max_new_tokens is None or c.eval_max_new_tokens >= 1, "eval_max_new_tokens", "None or >= 1"),
-        (c.learning_rate > 0, "learning_rate", "> 0"),
-        (c.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "'constant', 'linear' or 'cosine'"),
-        (c.critic in ("separate", "shared"), "critic", "'separate' or 'shared'"),
-        (c.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
-        (c.autocast in (None, "bfloat16", "float16"), "autocast", "None, 'bfloat16' or 'float16'"),
-        (c.mini_batch_size is None or 1 <= c.mini_batch_size <= c.batch_size, "mini_batch_size",
-         f"between 1 and the batch size {c.batch_size}"),
-        (c.micro_batch_size is None or c.micro_batch_size >= 1, "micro_batch_size", ">= 1"),
-    ]
-    check_fields(c, checks)
-
+        (c.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
+        (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
+        (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+        (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
+        (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",
+         f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None"),
+    ])
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Fields shared by the supervised trainers (SFT, reward model); each subclass re-declares the
-    fields whose defaults differ."""
+class TrainConfig(RunBase, OptimBase):
+    """Fields shared by the supervised trainers (SFT, reward model); a subclass re-declares a field
+    only to change its default."""
 
     learning_rate: float = 2e-5
-    """AdamW peak learning rate."""
+    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
+    lr_scheduler: str = "cosine"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+    log_every: int = 10
+    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
     num_epochs: float = 1.0
     """Passes over the training data when max_steps is None (fractions allowed)."""
     max_steps: int | None = None
     """Optimizer steps to run; None: from num_epochs."""
     batch_size: int = 8
-    """Rows per step."""
+    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences)."""
     max_length: int = 1024
-    """Tokens per sequence (prompt + completion + EOS); longer: the prompt's start goes first."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup, in optimizer steps."""
-    lr_scheduler: str = "cosine"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay on every trainable parameter (norms and biases too)."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this; None: off."""
+    """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row length."""
     eval_every: int = 0
     """Evaluate on eval_dataset every this many optimizer steps (0: only after the last step)."""
-    seed: int = 0
-    """Seed of torch, numpy and Python's random and of the per-epoch data order."""
-    output_dir: str | None = None
-    """Run directory (config.yaml, metrics.jsonl, plots/, final/); None: nothing is written."""
-    log_every: int = 10
-    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
     dtype: str = "float32"
-    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16."""
-    progress_bar: bool = True
-    """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
-    overwrite: bool = False
-    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
+    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16 (DTYPES)."""
 
     def __post_init__(self):
+        check_ranges(self)
         check_fields(self, [
-            (self.learning_rate > 0, "learning_rate", "> 0"),
-            (self.num_epochs > 0, "num_epochs", "> 0"),
-            (self.max_steps is None or self.max_steps >= 0, "max_steps", ">= 0 or None"),
-            (self.batch_size >= 1, "batch_size", ">= 1"),
-            (self.max_length >= 2, "max_length", ">= 2"),
-            (self.warmup_steps >= 0, "warmup_steps", ">= 0"),
-            (self.lr_scheduler in ("constant", "linear", "cosine"), "lr_scheduler", "constant, linear or cosine"),
-            (self.weight_decay >= 0, "weight_decay", ">= 0"),
-            (self.max_grad_norm is None or self.max_grad_norm > 0, "max_grad_norm", "> 0 or None"),
-            (self.eval_every >= 0, "eval_every", ">= 0"),
-            (self.log_every >= 0, "log_every", ">= 0"),
-            (self.dtype in ("float32", "bfloat16", "float16"), "dtype", "float32, bfloat16 or float16"),
+            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
+            (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
         ])
 
     def replace(self, **changes):

@@ -51,7 +51,8 @@ def format_help(cls) -> str:
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        title = _defining_class(cls, f.name).__name__.removesuffix("Config") or cls.__name__
+        # OptimBase and OptimConfig are one group, "Optim".
+        title = _defining_class(cls, f.name).__name__.removesuffix("Config").removesuffix("Base") or cls.__name__
         if f.default is not dataclasses.MISSING:
             default = f"default {f.default!r}"
         elif f.default_factory is not dataclasses.MISSING:

@@ -55,7 +55,7 @@ def gae(
 
 
 def group_advantages(
-    scores: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6
+    scores: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6, valid: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Group-relative advantages of GRPO (Shao et al. 2024, arXiv:2402.03300, §4.1.2).
 
@@ -63,47 +63,62 @@ def group_advantages(
     the group (as TRL and verl). ``scale="none"`` is Dr.GRPO (Liu et al. 2025, arXiv:2503.20783):
     ``A_i = r_i - mean_g``, removing the question-difficulty bias of the std division.
 
+    ``valid`` (B,) bool, optional: only valid samples enter their group's mean and std, so the
+    result on valid rows equals that of the batch with the invalid rows removed; invalid rows, and
+    every row of a group with fewer than 2 valid samples (no baseline), get 0.
+
     Args: ``scores`` (B,), B divisible by ``group_size`` ≥ 2. Returns: (B,).
     """
-    grouped = _grouped(scores, group_size)
-    centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale == "std":
-        centred = centred / (grouped.std(dim=1, keepdim=True, unbiased=True) + eps)
-    elif scale != "none":
+    if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
-    return centred.reshape(-1)
+    grouped, ok, n = _grouped_valid(scores, group_size, valid)
+    zero = torch.zeros((), dtype=grouped.dtype, device=grouped.device)
+    mean = torch.where(ok, grouped, zero).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    centred = torch.where(ok, grouped - mean, zero)
+    if scale == "std":
+        std = (centred.square().sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+        centred = centred / (std + eps)
+    return torch.where(n >= 2, centred, zero).reshape(-1)
 
 
-def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
 
-    ``A_i = r_i - (1/(G-1)) Σ_{j≠i} r_j``, which equals ``G/(G-1) (r_i - mean_g)``.
+    ``A_i = r_i - (1/(G-1)) Σ_{j≠i} r_j``, which equals ``G/(G-1) (r_i - mean_g)``. With ``valid``
+    (B,) bool, the sum and G run over the valid samples of the group only; invalid rows, and every
+    row of a group with fewer than 2 valid samples, get 0.
 
     Args: ``scores`` (B,), B divisible by ``group_size`` ≥ 2. Returns: (B,).
     """
-    grouped = _grouped(scores, group_size)
-    baseline = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
-    return (grouped - baseline).reshape(-1)
+    grouped, ok, n = _grouped_valid(scores, group_size, valid)
+    zero = torch.zeros((), dtype=grouped.dtype, device=grouped.device)
+    kept = torch.where(ok, grouped, zero)
+    baseline = (kept.sum(dim=1, keepdim=True) - kept) / (n - 1).clamp(min=1)
+    return torch.where(ok & (n >= 2), grouped - baseline, zero).reshape(-1)
 
 
-def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean") -> torch.Tensor:
+def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean", valid: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE with a baseline (Williams 1992; reference "REINFORCE and RLOO for LLMs").
 
     ``A_i = r_i - b`` where ``b`` is the batch mean (``"batch_mean"``), nothing (``"none"``), or a
-    number / 0-d tensor the caller holds (e.g. a running mean across steps).
+    number / 0-d tensor the caller holds (e.g. a running mean across steps). With ``valid`` (B,)
+    bool, the batch mean runs over the valid samples only and invalid rows get 0.
 
     Args: ``scores`` (B,). Returns: (B,).
     """
     check_tensor("scores", scores, ndim=1)
+    ok = torch.ones_like(scores, dtype=torch.bool) if valid is None else check_mask(valid, scores.shape, "valid")
+    zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
     if isinstance(baseline, str):
         if baseline == "batch_mean":
-            return scores - scores.mean()
-        if baseline == "none":
-            return scores.clone()
-        raise ValueError(f"baseline must be 'batch_mean', 'none' or a number, got {baseline!r}")
-    if isinstance(baseline, torch.Tensor) and baseline.numel() != 1:
+            baseline = masked_mean(scores, ok)
+        elif baseline == "none":
+            baseline = zero
+        else:
+            raise ValueError(f"baseline must be 'batch_mean', 'none' or a number, got {baseline!r}")
+    elif isinstance(baseline, torch.Tensor) and baseline.numel() != 1:
         raise ValueError(f"baseline tensor must hold one number, got shape {tuple(baseline.shape)}")
-    return scores - baseline
+    return torch.where(ok, scores - baseline, zero)
 
 
 def whiten(
@@ -139,7 +154,10 @@ def broadcast_sequence_advantages(advantages: torch.Tensor, response_mask: torch
     return torch.where(mask, advantages[:, None], torch.zeros((), dtype=advantages.dtype, device=advantages.device))
 
 
-def _grouped(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+def _grouped_valid(scores: torch.Tensor, group_size: int, valid: torch.Tensor | None):
+    """``(scores (n_groups, G), valid (n_groups, G) bool, valid count per group (n_groups, 1))``."""
     check_tensor("scores", scores, ndim=1)
     n_groups = check_groups(scores.shape[0], group_size)
-    return scores.reshape(n_groups, group_size)
+    ok = torch.ones_like(scores, dtype=torch.bool) if valid is None else check_mask(valid, scores.shape, "valid")
+    ok = ok.reshape(n_groups, group_size)
+    return scores.reshape(n_groups, group_size), ok, ok.sum(dim=1, keepdim=True).to(scores.dtype)

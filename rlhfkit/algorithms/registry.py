@@ -9,11 +9,26 @@ algorithm's parts by name from the config and never branches on the algorithm.
   clip_low, clip_high, dual_clip) -> (loss, metrics)``.
 - ``KL_ESTIMATORS``: ``f(logprobs, ref_logprobs) -> (B, T)``.
 
+Each entry declares what it needs as *traits* at registration (``register(name, **traits)``, read
+with ``traits(name)``); the config checks read them, so a new estimator is one entry here and
+nothing else names it. Every entry of a registry declares the same trait keys:
+
+- advantage estimators: ``needs_groups`` (a baseline from the other G-1 samples of its prompt:
+  group_size >= 2), ``needs_values`` (values from a critic), ``gives_returns`` (returns a critic
+  can learn from), ``sequence_level`` (one reward per sequence, the bandit formulation);
+- KL estimators: ``loss_gradient`` — the divergence whose gradient the estimator's gradient
+  follows when it is put in the loss (None: it cannot go in the loss), and ``why_not_in_loss``.
+
+Rows whose response mask is empty are absent: an estimator leaves them out of every statistic
+(group mean and std, batch mean, whitening) and gives them advantage 0. The trainer masks out the
+samples no reward function scored this way.
+
 A new algorithm is a preset plus, at most, one new entry here.
 """
 
 from __future__ import annotations
 
+import difflib
 from typing import Callable
 
 import torch
@@ -31,19 +46,35 @@ class Registry:
     ``get`` on a missing name raises a ``KeyError``-free ``ValueError`` listing the valid names.
     """
 
-    def __init__(self, kind: str, positional: tuple[str, ...], keywords: tuple[str, ...] = ()):
-        self.kind, self.positional, self.keywords = kind, positional, keywords
+    def __init__(self, kind: str, positional: tuple[str, ...], keywords: tuple[str, ...] = (),
+                 traits: tuple[str, ...] = ()):
+        self.kind, self.positional, self.keywords, self.trait_names = kind, positional, keywords, traits
         self._entries: dict[str, Callable] = {}
+        self._traits: dict[str, dict] = {}
 
-    def register(self, name: str) -> Callable[[Callable], Callable]:
+    def register(self, name: str, **traits) -> Callable[[Callable], Callable]:
+        """Decorator adding ``fn`` under ``name`` with its ``traits`` (exactly the registry's trait keys)."""
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        if set(traits) != set(self.trait_names):
+            missing, extra = sorted(set(self.trait_names) - set(traits)), sorted(set(traits) - set(self.trait_names))
+            raise ValueError(f"{self.kind} {name!r} must declare the traits {list(self.trait_names)} "
+                             f"(missing {missing}, unknown {extra})")
+
         def decorator(fn: Callable) -> Callable:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._check_signature(name, fn)
             self._entries[name] = fn
+            self._traits[name] = dict(traits)
             return fn
 
         return decorator
+
+    def traits(self, name: str) -> dict:
+        """What the entry ``name`` declared at registration (a copy); unknown names as in ``get``."""
+        self.get(name)
+        return dict(self._traits[name])
 
     def _check_signature(self, name: str, fn: Callable) -> None:
         code = getattr(fn, "__code__", None)
@@ -61,8 +92,8 @@ class Registry:
 
     def get(self, name: str) -> Callable:
         if name not in self._entries:
-            close = sorted((d, n) for n in self._entries if (d := _edit_distance(str(name), n)) <= max(2, len(n) // 3))
-            hint = f" Did you mean {', '.join(repr(n) for _, n in close[:3])}?" if close else ""
+            close = difflib.get_close_matches(str(name), list(self._entries), n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(repr(n) for n in close)}?" if close else ""
             raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}.{hint}")
         return self._entries[name]
 
@@ -73,25 +104,16 @@ class Registry:
         return name in self._entries
 
 
-def _edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions), for "did you mean" hints."""
-    row = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        prev, row[0] = row[0], i
-        for j, cb in enumerate(b, 1):
-            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
-    return row[-1]
-
-
 ADVANTAGE_ESTIMATORS = Registry(
-    "advantage estimator", ("token_rewards", "response_mask"), ("values", "group_size", "gamma", "lam")
+    "advantage estimator", ("token_rewards", "response_mask"), ("values", "group_size", "gamma", "lam"),
+    traits=("needs_groups", "needs_values", "gives_returns", "sequence_level"),
 )
 POLICY_LOSSES = Registry(
     "policy loss",
     ("logprobs", "old_logprobs", "advantages", "response_mask"),
     ("agg", "horizon", "clip_low", "clip_high", "dual_clip"),
 )
-KL_ESTIMATORS = Registry("KL estimator", ("logprobs", "ref_logprobs"))
+KL_ESTIMATORS = Registry("KL estimator", ("logprobs", "ref_logprobs"), traits=("loss_gradient", "why_not_in_loss"))
 
 
 def sequence_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -99,30 +121,40 @@ def sequence_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -
     return masked_sum(token_rewards, check_mask(response_mask, token_rewards.shape), dim=-1)
 
 
-def _bandit(estimate: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable:
-    """Wrap a (B,) → (B,) estimator into the token-level registry signature."""
+def _bandit(estimate: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]) -> Callable:
+    """Wrap a (B,) → (B,) estimator ``estimate(rewards, group_size, valid)`` into the token-level
+    registry signature; ``valid`` marks the rows with a response (an empty row is absent)."""
 
     def estimator(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
-        seq = estimate(sequence_rewards(token_rewards, response_mask), group_size)
-        return adv.broadcast_sequence_advantages(seq, response_mask), None
+        mask = check_mask(response_mask, token_rewards.shape)
+        seq = estimate(sequence_rewards(token_rewards, mask), group_size, mask.any(dim=-1))
+        return adv.broadcast_sequence_advantages(seq, mask), None
 
     return estimator
 
 
-@ADVANTAGE_ESTIMATORS.register("gae")
+_SEQUENCE = dict(needs_values=False, gives_returns=False, sequence_level=True)
+
+
+@ADVANTAGE_ESTIMATORS.register("gae", needs_groups=False, needs_values=True, gives_returns=True, sequence_level=False)
 def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=0.95):
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values from a critic (values=None was given)")
     return adv.gae(token_rewards, values, response_mask, gamma, lam)
 
 
-ADVANTAGE_ESTIMATORS.register("group")(_bandit(lambda r, g: adv.group_advantages(r, g, scale="std")))
-ADVANTAGE_ESTIMATORS.register("group_no_std")(_bandit(lambda r, g: adv.group_advantages(r, g, scale="none")))
-ADVANTAGE_ESTIMATORS.register("rloo")(_bandit(adv.rloo_advantages))
-ADVANTAGE_ESTIMATORS.register("reinforce")(_bandit(lambda r, g: adv.reinforce_advantages(r, "batch_mean")))
+ADVANTAGE_ESTIMATORS.register("group", needs_groups=True, **_SEQUENCE)(
+    _bandit(lambda r, g, valid: adv.group_advantages(r, g, scale="std", valid=valid)))
+ADVANTAGE_ESTIMATORS.register("group_no_std", needs_groups=True, **_SEQUENCE)(
+    _bandit(lambda r, g, valid: adv.group_advantages(r, g, scale="none", valid=valid)))
+ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True, **_SEQUENCE)(
+    _bandit(lambda r, g, valid: adv.rloo_advantages(r, g, valid=valid)))
+ADVANTAGE_ESTIMATORS.register("reinforce", needs_groups=False, **_SEQUENCE)(
+    _bandit(lambda r, g, valid: adv.reinforce_advantages(r, "batch_mean", valid=valid)))
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus")
+@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False, needs_values=False, gives_returns=True,
+                               sequence_level=False)
 def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level discounted returns of the shaped
     rewards, whitened over the whole batch (a global baseline, no critic, no groups)."""
@@ -153,5 +185,16 @@ def _kl_entry(name: str) -> Callable:
     return estimator
 
 
-for _name in ("k1", "k2", "k3", "abs"):
-    KL_ESTIMATORS.register(_name)(_kl_entry(_name))
+# In the loss, the gradient of E_π[k(x)] is taken through the sampled log-probs only (the samples
+# are fixed). With log r = log ref - log π: k1's gradient E_π[∇log π] = 0 (the penalty does
+# nothing); k2's E_π[(log π - log ref) ∇log π] = ∇KL(π‖ref) exactly; k3's
+# E_π[(1 - ref/π) ∇log π] = -Σ ref ∇log π = ∇KL(ref‖π); abs's E_π[sign(log π - log ref) ∇log π]
+# is the gradient of no divergence.
+_KL_TRAITS = {
+    "k1": dict(loss_gradient=None, why_not_in_loss="is zero in expectation, so the penalty would do nothing"),
+    "k2": dict(loss_gradient="KL(π‖ref)", why_not_in_loss=""),
+    "k3": dict(loss_gradient="KL(ref‖π)", why_not_in_loss=""),
+    "abs": dict(loss_gradient=None, why_not_in_loss="follows no divergence"),
+}
+for _name, _traits in _KL_TRAITS.items():
+    KL_ESTIMATORS.register(_name, **_traits)(_kl_entry(_name))

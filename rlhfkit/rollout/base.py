@@ -6,19 +6,36 @@ into the batch layout every other part uses, so a vLLM engine plugs in unchanged
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol, Sequence
 
 import torch
 
+from ..config import RolloutConfig, check_ranges
+
+
+_ROLLOUT_DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_new_tokens: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
+    """What an engine needs to sample: ``RolloutConfig``'s sampling fields (their defaults, ranges
+    and docs are RolloutConfig's; ``from_config`` copies them) plus ``greedy`` decoding."""
+
+    max_new_tokens: int = _ROLLOUT_DEFAULTS["max_new_tokens"]
+    temperature: float = _ROLLOUT_DEFAULTS["temperature"]
+    top_p: float = _ROLLOUT_DEFAULTS["top_p"]
+    top_k: int = _ROLLOUT_DEFAULTS["top_k"]
     greedy: bool = False
+
+    def __post_init__(self):
+        check_ranges(self)
+
+    @classmethod
+    def from_config(cls, config, **changes) -> "SamplingParams":
+        """The sampling fields of an ``RLConfig`` (or any ``RolloutConfig``), with ``changes``."""
+        names = ("max_new_tokens", "temperature", "top_p", "top_k")
+        return cls(**{**{n: getattr(config, n) for n in names}, **changes})
 
 
 @dataclass

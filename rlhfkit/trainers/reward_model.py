@@ -40,13 +40,7 @@ class RewardModelConfig(TrainConfig):
     """Everything a reward-model run reads. ``RewardModelConfig(learning_rate=1e-5, batch_size=8)``."""
 
     learning_rate: float = 1e-5
-    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6)."""
-    num_epochs: float = 1.0
-    """Passes over the pairs when max_steps is None. One: reward models overfit after the first epoch (Ouyang et al. 2022, appendix C.2)."""
-    batch_size: int = 8
-    """Preference pairs per step (each forward pass scores 2 x batch_size sequences)."""
-    max_length: int = 1024
-    """Tokens per sequence (prompt + completion + EOS); prompts are cut from the start, pairs whose completion does not fit are dropped (as TRL does)."""
+    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6). One epoch (the default num_epochs): reward models overfit after the first (Ouyang et al. 2022, appendix C.2)."""
     lr_scheduler: str = "linear"
     """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
     log_every: int = 1

@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from ..algorithms import (
-    ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate,
-    apply_missing_eos_penalty, masked_mean, token_level_rewards, value_loss, whiten,
+    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, value_loss,
 )
 from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
@@ -27,6 +26,7 @@ from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
+from .rl_advantages import compute_advantages, shape_scores
 from .rl_setup import build_models, build_rewards, tokenize_prompts
 
 
@@ -74,7 +74,7 @@ class RLTrainer:
                                 if self.eval_rows is not None else None)
         self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
                               args.share_prompt)
-        self.sampling = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
+        self.sampling = SamplingParams.from_config(args)
         self.optimizer, self.scheduler = self._build_optimizer()
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
@@ -102,7 +102,8 @@ class RLTrainer:
             with _timer(timings, "logprobs"):
                 exp = self._make_experience(rollout, scores, valid, metrics)      # 4, 5
             with _timer(timings, "update"):
-                metrics.update(self._update(exp))                                  # 6
+                if bool(exp.mask.any()):  # a batch no reward function scored teaches nothing: no step
+                    metrics.update(self._update(exp))                              # 6
             self.step += 1
             if self._eval_due():
                 metrics.update(self.evaluate())
@@ -122,7 +123,8 @@ class RLTrainer:
         if self.eval_rows is None:
             raise ValueError("evaluate() needs an eval_dataset")
         args = self.args
-        sampling = SamplingParams(args.eval_max_new_tokens or args.max_new_tokens, greedy=True)
+        sampling = SamplingParams.from_config(args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens,
+                                              greedy=True)
         with self.m.autocast():
             return run_evaluation(self.m.policy, None, self.tokenizer, self.rewards, self.eval_rows,
                                   self.eval_prompt_ids, 1, sampling, batch_size=64)["metrics"]
@@ -151,22 +153,11 @@ class RLTrainer:
         columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
         out = self.rewards([d["prompt"] for d in data], completions, columns)
         metrics = {f"reward/{name}_mean": torch.nanmean(v) for name, v in out.per_function.items()}
-        scores, valid = out.scores.to(rollout.has_eos.device), out.valid.to(rollout.has_eos.device)
-        raw_scores = scores
-        if not bool(valid.all()):  # stand-in: the mean of the group's valid scores (no pull on the baseline)
-            grouped, ok = scores.view(-1, G), valid.view(-1, G)
-            fill = (grouped * ok).sum(1, keepdim=True) / ok.sum(1, keepdim=True).clamp(min=1)
-            scores = torch.where(ok, grouped, fill).reshape(-1)
-        if args.missing_eos_penalty is not None:
-            scores = apply_missing_eos_penalty(scores, rollout.has_eos, args.missing_eos_penalty)
-        if args.reward_clip is not None:
-            scores = scores.clamp(-args.reward_clip, args.reward_clip)
-        metrics["reward/mean"], metrics["reward/std"] = scores.mean(), scores.std() if len(scores) > 1 else scores[0] * 0
-        metrics["reward/valid_frac"] = valid.float().mean()
-        if args.normalize_rewards and len(scores) > 1:
-            scores = whiten(scores)
+        valid = out.valid.to(rollout.has_eos.device)
+        scores, score_metrics = shape_scores(out.scores.to(rollout.has_eos.device), valid, rollout.has_eos, args)
+        metrics.update(score_metrics)
         if self._sample_step():
-            write_samples(args.output_dir, self.step + 1, [d["prompt"] for d in data], completions, raw_scores,
+            write_samples(args.output_dir, self.step + 1, [d["prompt"] for d in data], completions, out.scores,
                           args.num_logged_samples)
         return scores, valid, metrics
 
@@ -184,18 +175,16 @@ class RLTrainer:
         old = self.m.policy_outputs(rollout, with_values=args.use_critic) if need_old else None
         old_logprobs, old_values = (old[0], old[1]) if old else (None, None)
         ref = self.m.reference_logprobs(rollout) if args.kl_coef > 0 else None
+        valid = valid.to(device)
         kl = None
         if ref is not None and old_logprobs is not None:
             kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
-            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)
-            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
-        rewards = token_level_rewards(scores, kl if args.kl_in_reward else None, mask, self.kl_ctl.value)
-        advantages, returns = ADVANTAGE_ESTIMATORS.get(args.advantage_estimator)(
-            rewards, mask, values=old_values, group_size=args.group_size, gamma=args.gamma, lam=args.lam)
-        if args.whiten_advantages:
-            advantages = whiten(advantages, mask)
-        mask = mask & valid.to(device)[:, None]  # unscored samples get no gradient
-        metrics["reward/token_reward_sum"] = (rewards.sum(-1)).mean()
+            scored = mask & valid[:, None]
+            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), scored)
+            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), scored)
+        advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
+                                                                self.kl_ctl.value)
+        metrics["reward/token_reward_sum"] = masked_mean(rewards.sum(-1), valid)
         metrics["policy/advantages_mean"] = masked_mean(advantages, mask)
         return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns)
 

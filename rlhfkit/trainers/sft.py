@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
-from ..config import TrainConfig, check_fields
+from ..config import TrainConfig
 from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 
@@ -33,22 +33,12 @@ from ..tracking import MetricsLogger, finish_run, prepare_run_dir
 class SFTConfig(TrainConfig):
     """Everything an SFT run reads. ``SFTConfig(learning_rate=1e-3, max_steps=40, batch_size=4)``."""
 
-    learning_rate: float = 2e-5
-    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
     num_epochs: float = 3.0
     """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
-    batch_size: int = 8
-    """Rows per forward/backward (an example each, or a packed row of max_length tokens when packing)."""
     grad_accumulation: int = 1
     """Micro-batches per optimizer step; the loss is the mean over all completion tokens of the step."""
-    max_length: int = 1024
-    """Tokens per example (prompt + completion + EOS; longer: the prompt's start goes first, then the completion's end), and the packed row length."""
     packing: bool = False
     """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_fields(self, [(self.grad_accumulation >= 1, "grad_accumulation", ">= 1")])
 
 
 class SFTTrainer:

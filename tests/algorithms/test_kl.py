@@ -184,3 +184,33 @@ def test_adaptive_controller_validation():
         AdaptiveKLController(0.1, target=1.0, horizon=-1)
     with pytest.raises(ValueError, match=r"kl_coef must be >= 0"):
         AdaptiveKLController(-1.0, target=1.0, horizon=1)
+
+
+def test_kl_estimators_in_the_loss_follow_the_documented_gradients():
+    """Exact expectation over a 5-token categorical π_θ = softmax(θ) against a fixed reference: the
+    gradient of E_{x~π}[k(x)] taken through log π(x) only (the samples are fixed, as in a loss) is
+    0 for k1, ∇KL(π‖ref) for k2 and ∇KL(ref‖π) for k3 (registry traits and RLConfig.kl_estimator)."""
+    from rlhfkit.algorithms import KL_ESTIMATORS
+
+    torch.manual_seed(0)
+    theta0 = torch.randn(5, dtype=torch.float64)
+    ref = torch.log_softmax(torch.randn(5, dtype=torch.float64), -1)
+
+    def surrogate_grad(name):
+        theta = theta0.clone().requires_grad_(True)
+        logp = torch.log_softmax(theta, -1)
+        weights = logp.detach().exp()  # the sampling distribution: not differentiated
+        (weights * KL_ESTIMATORS.get(name)(logp, ref)).sum().backward()
+        return theta.grad
+
+    def true_grad(direction):
+        theta = theta0.clone().requires_grad_(True)
+        logp = torch.log_softmax(theta, -1)
+        kl = (logp.exp() * (logp - ref)).sum() if direction == "pi||ref" else (ref.exp() * (ref - logp)).sum()
+        kl.backward()
+        return theta.grad
+
+    torch.testing.assert_close(surrogate_grad("k1"), torch.zeros(5, dtype=torch.float64))
+    torch.testing.assert_close(surrogate_grad("k2"), true_grad("pi||ref"))
+    torch.testing.assert_close(surrogate_grad("k3"), true_grad("ref||pi"))
+    assert not torch.allclose(surrogate_grad("k3"), true_grad("pi||ref"))

@@ -1,0 +1,156 @@
+"""Config rules: every numeric field range-checked (table-driven), the preset rule (a value the
+user set always wins), KL estimators that cannot go in the loss refused, estimator needs read from
+the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from rlhfkit.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
+from rlhfkit.config import PRESETS, RANGES, RLConfig
+from rlhfkit.jobs import RLJob, RMJob, SFTJob
+from rlhfkit.rollout import SamplingParams
+from rlhfkit.trainers import RewardModelConfig, SFTConfig
+
+# field: (values that must be refused, a value that must be accepted)
+TABLE = {
+    "prompts_per_step": ([0, -1, 1.5], 1), "group_size": ([0], 2), "max_new_tokens": ([0], 1),
+    "max_prompt_length": ([0], 1), "temperature": ([0.0, -1.0, math.nan], 0.7), "top_p": ([0.0, 1.5], 0.9),
+    "top_k": ([-1], 0), "loss_horizon": ([0], 8), "kl_coef": ([-0.1, math.nan], 0.0), "kl_target": ([0.0], 1.0),
+    "kl_horizon": ([0.0], 100.0), "clip_low": ([0.0, 1.0, 1.5], 0.1), "clip_high": ([0.0, -0.2], 0.28),
+    "dual_clip": ([1.0, 0.5], 3.0), "value_clip": ([0.0], 0.5), "vf_coef": ([-1.0], 0.0),
+    "entropy_coef": ([-0.01], 0.01), "gamma": ([1.5, -0.1], 0.99), "lam": ([-0.1, 1.01], 1.0),
+    "num_iterations": ([0], 2), "missing_eos_penalty": ([math.inf, math.nan], -1.0), "reward_clip": ([0.0], 5.0),
+    "learning_rate": ([0.0, -1e-5], 1e-4), "critic_learning_rate": ([0.0], 1e-4), "weight_decay": ([-0.1], 0.01),
+    "max_grad_norm": ([0.0], 0.5), "warmup_steps": ([-1], 5), "mini_batch_size": ([0], 1),
+    "micro_batch_size": ([0], 1), "grad_accumulation": ([0], 2), "max_steps": ([-1], 0), "seed": ([-1], 3),
+    "save_steps": ([-1], 10), "save_total_limit": ([0], 1), "log_every": ([-1], 0),
+    "num_logged_samples": ([-1], 0), "eval_every": ([-1], 5), "eval_max_new_tokens": ([0], 4),
+    "num_epochs": ([0.0, -1.0], 0.5), "batch_size": ([0], 2), "max_length": ([1], 2), "lora_r": ([-1], 8),
+    "lora_alpha": ([0], 32),
+}
+CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, RLJob, SFTJob, RMJob, SamplingParams]
+
+
+def _numeric_fields(cls):
+    out = []
+    for f in dataclasses.fields(cls):
+        ann = str(f.type).replace(" ", "")
+        if f.init and any(t in ann.split("|") for t in ("int", "float")):
+            out.append(f.name)
+    return out
+
+
+def test_every_numeric_field_of_every_config_has_a_range_and_a_table_row():
+    for cls in CONFIGS:
+        for name in _numeric_fields(cls):
+            assert name in RANGES, f"{cls.__name__}.{name} has no entry in config.RANGES"
+            assert name in TABLE, f"{cls.__name__}.{name} has no row in this test's table"
+    assert set(TABLE) == set(RANGES)
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_out_of_range_values_are_refused_with_one_line_naming_field_value_and_range(cls):
+    for name in _numeric_fields(cls):
+        bad_values, good = TABLE[name]
+        cls(**{name: good})  # accepted
+        for bad in bad_values + [True, "1"]:
+            with pytest.raises(ValueError) as err:
+                cls(**{name: bad})
+            message = str(err.value)
+            assert "\n" not in message and f"'{name}'" in message and repr(bad) in message, message
+            spec = RANGES[name].removesuffix(" or None")
+            assert spec in message, message
+
+
+def test_none_only_where_the_field_admits_it():
+    with pytest.raises(ValueError, match="'max_steps' must be an integer >= 0, got None"):
+        RLConfig(max_steps=None)
+    assert SFTConfig(max_steps=None).max_steps is None
+    RLConfig(dual_clip=None, reward_clip=None)
+
+
+def test_the_issue_examples_read_as_expected():
+    with pytest.raises(ValueError, match=r"RLConfig: config field 'clip_low' must be in \(0, 1\), got 1.5"):
+        RLConfig(clip_low=1.5)
+    with pytest.raises(ValueError, match=r"config field 'top_p' must be in \(0, 1\], got 0"):
+        RLConfig(top_p=0)
+    with pytest.raises(ValueError, match=r"config field 'gamma' must be in \[0, 1\]"):
+        RLConfig(gamma=2)
+
+
+# ---- the preset rule ----
+
+def test_the_issue_example_keeps_an_explicit_kl_coef():
+    assert RLConfig(algorithm="ppo", kl_coef=0.05).replace(algorithm="grpo").kl_coef == 0.05
+
+
+@pytest.mark.parametrize("old", list(PRESETS))
+@pytest.mark.parametrize("new", list(PRESETS))
+def test_presets_never_drop_an_explicit_setting(old, new):
+    assert RLConfig(algorithm=old).replace(algorithm=new) == RLConfig(algorithm=new)  # unset: the new preset's
+    for field, preset_value in PRESETS[old].items():
+        # the explicit value equals the old preset's: the case the old rule mistook for "unset"
+        try:
+            switched = RLConfig(algorithm=old, **{field: preset_value}).replace(algorithm=new)
+        except ValueError as err:  # the explicit value does not fit the new algorithm: said, not dropped
+            assert f"'{field}'" in str(err) or "config field" in str(err)
+            continue
+        assert getattr(switched, field) == preset_value, (old, new, field)
+        others = {k: v for k, v in PRESETS[new].items() if k != field}
+        assert {k: getattr(switched, k) for k in others} == others  # the rest follows the new preset
+
+
+def test_replacing_other_fields_keeps_the_preset_tracking():
+    twice = RLConfig(algorithm="ppo").replace(learning_rate=1e-3).replace(algorithm="rloo")
+    assert twice == RLConfig(algorithm="rloo", learning_rate=1e-3)
+
+
+# ---- KL estimators in the loss ----
+
+@pytest.mark.parametrize("estimator", ["k1", "abs"])
+def test_kl_estimators_without_a_useful_gradient_are_refused_in_the_loss(estimator):
+    with pytest.raises(ValueError) as err:
+        RLConfig(kl_estimator=estimator, kl_in_reward=False)
+    message = str(err.value)
+    assert "\n" not in message and "'kl_estimator'" in message and "one of k2, k3" in message
+    RLConfig(kl_estimator=estimator, kl_in_reward=True)  # in the reward it is fine
+    RLConfig(kl_estimator=estimator, kl_in_reward=False, kl_coef=0.0)  # no penalty at all: nothing to refuse
+
+
+def test_the_kl_estimator_docstring_names_each_gradients_divergence():
+    from rlhfkit.config import field_docs
+
+    doc = field_docs(RLConfig)["kl_estimator"]
+    assert "k3" in doc and "KL(ref‖π)" in doc and "k2" in doc and "KL(π‖ref)" in doc
+    assert KL_ESTIMATORS.traits("k3")["loss_gradient"] == "KL(ref‖π)"
+    assert KL_ESTIMATORS.traits("k2")["loss_gradient"] == "KL(π‖ref)"
+
+
+# ---- estimator needs live in the registry ----
+
+def test_a_new_estimator_is_one_registry_entry_and_the_config_reads_its_needs():
+    @ADVANTAGE_ESTIMATORS.register("_test_groupwise", needs_groups=True, needs_values=False, gives_returns=False,
+                                   sequence_level=True)
+    def _est(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+        return token_rewards, None
+
+    try:
+        with pytest.raises(ValueError, match="'group_size' must be >= 2 for the '_test_groupwise' estimator"):
+            RLConfig(advantage_estimator="_test_groupwise", group_size=1)
+        with pytest.raises(ValueError, match="gives the critic no returns"):
+            RLConfig(advantage_estimator="_test_groupwise", use_critic=True)
+        assert RLConfig(advantage_estimator="_test_groupwise").advantage_estimator == "_test_groupwise"
+    finally:
+        ADVANTAGE_ESTIMATORS._entries.pop("_test_groupwise")
+        ADVANTAGE_ESTIMATORS._traits.pop("_test_groupwise")
+
+
+def test_registry_traits_must_be_declared():
+    with pytest.raises(ValueError, match="must declare the traits"):
+        ADVANTAGE_ESTIMATORS.register("_incomplete", needs_groups=True)
+    assert ADVANTAGE_ESTIMATORS.traits("gae") == dict(needs_groups=False, needs_values=True, gives_returns=True,
+                                                      sequence_level=False)

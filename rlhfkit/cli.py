@@ -26,21 +26,8 @@ def _train(job_cls, args, run) -> int:
     if args.overwrite:
         overrides.append("overwrite=true")
     job = load_config(job_cls, args.config, overrides)
-    trainer = run(job)
-    _record_job(job)
-    trainer.train()
+    run(job).train()  # the trainer records the whole job in the run directory (jobs.record_run)
     return 0
-
-
-def _record_job(job) -> None:
-    """The run directory's config record gets the whole job — the trainer config plus the model,
-    data and reward sources — so ``rlhfkit <command> --config <run>/config.yaml output_dir=...``
-    repeats the run."""
-    from .config_io import save_config
-    from .tracking import run_config_path
-
-    if job.output_dir:
-        save_config(job, run_config_path(job.output_dir, getattr(job, "resume_from", None)))
 
 
 def _run_sft(job):

@@ -4,7 +4,10 @@ like every config, so ``rlhfkit <job> --help`` and YAML recipes see one flat set
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from .config import RLConfig
 from .trainers.reward_model import RewardModelConfig
@@ -61,6 +64,108 @@ class RLJob(RLConfig, RLSources):
 def trainer_config(job, cls):
     """The trainer's own config from a job (the sources stripped off)."""
     return cls(**{f.name: getattr(job, f.name) for f in fields(cls)})
+
+
+def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path | None:
+    """Write the run's record — the trainer config ``args`` plus its sources, as the job of the
+    matching command (``RLJob``, ``SFTJob``, ``RMJob``) — to ``<output_dir>/config.yaml`` (or the
+    resume record). The trainers call this; it is the one writer of the record, so a run started
+    from Python records its model, data and rewards exactly as ``rlhfkit <command>`` does, and
+    ``rlhfkit <command> --config <run>/config.yaml`` or ``rlhfkit eval --model <run>/checkpoint-N``
+    work for it.
+
+    ``model`` / ``ref_model``: paths, or model objects (recorded by the local directory they were
+    loaded from, or "" when they have none); ``datasets``: name -> (what the user passed, the
+    loaded rows) — in-memory data are written to ``<output_dir>/data/<name>.jsonl`` and recorded by
+    that path; ``reward_funcs``: recorded by name, import path or directory (``reward_source``);
+    ``peft_config``: a LoRA config, recorded as ``lora_r`` / ``lora_alpha`` / ``lora_target_modules``.
+    """
+    if not args.output_dir:
+        return None
+    from .config_io import save_config
+    from .tracking import run_config_path
+    from .trainers import RewardModelConfig, SFTConfig
+
+    job_cls = RLJob if isinstance(args, RLConfig) else SFTJob if isinstance(args, SFTConfig) else RMJob
+    if not isinstance(args, (RLConfig, SFTConfig, RewardModelConfig)):
+        raise ValueError(f"record_run: no command records a {type(args).__name__}")
+    values = {f.name: getattr(args, f.name) for f in fields(args) if f.init}
+    values["model"] = model_source(model)
+    for name, (given, rows) in datasets.items():
+        values[name] = _dataset_source(name, given, rows, Path(args.output_dir))
+    if "reward_funcs" in sources:
+        values["reward_funcs"] = tuple(reward_source(f) for f in sources.pop("reward_funcs"))
+    if sources.get("reward_weights") is not None:
+        values["reward_weights"] = tuple(float(w) for w in sources.pop("reward_weights"))
+    sources.pop("reward_weights", None)
+    if "ref_model" in sources:
+        ref = sources.pop("ref_model")
+        values["ref_model"] = None if ref is None else model_source(ref)
+    peft = sources.pop("peft_config", None)
+    if peft is not None:
+        values.update(_lora_fields(peft))
+    if sources:
+        raise ValueError(f"record_run: unknown sources {sorted(sources)}")
+    return save_config(job_cls(**values), run_config_path(args.output_dir, resume_from))
+
+
+def model_source(model) -> str:
+    """How a model is recorded: its path, or the local directory an object was loaded from ("" if none)."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(model)
+    config = getattr(model, "config", None)
+    origin = str(getattr(config, "_name_or_path", "") or "")
+    return origin if origin and Path(origin).exists() else ""
+
+
+def reward_source(spec) -> str:
+    """How a reward source is recorded: a name or path as given, a registered function by its name,
+    an importable function as ``module:qualname``, a reward model by the directory it came from."""
+    from .rewards.functions import REWARD_FUNCTIONS, unrecorded_reward
+
+    if isinstance(spec, (str, os.PathLike)):
+        return str(spec)
+    import torch
+
+    if isinstance(spec, torch.nn.Module):
+        return model_source(getattr(spec, "backbone", spec)) or unrecorded_reward(type(spec).__name__)
+    for name, fn in REWARD_FUNCTIONS.items():
+        if fn is spec:
+            return name
+    module, qualname = getattr(spec, "__module__", None), getattr(spec, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        import importlib
+
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            obj = None
+        if obj is spec:
+            return f"{module}:{qualname}"
+    return unrecorded_reward(getattr(spec, "__name__", None) or type(spec).__name__)
+
+
+def _dataset_source(name: str, given, rows, output_dir: Path) -> str | None:
+    if given is None:
+        return None
+    if isinstance(given, (str, os.PathLike)):
+        return str(given)
+    path = output_dir / "data" / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return str(path)
+
+
+def _lora_fields(peft) -> dict:
+    targets = getattr(peft, "target_modules", None)
+    if targets is None or getattr(peft, "r", None) is None:
+        raise ValueError(f"record_run: only LoRA adapters are recorded, got {type(peft).__name__}")
+    targets = targets if isinstance(targets, str) else ",".join(sorted(targets))
+    return {"lora_r": int(peft.r), "lora_alpha": int(peft.lora_alpha), "lora_target_modules": targets}
 
 
 def require(job, *names: str) -> None:

@@ -57,6 +57,10 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
     if not isinstance(name_or_callable, str):
         raise ValueError(f"reward function must be a callable or a name, got {type(name_or_callable).__name__}")
     name = name_or_callable
+    if name.startswith(_UNRECORDED):
+        raise ValueError(f"reward function {name!r}: the run that recorded it passed a function that cannot be "
+                         "imported (defined in a script or a closure); move it into a module and name it as "
+                         "'package.module:function'")
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
     if ":" in name or "." in name:
@@ -68,6 +72,14 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
         f"unknown reward function {name!r}; registered: {registered}. "
         f"A dotted import path such as 'package.module:function' also works.{hint}"
     )
+
+
+_UNRECORDED = "<not importable: "
+
+
+def unrecorded_reward(name: str) -> str:
+    """What a run records for a reward function that no name or import path can find again."""
+    return f"{_UNRECORDED}{name}>"
 
 
 def _import_function(path: str) -> RewardFunction:

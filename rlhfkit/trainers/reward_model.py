@@ -75,9 +75,13 @@ class RewardModelTrainer:
         if center_dataset is not None and not args.center:
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
-        prepare_run_dir(args.output_dir, args.overwrite, config=args)
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
+        prepare_run_dir(args.output_dir, args.overwrite)
+        from ..jobs import record_run  # the job classes import the trainers
+
+        record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
+                                 "center_dataset": (center_dataset, center_rows)})
         is_path = isinstance(model, (str, os.PathLike))
         if is_path:
             _check_dir(model, "model")

@@ -61,15 +61,21 @@ class RLTrainer:
         self.args = args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
-        train_dataset = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
+        train_rows = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
         self.eval_rows = load_prompt_dataset(eval_dataset, name="eval dataset") if eval_dataset is not None else None
-        prepare_run_dir(args.output_dir, args.overwrite, resume_from=args.resume_from, config=args)
+        if reward_funcs is None:
+            raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
+        prepare_run_dir(args.output_dir, args.overwrite, resume_from=args.resume_from)
+        from ..jobs import record_run  # the job classes import the trainers
+
+        record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
+                   args.resume_from, reward_funcs=reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs],
+                   reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config)
         seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         self.tokenizer = self.m.tokenizer
         self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.m.device)
-        self.rows, self.prompt_ids = train_dataset, tokenize_prompts(train_dataset, self.tokenizer,
-                                                                     args.max_prompt_length)
+        self.rows, self.prompt_ids = train_rows, tokenize_prompts(train_rows, self.tokenizer, args.max_prompt_length)
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, args.max_prompt_length)
                                 if self.eval_rows is not None else None)
         self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,

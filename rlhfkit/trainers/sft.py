@@ -62,8 +62,11 @@ class SFTTrainer:
         if not is_path and processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
-        prepare_run_dir(args.output_dir, args.overwrite, config=args)
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        prepare_run_dir(args.output_dir, args.overwrite)
+        from ..jobs import record_run  # the job classes import the trainers
+
+        record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)})
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
         self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")

@@ -1,0 +1,88 @@
+"""One writer of config.yaml: the trainer records its whole job — config plus model, data and
+reward sources — the same way whether it was started from Python or by `rlhfkit`, so the record
+repeats the run and `rlhfkit eval --model <run>/checkpoint-N` works for Python runs too."""
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from rlhfkit import RLConfig, RLTrainer, SFTConfig, SFTTrainer
+from rlhfkit.cli import main
+from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
+
+
+def test_a_python_rl_run_records_its_sources_and_the_cli_repeats_and_evaluates_it(tmp_path, tiny_model_dir, capsys):
+    run = tmp_path / "py"
+    args = RLConfig(algorithm="grpo", max_steps=2, max_new_tokens=4, prompts_per_step=2, save_steps=2, log_every=0,
+                    progress_bar=False, output_dir=str(run))
+    RLTrainer(str(tiny_model_dir), [fraction_of_a], args, train_dataset=PROMPTS).train()
+    record = yaml.safe_load((run / "config.yaml").read_text())
+    assert record["model"] == str(tiny_model_dir)
+    assert record["reward_funcs"] == ["rlhfkit.tasks.toy:fraction_of_a"]
+    assert record["train_dataset"] == str(run / "data" / "train_dataset.jsonl") and record["eval_dataset"] is None
+    assert record["max_steps"] == 2 and record["algorithm"] == "grpo"
+
+    assert main(["rl", "--config", str(run / "config.yaml"), f"output_dir={tmp_path / 'cli'}", "--quiet"]) == 0
+    first, again = (load_file(str(d / "final" / "model.safetensors")) for d in (run, tmp_path / "cli"))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert yaml.safe_load((tmp_path / "cli" / "config.yaml").read_text())["train_dataset"] == record["train_dataset"]
+
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run / "checkpoint-2"), "--dataset", record["train_dataset"],
+                 "--reward", record["reward_funcs"][0], "--greedy", "--max-new-tokens", "4"]) == 0
+    assert "fraction_of_a_mean" in capsys.readouterr().out
+
+
+def test_lora_settings_and_reward_weights_are_recorded(tmp_path, tiny_model_dir):
+    from peft import LoraConfig
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["v_proj", "q_proj"], lora_dropout=0.0)
+    args = RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path))
+    RLTrainer(str(tiny_model_dir), ["rlhfkit.tasks.toy:fraction_of_a"], args, train_dataset=PROMPTS,
+              reward_weights=[0.5], peft_config=lora)
+    record = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert (record["lora_r"], record["lora_alpha"], record["lora_target_modules"]) == (4, 8, "q_proj,v_proj")
+    assert record["reward_weights"] == [0.5]
+
+
+def test_a_reward_function_no_one_can_import_is_recorded_as_such_and_refused_clearly(tmp_path, tiny_model_dir, capsys):
+    def local_reward(prompts, completions, **kwargs):
+        return [1.0] * len(completions)
+
+    RLTrainer(str(tiny_model_dir), [local_reward], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path / "r")),
+              train_dataset=PROMPTS)
+    record = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert record["reward_funcs"] == ["<not importable: local_reward>"]
+    assert main(["rl", "--config", str(tmp_path / "r" / "config.yaml"), f"output_dir={tmp_path / 'again'}"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be imported" in err and "package.module:function" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_python_sft_run_records_its_job_and_the_cli_repeats_it(tmp_path, tiny_model_dir):
+    data = [{"prompt": "ab", "completion": "aaa"}, {"prompt": "cd", "completion": "aa"}]
+    args = SFTConfig(learning_rate=1e-3, max_steps=2, batch_size=2, log_every=0, progress_bar=False,
+                     output_dir=str(tmp_path / "sft"))
+    SFTTrainer(str(tiny_model_dir), args, train_dataset=data).train()
+    record = yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())
+    assert record["model"] == str(tiny_model_dir) and record["train_dataset"].endswith("data/train_dataset.jsonl")
+    assert main(["sft", "--config", str(tmp_path / "sft" / "config.yaml"), f"output_dir={tmp_path / 'again'}",
+                 "--quiet"]) == 0
+    first, again = (load_file(str(tmp_path / d / "final" / "model.safetensors")) for d in ("sft", "again"))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+
+
+def test_a_model_object_without_a_directory_is_recorded_empty(tmp_path):
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+
+    tok = char_tokenizer()
+    RLTrainer(tiny_causal_lm(tok), [fraction_of_a], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path)),
+              train_dataset=PROMPTS, processing_class=tok)
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"] == ""
+    with pytest.raises(ValueError, match="does not name the run's model"):
+        from rlhfkit.jobs import checkpoint_policy
+
+        (tmp_path / "checkpoint-0").mkdir()
+        (tmp_path / "checkpoint-0" / "trainer_state.json").write_text("{}")
+        (tmp_path / "checkpoint-0" / "policy.safetensors").write_text("")
+        checkpoint_policy(tmp_path / "checkpoint-0")

@@ -218,8 +218,9 @@ class RewardModelTrainer:
         return offset
 
     def save_model(self, path) -> None:
-        """The reward model (``ScalarModel.save_pretrained``: backbone, head, offset) and its tokenizer."""
-        self.model.save_pretrained(Path(path))
+        """The reward model as an HF ``<Arch>ForSequenceClassification`` directory with one label
+        (``ScalarModel.save_pretrained``; the centring offset in its config) and its tokenizer."""
+        self.model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
         self.tokenizer.save_pretrained(path)
 
 

@@ -6,17 +6,16 @@ from pathlib import Path
 
 import torch
 
+from ..config import DTYPES
 from .sources import resolve_model_dir
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPES:
+    if dtype not in DTYPES:  # config.DTYPES: the one list of weight dtypes, all named as in torch
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+    return getattr(torch, dtype)
 
 
 def _check_dir(path, what: str) -> Path:

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import torch
 
-SCHEDULERS = ("constant", "linear", "cosine")
+from ..config import SCHEDULERS
 
 
 def seed_everything(seed: int) -> None:

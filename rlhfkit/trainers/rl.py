@@ -65,12 +65,13 @@ class RLTrainer:
         self.eval_rows = load_prompt_dataset(eval_dataset, name="eval dataset") if eval_dataset is not None else None
         if reward_funcs is None:
             raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
+        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         prepare_run_dir(args.output_dir, args.overwrite, resume_from=args.resume_from)
         from ..jobs import record_run  # the job classes import the trainers
 
-        record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
-                   args.resume_from, reward_funcs=reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs],
-                   reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config)
+        datasets = {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)}
+        record_run(args, model, datasets, args.resume_from, reward_funcs=reward_funcs, reward_weights=reward_weights,
+                   ref_model=ref_model, peft_config=peft_config)
         seed_everything(args.seed)
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         self.tokenizer = self.m.tokenizer

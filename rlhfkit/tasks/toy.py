@@ -32,7 +32,10 @@ def toy_trainer(algorithm: str, **overrides):
                      processing_class=tok)
 
 
-def reward_curves(algorithms=("ppo", "grpo", "reinforce", "rloo", "dr_grpo"), window: int = 5) -> None:
+ALGORITHMS = ("ppo", "grpo", "reinforce", "rloo", "dr_grpo", "reinforce_plus_plus")
+
+
+def reward_curves(algorithms=ALGORITHMS, window: int = 5) -> None:
     """Train each preset on the toy task and print its mean reward per ``window`` steps."""
     for algorithm in algorithms:
         start = time.perf_counter()

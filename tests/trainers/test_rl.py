@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.config import RLConfig
+from rlhfkit.config import PRESETS, RLConfig
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import RLTrainer
@@ -16,7 +16,7 @@ def make_trainer(algorithm, tmp_path=None, **overrides):
         overrides["output_dir"] = str(tmp_path)
     return toy_trainer(algorithm, **overrides)
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "reinforce", "rloo", "dr_grpo"])
+@pytest.mark.parametrize("algorithm", list(PRESETS))
 def test_every_preset_raises_mean_reward(algorithm):
     history = make_trainer(algorithm).train()
     start = sum(r["reward/mean"] for r in history[:5]) / 5

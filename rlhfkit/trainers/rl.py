@@ -202,26 +202,34 @@ class RLTrainer:
         return self.args.num_iterations == 1 and mini >= self.args.batch_size
 
     def _update(self, exp: Experience) -> dict:
-        """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches."""
+        """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches.
+
+        Each micro-batch's loss is weighted by its share of the minibatch (tokens for token-mean,
+        rows otherwise), so accumulation gives the gradient of one batch. Its metrics are weighted
+        the same way — the losses by that share, the per-token means (KL, entropy, clip fraction)
+        by the micro-batch's share of the tokens — so a logged metric (and the KL the adaptive
+        controller reads) is the minibatch's own, whatever the micro-batch size; minibatches are
+        then averaged."""
         args, B = self.args, exp.mask.shape[0]
         mini = args.mini_batch_size or B
         micro = min(args.micro_batch_size or mini, mini)
         sums: dict[str, torch.Tensor] = {}
-        n_micro = n_steps = 0
+        n_steps = 0
         for _ in range(args.num_iterations):
             for mb_rows in torch.randperm(B).split(mini):
                 mb_rows = self._group_by_prompt(exp, mb_rows)
                 weight = self._loss_weights(exp.mask[mb_rows]).clamp(min=1)
+                tokens = exp.mask[mb_rows].sum().clamp(min=1)
                 for rows in mb_rows.split(micro):
                     loss, m = self._loss(exp, rows.to(self.m.device))
-                    (loss * self._loss_weights(exp.mask[rows]) / weight).backward()
+                    share = self._loss_weights(exp.mask[rows]) / weight
+                    (loss * share).backward()
+                    token_share = exp.mask[rows].sum() / tokens
                     for k, v in m.items():
-                        sums[k] = sums.get(k, 0) + v
-                    n_micro += 1
-                grad_norm = self._optimizer_step()["perf/grad_norm"]
-                sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + grad_norm
+                        sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
+                sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + self._optimizer_step()["perf/grad_norm"]
                 n_steps += 1
-        return {k: v / (n_steps if k == "perf/grad_norm" else n_micro) for k, v in sums.items()}
+        return {k: v / n_steps for k, v in sums.items()}
 
     def _group_by_prompt(self, exp: Experience, rows: torch.Tensor) -> torch.Tensor:
         """A minibatch's rows ordered by prompt, so micro-batches hold whole groups whose prompt

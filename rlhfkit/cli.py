@@ -68,7 +68,11 @@ def _eval(args) -> int:
     if not args.reward:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
     given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None}, greedy=args.greedy)
+    try:
+        sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None}, greedy=args.greedy)
+    except ValueError as err:  # name the flag, not the field
+        flag = next(f"--{k.replace('_', '-')}" for k in given if f"'{k}'" in str(err))
+        raise ValueError(f"{flag} must {str(err).split(' must ', 1)[1]}") from None
     load_prompt_dataset(args.dataset, name="eval dataset")  # data errors before any model is loaded
     model, tokenizer = checkpoint_policy(args.model) or (args.model, None)
     result = evaluate_policy(model, args.reward, args.dataset, tokenizer=tokenizer, reference=args.reference,

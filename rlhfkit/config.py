@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -22,7 +23,7 @@ DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
 # Allowed values of every numeric field of every config, by field name (one meaning per name
 # across configs). Notation: "(a, b)" open, "[a, b]" closed, "> a", ">= a", "finite"; "or None"
-# admits None. tests/test_config.py checks that every numeric field of every config is listed.
+# admits None; NaN and infinities are always refused. tests/test_config_rules.py checks that every numeric field of every config is listed.
 RANGES: dict[str, str] = {
     # rollout
     "prompts_per_step": ">= 1", "group_size": ">= 1", "max_new_tokens": ">= 1",
@@ -52,12 +53,14 @@ def in_range(value, spec: str, integer: bool = False) -> bool:
     text, none_ok = (spec[: -len(" or None")], True) if spec.endswith(" or None") else (spec, False)
     if value is None:
         return none_ok
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
-    if integer and not isinstance(value, int):
+    if integer and not isinstance(value, numbers.Integral):
+        return False
+    if not isinstance(value, numbers.Integral) and not math.isfinite(value):  # NaN and ±inf: never
         return False
     if text == "finite":
-        return math.isfinite(value)
+        return True
     if text[0] in "([":
         low, high = (float(x) for x in text[1:-1].split(","))
         above = value > low if text[0] == "(" else value >= low
@@ -82,7 +85,7 @@ def check_ranges(config) -> None:
         value = getattr(config, f.name)
         if not in_range(value, spec, integer):
             expected = f"in {spec}" if spec[0] in "([" else spec
-            kind = "an integer " if integer else ""
+            kind = "an integer " if integer and not isinstance(value, numbers.Integral) else ""
             raise ValueError(f"{type(config).__name__}: config field {f.name!r} must be {kind}{expected}, "
                              f"got {value!r}")
 

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import json
 import textwrap
 from pathlib import Path
 
@@ -203,9 +204,20 @@ def _convert_sequence(value, items: list[str], make) -> tuple[bool, object]:
     return True, make(out)
 
 
+def config_values(config) -> dict:
+    """The config's init fields as plain values, as a user would write them: a field its preset
+    filled (``config.preset_filled``, see ``RLConfig``) is ``None`` — unset, so the preset rule
+    applies again when the values are loaded, also under another ``algorithm``."""
+    filled = getattr(config, "preset_filled", frozenset())
+    return {f.name: None if f.name in filled else getattr(config, f.name)
+            for f in dataclasses.fields(config) if f.init}
+
+
 def save_config(config, path) -> Path:
-    """The resolved config (presets filled) as YAML; ``load_config(type(config), path)`` returns an
-    equal config."""
+    """The config as YAML; ``load_config(type(config), path)`` returns an equal config. Fields a
+    preset filled are written as ``null`` with the value they resolved to in a comment
+    (``kl_coef: null  # grpo preset: 0.04``), so loading with ``algorithm=...`` changed follows the
+    preset rule exactly as ``RLConfig.replace`` does."""
     def plain(v):
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
@@ -215,7 +227,11 @@ def save_config(config, path) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = dataclasses.asdict(config)
-    values = {f.name: plain(data[f.name]) for f in dataclasses.fields(config) if f.init}
-    path.write_text(yaml.safe_dump(values, sort_keys=False, allow_unicode=True))
+    values = {k: plain(v) for k, v in config_values(config).items()}
+    lines = yaml.safe_dump(values, sort_keys=False, allow_unicode=True).splitlines()
+    for i, line in enumerate(lines):
+        key = line.split(":", 1)[0]
+        if key in getattr(config, "preset_filled", ()) and line == f"{key}: null":
+            lines[i] = f"{line}  # {config.algorithm} preset: {json.dumps(getattr(config, key))}"
+    path.write_text("\n".join(lines) + "\n")
     return path

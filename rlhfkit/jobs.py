@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .config import RLConfig
+from .config_io import config_values
 from .trainers.reward_model import RewardModelConfig
 from .trainers.sft import SFTConfig
 
@@ -43,7 +44,7 @@ class RLSources(Sources):
     lora_alpha: int = 16
     """LoRA scaling numerator (alpha / r scales the adapter's output)."""
     lora_target_modules: str = "all-linear"
-    """Modules that get adapters: 'all-linear' or a comma-separated list of module names."""
+    """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the architecture, e.g. q_proj,v_proj for Llama)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,8 @@ class RLJob(RLConfig, RLSources):
 
 def trainer_config(job, cls):
     """The trainer's own config from a job (the sources stripped off)."""
-    return cls(**{f.name: getattr(job, f.name) for f in fields(cls)})
+    values = config_values(job)  # preset-filled fields stay unset: the trainer config keeps the preset rule
+    return cls(**{f.name: values[f.name] for f in fields(cls)})
 
 
 def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path | None:
@@ -89,7 +91,7 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     job_cls = RLJob if isinstance(args, RLConfig) else SFTJob if isinstance(args, SFTConfig) else RMJob
     if not isinstance(args, (RLConfig, SFTConfig, RewardModelConfig)):
         raise ValueError(f"record_run: no command records a {type(args).__name__}")
-    values = {f.name: getattr(args, f.name) for f in fields(args) if f.init}
+    values = config_values(args)
     values["model"] = model_source(model)
     for name, (given, rows) in datasets.items():
         values[name] = _dataset_source(name, given, rows, Path(args.output_dir))
@@ -127,8 +129,9 @@ def reward_source(spec) -> str:
         return str(spec)
     import torch
 
-    if isinstance(spec, torch.nn.Module):
-        return model_source(getattr(spec, "backbone", spec)) or unrecorded_reward(type(spec).__name__)
+    if isinstance(spec, torch.nn.Module):  # a reward model: by its directory, if it was loaded as one
+        origin = model_source(getattr(spec, "backbone", spec))
+        return origin if origin and _is_reward_model_dir(origin) else unrecorded_reward(type(spec).__name__)
     for name, fn in REWARD_FUNCTIONS.items():
         if fn is spec:
             return name
@@ -147,24 +150,49 @@ def reward_source(spec) -> str:
     return unrecorded_reward(getattr(spec, "__name__", None) or type(spec).__name__)
 
 
+def _is_reward_model_dir(path: str) -> bool:
+    from .models.heads import META_FILE
+
+    config = Path(path) / "config.json"
+    archs = (json.loads(config.read_text()).get("architectures") or []) if config.is_file() else []
+    return (Path(path) / META_FILE).is_file() or any(a.endswith("ForSequenceClassification") for a in archs)
+
+
 def _dataset_source(name: str, given, rows, output_dir: Path) -> str | None:
+    """A path as given; in-memory rows written to ``<output_dir>/data/<name>.jsonl`` (numpy values
+    as plain numbers). Rows JSON cannot hold are not recorded (a warning; the run goes on)."""
     if given is None:
         return None
     if isinstance(given, (str, os.PathLike)):
         return str(given)
     path = output_dir / "data" / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    try:
+        text = "".join(json.dumps(row, ensure_ascii=False, default=_plain) + "\n" for row in rows)
+    except (TypeError, ValueError) as err:
+        import warnings
+
+        warnings.warn(f"{name}: the in-memory rows are not recorded in the run directory ({err})", stacklevel=3)
+        return f"<not recorded: in-memory {name}>"
+    path.write_text(text, encoding="utf-8")
     return str(path)
 
 
+def _plain(value):
+    """numpy scalars and arrays (and tensors) as JSON values; anything else is refused."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} values cannot be written as JSON")
+
+
 def _lora_fields(peft) -> dict:
+    if getattr(peft, "r", None) is None or not hasattr(peft, "lora_alpha"):
+        import warnings
+
+        warnings.warn(f"{type(peft).__name__} is not recorded in config.yaml (only LoRA settings are)", stacklevel=3)
+        return {}
     targets = getattr(peft, "target_modules", None)
-    if targets is None or getattr(peft, "r", None) is None:
-        raise ValueError(f"record_run: only LoRA adapters are recorded, got {type(peft).__name__}")
-    targets = targets if isinstance(targets, str) else ",".join(sorted(targets))
+    targets = "" if targets is None else targets if isinstance(targets, str) else ",".join(sorted(targets))
     return {"lora_r": int(peft.r), "lora_alpha": int(peft.lora_alpha), "lora_target_modules": targets}
 
 
@@ -180,7 +208,7 @@ def lora_config(job: RLJob):
     from peft import LoraConfig
 
     targets = job.lora_target_modules
-    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()] or None
     return LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, target_modules=targets, lora_dropout=0.0,
                       task_type="CAUSAL_LM")
 

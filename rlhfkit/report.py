@@ -131,7 +131,11 @@ def _config_section(run_dir: Path) -> str:
         return _note(f"config.yaml could not be read: {' '.join(str(e).split())}")
     if not isinstance(config, dict):
         return _note("config.yaml is not a mapping of field names to values.")
-    return _table(["field", "value"], [[k, v] for k, v in config.items()])
+    from .config import PRESETS
+
+    preset = PRESETS.get(config.get("algorithm"), {})  # unset preset fields (null): show what they were
+    return _table(["field", "value"], [[k, f"{preset[k]} ({config['algorithm']} preset)" if v is None and k in preset
+                                        else v] for k, v in config.items()])
 
 
 def _summary_section(rows: list[dict]) -> str:

@@ -233,7 +233,10 @@ def test_save_load_round_trip(tmp_path):
     loaded = load_config(RLConfig, path)
     assert loaded == config and loaded.kl_coef == 0.1
     text = path.read_text()
-    assert "use_critic: true" in text and "advantage_estimator: gae" in text  # resolved, not None
+    # preset-filled fields are recorded unset, with their resolved value beside them
+    assert 'use_critic: null  # ppo preset: true' in text and 'advantage_estimator: null  # ppo preset: "gae"' in text
+    assert "kl_coef: 0.1\n" in text  # a value the user set is written as such
+    assert loaded.preset_filled == config.preset_filled
 
 
 def test_save_load_round_trip_other_config(tmp_path):

@@ -154,3 +154,30 @@ def test_registry_traits_must_be_declared():
         ADVANTAGE_ESTIMATORS.register("_incomplete", needs_groups=True)
     assert ADVANTAGE_ESTIMATORS.traits("gae") == dict(needs_groups=False, needs_values=True, gives_returns=True,
                                                       sequence_level=False)
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_infinities_and_nan_are_refused_and_numpy_numbers_accepted(cls):
+    import numpy as np
+
+    for name in _numeric_fields(cls):
+        for bad in (math.inf, -math.inf, math.nan):
+            with pytest.raises(ValueError, match=f"'{name}'"):
+                cls(**{name: bad})
+        good = TABLE[name][1]
+        cls(**{name: np.int64(good) if isinstance(good, int) else np.float64(good)})
+    if "seed" in _numeric_fields(cls):  # an integer too large for a float is a range error, not OverflowError
+        with pytest.raises(ValueError, match="'seed'"):
+            cls(seed=-(10**400))
+
+
+def test_a_saved_config_keeps_the_preset_rule_when_loaded_under_another_algorithm(tmp_path):
+    from rlhfkit.config import load_config, save_config
+    from rlhfkit.jobs import trainer_config
+
+    path = save_config(RLConfig(kl_coef=0.04, max_steps=3), tmp_path / "config.yaml")
+    loaded = load_config(RLConfig, path, ["algorithm=ppo"])  # `rlhfkit rl --config <run>/config.yaml algorithm=ppo`
+    assert loaded == RLConfig(algorithm="ppo", kl_coef=0.04, max_steps=3)
+    job = load_config(RLJob, path)
+    assert trainer_config(job, RLConfig).replace(algorithm="rloo") == RLConfig(algorithm="rloo", kl_coef=0.04,
+                                                                               max_steps=3)

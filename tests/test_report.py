@@ -86,7 +86,7 @@ def test_report_is_self_contained_and_escaped(tmp_path):
     assert "&lt;b&gt;answer 10.0&lt;/b&gt;" in page and "<b>answer" not in page
     assert "prompt &lt;1&gt; &amp; 0" in page
     # config as a table, resolved values
-    assert "<td>kl_coef</td><td>0.1</td>" in page and "<td>advantage_estimator</td><td>gae</td>" in page
+    assert "<td>kl_coef</td><td>0.1</td>" in page and "<td>advantage_estimator</td><td>gae (ppo preset)</td>" in page
     # summary: first and last value of the main metrics
     assert "<td>reward/mean</td><td>0.1</td><td>1</td><td>1</td><td>10</td>" in page
     assert "perf/step_time</td>" not in page

@@ -86,3 +86,35 @@ def test_a_model_object_without_a_directory_is_recorded_empty(tmp_path):
         (tmp_path / "checkpoint-0" / "trainer_state.json").write_text("{}")
         (tmp_path / "checkpoint-0" / "policy.safetensors").write_text("")
         checkpoint_policy(tmp_path / "checkpoint-0")
+
+
+def test_record_run_never_stops_a_run_and_keeps_what_it_can(tmp_path, tiny_model_dir):
+    import numpy as np
+    from peft import LoraConfig
+
+    from rlhfkit.jobs import reward_source
+    from rlhfkit.models import ScalarModel
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+
+    rows = [{"prompt": "ab", "answer": np.int64(3)}, {"prompt": "cd", "answer": np.float32(0.5)}]
+    RLTrainer(str(tiny_model_dir), [fraction_of_a], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path)),
+              train_dataset=rows, peft_config=LoraConfig(r=2))  # peft picks the target modules
+    record = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert record["lora_r"] == 2 and record["lora_target_modules"] == ""
+    written = (tmp_path / "data" / "train_dataset.jsonl").read_text().splitlines()
+    assert [yaml.safe_load(line)["answer"] for line in written] == [3, 0.5]
+
+    rm = ScalarModel.from_causal_lm(tiny_causal_lm(char_tokenizer()))
+    assert reward_source(rm).startswith("<not importable")  # a fresh head: no directory holds it
+    rm.save_pretrained(tmp_path / "rm")
+    assert reward_source(ScalarModel.from_pretrained(tmp_path / "rm")) == str(tmp_path / "rm")
+    assert reward_source(ScalarModel.from_pretrained(tiny_model_dir)).startswith("<not importable")
+
+
+def test_the_report_shows_what_the_preset_filled(tmp_path):
+    from rlhfkit.config import save_config
+    from rlhfkit.report import _config_section
+
+    save_config(RLConfig(algorithm="rloo"), tmp_path / "config.yaml")
+    page = _config_section(tmp_path)
+    assert "vanilla (rloo preset)" in page and "True (rloo preset)" in page  # policy_loss, kl_in_reward

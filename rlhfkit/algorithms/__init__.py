@@ -4,7 +4,7 @@ Every formula of rlhfkit lives here once: advantages, KL estimators and controll
 value losses, loss aggregation, reward shaping, and lean per-token log-probs / entropies.
 """
 
-from ._checks import masked_mean, masked_sum
+from ._checks import masked_mean, masked_sum, masked_var
 from .advantages import (
     broadcast_sequence_advantages,
     gae,
@@ -23,7 +23,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS",
     "POLICY_LOSSES", "Registry", "aggregate", "apply_missing_eos_penalty", "bradley_terry_loss",
     "broadcast_sequence_advantages",
-    "entropy_from_logits", "gae", "group_advantages", "kl_penalty", "last_token_index", "masked_mean", "masked_sum", "pg_loss",
+    "entropy_from_logits", "gae", "group_advantages", "kl_penalty", "last_token_index", "masked_mean", "masked_sum", "masked_var", "pg_loss",
     "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "selective_logprobs", "sequence_rewards",
     "token_level_rewards", "value_loss", "whiten",
 ]

@@ -76,3 +76,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
     """Mean of x over mask; 0 where the mask is empty (never NaN)."""
     count = mask.sum() if dim is None else mask.sum(dim=dim)
     return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = False) -> torch.Tensor:
+    """Variance of x over mask (``unbiased``: Bessel's n - 1); 0 where fewer values than needed."""
+    centred = torch.where(mask, x - masked_mean(x, mask), torch.zeros((), dtype=x.dtype, device=x.device))
+    count = mask.sum() - int(unbiased)
+    return centred.square().sum() / count.clamp(min=1).to(x.dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_groups, check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
+from ._checks import check_groups, check_mask, check_same_shape, check_tensor, masked_mean, masked_sum, masked_var
 
 
 def gae(
@@ -139,8 +139,7 @@ def whiten(
         raise ValueError(f"whiten needs at least 2 unmasked values, got {int(count)} in shape {tuple(x.shape)}")
     mean = masked_mean(x, m)
     centred = torch.where(m, x - mean, torch.zeros((), dtype=x.dtype, device=x.device))
-    var = masked_sum(centred**2, m) / (count - 1).to(x.dtype)
-    out = centred * torch.rsqrt(var + eps)
+    out = centred * torch.rsqrt(masked_var(x, m, unbiased=True) + eps)
     if not shift_mean:
         out = out + mean
     return torch.where(m, out, torch.zeros((), dtype=x.dtype, device=x.device))

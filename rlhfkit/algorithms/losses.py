@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
+from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum, masked_var
 from .kl import _MAX_LOG_RATIO, kl_penalty
 from .logprobs import entropy_from_logits  # noqa: F401  (re-exported: the entropy bonus lives with the losses)
 
@@ -157,9 +157,9 @@ def value_loss(
         clip_frac = masked_mean((err_clipped > err).to(values.dtype), mask)
     loss = aggregate(loss_mat, mask, agg, horizon)
     with torch.no_grad():
-        var_returns = _masked_var(returns, mask)
+        var_returns = masked_var(returns, mask)
         # Constant returns leave nothing to explain: report 0 rather than a huge negative number.
-        explained = torch.where(var_returns > 1e-8, 1.0 - _masked_var(returns - values, mask) / var_returns.clamp(min=1e-8),
+        explained = torch.where(var_returns > 1e-8, 1.0 - masked_var(returns - values, mask) / var_returns.clamp(min=1e-8),
                                 torch.zeros_like(var_returns))
         metrics = {
             "critic/value_clip_frac": clip_frac,
@@ -167,11 +167,6 @@ def value_loss(
             "critic/explained_variance": explained,
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
-
-
-def _masked_var(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    mean = masked_mean(x, mask)
-    return masked_mean((x - mean).square(), mask)
 
 
 def _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask):

@@ -92,7 +92,7 @@ class Registry:
 
     def get(self, name: str) -> Callable:
         if name not in self._entries:
-            close = difflib.get_close_matches(str(name), list(self._entries), n=3, cutoff=0.6)
+            close = difflib.get_close_matches(str(name), list(self._entries), n=3, cutoff=0.5)
             hint = f" Did you mean {', '.join(repr(n) for n in close)}?" if close else ""
             raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}.{hint}")
         return self._entries[name]
@@ -160,6 +160,8 @@ def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, ga
     rewards, whitened over the whole batch (a global baseline, no critic, no groups)."""
     zeros = torch.zeros_like(token_rewards)
     _, returns = adv.gae(token_rewards, zeros, response_mask, gamma, 1.0)
+    if int(check_mask(response_mask, token_rewards.shape).sum()) < 2:  # no batch to whiten over: no signal
+        return zeros, returns
     return adv.whiten(returns, response_mask), returns
 
 

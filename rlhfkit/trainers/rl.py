@@ -186,9 +186,8 @@ class RLTrainer:
         kl = None
         if ref is not None and old_logprobs is not None:
             kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
-            scored = mask & valid[:, None]
-            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), scored)
-            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), scored)
+            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)  # scored or not
+            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
         advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
                                                                 self.kl_ctl.value)
         metrics["reward/token_reward_sum"] = masked_mean(rewards.sum(-1), valid)

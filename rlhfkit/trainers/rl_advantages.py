@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..algorithms import ADVANTAGE_ESTIMATORS, apply_missing_eos_penalty, masked_mean, token_level_rewards, whiten
+from ..algorithms import (
+    ADVANTAGE_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_var, token_level_rewards, whiten,
+)
 from ..config import RLConfig
 
 
@@ -23,11 +25,9 @@ def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tenso
     if args.reward_clip is not None:
         scores = scores.clamp(-args.reward_clip, args.reward_clip)
     scores = torch.where(valid, scores, zero)
-    mean = masked_mean(scores, valid)
-    n = valid.sum()
-    std = (torch.where(valid, scores - mean, zero).square().sum() / (n - 1).clamp(min=1)).sqrt()
-    metrics = {"reward/mean": mean, "reward/std": std, "reward/valid_frac": valid.float().mean()}
-    if args.normalize_rewards and int(n) >= 2:
+    metrics = {"reward/mean": masked_mean(scores, valid), "reward/std": masked_var(scores, valid, unbiased=True).sqrt(),
+               "reward/valid_frac": valid.float().mean()}
+    if args.normalize_rewards and int(valid.sum()) >= 2:
         scores = whiten(scores, valid)
     return scores, metrics
 

@@ -88,3 +88,14 @@ def test_without_invalid_rows_nothing_changes():
     grouped = scores.view(2, 4)
     by_formula = (grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)
     torch.testing.assert_close(group_advantages(scores, 4), by_formula.reshape(-1))
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce_plus_plus", "grpo", "ppo", "rloo", "reinforce"])
+def test_a_batch_no_function_scored_gives_zero_advantages_without_error(algorithm):
+    args = RLConfig(algorithm=algorithm, prompts_per_step=2)
+    B = args.batch_size
+    scores, mask, kl, values, _ = _batch(B)
+    nothing = torch.zeros(B, dtype=torch.bool)
+    adv, _, _, train_mask = compute_advantages(args, scores, nothing, mask, kl, values if args.use_critic else None,
+                                               0.05)
+    assert (adv == 0).all() and not train_mask.any()

@@ -144,13 +144,6 @@ def test_a_failing_reward_function_is_named():
     with pytest.raises(ValueError, match="broken"):
         trainer.train()
 
-def test_missing_eos_penalty_replaces_scores_of_truncated_completions():
-    trainer = make_trainer("grpo", missing_eos_penalty=-1.0, max_new_tokens=2)
-    rows = trainer._sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
-    scores, _, _ = trainer._score(rows, rollout)
-    assert (scores[~rollout.has_eos] == -1.0).all()
-
 def test_bad_arguments_are_clear(tiny_model_dir):
     with pytest.raises(ValueError, match="train_dataset is required"):
         RLTrainer(tiny_model_dir, [fraction_of_a], RLConfig())

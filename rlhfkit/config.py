@@ -19,6 +19,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 AUTOCAST_DTYPES = ("bfloat16", "float16")
 SCHEDULERS = ("constant", "linear", "cosine")
 CRITICS = ("separate", "shared")
+PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
 # Allowed values of every numeric field of every config, by field name (one meaning per name
@@ -128,9 +129,11 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
     share_prompt: bool = True
-    """Run each prompt through the model once per group and share its key/value cache with the group's G completions, in generation and in the log-prob/update passes (same results, less compute; the update passes skip it under gradient_checkpointing)."""
+    """Run each prompt through the model once per group and share its key/value cache with the group's G completions, in generation and in the log-prob/update passes (same results, less compute; the update passes skip it under gradient_checkpointing, and under torchrun only generation shares)."""
     critic_init: str | None = None
     """Directory of a trained reward model to initialise the separate critic from; None: from the policy."""
+    parallelism: str = "fsdp"
+    """With several processes (torchrun): 'fsdp' shards the policy, critic and reference with FSDP2 (each process holds 1/N of the weights, gradients and AdamW states; on GPUs with autocast set, FSDP2 computes in that dtype over float32 master weights); 'ddp' keeps a full copy per process and averages gradients. Ignored in a single process."""
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,7 @@ def _validate(c: RLConfig) -> None:
          "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
         (c.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
         (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
+        (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
         (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
         (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
         (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",

@@ -135,7 +135,7 @@ def test_the_kl_estimator_docstring_names_each_gradients_divergence():
 def test_a_new_estimator_is_one_registry_entry_and_the_config_reads_its_needs():
     @ADVANTAGE_ESTIMATORS.register("_test_groupwise", needs_groups=True, needs_values=False, gives_returns=False,
                                    sequence_level=True)
-    def _est(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+    def _est(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None):
         return token_rewards, None
 
     try:

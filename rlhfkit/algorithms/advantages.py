@@ -97,12 +97,15 @@ def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor |
     return torch.where(ok & (n >= 2), grouped - baseline, zero).reshape(-1)
 
 
-def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean", valid: torch.Tensor | None = None) -> torch.Tensor:
+def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean", valid: torch.Tensor | None = None,
+                         reduce=None) -> torch.Tensor:
     """REINFORCE with a baseline (Williams 1992; reference "REINFORCE and RLOO for LLMs").
 
     ``A_i = r_i - b`` where ``b`` is the batch mean (``"batch_mean"``), nothing (``"none"``), or a
     number / 0-d tensor the caller holds (e.g. a running mean across steps). With ``valid`` (B,)
-    bool, the batch mean runs over the valid samples only and invalid rows get 0.
+    bool, the batch mean runs over the valid samples only and invalid rows get 0. ``reduce``: sums a
+    tensor over the processes that share the batch (``distributed.reduce_sum``; None: this batch is
+    the whole batch), so the mean is the global batch's.
 
     Args: ``scores`` (B,). Returns: (B,).
     """
@@ -111,7 +114,9 @@ def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean", valid: tor
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
     if isinstance(baseline, str):
         if baseline == "batch_mean":
-            baseline = masked_mean(scores, ok)
+            total = torch.stack([masked_sum(scores, ok), ok.sum().to(scores.dtype)])
+            total = total if reduce is None else reduce(total)
+            baseline = total[0] / total[1].clamp(min=1)
         elif baseline == "none":
             baseline = zero
         else:
@@ -122,24 +127,33 @@ def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean", valid: tor
 
 
 def whiten(
-    x: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor, mask: torch.Tensor | None = None, shift_mean: bool = True, eps: float = 1e-8, reduce=None
 ) -> torch.Tensor:
     """Masked whitening ``(x - mean) / sqrt(var + eps)`` over the positions in ``mask``.
 
     The variance is the unbiased (Bessel-corrected) one, as in TRL's ``masked_whiten``.
     ``shift_mean=False`` adds the mean back, so only the scale changes (used for PPO rewards).
-    Masked positions come back as 0. Needs at least 2 unmasked values.
+    Masked positions come back as 0. Needs at least 2 unmasked values. ``reduce``: sums a tensor
+    over the processes that share the batch (``distributed.reduce_sum``), so mean and variance are
+    the global batch's; None: ``x`` is the whole batch.
 
     Args: ``x`` of any shape, ``mask`` of the same shape or None. Returns: same shape as ``x``.
     """
     check_tensor("x", x)
     m = torch.ones_like(x, dtype=torch.bool) if mask is None else check_mask(mask, x.shape, "mask")
-    count = m.sum()
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    if reduce is None:
+        count = m.sum()
+        mean = masked_mean(x, m)
+    else:
+        total = reduce(torch.stack([masked_sum(x, m), m.sum().to(x.dtype)]))
+        count, mean = total[1], total[0] / total[1].clamp(min=1)
     if bool(count < 2):
         raise ValueError(f"whiten needs at least 2 unmasked values, got {int(count)} in shape {tuple(x.shape)}")
-    mean = masked_mean(x, m)
-    centred = torch.where(m, x - mean, torch.zeros((), dtype=x.dtype, device=x.device))
-    out = centred * torch.rsqrt(masked_var(x, m, unbiased=True) + eps)
+    centred = torch.where(m, x - mean, zero)
+    squares = masked_sum(centred.square(), m)
+    var = (squares if reduce is None else reduce(squares)) / (count - 1).to(x.dtype)
+    out = centred * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
     return torch.where(m, out, torch.zeros((), dtype=x.dtype, device=x.device))

@@ -105,7 +105,7 @@ class Registry:
 
 
 ADVANTAGE_ESTIMATORS = Registry(
-    "advantage estimator", ("token_rewards", "response_mask"), ("values", "group_size", "gamma", "lam"),
+    "advantage estimator", ("token_rewards", "response_mask"), ("values", "group_size", "gamma", "lam", "reduce"),
     traits=("needs_groups", "needs_values", "gives_returns", "sequence_level"),
 )
 POLICY_LOSSES = Registry(
@@ -121,13 +121,14 @@ def sequence_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -
     return masked_sum(token_rewards, check_mask(response_mask, token_rewards.shape), dim=-1)
 
 
-def _bandit(estimate: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor]) -> Callable:
-    """Wrap a (B,) → (B,) estimator ``estimate(rewards, group_size, valid)`` into the token-level
-    registry signature; ``valid`` marks the rows with a response (an empty row is absent)."""
+def _bandit(estimate: Callable[..., torch.Tensor]) -> Callable:
+    """Wrap a (B,) → (B,) estimator ``estimate(rewards, group_size, valid, reduce)`` into the
+    token-level registry signature; ``valid`` marks the rows with a response (an empty row is
+    absent)."""
 
-    def estimator(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+    def estimator(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None):
         mask = check_mask(response_mask, token_rewards.shape)
-        seq = estimate(sequence_rewards(token_rewards, mask), group_size, mask.any(dim=-1))
+        seq = estimate(sequence_rewards(token_rewards, mask), group_size, mask.any(dim=-1), reduce)
         return adv.broadcast_sequence_advantages(seq, mask), None
 
     return estimator
@@ -137,32 +138,34 @@ _SEQUENCE = dict(needs_values=False, gives_returns=False, sequence_level=True)
 
 
 @ADVANTAGE_ESTIMATORS.register("gae", needs_groups=False, needs_values=True, gives_returns=True, sequence_level=False)
-def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=0.95):
+def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=0.95, reduce=None):
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values from a critic (values=None was given)")
     return adv.gae(token_rewards, values, response_mask, gamma, lam)
 
 
+# Groups never span processes, so the group estimators need no reduce; the batch mean does.
 ADVANTAGE_ESTIMATORS.register("group", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid: adv.group_advantages(r, g, scale="std", valid=valid)))
+    _bandit(lambda r, g, valid, reduce: adv.group_advantages(r, g, scale="std", valid=valid)))
 ADVANTAGE_ESTIMATORS.register("group_no_std", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid: adv.group_advantages(r, g, scale="none", valid=valid)))
+    _bandit(lambda r, g, valid, reduce: adv.group_advantages(r, g, scale="none", valid=valid)))
 ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid: adv.rloo_advantages(r, g, valid=valid)))
+    _bandit(lambda r, g, valid, reduce: adv.rloo_advantages(r, g, valid=valid)))
 ADVANTAGE_ESTIMATORS.register("reinforce", needs_groups=False, **_SEQUENCE)(
-    _bandit(lambda r, g, valid: adv.reinforce_advantages(r, "batch_mean", valid=valid)))
+    _bandit(lambda r, g, valid, reduce: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce)))
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False, needs_values=False, gives_returns=True,
                                sequence_level=False)
-def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0):
+def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level discounted returns of the shaped
     rewards, whitened over the whole batch (a global baseline, no critic, no groups)."""
     zeros = torch.zeros_like(token_rewards)
     _, returns = adv.gae(token_rewards, zeros, response_mask, gamma, 1.0)
-    if int(check_mask(response_mask, token_rewards.shape).sum()) < 2:  # no batch to whiten over: no signal
+    tokens = check_mask(response_mask, token_rewards.shape).sum()
+    if int(tokens if reduce is None else reduce(tokens)) < 2:  # no batch to whiten over: no signal
         return zeros, returns
-    return adv.whiten(returns, response_mask), returns
+    return adv.whiten(returns, response_mask, reduce=reduce), returns
 
 
 @POLICY_LOSSES.register("ppo_clip")

@@ -191,6 +191,10 @@ class ScalarModel(torch.nn.Module):
                             position_ids=position_ids_from_mask(attention_mask), use_cache=False)
         return out.last_hidden_state
 
+    def forward(self, input_ids, attention_mask, response_len: int) -> torch.Tensor:
+        """``values`` (a wrapper such as DDP calls ``forward``)."""
+        return self.values(input_ids, attention_mask, response_len)
+
     def values(self, input_ids, attention_mask, response_len: int) -> torch.Tensor:
         """(B, T) float32 value of the state before each of the last ``response_len`` tokens."""
         hidden = self._hidden(input_ids, attention_mask)[:, -(response_len + 1) : -1]

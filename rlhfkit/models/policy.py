@@ -128,5 +128,8 @@ def _response_outputs(logits, targets, hidden, temperature, with_entropy, entrop
 
 def _can_share_prompt(model) -> bool:
     """Hugging Face layers drop ``past_key_values`` under gradient checkpointing in training mode
-    (even without grad), which would silently cut the response off its prompt."""
+    (even without grad), which would silently cut the response off its prompt; a DDP wrapper may
+    not run its module twice before one backward (the prompt pass, then the rows)."""
+    if type(model).__name__ == "DistributedDataParallel":
+        return False
     return not any(getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules())

@@ -43,6 +43,8 @@ def optimizer_step(optimizer, scheduler, max_grad_norm: float | None) -> tuple[t
     and the schedule, clear gradients. Returns ``(grad_norm, learning rate used)``."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
+        grad_norm = grad_norm.full_tensor()
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()

@@ -9,15 +9,18 @@ their config preset (``config.PRESETS``) — there is no ``if algorithm == ...``
 from __future__ import annotations
 
 import math
+import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .. import distributed
 from ..algorithms import (
-    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, value_loss,
+    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, masked_sum,
+    value_loss,
 )
 from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
@@ -66,14 +69,22 @@ class RLTrainer:
         if reward_funcs is None:
             raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        prepare_run_dir(args.output_dir, args.overwrite, resume_from=args.resume_from)
+        world = distributed.planned_world()
+        if args.prompts_per_step % world:
+            raise ValueError(f"prompts_per_step={args.prompts_per_step} must be divisible by the number of "
+                             f"processes ({world}): each process samples its share, and a group never spans two")
+        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
+        prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
         from ..jobs import record_run  # the job classes import the trainers
 
         datasets = {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)}
-        record_run(args, model, datasets, args.resume_from, reward_funcs=reward_funcs, reward_weights=reward_weights,
-                   ref_model=ref_model, peft_config=peft_config)
-        seed_everything(args.seed)
+        if self.out_dir:
+            record_run(args, model, datasets, args.resume_from, reward_funcs=reward_funcs,
+                       reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config)
+        seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
+        if distributed.world() > 1:  # then each process samples its own completions
+            seed_everything(args.seed + 1_000_003 * distributed.rank())
         self.tokenizer = self.m.tokenizer
         self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.m.device)
         self.rows, self.prompt_ids = train_rows, tokenize_prompts(train_rows, self.tokenizer, args.max_prompt_length)
@@ -89,7 +100,8 @@ class RLTrainer:
         self.order = self._epoch_order(0)
         if args.resume_from:
             self._resume(args.resume_from)
-        self.logger = MetricsLogger(args.output_dir, args.log_every, progress_bar=args.progress_bar,
+        main = distributed.is_main()  # the other processes compute the same global metrics, silently
+        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, progress_bar=args.progress_bar and main,
                                     total_steps=args.max_steps, initial_step=self.step)
 
     # ---------------------------------------------------------------- the loop
@@ -101,7 +113,7 @@ class RLTrainer:
             timings: dict[str, float] = {}
             with _timer(timings, "generate"):
                 rows = self._sample_prompts()                                      # 1
-                with self.m.autocast():
+                with self.m.autocast(), distributed.gathered(self.m.policy):
                     rollout = self.engine.generate([self.prompt_ids[i] for i in rows],  # 2
                                                    args.group_size, self.sampling)
             with _timer(timings, "reward"):
@@ -109,7 +121,7 @@ class RLTrainer:
             with _timer(timings, "logprobs"):
                 exp = self._make_experience(rollout, scores, valid, metrics)      # 4, 5
             with _timer(timings, "update"):
-                if bool(exp.mask.any()):  # a batch no reward function scored teaches nothing: no step
+                if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
                     metrics.update(self._update(exp))                              # 6
             self.step += 1
             if self._eval_due():
@@ -117,11 +129,11 @@ class RLTrainer:
             self._log(metrics, exp, timings)                                       # 7
             if args.output_dir and args.save_steps and self.step % args.save_steps == 0:
                 self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
-                if args.save_total_limit:
-                    prune_checkpoints(args.output_dir, args.save_total_limit)
+                if args.save_total_limit and self.out_dir:
+                    prune_checkpoints(self.out_dir, args.save_total_limit)
         if args.output_dir:
             self.save_model(Path(args.output_dir) / "final")
-            finish_run(args.output_dir)
+            finish_run(self.out_dir)
         return self.logger.history
 
     def evaluate(self) -> dict:
@@ -132,7 +144,8 @@ class RLTrainer:
         args = self.args
         sampling = SamplingParams.from_config(args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens,
                                               greedy=True)
-        with self.m.autocast():
+        # Every process evaluates the whole set with the gathered weights (greedy: the same numbers).
+        with self.m.autocast(), distributed.gathered(self.m.policy):
             return run_evaluation(self.m.policy, None, self.tokenizer, self.rewards, self.eval_rows,
                                   self.eval_prompt_ids, 1, sampling, batch_size=64)["metrics"]
 
@@ -141,7 +154,8 @@ class RLTrainer:
         return self.eval_rows is not None and ((every and self.step % every == 0) or self.step == self.args.max_steps)
 
     def _sample_prompts(self) -> list[int]:
-        """The next ``prompts_per_step`` prompts of a seeded per-epoch shuffle."""
+        """This process's share of the next ``prompts_per_step`` prompts of a seeded per-epoch
+        shuffle (every process walks the same order; process r takes the r-th slice)."""
         rows = []
         while len(rows) < self.args.prompts_per_step:
             if self.data_pos >= len(self.order):
@@ -149,7 +163,8 @@ class RLTrainer:
                 self.order = self._epoch_order(self.data_epoch)
             rows.append(self.order[self.data_pos])
             self.data_pos += 1
-        return rows
+        share = len(rows) // distributed.world()
+        return rows[distributed.rank() * share:(distributed.rank() + 1) * share]
 
     def _score(self, rows: list[int], rollout: Rollout):
         """Phase 3: reward functions / models on the decoded completions, then the EOS trick,
@@ -159,12 +174,13 @@ class RLTrainer:
         completions = decode_completions(rollout, self.tokenizer)
         columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
         out = self.rewards([d["prompt"] for d in data], completions, columns)
-        metrics = {f"reward/{name}_mean": torch.nanmean(v) for name, v in out.per_function.items()}
+        metrics = {f"reward/{name}_mean": _global_nanmean(v) for name, v in out.per_function.items()}
         valid = out.valid.to(rollout.has_eos.device)
-        scores, score_metrics = shape_scores(out.scores.to(rollout.has_eos.device), valid, rollout.has_eos, args)
+        scores, score_metrics = shape_scores(out.scores.to(rollout.has_eos.device), valid, rollout.has_eos, args,
+                                             reduce=distributed.reduce_sum)
         metrics.update(score_metrics)
         if self._sample_step():
-            write_samples(args.output_dir, self.step + 1, [d["prompt"] for d in data], completions, out.scores,
+            write_samples(self.out_dir, self.step + 1, [d["prompt"] for d in data], completions, out.scores,
                           args.num_logged_samples)
         return scores, valid, metrics
 
@@ -186,12 +202,12 @@ class RLTrainer:
         kl = None
         if ref is not None and old_logprobs is not None:
             kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
-            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)  # scored or not
-            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
+            metrics["kl/k1"] = _global_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)  # scored or not
+            metrics["kl/k3"] = _global_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
         advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
-                                                                self.kl_ctl.value)
-        metrics["reward/token_reward_sum"] = masked_mean(rewards.sum(-1), valid)
-        metrics["policy/advantages_mean"] = masked_mean(advantages, mask)
+                                                                self.kl_ctl.value, reduce=distributed.reduce_sum)
+        metrics["reward/token_reward_sum"] = _global_mean(rewards.sum(-1), valid)
+        metrics["policy/advantages_mean"] = _global_mean(advantages, mask)
         return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns)
 
     @property
@@ -203,32 +219,44 @@ class RLTrainer:
     def _update(self, exp: Experience) -> dict:
         """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches.
 
-        Each micro-batch's loss is weighted by its share of the minibatch (tokens for token-mean,
-        rows otherwise), so accumulation gives the gradient of one batch. Its metrics are weighted
-        the same way — the losses by that share, the per-token means (KL, entropy, clip fraction)
-        by the micro-batch's share of the tokens — so a logged metric (and the KL the adaptive
-        controller reads) is the minibatch's own, whatever the micro-batch size; minibatches are
-        then averaged."""
-        args, B = self.args, exp.mask.shape[0]
-        mini = args.mini_batch_size or B
-        micro = min(args.micro_batch_size or mini, mini)
+        Minibatches are drawn from the *global* batch (every process's rows, in process order) by one
+        permutation that every process draws alike, so one update of a batch gives the same weights
+        on any number of processes; each process trains on its own rows of each minibatch. A
+        micro-batch's loss is weighted by its share of the global minibatch (tokens for token-mean,
+        rows otherwise) times the number of processes (FSDP2 and DDP average gradients over them), so
+        accumulation gives the gradient of one batch. Its metrics are weighted the same way — the
+        losses by that share, the per-token means (KL, entropy, clip fraction) by its share of the
+        minibatch's tokens — and summed over processes: a logged metric (and the KL the adaptive
+        controller reads) is the minibatch's own, whatever the micro-batch size or process count.
+        Processes with fewer micro-batches run zero-weight ones, so every process runs the same
+        number of (collective) forward and backward passes."""
+        args, B, world = self.args, exp.mask.shape[0], distributed.world()
+        first = distributed.rank() * B  # this process's rows are global rows first .. first + B - 1
+        mini = args.mini_batch_size or B * world
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + self.step)
         sums: dict[str, torch.Tensor] = {}
         n_steps = 0
         for _ in range(args.num_iterations):
-            for mb_rows in torch.randperm(B).split(mini):
+            for global_rows in torch.randperm(B * world, generator=gen).split(mini):
+                mb_rows = global_rows[(global_rows >= first) & (global_rows < first + B)] - first
                 mb_rows = self._group_by_prompt(exp, mb_rows)
-                weight = self._loss_weights(exp.mask[mb_rows]).clamp(min=1)
-                tokens = exp.mask[mb_rows].sum().clamp(min=1)
-                for rows in mb_rows.split(micro):
-                    loss, m = self._loss(exp, rows.to(self.m.device))
-                    share = self._loss_weights(exp.mask[rows]) / weight
-                    (loss * share).backward()
-                    token_share = exp.mask[rows].sum() / tokens
+                weight = distributed.reduce_sum(self._loss_weights(exp.mask[mb_rows])).clamp(min=1)
+                tokens = distributed.reduce_sum(exp.mask[mb_rows].sum()).clamp(min=1)
+                chunks = list(mb_rows.split(args.micro_batch_size or mini)) if len(mb_rows) else []
+                n_micro = distributed.reduce_max(len(chunks))
+                for i in range(n_micro):
+                    real = i < len(chunks)
+                    rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
+                    with distributed.no_sync(self.m.train_policy, self.m.train_critic) if i < n_micro - 1 else nullcontext():
+                        loss, m = self._loss(exp, rows.to(self.m.device))
+                        share = self._loss_weights(exp.mask[rows]) / weight if real else torch.zeros(())
+                        (loss * share * world).backward()
+                    token_share = exp.mask[rows].sum() / tokens if real else torch.zeros(())
                     for k, v in m.items():
                         sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
-                sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + self._optimizer_step()["perf/grad_norm"]
+                sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + self._optimizer_step()["perf/grad_norm"] / world
                 n_steps += 1
-        return {k: v / n_steps for k, v in sums.items()}
+        return {k: distributed.reduce_sum(v) / n_steps for k, v in sums.items()}
 
     def _group_by_prompt(self, exp: Experience, rows: torch.Tensor) -> torch.Tensor:
         """A minibatch's rows ordered by prompt, so micro-batches hold whole groups whose prompt
@@ -291,13 +319,17 @@ class RLTrainer:
         return epoch_order(self.args.seed, epoch, len(self.rows))
 
     def _log(self, metrics: dict, exp: Experience, timings: dict) -> None:
+        """Global metrics (every process computes the same row); rank 0 writes and prints it."""
         lengths = exp.rollout.response_mask.sum(-1).float()
+        every = torch.ones_like(lengths, dtype=torch.bool)
+        tokens = distributed.reduce_sum(lengths.sum())
         metrics.update({
-            "rollout/response_length_mean": lengths.mean(), "rollout/response_length_max": lengths.max(),
-            "rollout/truncated_frac": (~exp.rollout.has_eos).float().mean(),
+            "rollout/response_length_mean": _global_mean(lengths, every),
+            "rollout/response_length_max": distributed.reduce_tensor_max(lengths.max()),
+            "rollout/truncated_frac": _global_mean((~exp.rollout.has_eos).float(), every),
             "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
             **{f"perf/time_{k}": v for k, v in timings.items()},
-            "perf/tokens_per_s": float(lengths.sum()) / max(sum(timings.values()), 1e-9),
+            "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
         })
         row = self.logger.log(self.step, metrics, self.args.max_steps)
         if "kl/k1" in row:  # KL per sequence drives the adaptive controller
@@ -311,6 +343,9 @@ class RLTrainer:
         return mods
 
     def save_checkpoint(self, path: Path) -> None:
+        if distributed.world() > 1:
+            raise ValueError("checkpoints of a run on several processes are not supported yet (save_steps must be 0 "
+                             "under torchrun); the final model is saved")
         counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos,
                     "kl_coef": self.kl_ctl.value}
         save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters)
@@ -323,8 +358,23 @@ class RLTrainer:
 
     def save_model(self, path: Path) -> None:
         """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged)."""
-        self.m.save_policy(Path(path))
-        self.tokenizer.save_pretrained(path)
+        self.m.save_policy(Path(path))  # every process takes part in gathering the weights
+        if distributed.is_main():
+            self.tokenizer.save_pretrained(path)
+
+
+def _global_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` and over every process's rows."""
+    mask = mask.bool()
+    total = distributed.reduce_sum(torch.stack([masked_sum(x.float(), mask), mask.sum().float()]))
+    return total[0] / total[1].clamp(min=1)
+
+
+def _global_nanmean(x: torch.Tensor) -> torch.Tensor:
+    """``torch.nanmean`` over every process's rows (NaN where nothing is a number)."""
+    ok = ~torch.isnan(x)
+    total = distributed.reduce_sum(torch.stack([torch.where(ok, x, 0.0).sum(), ok.sum().float()]))
+    return total[0] / total[1] if bool(total[1] > 0) else torch.tensor(float("nan"))
 
 
 @contextmanager

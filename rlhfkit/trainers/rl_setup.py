@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .. import distributed
 from ..config import RLConfig
 from ..data import render_prompt
 from ..data.encode import encode_pair
@@ -44,6 +45,23 @@ class Models:
         elif args.use_critic:
             self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
                            else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
+        self._shard()
+
+    def _shard(self) -> None:
+        """Under torchrun, shard the policy, the critic and the frozen reference over the processes
+        (``distributed.shard``: FSDP2, or DDP for the trained ones). Training passes go through
+        ``train_policy`` / ``train_critic`` (the FSDP2 module itself, or a DDP wrapper); generation
+        uses the policy with its parameters gathered. A single process: the models as they are."""
+        args = self.args
+        # A LoRA policy is merged at save time into a full copy, which a sharded one no longer is.
+        keep = self.is_peft and distributed.active() and distributed.is_main()
+        self._peft_template = copy.deepcopy(self.policy).cpu() if keep else None
+        mixed = args.autocast if args.parallelism == "fsdp" and self.device.type == "cuda" else None
+        self.train_policy = distributed.shard(self.policy, args.parallelism, mixed)
+        if self.reference is not None and args.parallelism == "fsdp":
+            distributed.shard(self.reference, "fsdp", mixed)
+        critic = self.critic_module
+        self.train_critic = distributed.shard(critic, args.parallelism, mixed) if critic is not None else None
 
     def autocast(self):
         """``torch.autocast`` when the config asks for mixed precision, else a no-op context."""
@@ -61,15 +79,15 @@ class Models:
 
     def _forward_inner(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
         T = rollout.response_mask.shape[1]
-        out = forward_response(self.policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
+        out = forward_response(self.train_policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
                                with_entropy=with_entropy, entropy_grad=entropy_grad,
                                with_hidden=with_values and self.value_head is not None,
                                prompt_index=self._prompt_index(rollout))
         values = None
         if with_values and self.value_head is not None:
-            values = self.value_head(out.hidden).squeeze(-1).float()
+            values = self.train_critic(out.hidden).squeeze(-1).float()
         elif with_values:
-            values = self.critic.values(rollout.input_ids, rollout.attention_mask, T)
+            values = self.train_critic(rollout.input_ids, rollout.attention_mask, T)  # ScalarModel.values
         return out.logprobs, values, out.entropy
 
     @torch.no_grad()
@@ -84,7 +102,7 @@ class Models:
 
     @torch.no_grad()
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        model = self.reference if self.reference is not None else self.policy
+        model = self.reference if self.reference is not None else self.train_policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         T = rollout.response_mask.shape[1]
         with adapter_off, self.autocast():
@@ -93,7 +111,10 @@ class Models:
                               for r in self._chunks(rollout)])
 
     def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
-        return rollout.prompt_index if self.args.share_prompt else None
+        # Under torchrun a sharded model's forward passes are collectives, and a shared prompt pass
+        # adds one where a micro-batch repeats a prompt: every process must run the same passes, so
+        # only generation (with gathered weights) shares the prompt there.
+        return rollout.prompt_index if self.args.share_prompt and distributed.world() == 1 else None
 
     def _chunks(self, rollout: Rollout):
         size = self.args.micro_batch_size or rollout.input_ids.shape[0]
@@ -101,10 +122,18 @@ class Models:
             yield rollout.select(rows)
 
     def save_policy(self, path: Path) -> None:
-        model = self.policy
-        if self.is_peft:
-            model = copy.deepcopy(self.policy).merge_and_unload()
-        model.save_pretrained(path)
+        """The policy (LoRA merged) as a Hugging Face directory, written by the main process from the
+        gathered full weights; every process must call this."""
+        state = distributed.full_state_dict(self.policy)  # a collective under torchrun
+        if distributed.is_main():
+            if self.is_peft:  # merge into a full copy: the unsharded template under torchrun
+                model = copy.deepcopy(self._peft_template if self._peft_template is not None else self.policy)
+                if self._peft_template is not None:
+                    model.load_state_dict(state)
+                model.merge_and_unload().save_pretrained(path)
+            else:
+                self.policy.save_pretrained(path, state_dict=state)
+        distributed.barrier()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -123,7 +152,8 @@ def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
     tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
     policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
-    policy = policy.to(resolve_device(args.device))
+    # The process group starts here, after every check that could fail the same way on every rank.
+    policy = policy.to(distributed.setup(args.device))
     if peft_config is not None:
         from peft import get_peft_model
 

@@ -180,8 +180,11 @@ def test_sharing_the_prompt_pass_trains_the_same_weights(algorithm):
         runs.append(make_trainer(algorithm, share_prompt=share, **extra))
         histories.append(runs[-1].train())
     assert [r["reward/mean"] for r in histories[0]] == pytest.approx([r["reward/mean"] for r in histories[1]])
+    assert [r["policy/clip_frac"] for r in histories[0]] == pytest.approx([r["policy/clip_frac"] for r in histories[1]])
+    # AdamW divides by sqrt(v) + 1e-8: float-rounding differences of near-zero gradients reach ~1.5e-5
+    # in a weight after 6 AdamW steps (measured), while rewards and clip fractions agree exactly
     for (name, a), (_, b) in zip(runs[0].m.policy.named_parameters(), runs[1].m.policy.named_parameters()):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4, msg=name)
 
 
 def test_eval_dataset_is_evaluated_before_every_eval_every_steps_and_after_the_last(tmp_path):

@@ -1,0 +1,206 @@
+"""The only place that knows how many processes there are (DESIGN.md, "Scale-out").
+
+Every process is an SPMD peer launched by ``torchrun``, which describes the job in the environment
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``). ``setup`` joins that
+process group once — NCCL and ``cuda:LOCAL_RANK`` on GPUs, gloo on CPUs — with a timeout on every
+collective (``RLHFKIT_DIST_TIMEOUT`` seconds, default 600), so a rank that dies never leaves the
+others waiting for ever. Without torchrun nothing is initialised and every helper here is the
+identity: single-process code pays nothing.
+
+Models are sharded with FSDP2 (``torch.distributed.fsdp.fully_shard`` on each transformer block,
+then on the whole model) or wrapped in DDP (``shard``). Only this module calls
+``torch.distributed``; the algorithm core receives already-reduced numbers through ``reduce_sum``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from .config import PARALLELISMS
+TIMEOUT_ENV = "RLHFKIT_DIST_TIMEOUT"
+
+
+def launched() -> bool:
+    """Whether torchrun started this process as one of several."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def timeout_s() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, "600"))
+
+
+def no_sync(*modules):
+    """Inside: DDP wrappers among ``modules`` skip their gradient all-reduce (gradient accumulation
+    over micro-batches syncs on the last one only). Other modules: nothing."""
+    from contextlib import ExitStack
+
+    stack = ExitStack()
+    for m in modules:
+        if m is not None and hasattr(m, "no_sync"):
+            stack.enter_context(m.no_sync())
+    return stack
+
+
+def setup(device: str = "auto") -> torch.device:
+    """This process's device ('auto': the GPU of its local rank when torch sees one, else the CPU);
+    under torchrun also the process group, once (NCCL on GPUs, gloo on CPUs)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if not launched():
+        return dev
+    if dev.type == "cuda":  # GPU only: one device per local rank
+        dev = torch.device("cuda", local_rank()) if dev.index is None else dev
+        torch.cuda.set_device(dev)
+    if not dist.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s()))
+    return dev
+
+
+def planned_world() -> int:
+    """The number of processes torchrun started (known before the process group exists)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of ``x`` over every process (a new tensor; ``x`` itself in a single process). The
+    algorithm core takes this as its ``reduce`` argument for batch statistics."""
+    return _all_reduce(x, "sum")
+
+
+def reduce_tensor_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise maximum of ``x`` over every process."""
+    return _all_reduce(x, "max")
+
+
+def _all_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
+    if not active():
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return out
+
+
+def reduce_max(value: int) -> int:
+    """The largest ``value`` over every process."""
+    if not active():
+        return value
+    t = torch.tensor([value], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def broadcast_object(obj, src: int = 0):
+    """``obj`` of rank ``src`` on every process."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks of a Hugging Face model: its ``_no_split_modules`` classes."""
+    names = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: str | None = None):
+    """``model`` ready for data-parallel training on every process: FSDP2 (each transformer block,
+    then the whole model, sharded in place; parameters become DTensors) or DDP (a wrapper whose
+    ``module`` is ``model``). Returns the module to call for training forward passes. A single
+    process gets ``model`` back unchanged.
+
+    ``mixed_precision`` ('bfloat16'): FSDP2 computes in it while parameters, gradients and
+    optimizer states stay in their own dtype (the GPU default).
+    """
+    if not active():
+        return model
+    if parallelism not in PARALLELISMS:
+        raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, got {parallelism!r}")
+    if parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        if not any(p.requires_grad for p in model.parameters()):
+            return model  # frozen: every rank holds the same copy, nothing to synchronise
+        dev = next(model.parameters()).device
+        # broadcast_buffers=False: forward passes must not be collectives (ranks generate
+        # completions of different lengths, so they run different numbers of forward passes).
+        return DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
+                                       broadcast_buffers=False)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {}
+    if mixed_precision is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision),
+                                                   reduce_dtype=torch.float32)
+    for block in _blocks(model):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DDP wrapper (FSDP2 shards in place: the model itself)."""
+    return getattr(model, "module", model)
+
+
+@contextmanager
+def gathered(model: torch.nn.Module):
+    """Every FSDP2 module of ``model`` holds its full parameters for the duration, and forward
+    passes are no collectives: generation runs a number of forward passes that differs from rank
+    to rank (completions end at different lengths). Nothing happens for unsharded models."""
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if active() else []
+    for m in sharded:
+        m.unshard()
+        m.set_reshard_after_forward(False)
+    try:
+        yield model
+    finally:
+        for m in sharded:
+            m.reshard()
+            m.set_reshard_after_forward(True)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on the CPU — gathered on every process (a collective)."""
+    if not active():
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -1,0 +1,61 @@
+"""Run by the distributed tests, under torchrun or as one plain process:
+
+    worker.py update <experience.pt> <config.json> <out.safetensors>
+        one RL update of a fixed batch of experience; this process trains on its share of the rows
+    worker.py train <config.json> <out_dir>
+        a toy-task run; every process writes the checksum of its full weights to <out_dir>/weights-<rank>.txt
+"""
+
+import json
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from rlhfkit import distributed
+from rlhfkit.rollout import Rollout
+from rlhfkit.tasks.toy import toy_trainer
+from rlhfkit.trainers.rl import Experience
+
+FIELDS = ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns")
+ROLLOUT = ("input_ids", "attention_mask", "response_mask", "has_eos", "prompt_index")
+
+
+def load_experience(path, rows):
+    data = torch.load(path, weights_only=True)
+    rollout = Rollout(*(data[k][rows] for k in ROLLOUT[:4]), int(data["prompt_len"]), data["prompt_index"][rows])
+    return Experience(rollout, *(data[k][rows] if k in data else None for k in FIELDS))
+
+
+def full_weights(trainer) -> dict:
+    out = {f"policy.{k}": v for k, v in distributed.full_state_dict(trainer.m.policy).items()}
+    if trainer.m.critic_module is not None:
+        out.update({f"critic.{k}": v for k, v in distributed.full_state_dict(trainer.m.critic_module).items()})
+    return out
+
+
+def update(experience, config, out):
+    trainer = toy_trainer(**json.loads(open(config).read()))
+    B = torch.load(experience, weights_only=True)["mask"].shape[0]
+    share = B // distributed.world()
+    rows = torch.arange(distributed.rank() * share, (distributed.rank() + 1) * share)
+    trainer._update(load_experience(experience, rows))
+    weights = full_weights(trainer)
+    if distributed.is_main():
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
+
+
+def train(config, out_dir):
+    trainer = toy_trainer(**json.loads(open(config).read()))
+    trainer.train()
+    weights = full_weights(trainer)  # a collective: every process takes part, rank 0 holds the result
+    total = sum(float(v.double().sum()) for v in weights.values()) if distributed.is_main() else 0.0
+    # each process checks its own copy: gathered, its parameters are the full weights
+    with distributed.gathered(trainer.m.policy):
+        mine = sum(float(p.detach().double().sum()) for p in distributed.unwrap(trainer.m.policy).parameters())
+    with open(f"{out_dir}/weights-{distributed.rank()}.txt", "w") as f:
+        f.write(f"{mine!r}\n{total!r}\n")
+
+
+if __name__ == "__main__":
+    {"update": update, "train": train}[sys.argv[1]](*sys.argv[2:])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -17,7 +18,8 @@ def _train(job_cls, args, run) -> int:
     from .config_io import format_help, load_config
 
     if args.help:
-        print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite]\n")
+        print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite] "
+              "[--nproc-per-node N]\n")
         print((job_cls.__doc__ or "").strip() + "\n\nkeys:\n" + format_help(job_cls))
         return 0
     overrides = list(args.overrides)
@@ -25,9 +27,29 @@ def _train(job_cls, args, run) -> int:
         overrides.append("progress_bar=false")
     if args.overwrite:
         overrides.append("overwrite=true")
-    job = load_config(job_cls, args.config, overrides)
+    job = load_config(job_cls, args.config, overrides)  # config errors before any process starts
+    if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+        return _torchrun(args.nproc_per_node, args.argv)
     run(job).train()  # the trainer records the whole job in the run directory (jobs.record_run)
     return 0
+
+
+def _torchrun(nproc: int, argv: list[str]) -> int:
+    """This very command again under ``torchrun --standalone --nproc-per-node N`` (one machine; for
+    several, run torchrun yourself with --nnodes/--node-rank/--rdzv-endpoint: see the README)."""
+    import subprocess
+
+    kept, skip = [], False
+    for arg in argv:  # drop --nproc-per-node N / --nproc-per-node=N
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            kept.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "rlhfkit", *kept]
+    return subprocess.run(command).returncode
 
 
 def _run_sft(job):
@@ -154,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
         t.add_argument("overrides", nargs="*", help="key=value overrides")
         t.add_argument("--quiet", action="store_true", help="log lines only, no progress bar")
         t.add_argument("--overwrite", action="store_true", help="allow an existing, non-empty output_dir")
+        t.add_argument("--nproc-per-node", type=int, default=1,
+                       help="processes on this machine: starts torchrun with this many (CPU: gloo; GPU: one per GPU)")
         t.add_argument("-h", "--help", action="store_true")
         t.set_defaults(func=None, job=job)
     e = sub.add_parser("eval", help="score a policy on a prompt set with reward functions / reward models")
@@ -193,7 +217,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE") and argv is None:  # `rlhfkit ... | head` ends quietly, like other CLIs
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "overrides", None) is not None and all("=" in e for e in extra):
+        args.overrides = [*args.overrides, *extra]  # key=value after an option: `rl --quiet kl_coef=0.1 ...`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         import transformers
 
@@ -209,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             return _train(getattr(jobs, args.job), args, runners[args.command])
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"rlhfkit {args.command}: error: {err}", file=sys.stderr)
+        from . import distributed
+
+        if distributed.active():  # raised after the processes joined: possibly on this rank alone
+            print(f"rlhfkit {args.command}: error: [rank {distributed.rank()}] {err}", file=sys.stderr)
+        elif os.environ.get("RANK", "0") == "0":  # before: every rank raised it, rank 0 says it
+            print(f"rlhfkit {args.command}: error: {err}", file=sys.stderr)
         return 2
 
 

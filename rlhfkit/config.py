@@ -353,12 +353,19 @@ class TrainConfig(RunBase, OptimBase):
     """Evaluate on eval_dataset every this many optimizer steps (0: only after the last step)."""
     dtype: str = "float32"
     """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16 (DTYPES)."""
+    device: str = "auto"
+    """Where the model runs: 'auto' (the GPU of this process when torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
+    parallelism: str = "fsdp"
+    """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights, gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its share of every step's rows (batch_size stays the global count). Ignored in a single process."""
 
     def __post_init__(self):
         check_ranges(self)
         check_fields(self, [
             (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
             (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+            (self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS, "device",
+             "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
+            (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
         ])
 
     def replace(self, **changes):

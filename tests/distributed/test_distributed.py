@@ -91,3 +91,24 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
     assert len(mine) == 2 and mine[0] == mine[1]
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
         ["config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_a_lora_policy_trains_sharded_and_saves_a_merged_model(tmp_path, parallelism):
+    from transformers import AutoModelForCausalLM
+
+    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=3, kl_coef=0.1, lora_r=4, parallelism=parallelism,
+                  output_dir=str(tmp_path / "run"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run(2, "train", tmp_path / "config.json", tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["kl/k1"] == pytest.approx(0.0, abs=1e-5) and rows[-1]["kl/k3"] > 0  # the adapter moved
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+
+    base = dict(tiny_causal_lm(char_tokenizer(), seed=0).named_parameters())
+    trained = dict(merged.named_parameters())
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(trained[name], base[name])  # the adapter is merged in
+    assert torch.equal(trained["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])

@@ -45,8 +45,26 @@ def update(experience, config, out):
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
 
 
+def _trainer(config: dict):
+    """The toy trainer; ``lora_r`` in the config trains a LoRA adapter of that rank."""
+    lora_r = config.pop("lora_r", 0)
+    if not lora_r:
+        return toy_trainer(**config)
+    from peft import LoraConfig
+
+    from rlhfkit import RLConfig, RLTrainer
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+    from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
+
+    tok = char_tokenizer()
+    lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    args = RLConfig(**{"learning_rate": 1e-2, "max_new_tokens": 8, "log_every": 0, **config})
+    return RLTrainer(tiny_causal_lm(tok, seed=0), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok,
+                     peft_config=lora)
+
+
 def train(config, out_dir):
-    trainer = toy_trainer(**json.loads(open(config).read()))
+    trainer = _trainer(json.loads(open(config).read()))
     trainer.train()
     weights = full_weights(trainer)  # a collective: every process takes part, rank 0 holds the result
     total = sum(float(v.double().sum()) for v in weights.values()) if distributed.is_main() else 0.0

@@ -94,6 +94,21 @@ def reduce_sum(x: torch.Tensor) -> torch.Tensor:
     return _all_reduce(x, "sum")
 
 
+def global_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` and over every process's rows (0 where nothing is masked in)."""
+    mask = mask.bool()
+    part = torch.stack([torch.where(mask, x.float(), 0.0).sum(), mask.sum().float()])
+    total = reduce_sum(part)
+    return total[0] / total[1].clamp(min=1)
+
+
+def global_nanmean(x: torch.Tensor) -> torch.Tensor:
+    """``torch.nanmean`` over every process's rows (NaN where nothing is a number)."""
+    ok = ~torch.isnan(x)
+    total = reduce_sum(torch.stack([torch.where(ok, x, 0.0).sum(), ok.sum().float()]))
+    return total[0] / total[1] if bool(total[1] > 0) else torch.tensor(float("nan"))
+
+
 def reduce_tensor_max(x: torch.Tensor) -> torch.Tensor:
     """The elementwise maximum of ``x`` over every process."""
     return _all_reduce(x, "max")

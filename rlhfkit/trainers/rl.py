@@ -19,8 +19,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import (
-    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, masked_sum,
-    value_loss,
+    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, value_loss,
 )
 from ..config import RLConfig
 from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
@@ -174,7 +173,7 @@ class RLTrainer:
         completions = decode_completions(rollout, self.tokenizer)
         columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
         out = self.rewards([d["prompt"] for d in data], completions, columns)
-        metrics = {f"reward/{name}_mean": _global_nanmean(v) for name, v in out.per_function.items()}
+        metrics = {f"reward/{name}_mean": distributed.global_nanmean(v) for name, v in out.per_function.items()}
         valid = out.valid.to(rollout.has_eos.device)
         scores, score_metrics = shape_scores(out.scores.to(rollout.has_eos.device), valid, rollout.has_eos, args,
                                              reduce=distributed.reduce_sum)
@@ -202,12 +201,12 @@ class RLTrainer:
         kl = None
         if ref is not None and old_logprobs is not None:
             kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
-            metrics["kl/k1"] = _global_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)  # scored or not
-            metrics["kl/k3"] = _global_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
+            metrics["kl/k1"] = distributed.global_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)  # scored or not
+            metrics["kl/k3"] = distributed.global_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
         advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
                                                                 self.kl_ctl.value, reduce=distributed.reduce_sum)
-        metrics["reward/token_reward_sum"] = _global_mean(rewards.sum(-1), valid)
-        metrics["policy/advantages_mean"] = _global_mean(advantages, mask)
+        metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
+        metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
         return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns)
 
     @property
@@ -324,9 +323,9 @@ class RLTrainer:
         every = torch.ones_like(lengths, dtype=torch.bool)
         tokens = distributed.reduce_sum(lengths.sum())
         metrics.update({
-            "rollout/response_length_mean": _global_mean(lengths, every),
+            "rollout/response_length_mean": distributed.global_mean(lengths, every),
             "rollout/response_length_max": distributed.reduce_tensor_max(lengths.max()),
-            "rollout/truncated_frac": _global_mean((~exp.rollout.has_eos).float(), every),
+            "rollout/truncated_frac": distributed.global_mean((~exp.rollout.has_eos).float(), every),
             "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
             **{f"perf/time_{k}": v for k, v in timings.items()},
             "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
@@ -361,20 +360,6 @@ class RLTrainer:
         self.m.save_policy(Path(path))  # every process takes part in gathering the weights
         if distributed.is_main():
             self.tokenizer.save_pretrained(path)
-
-
-def _global_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over ``mask`` and over every process's rows."""
-    mask = mask.bool()
-    total = distributed.reduce_sum(torch.stack([masked_sum(x.float(), mask), mask.sum().float()]))
-    return total[0] / total[1].clamp(min=1)
-
-
-def _global_nanmean(x: torch.Tensor) -> torch.Tensor:
-    """``torch.nanmean`` over every process's rows (NaN where nothing is a number)."""
-    ok = ~torch.isnan(x)
-    total = distributed.reduce_sum(torch.stack([torch.where(ok, x, 0.0).sum(), ok.sum().float()]))
-    return total[0] / total[1] if bool(total[1] > 0) else torch.tensor(float("nan"))
 
 
 @contextmanager

@@ -346,7 +346,7 @@ class TrainConfig(RunBase, OptimBase):
     max_steps: int | None = None
     """Optimizer steps to run; None: from num_epochs."""
     batch_size: int = 8
-    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences)."""
+    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences). Under torchrun it counts the rows of every process together: each process takes its 1/N share, so N processes train what one does."""
     max_length: int = 1024
     """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row length."""
     eval_every: int = 0

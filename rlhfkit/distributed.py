@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from .config import PARALLELISMS
 TIMEOUT_ENV = "RLHFKIT_DIST_TIMEOUT"
+_DEVICE = [torch.device("cpu")]  # this process's device, set by setup: where collectives run
 
 
 def launched() -> bool:
@@ -77,6 +78,7 @@ def setup(device: str = "auto") -> torch.device:
     if dev.type == "cuda":  # GPU only: one device per local rank
         dev = torch.device("cuda", local_rank()) if dev.index is None else dev
         torch.cuda.set_device(dev)
+    _DEVICE[0] = dev
     if not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s()))
@@ -114,21 +116,26 @@ def reduce_tensor_max(x: torch.Tensor) -> torch.Tensor:
     return _all_reduce(x, "max")
 
 
+def sum_floats(values: list[float]) -> list[float]:
+    """Python numbers summed over every process (in float64)."""
+    if not active():
+        return list(values)
+    return reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
+
+
 def _all_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
+    """A reduced copy of ``x``; the collective runs on this process's device (NCCL reduces GPU
+    tensors only), the result comes back where ``x`` was."""
     if not active():
         return x
-    out = x.detach().clone()
+    out = x.detach().to(_DEVICE[0]).clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-    return out
+    return out.to(x.device)
 
 
 def reduce_max(value: int) -> int:
     """The largest ``value`` over every process."""
-    if not active():
-        return value
-    t = torch.tensor([value], dtype=torch.long)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(_all_reduce(torch.tensor([value], dtype=torch.long), "max").item()) if active() else value
 
 
 def broadcast_object(obj, src: int = 0):

@@ -12,10 +12,17 @@ depends on score differences only, so the shift costs nothing.
 
 ``final/`` loads with ``ScalarModel.from_pretrained``, serves as a reward function
 (``RLTrainer(reward_funcs=[dir])``) and initialises the PPO critic (``RLConfig(critic_init=dir)``).
+
+Under torchrun (DESIGN.md, "Scale-out") every process walks the same seeded order and scores the
+r-th slice of each step's ``batch_size`` pairs; it backpropagates its sum of pair losses divided by
+the step's pair count times the number of processes (FSDP2 and DDP average gradients), so the
+gradient is that of the Bradley–Terry mean over the global batch. Metrics, eval and the centring
+mean are all-reduced; rank 0 alone writes the run directory and ``final/``.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import warnings
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from .. import distributed
 from ..algorithms import bradley_terry_loss
 from ..data.encode import encode_pair
 from ..data.preferences import load_completions, load_preference_dataset
@@ -32,7 +40,6 @@ from ..models.loading import _check_dir
 from ..config import TrainConfig
 from .common import make_optimizer, make_scheduler, optimizer_step, seed_everything
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, to_floats
-
 
 
 @dataclass(frozen=True)
@@ -74,14 +81,21 @@ class RewardModelTrainer:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
         if center_dataset is not None and not args.center:
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
+        world = distributed.planned_world()
+        if args.batch_size % world:
+            raise ValueError(f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
+                             "each process scores an equal share of every step's pairs")
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
-        prepare_run_dir(args.output_dir, args.overwrite)
+        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
+        prepare_run_dir(self.out_dir, args.overwrite)
         from ..jobs import record_run  # the job classes import the trainers
 
-        record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
-                                 "center_dataset": (center_dataset, center_rows)})
+        if self.out_dir:
+            record_run(args, model, {"train_dataset": (train_dataset, train_rows),
+                                     "eval_dataset": (eval_dataset, eval_rows),
+                                     "center_dataset": (center_dataset, center_rows)})
         is_path = isinstance(model, (str, os.PathLike))
         if is_path:
             _check_dir(model, "model")
@@ -95,16 +109,28 @@ class RewardModelTrainer:
         else:
             self.center_ids = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
                                for r in center_rows]
-        seed_everything(args.seed)
-        self.model = _load_scalar_model(model, args.dtype)
+        seed_everything(args.seed)  # the same initial head on every process
+        model = _load_scalar_model(model, args.dtype)
+        if model.head.bias is not None:
+            # Its Bradley–Terry gradient is exactly 0 (it shifts both scores of a pair), but summed
+            # in float it is rounding noise of ~1e-9, which AdamW scales up to steps of ~lr: frozen,
+            # the bias keeps its value (and a run gives the same weights on any number of processes).
+            model.head.bias.requires_grad_(False)
+        # The process group starts here, after every check that could fail the same way on every rank.
+        self.model = model.to(distributed.setup(args.device))
         self.device = next(self.model.parameters()).device
+        # Every forward pass goes through ``scorer`` (``model.score`` as a module's forward): FSDP2
+        # shards it in place (its parameters become DTensors) and DDP wraps it. ``self.model`` is
+        # the ScalarModel inside.
+        self.scorer = distributed.shard(_Scorer(self.model), args.parallelism)
         self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
         self.total_steps = args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
-        self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="rm/accuracy",
-                                    progress_bar=args.progress_bar, total_steps=self.total_steps)
+        main = distributed.is_main()  # the other processes compute the same global metrics, silently
+        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric="rm/accuracy",
+                                    progress_bar=args.progress_bar and main, total_steps=self.total_steps)
 
     # ---------------------------------------------------------------- data
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
@@ -150,7 +176,7 @@ class RewardModelTrainer:
     def _score_pairs(self, pairs: list[Pair]):
         """(chosen, rejected, margin) for a batch: both sides in one forward pass."""
         ids, mask = self._pad([p.chosen for p in pairs] + [p.rejected for p in pairs])
-        scores = self.model.score(ids, mask)
+        scores = self.scorer(ids, mask)
         margin = None
         if any(p.margin is not None for p in pairs):  # a row without a margin in a margin dataset: 0
             margin = torch.tensor([p.margin or 0.0 for p in pairs], dtype=scores.dtype, device=scores.device)
@@ -172,15 +198,23 @@ class RewardModelTrainer:
         if self.total_steps == 0 and self.args.center:
             self.logger.log(0, {"rm/offset": self.center()}, 0)
         if self.args.output_dir:
-            self.save_model(Path(self.args.output_dir) / "final")
-            finish_run(self.args.output_dir)
+            self.save_model(Path(self.args.output_dir) / "final")  # every process takes part in gathering
+            finish_run(self.out_dir)
         return self.logger.history
 
     def _step(self, pairs: list[Pair]) -> dict:
-        self.model.train()
-        chosen, rejected, margin = self._score_pairs(pairs)
+        """One optimizer step on the step's ``pairs`` (of every process): this process scores its
+        slice in one forward pass. A process left without pairs (the short last batch of an epoch)
+        scores a stand-in with weight 0, so every process runs one (FSDP2: collective) pass."""
+        self.scorer.train()
+        world, rank, n = distributed.world(), distributed.rank(), len(pairs)
+        mine = pairs[n * rank // world:n * (rank + 1) // world]
+        chosen, rejected, margin = self._score_pairs(mine or pairs[:1])
         loss, metrics = bradley_terry_loss(chosen, rejected, margin)
-        loss.backward()
+        # This slice's share of the global mean, times N: FSDP2 and DDP average gradients.
+        (loss * (len(mine) * world / n)).backward()
+        if world > 1:
+            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(mine), self.device)
         grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
         return {"rm/loss": loss.detach(), **metrics, "perf/lr": lr, "perf/grad_norm": grad_norm}
 
@@ -192,14 +226,22 @@ class RewardModelTrainer:
             load_preference_dataset(dataset, "eval_dataset"), "eval_dataset")
         if pairs is None:
             raise ValueError("evaluate() needs a dataset: pass one, or eval_dataset to the trainer")
-        self.model.eval()
-        size = self.args.batch_size
-        parts = [self._score_pairs(pairs[i : i + size]) for i in range(0, len(pairs), size)]
+        self.scorer.eval()
+        world, rank, n = distributed.world(), distributed.rank(), len(pairs)
+        mine, size = pairs[n * rank // world:n * (rank + 1) // world], -(-self.args.batch_size // world)
+        chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
+        # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
+        passes = [self._score_pairs(chunks[i] if i < len(chunks) else pairs[:1])
+                  for i in range(distributed.reduce_max(len(chunks)))]
+        parts = passes[:len(chunks)] or [tuple(p[:0] if p is not None else None for p in passes[0])]
         chosen, rejected = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         margin = None
         if any(p[2] is not None for p in parts):
             margin = torch.cat([p[2] if p[2] is not None else torch.zeros_like(p[0]) for p in parts])
-        loss, metrics = bradley_terry_loss(chosen, rejected, margin)
+        if world > 1:
+            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(chosen), self.device)
+        else:
+            loss, metrics = bradley_terry_loss(chosen, rejected, margin)
         return to_floats({"eval/loss": loss, **{"eval/" + k.split("/", 1)[1]: v for k, v in metrics.items()}})
 
     @torch.no_grad()
@@ -209,19 +251,74 @@ class RewardModelTrainer:
         ``offset ← offset + mean(score)``: scores already subtract the current offset (a
         continued reward model may have one).
         """
-        self.model.eval()
-        size = 2 * self.args.batch_size
-        scores = torch.cat([self.model.score(*self._pad(self.center_ids[i : i + size]))
-                            for i in range(0, len(self.center_ids), size)])
-        offset = float(self.model.offset) + scores.double().mean().item()
-        self.model.set_offset(offset)
+        self.scorer.eval()
+        world, rank, n = distributed.world(), distributed.rank(), len(self.center_ids)
+        mine, size = self.center_ids[n * rank // world:n * (rank + 1) // world], 2 * -(-self.args.batch_size // world)
+        chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
+        total = 0.0
+        # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
+        for i in range(distributed.reduce_max(len(chunks))):
+            scores = self.scorer(*self._pad(chunks[i] if i < len(chunks) else self.center_ids[:1]))
+            if i < len(chunks):
+                total += scores.double().sum().item()
+        total, count = distributed.sum_floats([total, len(mine)])
+        offset = float(self.model.offset) + total / count
+        self.model.set_offset(offset)  # the same number on every process
         return offset
 
     def save_model(self, path) -> None:
         """The reward model as an HF ``<Arch>ForSequenceClassification`` directory with one label
-        (``ScalarModel.save_pretrained``; the centring offset in its config) and its tokenizer."""
-        self.model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
-        self.tokenizer.save_pretrained(path)
+        (``ScalarModel.save_pretrained``; the centring offset in its config) and its tokenizer.
+        Under torchrun every process must call this: FSDP2 shards are gathered, rank 0 writes."""
+        model = self.model
+        if distributed.world() > 1 and self.args.parallelism == "fsdp":
+            state = distributed.full_state_dict(self.scorer)  # a collective; keys "model.<name>"
+            model = _unsharded_copy(self.model, state) if distributed.is_main() else None
+        if distributed.is_main():
+            model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
+            self.tokenizer.save_pretrained(path)
+        distributed.barrier()
+
+
+class _Scorer(torch.nn.Module):
+    """``model.score`` as a module's ``forward``: FSDP2 gathers the root's parameters, and DDP
+    prepares its gradient all-reduce, only around calls of a module."""
+
+    def __init__(self, model: ScalarModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model.score(input_ids, attention_mask)
+
+
+def _global_pair_metrics(chosen, rejected, margin, n_real: int, device):
+    """``bradley_terry_loss``'s loss and metrics over the pairs of every process: each passes its
+    scores, of which the first ``n_real`` count (none: a stand-in). Reduced in float64."""
+    c, r = chosen.detach()[:n_real].double().cpu(), rejected.detach()[:n_real].double().cpu()
+    diff = c - r - (margin.detach()[:n_real].double().cpu() if margin is not None else 0.0)
+    sums = torch.stack([torch.tensor(float(n_real), dtype=torch.float64), -torch.nn.functional.logsigmoid(diff).sum(),
+                        (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum()])
+    n, loss, wins, gap, c_sum, r_sum = distributed.sum_floats(sums.tolist())
+    mean = (c_sum + r_sum) / (2 * n)
+    (square,) = distributed.sum_floats([float(((torch.cat([c, r]) - mean) ** 2).sum())])
+    metrics = {"accuracy": wins / n, "margin_mean": gap / n, "chosen_mean": c_sum / n, "rejected_mean": r_sum / n,
+               "reward_mean": mean, "reward_std": math.sqrt(square / (2 * n - 1)) if n > 0.5 else float("nan")}
+    return torch.tensor(loss / n), {"rm/" + k: torch.tensor(v) for k, v in metrics.items()}
+
+
+def _unsharded_copy(model: ScalarModel, state: dict) -> ScalarModel:
+    """A plain CPU ``ScalarModel`` of ``model``'s architecture holding ``state`` (the gathered full
+    weights of the ``_Scorer`` around it) and its offset: what rank 0 saves. Built on the meta
+    device, so nothing is initialised twice."""
+    with torch.device("meta"):
+        backbone = type(model.backbone)(copy.deepcopy(model.config))
+        head = torch.nn.Linear(model.head.in_features, 1, bias=model.head.bias is not None)
+        out = ScalarModel(backbone, head)
+    out.to_empty(device="cpu")  # buffers outside the state dict (rotary tables) are never saved
+    out.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, assign=True)
+    out.register_buffer("offset", torch.tensor(float(model.offset)), persistent=False)
+    return out
 
 
 def _load_scalar_model(model, dtype: str) -> ScalarModel:

@@ -9,18 +9,26 @@ i.e. the mean over every completion token of the step, however the tokens fall i
 (each micro-batch backpropagates its token *sum* divided by the step's token count, so
 accumulation gives the same gradient as one large batch — the fix of the 2024 gradient-accumulation
 bug in transformers/TRL). Prompt tokens and padding never contribute.
+
+Under torchrun (DESIGN.md, "Scale-out") every process walks the same seeded data order and takes
+the r-th slice of each step's ``batch_size * grad_accumulation`` units; ``|C|`` is all-reduced, and
+each process backpropagates its token sum divided by ``|C|`` times the number of processes (FSDP2
+and DDP average gradients), so N processes take the step one process takes. Metrics and the eval
+loss are global; rank 0 alone writes the run directory.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from .. import distributed
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
@@ -61,22 +69,35 @@ class SFTTrainer:
             raise ValueError(f"model must be a model directory or a causal-LM object, got {type(model).__name__}")
         if not is_path and processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        rows_per_step, world = args.batch_size * args.grad_accumulation, distributed.planned_world()
+        if rows_per_step % world:
+            raise ValueError(f"batch_size x grad_accumulation = {rows_per_step} must be divisible by the number of "
+                             f"processes ({world}): each process trains on an equal share of every step's rows")
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        prepare_run_dir(args.output_dir, args.overwrite)
+        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
+        prepare_run_dir(self.out_dir, args.overwrite)
         from ..jobs import record_run  # the job classes import the trainers
 
-        record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)})
+        if self.out_dir:
+            record_run(args, model, {"train_dataset": (train_dataset, train_rows),
+                                     "eval_dataset": (eval_dataset, eval_rows)})
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
         self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
                               if eval_rows is not None else None)
         # A training unit is one row of a batch: one example, or one packed row of max_length.
         self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
-        seed_everything(args.seed)
-        self.model = _load_model(model, args.dtype) if is_path else model
+        seed_everything(args.seed)  # the same initial weights on every process
+        model = _load_model(model, args.dtype) if is_path else model
+        # The process group starts here, after every check that could fail the same way on every rank.
+        self.model = model.to(distributed.setup(args.device))
         self.device = next(self.model.parameters()).device
-        rows_per_step = args.batch_size * args.grad_accumulation
+        # The module training and eval passes go through: the model itself (sharded in place by
+        # FSDP2, or as it is in a single process) or its DDP wrapper. ``self.model`` stays the model.
+        self.train_model = distributed.shard(self.model, args.parallelism)
+        if distributed.world() > 1:  # dropout masks differ from process to process
+            seed_everything(args.seed + 1_000_003 * distributed.rank())
         self.total_steps = (args.max_steps if args.max_steps is not None
                             else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
         self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], args.learning_rate,
@@ -84,14 +105,15 @@ class SFTTrainer:
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
         self.step, self.epoch, self.data_pos, self.units_seen = 0, 0, 0, 0
         self.order = self._epoch_order(0)
-        self.logger = MetricsLogger(args.output_dir, args.log_every, main_metric="sft/loss",
-                                    progress_bar=args.progress_bar, total_steps=self.total_steps)
+        main = distributed.is_main()  # the other processes compute the same global metrics, silently
+        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric="sft/loss",
+                                    progress_bar=args.progress_bar and main, total_steps=self.total_steps)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
         """Run ``total_steps`` optimizer steps; returns one metrics dict per step."""
         args = self.args
-        self.model.train()
+        self.train_model.train()
         while self.step < self.total_steps:
             metrics = self._train_step(self._next_units(args.batch_size * args.grad_accumulation))
             self.step += 1
@@ -102,21 +124,30 @@ class SFTTrainer:
         if self.step == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
             self.logger.log(0, {"eval/loss": self.evaluate()}, 0)
         if args.output_dir:
-            self.save_model(Path(args.output_dir) / "final")
-            finish_run(args.output_dir)
+            self.save_model(Path(args.output_dir) / "final")  # every process takes part in gathering
+            finish_run(self.out_dir)
         return self.logger.history
 
     def _train_step(self, units: list[list[Encoded]]) -> dict:
-        """One optimizer step over ``grad_accumulation`` micro-batches; token-mean loss of the step."""
-        args = self.args
-        batches = [self._collate(units[i:i + args.batch_size]) for i in range(0, len(units), args.batch_size)]
-        n_tokens = max(1, sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches))
+        """One optimizer step over the step's units (of every process): this process takes its
+        slice, in micro-batches of ``batch_size / N`` rows (rounded up); token-mean loss of the step.
+
+        Every process holds as many units, so each runs the same number of (FSDP2: collective)
+        forward and backward passes; DDP synchronises gradients on the last micro-batch only."""
+        args, world, rank = self.args, distributed.world(), distributed.rank()
+        share = len(units) // world  # divisible: checked at construction
+        mine, size = units[rank * share:(rank + 1) * share], -(-args.batch_size // world)
+        batches = [self._collate(mine[i:i + size]) for i in range(0, len(mine), size)]
+        local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
+        n_tokens = max(1, int(distributed.sum_floats([local_tokens])[0]))
         total = torch.zeros((), device=self.device)
-        for batch in batches:
-            loss_sum, _ = self.loss_sum(batch, packed=args.packing)
-            (loss_sum / n_tokens).backward()
+        for i, batch in enumerate(batches):
+            with distributed.no_sync(self.train_model) if i < len(batches) - 1 else nullcontext():
+                loss_sum, _ = self.loss_sum(batch, packed=args.packing)
+                (loss_sum / n_tokens * world).backward()  # FSDP2 and DDP average gradients over processes
             total += loss_sum.detach()
         grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, args.max_grad_norm)
+        total = distributed.reduce_sum(total)
         return {"sft/loss": total / n_tokens, "sft/lr": lr, "sft/grad_norm": grad_norm,
                 "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units)}
 
@@ -127,8 +158,8 @@ class SFTTrainer:
         transformers builds a block-diagonal causal mask (one block per packed example)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         mask = None if packed else batch["attention_mask"]
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=mask,
-                            position_ids=batch["position_ids"], use_cache=False).logits
+        logits = self.train_model(input_ids=batch["input_ids"], attention_mask=mask,
+                                  position_ids=batch["position_ids"], use_cache=False).logits
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.
@@ -138,18 +169,28 @@ class SFTTrainer:
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean cross-entropy over every completion token of the eval set (one example per row,
-        right-padded: exact for any model), in eval mode; training mode is restored after."""
+        right-padded: exact for any model), in eval mode; training mode is restored after.
+
+        Under torchrun each process scores its slice of the eval set and the sums are all-reduced;
+        every process must call this (a process with fewer batches scores stand-ins, discarded,
+        so all run the same number of forward passes)."""
         if self.eval_examples is None:
             raise ValueError("evaluate() needs an eval_dataset")
         was_training = self.model.training
-        self.model.eval()
+        self.train_model.eval()
+        world, rank, n = distributed.world(), distributed.rank(), len(self.eval_examples)
+        mine, size = self.eval_examples[n * rank // world:n * (rank + 1) // world], -(-self.args.batch_size // world)
+        chunks = [mine[i:i + size] for i in range(0, len(mine), size)]
         total, count = 0.0, 0
-        size = self.args.batch_size
-        for i in range(0, len(self.eval_examples), size):
-            batch = collate_groups([[e] for e in self.eval_examples[i:i + size]], self.tokenizer.pad_token_id)
-            loss_sum, n = self.loss_sum(batch)
-            total, count = total + float(loss_sum), count + n
-        self.model.train(was_training)
+        for i in range(distributed.reduce_max(len(chunks))):
+            real = i < len(chunks)
+            batch = collate_groups([[e] for e in (chunks[i] if real else self.eval_examples[:1])],
+                                   self.tokenizer.pad_token_id)
+            loss_sum, k = self.loss_sum(batch)
+            if real:
+                total, count = total + float(loss_sum), count + k
+        self.train_model.train(was_training)
+        total, count = distributed.sum_floats([total, count])
         return total / max(count, 1)
 
     # ---------------------------------------------------------------- data order and saving
@@ -173,9 +214,13 @@ class SFTTrainer:
         return epoch_order(self.args.seed, epoch, len(self.units))
 
     def save_model(self, path) -> None:
-        """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads."""
-        self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads. Under
+        torchrun every process must call this: the full weights are gathered, rank 0 writes."""
+        state = distributed.full_state_dict(self.model) if distributed.world() > 1 else None  # a collective
+        if distributed.is_main():
+            self.model.save_pretrained(path, state_dict=state)
+            self.tokenizer.save_pretrained(path)
+        distributed.barrier()
 
 
 def _load_model(path, dtype: str):

@@ -1,0 +1,37 @@
+"""Run by tests/distributed/test_supervised.py, under torchrun or as one plain process:
+
+    supervised_worker.py <spec.json> <out_dir>
+
+``spec``: ``{"trainer": "sft" | "rm", "model": <dir>, "args": {config fields}, "train": rows,
+"eval": rows or null}``. Trains, then rank 0 writes the full weights to
+``<out_dir>/weights.safetensors`` and every process its metrics to ``<out_dir>/history-<rank>.json``.
+"""
+
+import json
+import sys
+
+from safetensors.torch import save_file
+
+from rlhfkit import distributed
+from rlhfkit.trainers.reward_model import RewardModelConfig, RewardModelTrainer
+from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
+
+
+def main(spec_path, out_dir):
+    spec = json.loads(open(spec_path).read())
+    if spec["trainer"] == "sft":
+        trainer = SFTTrainer(spec["model"], SFTConfig(**spec["args"]), spec["train"], spec.get("eval"))
+        module = trainer.model
+    else:
+        trainer = RewardModelTrainer(spec["model"], RewardModelConfig(**spec["args"]), spec["train"], spec.get("eval"))
+        module = trainer.scorer  # keys "model.<ScalarModel parameter>"
+    history = trainer.train()
+    weights = distributed.full_state_dict(module)  # a collective: every process takes part
+    if distributed.is_main():  # clone: tied embeddings share storage, which safetensors refuses
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, f"{out_dir}/weights.safetensors")
+    with open(f"{out_dir}/history-{distributed.rank()}.json", "w") as f:
+        json.dump(history, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

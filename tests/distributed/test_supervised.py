@@ -1,0 +1,150 @@
+"""SFT and reward-model training on several CPU processes (gloo, torchrun, loopback rendezvous)
+train what one process trains: the same weights after the same steps (FSDP2 and DDP), the same
+global metrics on every process, the same run directory and ``final/``; a batch that does not
+split evenly over the processes is refused in one line before anything loads."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from rlhfkit.models import ScalarModel
+from rlhfkit.trainers.reward_model import RewardModelConfig, RewardModelTrainer
+from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
+
+WORKER = Path(__file__).with_name("supervised_worker.py")
+WORDS = ["cat", "dog", "sun", "pen", "box", "cup", "hat", "map", "owl", "fig", "jam", "kit", "log", "nut", "rug", "van"]
+# Completions of 1 to 8 characters: the processes hold different token counts (26 and 25, then
+# 23 and 14, with seed 0), so the global token mean differs from the mean of per-process means.
+SFT_ROWS = [{"prompt": f"{w}=", "completion": (w[::-1] * 3)[: 1 + i // 2]} for i, w in enumerate(WORDS)]
+SFT_EVAL = [{"prompt": f"{w}?", "completion": w * (1 + i % 2)} for i, w in enumerate(WORDS[:5])]
+# 9 pairs, batch 8: the second step's single pair leaves one process without pairs (a stand-in).
+RM_ROWS = [{"prompt": f"{w}:", "chosen": w * (1 + i % 3), "rejected": w[::-1][: 1 + i % 3], "margin": 0.5 * (i % 2)}
+           for i, w in enumerate(WORDS[:9])]
+# 9 eval pairs, 4 per pass: the processes hold 4 and 5, so the first pads its second pass.
+RM_EVAL = [{"prompt": f"{w}:", "chosen": w, "rejected": w[::-1]} for w in WORDS[7:16]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(nproc: int, spec: dict, out: Path) -> list[dict]:
+    """``supervised_worker.py`` on ``spec`` with ``nproc`` processes (plain python for 1); returns
+    rank 0's metrics after checking that every process logged the same global ones."""
+    out.mkdir(parents=True)
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if nproc > 1 else [sys.executable])
+    done = subprocess.run(launcher + [str(WORKER), str(out / "spec.json"), str(out)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    histories = [json.loads((out / f"history-{r}.json").read_text()) for r in range(nproc)]
+    assert all(h == histories[0] for h in histories)  # global metrics, on every process
+    return histories[0]
+
+
+def assert_same_weights(one: dict, two: dict) -> None:
+    assert set(one) == set(two)
+    for name in one:  # equal to 1e-5 relative, in norm per tensor
+        assert (two[name] - one[name]).norm() <= 1e-5 * one[name].norm(), name
+
+
+def assert_same_metrics(one: list[dict], two: list[dict]) -> None:
+    """Equal to 1e-4 relative: a later step's metrics come from weights equal to ~1e-5."""
+    assert [r["step"] for r in one] == [r["step"] for r in two] and set(one[0]) == set(two[0])
+    for a, b in zip(one, two):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), (a["step"], key)
+
+
+def files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_sft_steps_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, parallelism):
+    # 8 rows per step over 2 micro-batches: each process takes 4, in 2 micro-batches of 2 (DDP
+    # synchronises the last only); the eval set of 5 splits 2 / 3 (the short process pads a pass).
+    # lr 1e-3: AdamW's normalised step turns the relative rounding error of a nearly cancelling
+    # gradient element into an error of ~lr times it (one process with 2 micro-batches vs 1
+    # already differs by 5e-5 relative at lr 1e-2, by 2e-6 at 1e-3).
+    args = dict(learning_rate=1e-3, batch_size=4, grad_accumulation=2, max_steps=2, log_every=0, seed=0,
+                lr_scheduler="constant", parallelism=parallelism, max_length=64)
+    spec = dict(trainer="sft", model=tiny_model_dir, args=args, train=SFT_ROWS, eval=SFT_EVAL)
+    one, two = run(1, spec, tmp_path / "one"), run(2, spec, tmp_path / "two")
+    assert_same_metrics(one, two)
+    assert "eval/loss" in one[-1]
+    w1, w2 = load_file(tmp_path / "one" / "weights.safetensors"), load_file(tmp_path / "two" / "weights.safetensors")
+    untrained = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(w1[k], v) for k, v in untrained.items())  # the steps moved them
+    assert_same_weights(w1, w2)
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, parallelism):
+    # lr 3e-4: an element whose gradient nearly cancels (4e-7 against a median of 1e-2) carries a
+    # relative rounding error of ~1e-2, which AdamW's normalised step turns into ~lr x 1e-2.
+    args = dict(learning_rate=3e-4, batch_size=8, max_steps=2, log_every=0, seed=0, parallelism=parallelism,
+                max_length=64)
+    spec = dict(trainer="rm", model=tiny_model_dir, args=args, train=RM_ROWS, eval=RM_EVAL)
+    runs = {}
+    for n, name in ((1, "one"), (2, "two")):
+        spec["args"]["output_dir"] = str(tmp_path / name / "run")
+        runs[name] = run(n, spec, tmp_path / name)
+    assert_same_metrics(runs["one"], runs["two"])
+    assert {"rm/loss", "rm/accuracy", "rm/reward_std", "eval/loss", "eval/accuracy", "rm/offset"} <= set(
+        runs["one"][-1])
+    w1, w2 = (load_file(tmp_path / name / "weights.safetensors") for name in ("one", "two"))
+    assert_same_weights(w1, w2)
+    untrained = ScalarModel.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(w1["model." + k], v) for k, v in untrained.items() if "head" not in k)  # moved
+    # final/: written by rank 0 from the gathered weights, equal to the one-process model
+    final = {name: ScalarModel.from_pretrained(tmp_path / name / "run" / "final") for name in ("one", "two")}
+    assert float(final["two"].offset) == pytest.approx(float(final["one"].offset), rel=1e-5, abs=1e-6)
+    assert float(final["one"].offset) == pytest.approx(runs["one"][-1]["rm/offset"], rel=1e-6)
+    assert_same_weights(final["one"].state_dict(), final["two"].state_dict())
+    assert_same_weights({k.removeprefix("model."): v for k, v in w2.items()}, final["two"].state_dict())
+    assert files(tmp_path / "one" / "run") == files(tmp_path / "two" / "run")
+
+
+def test_a_two_process_sft_run_writes_the_run_directory_of_one_process(tmp_path, tiny_model_dir):
+    args = dict(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64)
+    spec = dict(trainer="sft", model=tiny_model_dir, args=args, train=SFT_ROWS, eval=SFT_EVAL)
+    history = {}
+    for n, name in ((1, "one"), (2, "two")):
+        spec["args"]["output_dir"] = str(tmp_path / name / "run")
+        history[name] = run(n, spec, tmp_path / name)
+    one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
+    assert files(one) == files(two) and {"config.yaml", "metrics.jsonl", "plots", "final", "data"} <= set(files(two))
+    logged = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [1, 2, 3]  # rank 0 alone writes
+    assert_same_metrics(history["one"], logged)
+    models = [AutoModelForCausalLM.from_pretrained(run_dir / "final") for run_dir in (one, two)]
+    assert_same_weights(models[0].state_dict(), models[1].state_dict())
+
+
+@pytest.mark.parametrize("trainer", ["sft", "rm"])
+def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(tmp_path, monkeypatch, trainer):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it, before the process group exists
+    out = tmp_path / "run"
+    if trainer == "sft":
+        with pytest.raises(ValueError) as err:
+            SFTTrainer("/no/such/model", SFTConfig(batch_size=3, grad_accumulation=1, output_dir=str(out)), SFT_ROWS)
+        assert str(err.value).startswith(
+            "batch_size x grad_accumulation = 3 must be divisible by the number of processes (2)")
+    else:
+        with pytest.raises(ValueError) as err:
+            RewardModelTrainer("/no/such/model", RewardModelConfig(batch_size=5, output_dir=str(out)), RM_ROWS)
+        assert str(err.value).startswith("batch_size=5 must be divisible by the number of processes (2)")
+    assert "\n" not in str(err.value) and not out.exists()  # before any data, directory or model

@@ -221,19 +221,17 @@ def checkpoint_policy(path):
     from pathlib import Path
 
     from .config_io import load_config
-    from .trainers.checkpoint import STATE_FILE, load_trainable_state
+    from .trainers.checkpoint import STATE_FILE, has_module_weights, load_module_weights
 
     path = Path(path)
-    if not (path.is_dir() and (path / STATE_FILE).is_file() and (path / "policy.safetensors").is_file()):
+    if not (path.is_dir() and (path / STATE_FILE).is_file() and has_module_weights(path, "policy")):
         return None
     record = path.parent / "config.yaml"
     job = load_config(RLJob, str(record)) if record.is_file() else None
     if job is None or not job.model:
         raise ValueError(f"checkpoint {path}: {record} does not name the run's model (a run started from "
-                         "Python records only its trainer config); load the base model and apply "
-                         "policy.safetensors, or evaluate the run's final/ directory")
-    from safetensors.torch import load_file
-
+                         "Python records only its trainer config); load the base model and apply the policy "
+                         "weights (rlhfkit.trainers.checkpoint.load_module_weights), or evaluate the run's final/")
     from .models import load_causal_lm
 
     model = load_causal_lm(job.model, job.dtype)
@@ -242,7 +240,7 @@ def checkpoint_policy(path):
         from peft import get_peft_model
 
         model = get_peft_model(model, peft)
-    load_trainable_state(model, load_file(str(path / "policy.safetensors")), str(path))
+    load_module_weights(path, "policy", model)  # the sharded format of any process count, or an older one
     if peft is not None:
         model = model.merge_and_unload()
     return model, job.model

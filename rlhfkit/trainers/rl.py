@@ -342,15 +342,15 @@ class RLTrainer:
         return mods
 
     def save_checkpoint(self, path: Path) -> None:
-        if distributed.world() > 1:
-            raise ValueError("checkpoints of a run on several processes are not supported yet (save_steps must be 0 "
-                             "under torchrun); the final model is saved")
+        """Every process calls this: DCP shards of the weights and optimizer, per-rank RNG, counters."""
         counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos,
                     "kl_coef": self.kl_ctl.value}
         save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters)
 
     def _resume(self, path) -> None:
-        counters = load_checkpoint(path, self._modules(), self.optimizer, self.scheduler)
+        # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
+        counters = load_checkpoint(path, self._modules(), self.optimizer, self.scheduler,
+                                   fresh_seed=self.args.seed + 1_000_003 * distributed.rank())
         self.step, self.data_epoch, self.data_pos = counters["step"], counters["data_epoch"], counters["data_pos"]
         self.order = self._epoch_order(self.data_epoch)
         self.kl_ctl.value = counters["kl_coef"]

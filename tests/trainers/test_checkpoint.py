@@ -1,5 +1,7 @@
-"""Checkpoints are stored without pickle, resume bit-exactly, and old ``training_state.pt`` files are
-read only when they hold nothing but tensors and RNG state."""
+"""Checkpoints (DCP shards + JSON/safetensors) resume bit-exactly; loading one unpickles nothing but
+DCP's index, through a restricted unpickler, so a crafted checkpoint is refused without running code;
+the previous single-process formats still resume (an old ``training_state.pt`` only when it holds
+nothing but tensors and RNG state)."""
 
 import json
 import pickle
@@ -12,7 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit.trainers.checkpoint import (
-    LEGACY_FILE, META_FILE, STATE_FILE, TENSORS_FILE, load_checkpoint, rng_state, save_checkpoint, trainable_state,
+    DCP_DIR, LEGACY_FILE, META_FILE, STATE_FILE, TENSORS_FILE, load_checkpoint, load_module_weights, rng_state,
+    save_checkpoint, trainable_state,
 )
 
 
@@ -75,21 +78,68 @@ def test_new_format_resumes_bit_exactly(tmp_path, adamw):
     assert restored[2].state_dict() == saved_sched
 
 
-def test_new_checkpoint_has_no_pickle(tmp_path, monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("checkpoints must not pickle")
-
-    monkeypatch.setattr(torch, "save", forbidden)
-    monkeypatch.setattr(pickle, "dump", forbidden)
-    monkeypatch.setattr(pickle, "dumps", forbidden)
+def test_layout_is_dcp_shards_json_and_safetensors_and_a_rewrite_leaves_nothing_stale(tmp_path):
     model, optimizer, scheduler = make()
     train(model, optimizer, scheduler, 2)
-    (tmp_path / LEGACY_FILE).write_bytes(b"stale")  # an old file in the directory is removed
+    for stale in (LEGACY_FILE, TENSORS_FILE, "policy.safetensors", "rng-1.json"):  # an older checkpoint's files
+        (tmp_path / stale).write_bytes(b"stale")
     save_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler, {"step": 2})
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == sorted(["policy.safetensors", TENSORS_FILE, META_FILE, STATE_FILE])
-    assert not list(tmp_path.glob("*.pt"))
-    json.loads((tmp_path / META_FILE).read_text())  # plain JSON
+    assert names == sorted([DCP_DIR, "rng-0.json", "rng-0.safetensors", META_FILE, STATE_FILE])
+    assert sorted(p.name for p in (tmp_path / DCP_DIR).iterdir()) == [".metadata", "__0_0.distcp"]
+    meta = json.loads((tmp_path / META_FILE).read_text())  # plain JSON
+    assert meta["format"] == 2 and meta["world_size"] == 1
+
+
+def test_loading_unpickles_only_dcp_metadata_with_a_restricted_unpickler(tmp_path, monkeypatch):
+    reference = make()
+    train(*reference, 2)
+    save_checkpoint(tmp_path, {"policy": reference[0]}, reference[1], reference[2], {"step": 2})
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("loading a checkpoint must not unpickle freely")
+
+    torch_load = torch.load
+
+    def weights_only_load(*args, **kwargs):  # DCP's tensor payloads: torch's restricted unpickler
+        assert kwargs.get("weights_only") is True
+        return torch_load(*args, **kwargs)
+
+    for name in ("load", "loads", "Unpickler"):  # ours subclasses pickle.Unpickler at import time
+        monkeypatch.setattr(pickle, name, forbidden)
+    monkeypatch.setattr(torch, "load", weights_only_load)
+    continue_both(tmp_path, reference)
+
+
+def test_a_checkpoint_saved_before_any_step_leaves_the_optimizer_fresh(tmp_path):
+    reference = make()
+    save_checkpoint(tmp_path, {"policy": reference[0]}, reference[1], reference[2], {"step": 0})
+    assert not reference[1].state  # saving did not initialise the optimizer (that would change the run)
+    continue_both(tmp_path, reference)
+
+
+def test_previous_single_process_format_still_resumes_bit_exactly(tmp_path):
+    from rlhfkit.trainers.checkpoint import _save_tree
+
+    reference = make()
+    train(*reference, 4)
+    save_file(trainable_state(reference[0]), str(tmp_path / "policy.safetensors"))
+    _save_tree(tmp_path, "training_state", {"optimizer": reference[1].state_dict(),
+                                            "scheduler": reference[2].state_dict(), "rng": rng_state()}, format=1)
+    (tmp_path / STATE_FILE).write_text(json.dumps({"step": 4}))
+    counters, _ = continue_both(tmp_path, reference)
+    assert counters == {"step": 4}
+
+
+def test_module_weights_load_alone_into_a_fresh_model(tmp_path):
+    model, optimizer, scheduler = make()
+    train(model, optimizer, scheduler, 2)
+    save_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler, {"step": 2})
+    fresh = make(seed=7)[0]
+    load_module_weights(tmp_path, "policy", fresh)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+    with pytest.raises(ValueError, match="does not match"):
+        load_module_weights(tmp_path, "policy", torch.nn.Linear(4, 3, bias=False))
 
 
 def write_legacy(path, model, optimizer, scheduler, training_state):
@@ -159,9 +209,48 @@ def test_crafted_old_checkpoint_is_refused_without_running_code(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, fresh[0].parameters()))  # nothing half-loaded
 
 
-def test_checkpoint_without_training_state_is_refused(tmp_path):
+@pytest.mark.parametrize("crafted", ["runs-code", "non-tensor-entry", "shard-outside"])
+def test_crafted_dcp_checkpoint_is_refused_without_running_code(tmp_path, crafted):
+    """torch 2.13's own DCP reader unpickles .metadata with plain pickle and non-tensor entries with
+    torch.load(weights_only=False): ours refuses anything but DCP's index of tensor shards."""
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer, scheduler = make()
+    train(model, optimizer, scheduler, 2)
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, {"policy": model}, optimizer, scheduler, {"step": 2})
+    marker, metadata = tmp_path / "pwned", ckpt / DCP_DIR / ".metadata"
+    if crafted == "runs-code":
+        metadata.write_bytes(pickle.dumps(RunsCode(marker)))
+    elif crafted == "non-tensor-entry":  # DCP would torch.load(weights_only=False) the entry's bytes
+        state = {**{f"policy.{k}": v for k, v in model.state_dict().items()}, "extra": RunsCode(marker)}
+        with pytest.warns(UserWarning):
+            dcp.save(state, checkpoint_id=ckpt / DCP_DIR)
+    else:
+        metadata.write_bytes(metadata.read_bytes().replace(b"__0_0.distcp", b"../../x.distcp"))
+    fresh = make(seed=1)
+    before = [p.clone() for p in fresh[0].parameters()]
+    with pytest.raises(ValueError, match="cannot be loaded safely") as info:
+        load_checkpoint(ckpt, {"policy": fresh[0]}, fresh[1], fresh[2])
+    assert "\n" not in str(info.value) and ".metadata" in str(info.value)
+    with pytest.raises(ValueError, match="cannot be loaded safely"):
+        load_module_weights(ckpt, "policy", fresh[0])
+    assert not marker.exists()
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh[0].parameters()))  # nothing half-loaded
+
+
+@pytest.mark.parametrize("missing", [META_FILE, f"{DCP_DIR}/.metadata", "rng-0.json"])
+def test_checkpoint_without_training_state_is_refused(tmp_path, missing):
     model, optimizer, scheduler = make()
     save_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler, {"step": 0})
-    (tmp_path / TENSORS_FILE).unlink()
+    (tmp_path / missing).unlink()
     with pytest.raises(ValueError, match="has no"):
         load_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler)
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    model, optimizer, scheduler = make()
+    save_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler, {"step": 0})
+    other = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="does not match the model"):
+        load_checkpoint(tmp_path, {"policy": other}, torch.optim.AdamW(other.parameters()), scheduler)

@@ -62,8 +62,9 @@ def test_checkpoints_are_written_every_save_steps(tmp_path):
     make_trainer("rloo", tmp_path, max_steps=2, save_steps=1).train()
     for step in (1, 2):
         ckpt = tmp_path / f"checkpoint-{step}"
-        assert (ckpt / "policy.safetensors").exists() and (ckpt / "training_state.safetensors").exists()
-        assert (ckpt / "training_state.json").exists() and not list(ckpt.glob("*.pt"))
+        assert sorted(p.name for p in ckpt.iterdir()) == [
+            "dcp", "rng-0.json", "rng-0.safetensors", "trainer_state.json", "training_state.json"]
+        assert sorted(p.name for p in (ckpt / "dcp").iterdir()) == [".metadata", "__0_0.distcp"]
         assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
 
 def test_resume_from_a_directory_that_is_not_a_checkpoint(tmp_path):

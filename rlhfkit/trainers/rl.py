@@ -232,7 +232,7 @@ class RLTrainer:
         args, B, world = self.args, exp.mask.shape[0], distributed.world()
         first = distributed.rank() * B  # this process's rows are global rows first .. first + B - 1
         mini = args.mini_batch_size or B * world
-        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + self.step)
+        gen = self._minibatch_generator()
         sums: dict[str, torch.Tensor] = {}
         n_steps = 0
         for _ in range(args.num_iterations):
@@ -256,6 +256,11 @@ class RLTrainer:
                 sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + self._optimizer_step()["perf/grad_norm"] / world
                 n_steps += 1
         return {k: distributed.reduce_sum(v) / n_steps for k, v in sums.items()}
+
+    def _minibatch_generator(self) -> torch.Generator:
+        """The generator of this step's minibatch order: the same on every process, fixed by
+        (seed, step) so a resumed run draws the same order and the rollout's RNG is untouched."""
+        return torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.step)
 
     def _group_by_prompt(self, exp: Experience, rows: torch.Tensor) -> torch.Tensor:
         """A minibatch's rows ordered by prompt, so micro-batches hold whole groups whose prompt

@@ -75,7 +75,9 @@ RUNS = {  # PPO: a sharded critic and its optimizer group in the checkpoint too
 }
 
 
-@pytest.fixture(scope="module", params=list(RUNS))
+# The default suite runs the FSDP2 GRPO case; DDP and PPO are in `make test-slow` (time budget).
+@pytest.fixture(scope="module", params=[name if name == "fsdp-grpo" else pytest.param(name, marks=pytest.mark.slow)
+                                        for name in RUNS])
 def two_process_run(request, tmp_path_factory):
     """An uninterrupted 2-process run of 4 steps that checkpoints every step, keeping the newest 3."""
     config = RUNS[request.param]

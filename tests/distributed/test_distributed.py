@@ -62,8 +62,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
-@pytest.mark.parametrize("case", list(CASES))
+SLOW = pytest.mark.slow  # the default suite keeps a 10-minute budget: the rest runs in `make test-slow`
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])
+@pytest.mark.parametrize("case", ["grpo-minibatches-micro", pytest.param("grpo-token-mean", marks=SLOW),
+                                  "ppo-separate-critic"])
 def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_path, case, parallelism):
     config = dict(CASES[case], parallelism=parallelism)
     experience = _experience(tmp_path, config)
@@ -93,7 +97,7 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
         ["config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])
 def test_a_lora_policy_trains_sharded_and_saves_a_merged_model(tmp_path, parallelism):
     from transformers import AutoModelForCausalLM
 

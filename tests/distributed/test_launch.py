@@ -50,6 +50,7 @@ def test_nproc_per_node_starts_torchrun_and_one_process_writes_the_run(tmp_path,
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_two_machines_on_one_host_train_together(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(dict(algorithm="grpo", prompts_per_step=4, max_steps=3,

@@ -72,7 +72,7 @@ def files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
 def test_sft_steps_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, parallelism):
     # 8 rows per step over 2 micro-batches: each process takes 4, in 2 micro-batches of 2 (DDP
     # synchronises the last only); the eval set of 5 splits 2 / 3 (the short process pads a pass).
@@ -91,7 +91,7 @@ def test_sft_steps_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_di
     assert_same_weights(w1, w2)
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
 def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, parallelism):
     # lr 3e-4: an element whose gradient nearly cancels (4e-7 against a median of 1e-2) carries a
     # relative rounding error of ~1e-2, which AdamW's normalised step turns into ~lr x 1e-2.

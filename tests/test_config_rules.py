@@ -30,7 +30,9 @@ TABLE = {
     "save_steps": ([-1], 10), "save_total_limit": ([0], 1), "log_every": ([-1], 0),
     "num_logged_samples": ([-1], 0), "eval_every": ([-1], 5), "eval_max_new_tokens": ([0], 4),
     "num_epochs": ([0.0, -1.0], 0.5), "batch_size": ([0], 2), "max_length": ([1], 2), "lora_r": ([-1], 8),
-    "lora_alpha": ([0], 32),
+    "lora_alpha": ([0], 32), "vllm_kv_cache_gb": ([0.0, -1.0, math.inf], 0.5),
+    "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5), "vllm_tensor_parallel_size": ([0], 1),
+    "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0),
 }
 CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, RLJob, SFTJob, RMJob, SamplingParams]
 
@@ -181,3 +183,13 @@ def test_a_saved_config_keeps_the_preset_rule_when_loaded_under_another_algorith
     job = load_config(RLJob, path)
     assert trainer_config(job, RLConfig).replace(algorithm="rloo") == RLConfig(algorithm="rloo", kl_coef=0.04,
                                                                                max_steps=3)
+
+
+@pytest.mark.parametrize("field, value, names", [
+    ("rollout_engine", "sglang", "hf, vllm"),
+    ("rollout_is", "truncate", "none, token_truncate, token_mask, sequence_truncate, sequence_mask"),
+])
+def test_engine_and_rollout_correction_choices_are_checked(field, value, names):
+    with pytest.raises(ValueError) as err:
+        RLConfig(**{field: value})
+    assert "\n" not in str(err.value) and repr(field) in str(err.value) and names in str(err.value)

@@ -47,7 +47,9 @@ class Rollout:
     ``response_mask`` (B, T): 1 on response tokens up to and including the first EOS;
     ``has_eos`` (B,): whether the completion emitted EOS (False = truncated at the length limit);
     ``prompt_index`` (B,): which prompt each row continues (``g`` for rows ``g*n .. g*n+n-1``), so
-    the forward passes can run each prompt once for its group (``forward_response``).
+    the forward passes can run each prompt once for its group (``forward_response``);
+    ``logprobs`` (B, T): the engine's own log-probability of each sampled token, when the engine is
+    not the trained model itself (vLLM), for the importance-sampling correction; None for HF.
     """
 
     input_ids: torch.Tensor
@@ -56,20 +58,21 @@ class Rollout:
     has_eos: torch.Tensor
     prompt_len: int
     prompt_index: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_len :]
 
     def select(self, rows: torch.Tensor) -> "Rollout":
+        pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
         return Rollout(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows],
-                       self.has_eos[rows], self.prompt_len,
-                       None if self.prompt_index is None else self.prompt_index[rows.to(self.prompt_index.device)])
+                       self.has_eos[rows], self.prompt_len, pick(self.prompt_index), pick(self.logprobs))
 
     def to(self, device) -> "Rollout":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Rollout(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
-                       self.has_eos.to(device), self.prompt_len,
-                       None if self.prompt_index is None else self.prompt_index.to(device))
+                       self.has_eos.to(device), self.prompt_len, move(self.prompt_index), move(self.logprobs))
 
 
 def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:
@@ -78,7 +81,16 @@ def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:
 
 
 class RolloutEngine(Protocol):
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> Rollout: ...
+    """``needs_sync``: the engine holds its own copy of the weights (``sync_weights(weights,
+    version)`` and ``synced_version``, as ``VLLMEngine``); ``sleep()`` releases what it can during
+    the update (a no-op for most engines); ``seed`` fixes the step's sampling where the engine takes one."""
+
+    needs_sync: bool
+
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
+                 seed: int | None = None) -> Rollout: ...
+
+    def sleep(self) -> None: ...
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

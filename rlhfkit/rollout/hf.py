@@ -19,6 +19,8 @@ class HFEngine:
     and the new tokens per row).
     """
 
+    needs_sync = False  # it samples from the trained model itself
+
     def __init__(self, model, pad_id: int, eos_id: int, share_prompt: bool = True):
         self.model, self.pad_id, self.eos_id, self.share_prompt = model, pad_id, eos_id, share_prompt
 
@@ -35,7 +37,9 @@ class HFEngine:
                                 top_k=sampling.top_k, **common)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams) -> Rollout:
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
+                 seed: int | None = None) -> Rollout:
+        """``seed`` is not used: ``generate`` draws from torch's generator, seeded with the run."""
         device = next(self.model.parameters()).device
         prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
         ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
@@ -51,6 +55,9 @@ class HFEngine:
         response_mask, has_eos = response_mask_from_ids(responses, self.eos_id)
         return Rollout(out, torch.cat([mask, response_mask], 1), response_mask, has_eos, ids.shape[1],
                        group_index(len(prompts), n, device))
+
+    def sleep(self) -> None:
+        """Nothing to release: the engine is the trained model."""
 
     def _prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
         """The cache of every prompt token but the last, computed once per prompt and repeated ``n``

@@ -18,8 +18,9 @@ def fraction_of_a(prompts, completions, **columns):
     return [c.count("a") / max(1, len(c)) for c in completions]
 
 
-def toy_trainer(algorithm: str, **overrides):
-    """An ``RLTrainer`` on the toy task with settings that learn in ~30 steps."""
+def toy_trainer(algorithm: str, model_kwargs: dict | None = None, **overrides):
+    """An ``RLTrainer`` on the toy task with settings that learn in ~30 steps; ``model_kwargs`` go to
+    ``tiny_causal_lm`` (vLLM's CPU attention wants a head size of 32 or more: ``{"heads": 2}``)."""
     from ..trainers import RLTrainer
     from .tiny import char_tokenizer, tiny_causal_lm
 
@@ -28,7 +29,7 @@ def toy_trainer(algorithm: str, **overrides):
     args = dict(algorithm=algorithm, learning_rate=3e-3, max_new_tokens=8, max_steps=30, log_every=0, seed=0,
                 prompts_per_step=4 if group_based else 16)
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, seed=0), [fraction_of_a], RLConfig(**args), train_dataset=PROMPTS,
+    return RLTrainer(tiny_causal_lm(tok, seed=0, **(model_kwargs or {})), [fraction_of_a], RLConfig(**args), train_dataset=PROMPTS,
                      processing_class=tok)
 
 

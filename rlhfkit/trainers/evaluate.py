@@ -50,10 +50,12 @@ def _eval_mode(*models):
             m.train(mode)
 
 
-def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size) -> dict:
+def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size,
+                   engine=None) -> dict:
     """``evaluate_policy`` on models, reward sources and tokenized prompts already set up (the RL
-    trainer's periodic evaluation calls it with its live policy)."""
-    engine = HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    trainer's periodic evaluation calls it with its live policy and its engine, ready to generate
+    from it). ``engine`` None: HF generate on ``policy``."""
+    engine = engine or HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
     per_source: dict[str, list] = {}
     totals, kls, lengths, truncated, samples = [], [], [], [], []
     step = max(1, batch_size // samples_per_prompt)

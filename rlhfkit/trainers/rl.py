@@ -22,14 +22,15 @@ from ..algorithms import (
     KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, value_loss,
 )
 from ..config import RLConfig
-from ..rollout import HFEngine, Rollout, SamplingParams, decode_completions
+from ..rollout import Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
-from .rl_advantages import compute_advantages, shape_scores
-from .rl_setup import build_models, build_rewards, tokenize_prompts
+from .rl_advantages import compute_advantages, rollout_correction, shape_scores
+from ..rollout.vllm import hf_weights
+from .rl_setup import build_engine, build_models, build_rewards, tokenize_prompts
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Experience:
     old_values: torch.Tensor | None
     advantages: torch.Tensor
     returns: torch.Tensor | None
+    is_weights: torch.Tensor | None = None  # rollout correction (vLLM): per-token weights of the policy loss
 
 
 class RLTrainer:
@@ -68,6 +70,10 @@ class RLTrainer:
         if reward_funcs is None:
             raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if args.rollout_engine == "vllm":
+            from ..rollout.vllm import import_vllm
+
+            import_vllm()  # not installed: one line now, before any model loads
         world = distributed.planned_world()
         if args.prompts_per_step % world:
             raise ValueError(f"prompts_per_step={args.prompts_per_step} must be divisible by the number of "
@@ -89,8 +95,8 @@ class RLTrainer:
         self.rows, self.prompt_ids = train_rows, tokenize_prompts(train_rows, self.tokenizer, args.max_prompt_length)
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, args.max_prompt_length)
                                 if self.eval_rows is not None else None)
-        self.engine = HFEngine(self.m.policy, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id,
-                              args.share_prompt)
+        self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
+        self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
         self.sampling = SamplingParams.from_config(args)
         self.optimizer, self.scheduler = self._build_optimizer()
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
@@ -110,11 +116,11 @@ class RLTrainer:
             self.logger.log(0, self.evaluate(), args.max_steps)
         while self.step < args.max_steps:
             timings: dict[str, float] = {}
-            with _timer(timings, "generate"):
-                rows = self._sample_prompts()                                      # 1
-                with self.m.autocast(), distributed.gathered(self.m.policy):
-                    rollout = self.engine.generate([self.prompt_ids[i] for i in rows],  # 2
-                                                   args.group_size, self.sampling)
+            rows = self._sample_prompts()                                          # 1
+            with _timer(timings, "generate"), self._engine_ready(timings):
+                rollout = self.engine.generate([self.prompt_ids[i] for i in rows],     # 2
+                                               args.group_size, self.sampling, seed=self._sampling_seed())
+            self.engine.sleep()  # a vLLM engine with vllm_sleep frees its memory for the update
             with _timer(timings, "reward"):
                 scores, valid, metrics = self._score(rows, rollout)                # 3
             with _timer(timings, "logprobs"):
@@ -143,10 +149,34 @@ class RLTrainer:
         args = self.args
         sampling = SamplingParams.from_config(args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens,
                                               greedy=True)
-        # Every process evaluates the whole set with the gathered weights (greedy: the same numbers).
-        with self.m.autocast(), distributed.gathered(self.m.policy):
-            return run_evaluation(self.m.policy, None, self.tokenizer, self.rewards, self.eval_rows,
-                                  self.eval_prompt_ids, 1, sampling, batch_size=64)["metrics"]
+        # Every process evaluates the whole set with the current weights (greedy: the same numbers).
+        with self._engine_ready({}):
+            result = run_evaluation(self.m.policy, None, self.tokenizer, self.rewards, self.eval_rows,
+                                    self.eval_prompt_ids, 1, sampling, batch_size=64, engine=self.engine)
+        self.engine.sleep()
+        return result["metrics"]
+
+    @contextmanager
+    def _engine_ready(self, timings: dict):
+        """The engine ready to generate from the current policy. The HF engine generates with the
+        policy itself (its parameters gathered under FSDP2); a vLLM engine first receives the weights
+        when an update changed them (every process syncs here, gathering alike: no rank waits on a
+        collective another never enters), timed as ``perf/time_weight_sync``."""
+        if not getattr(self.engine, "needs_sync", False):
+            with self.m.autocast(), distributed.gathered(self.m.policy):
+                yield
+            return
+        if self.engine.synced_version != self.weights_version:
+            start = time.perf_counter()
+            with torch.no_grad(), distributed.gathered(self.m.policy):
+                self.engine.sync_weights(hf_weights(self.m.policy), self.weights_version)
+            timings["weight_sync"] = time.perf_counter() - start
+        yield
+
+    def _sampling_seed(self) -> int:
+        """The seed of this step's sampling on this process (an engine that takes one: vLLM), fixed by
+        (seed, step, rank) so a resumed run samples what the uninterrupted one did."""
+        return ((self.args.seed * 1_000_003 + self.step) * 4099 + distributed.rank()) * 100_003
 
     def _eval_due(self) -> bool:
         every = self.args.eval_every
@@ -193,7 +223,9 @@ class RLTrainer:
         args, device = self.args, self.m.device
         rollout = rollout.to(device)
         mask, scores = rollout.response_mask.bool(), scores.to(device)
-        need_old = (args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic
+        behaviour = rollout.logprobs  # the engine's own log-probs (vLLM); None: it sampled from the policy itself
+        need_old = ((args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic
+                    or behaviour is not None)
         old = self.m.policy_outputs(rollout, with_values=args.use_critic) if need_old else None
         old_logprobs, old_values = (old[0], old[1]) if old else (None, None)
         ref = self.m.reference_logprobs(rollout) if args.kl_coef > 0 else None
@@ -207,7 +239,8 @@ class RLTrainer:
                                                                 self.kl_ctl.value, reduce=distributed.reduce_sum)
         metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
         metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
-        return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns)
+        is_weights, mask = rollout_correction(args, old_logprobs, behaviour, mask, metrics)
+        return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights)
 
     @property
     def _single_pass(self) -> bool:
@@ -284,9 +317,10 @@ class RLTrainer:
         logprobs, values, entropy = self.m.train_outputs(r, with_values=args.use_critic,
                                                          entropy_grad=args.entropy_coef > 0)
         old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
+        weights = exp.is_weights[rows] if exp.is_weights is not None else None
         loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
             logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
-            clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip)
+            clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights)
         metrics["policy/loss"] = loss.detach()
         metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
         if args.entropy_coef > 0:
@@ -305,6 +339,7 @@ class RLTrainer:
 
     def _optimizer_step(self) -> dict:
         grad_norm, _ = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
+        self.weights_version += 1
         return {"perf/grad_norm": grad_norm}
 
     # ---------------------------------------------------------------- set-up and bookkeeping

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import distributed
 from ..algorithms import (
-    ADVANTAGE_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var, token_level_rewards, whiten,
+    ADVANTAGE_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var, rollout_is_weights,
+    token_level_rewards, whiten,
 )
 from ..config import RLConfig
 
@@ -59,3 +61,28 @@ def compute_advantages(args: RLConfig, scores: torch.Tensor, valid: torch.Tensor
     if args.whiten_advantages and int(tokens) >= 2:  # batch statistics over every process's samples
         advantages = whiten(advantages, mask, reduce=reduce)
     return advantages, returns, rewards, mask
+
+
+def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, metrics: dict):
+    """Importance-sampling weights (B, T) for the gap between the engine that sampled
+    (``behaviour``: its log-probs of the sampled tokens) and the trainer's log-probs of the same
+    tokens before the update (``old``): ``rollout_is_weights`` with ``args.rollout_is``; returns
+    ``(weights or None, mask)`` where tokens or sequences a mask mode rejects have left the mask.
+    Logs, over every process, ``rollout/logprob_diff_mean`` and ``_max`` (|old - behaviour| over
+    the response tokens), ``rollout/is_weight_mean`` and ``rollout/is_masked_frac``. The HF engine
+    samples from the trained weights themselves (``behaviour`` None): its log-probs *are* the
+    trainer's, so the difference is 0, every weight 1, and no weights are applied."""
+    own_sampler = behaviour is None
+    if own_sampler:
+        old = behaviour = old if old is not None else torch.zeros(mask.shape, device=mask.device)
+    behaviour = behaviour.to(old.device)
+    weights, kept, _ = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold)
+    diff = (old - behaviour).abs()
+    metrics["rollout/logprob_diff_mean"] = distributed.global_mean(diff, mask)
+    metrics["rollout/logprob_diff_max"] = distributed.reduce_tensor_max(torch.where(mask, diff, 0.0).max())
+    metrics["rollout/is_weight_mean"] = distributed.global_mean(weights, kept)
+    tokens = distributed.reduce_sum(mask.sum().float()).clamp(min=1)
+    metrics["rollout/is_masked_frac"] = 1 - distributed.reduce_sum(kept.sum().float()) / tokens
+    if own_sampler or args.rollout_is == "none":
+        return None, mask
+    return weights, kept

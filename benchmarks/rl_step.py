@@ -4,11 +4,15 @@
     python benchmarks/rl_step.py --algorithm ppo --critic shared --lora-r 16
     python benchmarks/rl_step.py --compare ppo,grpo,rloo  # one subprocess each: per-algorithm peak RSS
     python benchmarks/rl_step.py --no-share-prompt        # each completion encodes its prompt itself
+    python benchmarks/rl_step.py --engine vllm            # generation by a colocated vLLM engine
+    python benchmarks/rl_step.py --compare-engines        # hf and vllm alternated, each in its own process
 
 Per step (after warm-up): generate / reward / logprobs / update seconds from the trainer's own
 timers, tokens/s, then — in the same process, on the same sequences — the *floor*: a bare
 ``model.generate`` of the same number of decode steps for the same rows, plus one bare forward /
 backward / AdamW step over the same sequences. ``step / floor`` is the overhead of everything else.
+With ``--engine vllm`` the generation floor is a bare ``vllm.LLM.generate`` of the same rows and
+decode steps on the run's own engine, and the step includes the weight sync (``time_weight_sync``).
 Peak RSS is the process's maximum resident set (``getrusage``), model loading included.
 """
 
@@ -37,7 +41,8 @@ def build_trainer(a):
     cfg = RLConfig(algorithm=a.algorithm, dtype=a.dtype, prompts_per_step=a.prompts, group_size=a.group_size,
                    max_new_tokens=a.new_tokens, max_steps=a.warmup + a.steps, learning_rate=1e-6, log_every=0,
                    progress_bar=False, seed=0, critic=a.critic, gradient_checkpointing=a.gradient_checkpointing,
-                   autocast=a.autocast, share_prompt=not a.no_share_prompt,
+                   autocast=a.autocast, share_prompt=not a.no_share_prompt, rollout_engine=a.engine,
+                   vllm_kv_cache_gb=a.kv_cache_gb,
                    **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}))
     peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
     return RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0),
@@ -66,7 +71,17 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     logits.float().logsumexp(-1).mean().backward()
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
-    return {"floor_generate": gen, "floor_update": time.perf_counter() - start}
+    update = time.perf_counter() - start
+    if trainer.args.rollout_engine == "vllm":  # the engine's own floor: the same rows, no loop around it
+        from vllm import SamplingParams
+
+        engine = trainer.engine
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=new_tokens, min_tokens=new_tokens, seed=0)
+        start = time.perf_counter()
+        engine.llm.generate([{"prompt_token_ids": p} for p in prompt_ids for _ in range(rows // len(prompt_ids))],
+                            params, use_tqdm=False)
+        gen = time.perf_counter() - start
+    return {"floor_generate": gen, "floor_update": update}
 
 
 def run_one(a) -> dict:
@@ -77,9 +92,10 @@ def run_one(a) -> dict:
     trainer = build_trainer(a)
     history = trainer.train()[a.warmup:]
     mean = lambda key: sum(r.get(key, 0.0) for r in history) / len(history)  # noqa: E731
-    phases = {p: mean(f"perf/time_{p}") for p in ("generate", "reward", "logprobs", "update")}
+    phases = {p: mean(f"perf/time_{p}") for p in ("weight_sync", "generate", "reward", "logprobs", "update")}
     step = sum(phases.values())
-    result = {"algorithm": a.algorithm, "dtype": a.dtype, "autocast": a.autocast,
+    result = {"engine": a.engine, "batch": f"{a.prompts}x{a.group_size}x{a.new_tokens}", "algorithm": a.algorithm,
+              "dtype": a.dtype, "autocast": a.autocast,
               "checkpointing": a.gradient_checkpointing, "critic": a.critic if trainer.args.use_critic else "-",
               "lora_r": a.lora_r, "share_prompt": not a.no_share_prompt, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
               "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
@@ -99,6 +115,11 @@ def main() -> None:
     p.add_argument("--model", default=smollm2_gguf())
     p.add_argument("--algorithm", default="grpo")
     p.add_argument("--compare", help="comma-separated algorithms, each in its own process")
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout engine")
+    p.add_argument("--compare-engines", action="store_true",
+                   help="hf and vllm alternated (--rounds times), each run in its own process")
+    p.add_argument("--kv-cache-gb", type=float, default=2.0, help="vLLM's KV cache (GiB)")
+    p.add_argument("--rounds", type=int, default=1, help="with --compare-engines: hf, vllm, hf, vllm, ...")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--critic", default="shared", help="PPO critic: shared or separate")
     p.add_argument("--kl-coef", type=float, default=None, help="override the preset's KL coefficient")
@@ -114,15 +135,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print one JSON line (used by --compare)")
     a = p.parse_args()
-    if a.compare:
+    if a.compare or a.compare_engines:
+        argv = _without(sys.argv[1:], ("--compare", "--rounds"), ("--compare-engines",))
+        runs = ([["--algorithm", x] for x in a.compare.split(",")] if a.compare
+                else [["--engine", e] for _ in range(a.rounds) for e in ("hf", "vllm")])
         rows = []
-        for algorithm in a.compare.split(","):
-            argv = [x for i, x in enumerate(sys.argv[1:]) if x != "--compare" and sys.argv[i] != "--compare"
-                    and not x.startswith("--compare=")]
-            out = subprocess.run([sys.executable, __file__, *argv, "--algorithm", algorithm, "--json"],
-                                 capture_output=True, text=True, check=True).stdout
-            rows.append(json.loads(out.strip().splitlines()[-1]))
-        print_rows(rows)
+        for extra in runs:
+            out = subprocess.run([sys.executable, __file__, *argv, *extra, "--json"],
+                                 capture_output=True, text=True)
+            if out.returncode:
+                sys.exit(f"benchmark run {' '.join(extra)} failed:\n{out.stderr[-3000:]}")
+            rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print_rows(rows[-1:], header=len(rows) == 1)
         return
     result = run_one(a)
     print(json.dumps(result) if a.json else "", flush=True)
@@ -130,12 +154,27 @@ def main() -> None:
         print_rows([result])
 
 
-def print_rows(rows: list[dict]) -> None:
-    cols = ["algorithm", "critic", "lora_r", "share_prompt", "time_generate", "time_reward", "time_logprobs", "time_update", "step_s",
-            "floor_generate", "floor_update", "step_over_floor", "tokens_per_s", "peak_rss_gb"]
-    print(" ".join(f"{c:>15}" for c in cols))
+def _without(argv: list[str], with_value: tuple, flags: tuple) -> list[str]:
+    """``argv`` less the named options (``--x v``, ``--x=v``) and flags."""
+    out, skip = [], False
+    for x in argv:
+        if skip:
+            skip = False
+        elif x in with_value:
+            skip = True
+        elif x not in flags and not any(x.startswith(f"{o}=") for o in with_value):
+            out.append(x)
+    return out
+
+
+def print_rows(rows: list[dict], header: bool = True) -> None:
+    cols = ["engine", "batch", "algorithm", "critic", "lora_r", "time_weight_sync", "time_generate", "time_reward",
+            "time_logprobs", "time_update", "step_s", "floor_generate", "floor_update", "step_over_floor",
+            "tokens_per_s", "peak_rss_gb"]
+    if header:
+        print(" ".join(f"{c:>15}" for c in cols))
     for r in rows:
-        print(" ".join(f"{r[c]:>15.3f}" if isinstance(r[c], float) else f"{str(r[c]):>15}" for c in cols))
+        print(" ".join(f"{r[c]:>15.3f}" if isinstance(r[c], float) else f"{str(r[c]):>15}" for c in cols), flush=True)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ def ppo_policy_loss(
     dual_clip: float | None = None,
     agg: str = "token-mean",
     horizon: int | None = None,
+    weights: torch.Tensor | None = None,
 ):
     """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated:
 
@@ -67,6 +68,10 @@ def ppo_policy_loss(
     ``clip_low != clip_high`` is DAPO's clip-higher (arXiv:2503.14476). ``dual_clip = c > 1``
     (Ye et al. 2020, arXiv:1912.09729) bounds the objective from below by ``c·A`` when ``A < 0``,
     so a huge ratio on a bad token cannot blow the loss up.
+
+    ``weights`` (B, T), optional: the importance-sampling weights of the rollout correction
+    (``rollout_is_weights``); each ``loss_t`` is multiplied by ``w_t`` (detached) before
+    ``aggregate``. ``None`` leaves the loss untouched.
 
     Args: (B, T) tensors (``advantages`` may be (B,), broadcast over tokens). Returns ``(loss,
     metrics)``: ``policy/clip_frac`` (tokens where the clipped term is active),
@@ -89,7 +94,7 @@ def ppo_policy_loss(
         bound = -advantages * dual_clip
         is_dual = (advantages < 0) & (loss_mat > bound)
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
-    loss = aggregate(loss_mat, mask, agg, horizon)
+    loss = aggregate(_weighted(loss_mat, weights, mask), mask, agg, horizon)
     with torch.no_grad():
         metrics = {
             "policy/clip_frac": masked_mean(is_clipped.to(logprobs.dtype), mask),
@@ -108,16 +113,19 @@ def pg_loss(
     response_mask: torch.Tensor,
     agg: str = "seq-mean-token-sum",
     horizon: int | None = None,
+    weights: torch.Tensor | None = None,
 ):
     """Plain policy gradient (REINFORCE, Williams 1992): ``loss_t = -A_t · log π(y_t)``.
 
     With sequence-level advantages and ``agg="seq-mean-token-sum"`` this is exactly the bandit
     loss of the reference's REINFORCE / RLOO code: ``mean_i(-A_i Σ_t log π(y_{i,t}))``.
     ``old_logprobs`` only feeds the approx-KL metrics (the loss is on-policy by construction).
+    ``weights`` (B, T), optional: the importance-sampling weights of the rollout correction
+    (``rollout_is_weights``), multiplying each ``loss_t`` (detached) before ``aggregate``.
     Returns ``(loss, metrics)`` with ``policy/approx_kl`` and ``policy/approx_kl_k3``.
     """
     mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    loss = aggregate(-advantages * logprobs, mask, agg, horizon)
+    loss = aggregate(_weighted(-advantages * logprobs, weights, mask), mask, agg, horizon)
     with torch.no_grad():
         metrics = {
             "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
@@ -167,6 +175,17 @@ def value_loss(
             "critic/explained_variance": explained,
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def _weighted(loss_mat: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+    """``loss_mat * weights`` with the weights detached (constants of the loss) and set to 0 off the
+    mask (a NaN there would otherwise reach the gradient of the padding); ``None``: as is."""
+    if weights is None:
+        return loss_mat
+    check_tensor("weights", weights)
+    if tuple(weights.shape) != tuple(loss_mat.shape):
+        raise ValueError(f"weights must have shape {tuple(loss_mat.shape)}, got {tuple(weights.shape)}")
+    return loss_mat * torch.where(mask, weights.detach(), torch.zeros((), dtype=weights.dtype, device=weights.device))
 
 
 def _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask):

@@ -6,7 +6,8 @@ algorithm's parts by name from the config and never branches on the algorithm.
   reward as the masked sum of its token rewards (the score, plus the KL penalty when the KL is in
   the reward — the bandit formulation of the reference) and broadcast the result over its tokens.
 - ``POLICY_LOSSES``: ``f(logprobs, old_logprobs, advantages, response_mask, *, agg, horizon,
-  clip_low, clip_high, dual_clip) -> (loss, metrics)``.
+  clip_low, clip_high, dual_clip, weights) -> (loss, metrics)``; ``weights`` (B, T) or None: the
+  rollout importance-sampling weights (``rollout_is_weights``) multiplying the per-token loss.
 - ``KL_ESTIMATORS``: ``f(logprobs, ref_logprobs) -> (B, T)``.
 
 Each entry declares what it needs as *traits* at registration (``register(name, **traits)``, read
@@ -111,7 +112,7 @@ ADVANTAGE_ESTIMATORS = Registry(
 POLICY_LOSSES = Registry(
     "policy loss",
     ("logprobs", "old_logprobs", "advantages", "response_mask"),
-    ("agg", "horizon", "clip_low", "clip_high", "dual_clip"),
+    ("agg", "horizon", "clip_low", "clip_high", "dual_clip", "weights"),
 )
 KL_ESTIMATORS = Registry("KL estimator", ("logprobs", "ref_logprobs"), traits=("loss_gradient", "why_not_in_loss"))
 
@@ -170,16 +171,16 @@ def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, ga
 
 @POLICY_LOSSES.register("ppo_clip")
 def _ppo_clip(logprobs, old_logprobs, advantages, response_mask, *, agg="token-mean", horizon=None,
-              clip_low=0.2, clip_high=0.2, dual_clip=None):
-    return ppo_policy_loss(logprobs, old_logprobs, advantages, response_mask,
-                           clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, agg=agg, horizon=horizon)
+              clip_low=0.2, clip_high=0.2, dual_clip=None, weights=None):
+    return ppo_policy_loss(logprobs, old_logprobs, advantages, response_mask, clip_low=clip_low,
+                           clip_high=clip_high, dual_clip=dual_clip, agg=agg, horizon=horizon, weights=weights)
 
 
 @POLICY_LOSSES.register("vanilla")
 def _vanilla(logprobs, old_logprobs, advantages, response_mask, *, agg="seq-mean-token-sum", horizon=None,
-             clip_low=None, clip_high=None, dual_clip=None):
+             clip_low=None, clip_high=None, dual_clip=None, weights=None):
     """Plain policy gradient; the clip arguments are accepted for the shared signature and unused."""
-    return pg_loss(logprobs, old_logprobs, advantages, response_mask, agg=agg, horizon=horizon)
+    return pg_loss(logprobs, old_logprobs, advantages, response_mask, agg=agg, horizon=horizon, weights=weights)
 
 
 def _kl_entry(name: str) -> Callable:

@@ -71,6 +71,21 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor
 
 
+def _check_cpu_head_size(config) -> None:
+    """vLLM's CPU attention kernels exist for some head sizes only; another one fails deep inside
+    the first generation, so it is refused here in one line."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+    except (ImportError, AttributeError):  # another vLLM layout: let vLLM decide
+        return
+    size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if size not in supported:
+        raise ValueError(f"vLLM's CPU attention supports head sizes {', '.join(map(str, supported))}; this model's "
+                         f"is {size} (hidden_size / num_attention_heads): use rollout_engine='hf' for it")
+
+
 class VLLMEngine:
     """``generate`` as ``HFEngine`` does, from a ``vllm.LLM`` holding a copy of the policy's
     weights (``sync_weights``), plus the engine's log-probability of every sampled token
@@ -93,6 +108,8 @@ class VLLMEngine:
         self.pad_id, self.eos_id, self.sleep_mode = tokenizer.pad_token_id, tokenizer.eos_token_id, sleep
         self.seed, self.synced_version, self._asleep = seed, None, False
         config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
+        if not self.on_gpu:
+            _check_cpu_head_size(config)
         self._dir = tempfile.mkdtemp(prefix="rlhfkit-vllm-")  # config + tokenizer only: no weights
         config.save_pretrained(self._dir)
         tokenizer.save_pretrained(self._dir)

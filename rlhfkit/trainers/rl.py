@@ -29,8 +29,7 @@ from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step,
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
 from .rl_advantages import compute_advantages, rollout_correction, shape_scores
-from ..rollout.vllm import hf_weights
-from .rl_setup import build_engine, build_models, build_rewards, tokenize_prompts
+from .rl_setup import build_engine, build_models, build_rewards, engine_ready, tokenize_prompts
 
 
 @dataclass
@@ -156,22 +155,8 @@ class RLTrainer:
         self.engine.sleep()
         return result["metrics"]
 
-    @contextmanager
     def _engine_ready(self, timings: dict):
-        """The engine ready to generate from the current policy. The HF engine generates with the
-        policy itself (its parameters gathered under FSDP2); a vLLM engine first receives the weights
-        when an update changed them (every process syncs here, gathering alike: no rank waits on a
-        collective another never enters), timed as ``perf/time_weight_sync``."""
-        if not getattr(self.engine, "needs_sync", False):
-            with self.m.autocast(), distributed.gathered(self.m.policy):
-                yield
-            return
-        if self.engine.synced_version != self.weights_version:
-            start = time.perf_counter()
-            with torch.no_grad(), distributed.gathered(self.m.policy):
-                self.engine.sync_weights(hf_weights(self.m.policy), self.weights_version)
-            timings["weight_sync"] = time.perf_counter() - start
-        yield
+        return engine_ready(self.engine, self.m, self.weights_version, timings)
 
     def _sampling_seed(self) -> int:
         """The seed of this step's sampling on this process (an engine that takes one: vLLM), fixed by

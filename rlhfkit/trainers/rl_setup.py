@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import copy
 import os
-from contextlib import nullcontext
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -151,6 +152,27 @@ def build_engine(args: RLConfig, models: Models, prompt_ids: list[list[int]]):
                       gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
                       sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,
                       multiprocess=distributed.world() > 1)
+
+
+@contextmanager
+def engine_ready(engine, models: Models, version: int, timings: dict):
+    """The engine ready to generate from the current policy. The HF engine generates with the
+    policy itself (its parameters gathered under FSDP2); a vLLM engine first receives the weights
+    when an update changed them since its last sync (``version``: optimizer steps so far). Every
+    process syncs at this point of the loop, gathering the way HF generation does, so no process
+    waits on a collective another never enters; the sync is timed as ``timings["weight_sync"]``."""
+    if not getattr(engine, "needs_sync", False):
+        with models.autocast(), distributed.gathered(models.policy):
+            yield
+        return
+    if engine.synced_version != version:
+        from ..rollout.vllm import hf_weights
+
+        start = time.perf_counter()
+        with torch.no_grad(), distributed.gathered(models.policy):
+            engine.sync_weights(hf_weights(models.policy), version)
+        timings["weight_sync"] = time.perf_counter() - start
+    yield
 
 
 def resolve_device(device: str) -> torch.device:

@@ -155,10 +155,13 @@ def test_the_same_seed_samples_the_same_completions_and_sampling_follows_the_con
     assert top1.logprobs[top1.response_mask.bool()].abs().max() < 1e-5
 
 
-def test_sleep_mode_and_tensor_parallelism_are_refused_on_cpu_in_one_line():
+def test_sleep_mode_tensor_parallelism_and_unsupported_head_sizes_are_refused_on_cpu_in_one_line():
     from rlhfkit.rollout.vllm import VLLMEngine
+    from rlhfkit.tasks.tiny import tiny_causal_lm
 
     policy, tok = tiny_policy()
+    with pytest.raises(ValueError, match="head sizes .* this model's is 16"):
+        VLLMEngine(tiny_causal_lm(tok, heads=4), tok, max_model_len=64)
     with pytest.raises(ValueError, match="vllm_sleep=True needs a GPU"):
         VLLMEngine(policy, tok, max_model_len=64, sleep=True)
     with pytest.raises(ValueError, match="vllm_tensor_parallel_size=2"):

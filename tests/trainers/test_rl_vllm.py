@@ -81,3 +81,15 @@ def test_two_processes_each_generate_their_own_prompts_with_synced_engines(tmp_p
     for r in ranks:  # before every generation the engine held the weights of every update so far
         assert r["versions"] == [[0, 0], [1, 1], [2, 2], [3, 3]], r["versions"]  # the last: the check after
         assert r["gap"] < 1e-3, r["gap"]
+
+
+def test_the_step_benchmark_compares_the_engines(tmp_path):
+    from rlhfkit.tasks.tiny import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model", heads=2)
+    script = Path(__file__).parents[2] / "benchmarks" / "rl_step.py"
+    out = subprocess.run([sys.executable, str(script), "--model", model, "--compare-engines", "--warmup", "1",
+                          "--steps", "1", "--new-tokens", "4"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0].split()[0] == "engine" and [line.split()[0] for line in lines[1:]] == ["hf", "vllm"]

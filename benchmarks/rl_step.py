@@ -42,7 +42,7 @@ def build_trainer(a):
                    max_new_tokens=a.new_tokens, max_steps=a.warmup + a.steps, learning_rate=1e-6, log_every=0,
                    progress_bar=False, seed=0, critic=a.critic, gradient_checkpointing=a.gradient_checkpointing,
                    autocast=a.autocast, share_prompt=not a.no_share_prompt, rollout_engine=a.engine,
-                   vllm_kv_cache_gb=a.kv_cache_gb,
+                   vllm_kv_cache_gb=a.kv_cache_gb, micro_batch_size=a.micro_batch_size,
                    **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}))
     peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
     return RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0),
@@ -66,9 +66,12 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     full_mask[:, : ids.shape[1]] = mask
     model.train()
     start = time.perf_counter()
-    with trainer.m.autocast():
-        logits = model(input_ids=out, attention_mask=full_mask).logits
-    logits.float().logsumexp(-1).mean().backward()
+    chunk = trainer.args.micro_batch_size or out.shape[0]
+    for rows in torch.arange(out.shape[0]).split(chunk):  # as the trainer's micro-batches
+        with trainer.m.autocast():
+            logits = model(input_ids=out[rows], attention_mask=full_mask[rows]).logits
+        logits.float().logsumexp(-1).mean().backward()
+        del logits
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
     update = time.perf_counter() - start
@@ -118,6 +121,8 @@ def main() -> None:
     p.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="rollout engine")
     p.add_argument("--compare-engines", action="store_true",
                    help="hf and vllm alternated (--rounds times), each run in its own process")
+    p.add_argument("--micro-batch-size", type=int, default=None,
+                   help="rows per forward/backward (large batches: bounds the activations' memory)")
     p.add_argument("--kv-cache-gb", type=float, default=2.0, help="vLLM's KV cache (GiB)")
     p.add_argument("--rounds", type=int, default=1, help="with --compare-engines: hf, vllm, hf, vllm, ...")
     p.add_argument("--dtype", default="float32")

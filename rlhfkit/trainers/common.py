@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from contextlib import contextmanager
 import random
 
 import numpy as np
@@ -67,3 +69,11 @@ def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
     tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     fused = bool(tensors) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in tensors)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused)
+
+
+@contextmanager
+def timer(timings: dict, name: str):
+    """Wall time of the block in ``timings[name]`` (seconds)."""
+    start = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - start

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,16 +18,17 @@ import torch
 
 from .. import distributed
 from ..algorithms import (
-    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, value_loss,
+    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, rollout_is_weights,
+    value_loss,
 )
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
-from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
+from .common import epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
-from .rl_advantages import compute_advantages, rollout_correction, shape_scores
+from .rl_advantages import compute_advantages, rollout_correction, rollout_metrics, shape_scores
 from .rl_setup import build_engine, build_models, build_rewards, engine_ready, tokenize_prompts
 
 
@@ -116,15 +116,15 @@ class RLTrainer:
         while self.step < args.max_steps:
             timings: dict[str, float] = {}
             rows = self._sample_prompts()                                          # 1
-            with _timer(timings, "generate"), self._engine_ready(timings):
+            with timer(timings, "generate"), self._engine_ready(timings):
                 rollout = self.engine.generate([self.prompt_ids[i] for i in rows],     # 2
                                                args.group_size, self.sampling, seed=self._sampling_seed())
             self.engine.sleep()  # a vLLM engine with vllm_sleep frees its memory for the update
-            with _timer(timings, "reward"):
+            with timer(timings, "reward"):
                 scores, valid, metrics = self._score(rows, rollout)                # 3
-            with _timer(timings, "logprobs"):
+            with timer(timings, "logprobs"):
                 exp = self._make_experience(rollout, scores, valid, metrics)      # 4, 5
-            with _timer(timings, "update"):
+            with timer(timings, "update"):
                 if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
                     metrics.update(self._update(exp))                              # 6
             self.step += 1
@@ -209,8 +209,11 @@ class RLTrainer:
         rollout = rollout.to(device)
         mask, scores = rollout.response_mask.bool(), scores.to(device)
         behaviour = rollout.logprobs  # the engine's own log-probs (vLLM); None: it sampled from the policy itself
+        # One on-policy pass reads its old log-probs in the loss (they are the current ones), and so
+        # can the correction, unless a mask mode must know the kept tokens before the update.
+        in_loss = behaviour is not None and self._single_pass and not args.rollout_is.endswith("_mask")
         need_old = ((args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic
-                    or behaviour is not None)
+                    or (behaviour is not None and not in_loss))
         old = self.m.policy_outputs(rollout, with_values=args.use_critic) if need_old else None
         old_logprobs, old_values = (old[0], old[1]) if old else (None, None)
         ref = self.m.reference_logprobs(rollout) if args.kl_coef > 0 else None
@@ -224,7 +227,9 @@ class RLTrainer:
                                                                 self.kl_ctl.value, reduce=distributed.reduce_sum)
         metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
         metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
-        is_weights, mask = rollout_correction(args, old_logprobs, behaviour, mask, metrics)
+        is_weights = None
+        if not in_loss:
+            is_weights, mask = rollout_correction(args, old_logprobs, behaviour, mask, metrics)
         return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights)
 
     @property
@@ -270,10 +275,14 @@ class RLTrainer:
                         (loss * share * world).backward()
                     token_share = exp.mask[rows].sum() / tokens if real else torch.zeros(())
                     for k, v in m.items():
-                        sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
+                        if k.endswith("_max"):  # a maximum over micro-batches, minibatches and processes
+                            sums[k] = torch.maximum(sums[k], v) if k in sums else v
+                        else:
+                            sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
                 sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + self._optimizer_step()["perf/grad_norm"] / world
                 n_steps += 1
-        return {k: distributed.reduce_sum(v) / n_steps for k, v in sums.items()}
+        return {k: distributed.reduce_tensor_max(v) if k.endswith("_max") else distributed.reduce_sum(v) / n_steps
+                for k, v in sums.items()}
 
     def _minibatch_generator(self) -> torch.Generator:
         """The generator of this step's minibatch order: the same on every process, fixed by
@@ -302,11 +311,15 @@ class RLTrainer:
         logprobs, values, entropy = self.m.train_outputs(r, with_values=args.use_critic,
                                                          entropy_grad=args.entropy_coef > 0)
         old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
-        weights = exp.is_weights[rows] if exp.is_weights is not None else None
+        weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
+        if r.logprobs is not None and exp.old_logprobs is None:  # one on-policy pass: the correction here
+            w, _, is_metrics = rollout_is_weights(logprobs.detach(), r.logprobs, mask, args.rollout_is,
+                                                  args.rollout_is_threshold)
+            weights = None if args.rollout_is == "none" else w
         loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
             logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
             clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights)
-        metrics["policy/loss"] = loss.detach()
+        metrics.update(is_metrics, **{"policy/loss": loss.detach()})
         metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
         if args.entropy_coef > 0:
             loss = loss - args.entropy_coef * aggregate(entropy, mask, args.loss_agg, horizon)
@@ -344,14 +357,9 @@ class RLTrainer:
 
     def _log(self, metrics: dict, exp: Experience, timings: dict) -> None:
         """Global metrics (every process computes the same row); rank 0 writes and prints it."""
-        lengths = exp.rollout.response_mask.sum(-1).float()
-        every = torch.ones_like(lengths, dtype=torch.bool)
-        tokens = distributed.reduce_sum(lengths.sum())
+        tokens = distributed.reduce_sum(exp.rollout.response_mask.sum().float())
         metrics.update({
-            "rollout/response_length_mean": distributed.global_mean(lengths, every),
-            "rollout/response_length_max": distributed.reduce_tensor_max(lengths.max()),
-            "rollout/truncated_frac": distributed.global_mean((~exp.rollout.has_eos).float(), every),
-            "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
+            **rollout_metrics(exp.rollout), "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
             **{f"perf/time_{k}": v for k, v in timings.items()},
             "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
         })
@@ -385,13 +393,6 @@ class RLTrainer:
         self.m.save_policy(Path(path))  # every process takes part in gathering the weights
         if distributed.is_main():
             self.tokenizer.save_pretrained(path)
-
-
-@contextmanager
-def _timer(timings: dict, name: str):
-    start = time.perf_counter()
-    yield
-    timings[name] = time.perf_counter() - start
 
 
 __all__ = ["RLTrainer", "Experience"]

@@ -3,7 +3,8 @@ after the EOS trick, clipping and normalisation, then token rewards and advantag
 registries. Samples that no reward function scored (``valid`` False) are absent from every
 statistic — reward normalisation, group mean and std, the batch-mean baseline, whitening — so a
 batch with unscored samples gives its scored samples exactly the advantages of the batch without
-them; the unscored ones get advantage 0 and no gradient.
+them; the unscored ones get advantage 0 and no gradient. Also the rollout correction (engine vs
+trainer log-probs) and the rollout's own statistics.
 """
 
 from __future__ import annotations
@@ -86,3 +87,12 @@ def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, metri
     if own_sampler or args.rollout_is == "none":
         return None, mask
     return weights, kept
+
+
+def rollout_metrics(rollout) -> dict:
+    """Completion lengths and the share cut at max_new_tokens, over every process's rows."""
+    lengths = rollout.response_mask.sum(-1).float()
+    every = torch.ones_like(lengths, dtype=torch.bool)
+    return {"rollout/response_length_mean": distributed.global_mean(lengths, every),
+            "rollout/response_length_max": distributed.reduce_tensor_max(lengths.max()),
+            "rollout/truncated_frac": distributed.global_mean((~rollout.has_eos).float(), every)}

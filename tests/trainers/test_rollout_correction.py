@@ -32,11 +32,13 @@ def test_the_hf_engine_logs_no_mismatch_and_weights_of_one(algorithm):
         assert row["rollout/is_weight_mean"] == 1 and row["rollout/is_masked_frac"] == 0
 
 
-def _experience_with_engine_logprobs(mode, threshold=2.0):
+def _experience_with_engine_logprobs(mode, threshold=2.0, num_iterations=2):
     """A GRPO batch whose engine log-probs differ from the trainer's on two tokens: token (0, 0)
     had engine probability half the trainer's (ratio π_trainer/π_engine = 2), token (1, 0) three
-    times it (ratio 1/3); every other token agrees."""
-    trainer = toy_trainer("grpo", prompts_per_step=2, rollout_is=mode, rollout_is_threshold=threshold, kl_coef=0.0)
+    times it (ratio 1/3); every other token agrees. Two passes over the batch: the weights are
+    computed with the old log-probs, before the update."""
+    trainer = toy_trainer("grpo", prompts_per_step=2, rollout_is=mode, rollout_is_threshold=threshold, kl_coef=0.0,
+                          num_iterations=num_iterations)
     rows = trainer._sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
     old = trainer.m.policy_outputs(rollout, with_values=False)[0]
@@ -90,3 +92,23 @@ def test_the_weights_reach_the_policy_loss():
     exp.is_weights = None
     plain, _ = trainer._loss(exp, rows)
     assert not torch.isclose(weighted, plain)
+
+
+def test_one_on_policy_pass_corrects_in_the_loss_with_the_same_result():
+    """A single pass needs no separate old-log-prob pass: the loss's own (detached) log-probs are
+    the old ones, so the weights computed there equal the precomputed ones."""
+    trainer, exp, _ = _experience_with_engine_logprobs("token_truncate")
+    rows = torch.arange(exp.mask.shape[0])
+    exp.advantages = torch.randn(exp.advantages.shape, generator=torch.Generator().manual_seed(0))
+    precomputed, _ = trainer._loss(exp, rows)
+    exp.old_logprobs, exp.is_weights = None, None
+    in_loss, metrics = trainer._loss(exp, rows)
+    torch.testing.assert_close(in_loss, precomputed, rtol=1e-6, atol=1e-7)
+    assert metrics["rollout/logprob_diff_max"].item() == pytest.approx(math.log(3), abs=1e-5)
+    single, single_exp, step_metrics = _experience_with_engine_logprobs("token_truncate", num_iterations=1)
+    assert single_exp.old_logprobs is None and single_exp.is_weights is None  # no extra pass
+    assert "rollout/logprob_diff_max" not in step_metrics
+    update = single._update(single_exp)
+    assert update["rollout/logprob_diff_max"].item() == pytest.approx(math.log(3), abs=1e-5)
+    n = single_exp.mask.sum().item()
+    assert update["rollout/logprob_diff_mean"].item() == pytest.approx((math.log(2) + math.log(3)) / n, abs=1e-5)

@@ -67,9 +67,9 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     model.train()
     start = time.perf_counter()
     chunk = trainer.args.micro_batch_size or out.shape[0]
-    for rows in torch.arange(out.shape[0]).split(chunk):  # as the trainer's micro-batches
+    for part in torch.arange(out.shape[0]).split(chunk):  # as the trainer's micro-batches
         with trainer.m.autocast():
-            logits = model(input_ids=out[rows], attention_mask=full_mask[rows]).logits
+            logits = model(input_ids=out[part], attention_mask=full_mask[part]).logits
         logits.float().logsumexp(-1).mean().backward()
         del logits
     trainer.optimizer.step()

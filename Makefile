@@ -59,9 +59,12 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider
 
-## GRPO step time with the vLLM engine against the HF engine on SmolLM2 (see README, "vLLM rollouts").
+## GRPO step time with the vLLM engine against the HF engine on SmolLM2 (see README, "vLLM rollouts"):
+## the README batch (engines alternated twice), then the rollout-heavy batch (~30 min on 2 cores).
 bench-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/python benchmarks/rl_step.py --compare-engines
+	$(VLLM_BIN)/python benchmarks/rl_step.py --kl-coef 0 --compare-engines --rounds 2
+	$(VLLM_BIN)/python benchmarks/rl_step.py --kl-coef 0 --compare-engines --prompts 16 --group-size 8 \
+		--new-tokens 128 --warmup 1 --steps 1 --micro-batch-size 16
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .coverage build *.egg-info

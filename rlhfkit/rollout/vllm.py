@@ -21,6 +21,7 @@ Only a GPU exercises: sleep mode (``vllm_sleep``), ``gpu_memory_utilization``, C
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -86,6 +87,15 @@ def _check_cpu_head_size(config) -> None:
                          f"is {size} (hidden_size / num_attention_heads): use rollout_engine='hf' for it")
 
 
+class _RotaryCacheNotice(logging.Filter):
+    """vLLM's in-place reload warns "RotaryEmbedding: Failed to load weights" on every sync: the
+    rotary cos/sin cache is computed, never a checkpoint weight, and vLLM keeps it as it was. Only
+    that notice is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.getMessage().startswith("RotaryEmbedding") and "Failed to load weights" in record.getMessage())
+
+
 class VLLMEngine:
     """``generate`` as ``HFEngine`` does, from a ``vllm.LLM`` holding a copy of the policy's
     weights (``sync_weights``), plus the engine's log-probability of every sampled token
@@ -135,6 +145,9 @@ class VLLMEngine:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
         self._sampling_params = vllm.SamplingParams
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        if not any(isinstance(f, _RotaryCacheNotice) for f in reload_log.filters):
+            reload_log.addFilter(_RotaryCacheNotice())
 
     # ------------------------------------------------------------------ weights
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version=None) -> None:

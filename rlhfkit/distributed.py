@@ -14,6 +14,7 @@ then on the whole model) or wrapped in DDP (``shard``). Only this module calls
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from contextlib import contextmanager
@@ -82,7 +83,19 @@ def setup(device: str = "auto") -> torch.device:
     if not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s()))
+        atexit.register(_teardown)
     return dev
+
+
+def _teardown() -> None:
+    """Destroy the process group at exit (as torch asks): a gloo group still alive at interpreter
+    shutdown can abort the process ("terminate called without an active exception", seen once
+    after a run had finished and saved). Local: it waits on no other process."""
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # exiting anyway; an error here must not mask the run's own exit status
+            pass
 
 
 def planned_world() -> int:

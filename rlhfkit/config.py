@@ -22,6 +22,7 @@ CRITICS = ("separate", "shared")
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 ROLLOUT_ENGINES = ("hf", "vllm")
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 # Allowed values of every numeric field of every config, by field name (one meaning per name
 # across configs). Notation: "(a, b)" open, "[a, b]" closed, "> a", ">= a", "finite"; "or None"
@@ -45,8 +46,10 @@ RANGES: dict[str, str] = {
     "log_every": ">= 0", "num_logged_samples": ">= 0", "eval_every": ">= 0", "eval_max_new_tokens": ">= 1 or None",
     # supervised trainers
     "num_epochs": "> 0", "batch_size": ">= 1", "max_length": ">= 2",
+    # DPO
+    "beta": "> 0", "label_smoothing": "[0, 0.5)", "simpo_gamma": "finite",
     # command-line sources
-    "lora_r": ">= 0", "lora_alpha": "> 0",
+    "lora_r": ">= 0", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
 }
 
 
@@ -256,6 +259,18 @@ class RunBase:
     """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
     overwrite: bool = False
     """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
+    save_steps: int = 0
+    """Write a checkpoint (output_dir/checkpoint-<step>) every this many optimizer steps (0: only the final model)."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
+    resume_from: str | None = None
+    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position): the resumed run ends with the weights of an uninterrupted one."""
+    save_adapter: bool = False
+    """With LoRA: False writes final/ with the adapter merged into the base weights (a plain model directory); True writes the adapter alone (adapter_config.json + adapter_model.safetensors, which peft and transformers load on top of the base model)."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that get every logged metric, the run name and the config, besides metrics.jsonl (always written): any of tensorboard (event files in output_dir/runs), wandb, mlflow, trackio; each is an optional extra (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
+    run_name: str | None = None
+    """The run's name in the trackers; None: the output_dir's last component (or 'rlhfkit')."""
 
 
 @dataclass(frozen=True)
@@ -272,12 +287,6 @@ class OptimConfig(OptimBase):
 class RunConfig(RunBase):
     max_steps: int = 100
     """RL steps (each: generate, score, update)."""
-    save_steps: int = 0
-    """Write a checkpoint every this many steps (0: only the final model)."""
-    save_total_limit: int | None = None
-    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
-    resume_from: str | None = None
-    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position)."""
     num_logged_samples: int = 4
     """Completions written to samples.jsonl (for the report) at each of ~10 evenly spaced steps."""
     eval_every: int = 0
@@ -322,6 +331,7 @@ def _validate(c: RLConfig) -> None:
     from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
 
     check_ranges(c)
+    check_run_fields(c)
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
     POLICY_LOSSES.get(c.policy_loss)
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
@@ -380,6 +390,7 @@ class TrainConfig(RunBase, OptimBase):
 
     def __post_init__(self):
         check_ranges(self)
+        check_run_fields(self)
         check_fields(self, [
             (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
             (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
@@ -390,6 +401,18 @@ class TrainConfig(RunBase, OptimBase):
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
+
+
+def check_run_fields(config: RunBase) -> None:
+    """``report_to`` as a tuple (a single name or 'none' is accepted, as in TRL) of known trackers."""
+    value = config.report_to
+    names = (value,) if isinstance(value, str) else tuple(value or ())
+    names = tuple(n for n in names if n != "none")
+    object.__setattr__(config, "report_to", names)
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown or len(set(names)) != len(names):
+        raise ValueError(f"{type(config).__name__}: config field 'report_to' must list trackers among "
+                         f"{', '.join(TRACKERS)} (each once), got {list(value) if not isinstance(value, str) else value!r}")
 
 
 def check_fields(config, checks) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .config import RLConfig
 from .config_io import config_values
+from .trainers.dpo import DPOConfig
 from .trainers.reward_model import RewardModelConfig
 from .trainers.sft import SFTConfig
 
@@ -18,11 +19,25 @@ from .trainers.sft import SFTConfig
 @dataclass(frozen=True)
 class Sources:
     model: str = ""
-    """Model to train: a local Hugging Face model directory, a .gguf file, or package:NAME/file.gguf (a file shipped in an installed Python package)."""
+    """Model to train: a local Hugging Face model directory, a .gguf file, package:NAME/file.gguf (a file shipped in an installed Python package), or a Hugging Face Hub id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)."""
     train_dataset: str = ""
-    """Training data: a .jsonl, .json or .parquet file."""
+    """Training data: a .jsonl, .json or .parquet file, or a Hugging Face Hub dataset id (loaded with datasets.load_dataset)."""
     eval_dataset: str | None = None
     """Held-out data in the same format; None: no evaluation."""
+    dataset_subset: str | None = None
+    """Hub datasets: the subset (configuration) name, e.g. 'main' for openai/gsm8k; None: the dataset's default."""
+    dataset_train_split: str = "train"
+    """Hub datasets: the split train_dataset is read from."""
+    dataset_eval_split: str = "test"
+    """Hub datasets: the split eval_dataset is read from."""
+    lora_r: int = 0
+    """LoRA rank (peft); 0 trains every weight. With LoRA the reference (RL, DPO) is the adapter-disabled base: no second copy."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (alpha / r scales the adapter's output)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input during training (RL keeps 0: its log-probs must not change between passes)."""
+    lora_target_modules: str = "all-linear"
+    """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the architecture, e.g. q_proj,v_proj for Llama)."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +54,12 @@ class RLSources(Sources):
     """One weight per reward source; None: 1 each."""
     ref_model: str | None = None
     """Reference policy directory for the KL penalty; None: a frozen copy of the initial policy."""
-    lora_r: int = 0
-    """LoRA rank (peft); 0 trains every weight. With LoRA the reference is the adapter-disabled base: no second copy."""
-    lora_alpha: int = 16
-    """LoRA scaling numerator (alpha / r scales the adapter's output)."""
-    lora_target_modules: str = "all-linear"
-    """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the architecture, e.g. q_proj,v_proj for Llama)."""
+
+
+@dataclass(frozen=True)
+class DPOSources(Sources):
+    ref_model: str | None = None
+    """Reference policy (a model directory or Hub id); None: a frozen copy of the initial model (with LoRA: the adapter-disabled base)."""
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,16 @@ class RMJob(RewardModelConfig, RMSources):
 
 
 @dataclass(frozen=True)
+class DPOJob(DPOConfig, DPOSources):
+    """Direct preference optimisation on preference pairs (DPO, IPO, hinge, SimPO): no reward model, no sampling."""
+
+
+@dataclass(frozen=True)
 class RLJob(RLConfig, RLSources):
     """RL against reward functions and/or reward models (PPO, GRPO, REINFORCE, RLOO, …)."""
+
+
+_JOBS = ((RLConfig, RLJob), (SFTConfig, SFTJob), (RewardModelConfig, RMJob), (DPOConfig, DPOJob))
 
 
 def trainer_config(job, cls):
@@ -86,10 +109,8 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
         return None
     from .config_io import save_config
     from .tracking import run_config_path
-    from .trainers import RewardModelConfig, SFTConfig
-
-    job_cls = RLJob if isinstance(args, RLConfig) else SFTJob if isinstance(args, SFTConfig) else RMJob
-    if not isinstance(args, (RLConfig, SFTConfig, RewardModelConfig)):
+    job_cls = next((job for cfg, job in _JOBS if isinstance(args, cfg)), None)
+    if job_cls is None:
         raise ValueError(f"record_run: no command records a {type(args).__name__}")
     values = config_values(args)
     values["model"] = model_source(model)
@@ -193,7 +214,8 @@ def _lora_fields(peft) -> dict:
         return {}
     targets = getattr(peft, "target_modules", None)
     targets = "" if targets is None else targets if isinstance(targets, str) else ",".join(sorted(targets))
-    return {"lora_r": int(peft.r), "lora_alpha": int(peft.lora_alpha), "lora_target_modules": targets}
+    return {"lora_r": int(peft.r), "lora_alpha": int(peft.lora_alpha),
+            "lora_dropout": float(getattr(peft, "lora_dropout", 0.0) or 0.0), "lora_target_modules": targets}
 
 
 def require(job, *names: str) -> None:
@@ -202,14 +224,15 @@ def require(job, *names: str) -> None:
         raise ValueError(f"config key(s) {', '.join(map(repr, missing))} must be set (in the YAML file or as key=value)")
 
 
-def lora_config(job: RLJob):
+def lora_config(job: Sources):
+    """The job's ``peft.LoraConfig`` (None when ``lora_r`` is 0)."""
     if job.lora_r <= 0:
         return None
     from peft import LoraConfig
 
     targets = job.lora_target_modules
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()] or None
-    return LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, target_modules=targets, lora_dropout=0.0,
+    return LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, target_modules=targets, lora_dropout=job.lora_dropout,
                       task_type="CAUSAL_LM")
 
 

@@ -1,8 +1,8 @@
-"""rlhfkit: RL post-training of language models (SFT, reward models, PPO / GRPO / REINFORCE / RLOO).
+"""rlhfkit: RL post-training of language models (SFT, reward models, DPO, PPO / GRPO / REINFORCE / RLOO).
 
 The trainers and their configs are importable from the top level, as in TRL::
 
-    from rlhfkit import RLTrainer, RLConfig, SFTTrainer, SFTConfig, RewardModelTrainer, RewardModelConfig
+    from rlhfkit import RLTrainer, RLConfig, SFTTrainer, SFTConfig, RewardModelTrainer, RewardModelConfig, DPOTrainer, DPOConfig
 
 They are loaded on first use, so ``import rlhfkit`` (and ``rlhfkit.algorithms``) stays light.
 """
@@ -20,6 +20,8 @@ _EXPORTS = {
     "SFTTrainer": "rlhfkit.trainers.sft",
     "RewardModelConfig": "rlhfkit.trainers.reward_model",
     "RewardModelTrainer": "rlhfkit.trainers.reward_model",
+    "DPOConfig": "rlhfkit.trainers.dpo",
+    "DPOTrainer": "rlhfkit.trainers.dpo",
     "RewardFunctions": "rlhfkit.rewards",
     "register_reward_function": "rlhfkit.rewards",
     "load_config": "rlhfkit.config_io",

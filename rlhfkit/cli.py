@@ -1,4 +1,4 @@
-"""The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``rl``, ``eval``, ``report``, ``data``, ``demo``.
+"""The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``dpo``, ``rl``, ``eval``, ``report``, ``data``, ``demo``.
 
 Training commands take ``--config recipe.yaml`` and ``key=value`` overrides; ``--help`` lists every
 key with its documentation. Bad input is one line on stderr and exit status 2.
@@ -53,20 +53,30 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
 
 
 def _run_sft(job):
-    from .jobs import require, trainer_config
+    from .jobs import lora_config, require, trainer_config
     from .trainers import SFTConfig, SFTTrainer
 
     require(job, "model", "train_dataset")
-    return SFTTrainer(job.model, trainer_config(job, SFTConfig), job.train_dataset, job.eval_dataset)
+    return SFTTrainer(job.model, trainer_config(job, SFTConfig), job.train_dataset, job.eval_dataset,
+                      peft_config=lora_config(job))
 
 
 def _run_rm(job):
-    from .jobs import require, trainer_config
+    from .jobs import lora_config, require, trainer_config
     from .trainers import RewardModelConfig, RewardModelTrainer
 
     require(job, "model", "train_dataset")
     return RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), job.train_dataset,
-                              job.eval_dataset, center_dataset=job.center_dataset)
+                              job.eval_dataset, center_dataset=job.center_dataset, peft_config=lora_config(job))
+
+
+def _run_dpo(job):
+    from .jobs import lora_config, require, trainer_config
+    from .trainers import DPOConfig, DPOTrainer
+
+    require(job, "model", "train_dataset")
+    return DPOTrainer(job.model, trainer_config(job, DPOConfig), job.train_dataset, job.eval_dataset,
+                      ref_model=job.ref_model, peft_config=lora_config(job))
 
 
 def _run_rl(job):
@@ -111,7 +121,7 @@ def _quickstart(args) -> int:
     from .quickstart import run_quickstart
 
     out = run_quickstart(args.output_dir, scale=args.scale, compare_grpo=not args.no_grpo, quiet=args.quiet,
-                         seed=args.seed, overwrite=args.overwrite)
+                         seed=args.seed, overwrite=args.overwrite, compare_dpo=not args.no_dpo)
     before = out["results"]["SFT"]["eval/oracle_reward_mean"]
     after = out["results"]["PPO"]["eval/oracle_reward_mean"]
     if after <= before:
@@ -161,16 +171,17 @@ def _demo(args) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlhfkit", description="RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quickstart", help="SFT -> reward model -> PPO (and GRPO) on a synthetic task, on CPU")
+    q = sub.add_parser("quickstart", help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU")
     q.add_argument("--output-dir", default="runs/quickstart", help="run directory (default runs/quickstart)")
     q.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data (default 1)")
     q.add_argument("--no-grpo", action="store_true", help="skip the GRPO comparison")
+    q.add_argument("--no-dpo", action="store_true", help="skip the DPO comparison")
     q.add_argument("--seed", type=int, default=0)
     for p in (q,):
         p.add_argument("--quiet", action="store_true", help="log lines only, no progress bars")
         p.add_argument("--overwrite", action="store_true", help="reuse an existing output directory")
     q.set_defaults(func=_quickstart)
-    for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("rl", "RLJob")):
+    for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("rl", "RLJob")):
         t = sub.add_parser(name, add_help=False, help=f"train ({name}); --help lists every config key")
         t.add_argument("--config", help="YAML file of config keys")
         t.add_argument("overrides", nargs="*", help="key=value overrides")
@@ -235,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.func is None:
             from . import jobs
 
-            runners = {"sft": _run_sft, "rm": _run_rm, "rl": _run_rl}
+            runners = {"sft": _run_sft, "rm": _run_rm, "dpo": _run_dpo, "rl": _run_rl}
             return _train(getattr(jobs, args.job), args, runners[args.command])
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

@@ -1,9 +1,11 @@
-"""The quickstart: SFT → reward model → PPO on the embedded shift task, on a laptop CPU.
+"""The quickstart: SFT → reward model → PPO on the embedded shift task, on a laptop CPU, with
+GRPO and DPO beside PPO.
 
 A hidden oracle plays the human (``tasks/shift.py``): it writes noisy demonstrations for SFT and
 labels pairs of SFT samples for the reward model; PPO then optimises the *learned* reward with a KL
 leash to the SFT model, and the before/after table reports the *oracle's* score too, so reward
-hacking of the learned reward would show.
+hacking of the learned reward would show. DPO, the RL-free alternative, trains the SFT model
+directly on the very pairs the reward model learns from, with the SFT model as its reference.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from .tasks.tiny import char_tokenizer, tiny_causal_lm
 from .trainers.evaluate import evaluate_policy
 
 SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
+# DPO on this task (tuned like the RL stages' settings; see README, "DPO").
+DPO_SETTINGS = dict(beta=0.1, learning_rate=1e-3, batch_size=32, lr_scheduler="cosine")
+DPO_STEPS = 300
 
 
 def _stage(name: str, quiet: bool):
@@ -46,8 +51,10 @@ def sample_pairs(model_dir: str, prompts: list[str], seed: int) -> list[dict]:
 
 
 def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = False, quiet: bool = False,
-                   seed: int = 0, overwrite: bool = False) -> dict:
-    """Run the three stages into ``output_dir``; returns the before/after metrics and wall time."""
+                   seed: int = 0, overwrite: bool = False, compare_dpo: bool = False) -> dict:
+    """Run the three stages (and GRPO / DPO beside PPO) into ``output_dir``; returns the
+    before/after metrics and wall time."""
+    from .trainers.dpo import DPOConfig, DPOTrainer
     from .trainers.reward_model import RewardModelConfig, RewardModelTrainer
     from .trainers.sft import SFTConfig, SFTTrainer
     from .trainers.rl import RLTrainer
@@ -94,6 +101,12 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
         RLTrainer(sft_dir, [rm_dir], args, train_dataset=rl_prompts).train()
         results[algorithm.upper()] = evaluate_policy(str(root / algorithm / "final"), [shift.oracle_reward, rm_dir],
                                                      eval_prompts, reference=sft_dir, sampling=SAMPLING)
+    if compare_dpo:
+        _stage("DPO on the reward model's pairs, reference = the SFT model (no reward model, no sampling)", quiet)
+        DPOTrainer(sft_dir, DPOConfig(**DPO_SETTINGS, max_steps=steps(DPO_STEPS), output_dir=str(root / "dpo"),
+                                      seed=seed, **log), train_dataset=train_pairs).train()
+        results["DPO"] = evaluate_policy(str(root / "dpo" / "final"), [shift.oracle_reward, rm_dir], eval_prompts,
+                                         reference=sft_dir, sampling=SAMPLING)
     wall = time.perf_counter() - t0
     print_table(results, wall)
     return {"results": {k: v["metrics"] for k, v in results.items()}, "wall_s": wall}

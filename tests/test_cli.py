@@ -93,9 +93,9 @@ def test_eval_needs_a_reward(shift_files, capsys):
 
 
 def test_short_quickstart_runs_every_stage(tmp_path, capsys):
-    out = run_quickstart(str(tmp_path / "qs"), scale=0.05, compare_grpo=True, quiet=True)
-    assert set(out["results"]) == {"SFT", "PPO", "GRPO"}
-    for stage in ("sft", "rm", "ppo", "grpo"):
+    out = run_quickstart(str(tmp_path / "qs"), scale=0.05, compare_grpo=True, quiet=True, compare_dpo=True)
+    assert set(out["results"]) == {"SFT", "PPO", "GRPO", "DPO"}
+    for stage in ("sft", "rm", "ppo", "grpo", "dpo"):
         assert (tmp_path / "qs" / stage / "final").is_dir(), stage
     table = capsys.readouterr().out
     assert "oracle score" in table and "wall time" in table

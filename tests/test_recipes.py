@@ -9,7 +9,7 @@ import pytest
 from rlhfkit.cli import main
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-ppo.yaml", "shift-grpo-rlvr.yaml"]
+ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-dpo.yaml", "shift-ppo.yaml", "shift-grpo-rlvr.yaml"]
 
 
 REAL_MODEL = ["smollm2-arithmetic-grpo.yaml"]
@@ -33,10 +33,11 @@ def test_recipes_run_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/shift"]) == 0
     for name in ORDER:
-        code = main(["sft" if "sft" in name else "rm" if "-rm" in name else "rl", "--config", str(RECIPES / name),
+        command = next((c for c in ("sft", "rm", "dpo") if f"-{c}." in name), "rl")
+        code = main([command, "--config", str(RECIPES / name),
                      "max_steps=2", "--quiet"])
         assert code == 0, (name, capsys.readouterr().err)
-    for run in ["shift-sft", "shift-rm", "shift-ppo", "shift-grpo-rlvr"]:
+    for run in ["shift-sft", "shift-rm", "shift-dpo", "shift-ppo", "shift-grpo-rlvr"]:
         run_dir = tmp_path / "runs" / run
         assert (run_dir / "config.yaml").exists() and (run_dir / "metrics.jsonl").exists(), run
         assert any((run_dir / "plots").glob("*.png")), run

@@ -1,11 +1,51 @@
-"""Direct Preference Optimization (Rafailov et al. 2023, arXiv:2305.18290) and its variants: the
-RL-free alternative the reference compares against. (Trainer under construction.)"""
+"""Direct Preference Optimization on preference pairs: the RL-free alternative to RLHF the
+reference compares against (Rafailov et al. 2023, arXiv:2305.18290), with its variants IPO, SLiC's
+hinge, conservative DPO and the reference-free SimPO. The losses live in ``algorithms/dpo.py``
+(``dpo_loss``); this file feeds them.
+
+Each step takes ``batch_size`` pairs ``(x, y_w, y_l)`` of the data the reward-model trainer reads
+(``data.preferences``: prompt, chosen, rejected; text or chat messages) and computes, for the
+policy π_θ and the frozen reference π_ref, the summed log-probability of each completion
+(+ EOS) given its prompt: ``log π(y|x) = Σ_t log π(y_t | x, y_<t)``. Chosen and rejected rows share
+one pass over their prompt (``models.forward_response`` with ``prompt_index``: the prompt's
+key/value cache is computed once and read by both continuations, as in the RL loop), in a single
+process; under torchrun each row runs in full.
+
+The reference is, in this order: ``ref_model`` when given; the adapter-disabled base when the
+policy is a LoRA model (no second copy); else a frozen copy of the initial policy. With
+``precompute_ref_logprobs`` its log-probs of every pair are computed once before training and the
+reference is freed. SimPO needs no reference at all.
+
+Metrics (TRL's names): ``rewards/chosen`` and ``rewards/rejected`` (the implicit rewards
+``β (log π(y|x) - log π_ref(y|x))``, means over the step's pairs), ``rewards/accuracies`` (the
+fraction of pairs whose chosen reward is the larger), ``rewards/margins``, ``logps/chosen``,
+``logps/rejected`` (summed log-probs), ``dpo/loss``. Under torchrun every process takes the r-th
+slice of each step's pairs and backpropagates its share of the global mean (FSDP2 and DDP average
+gradients), so N processes take the step one process takes; metrics are global.
+"""
 
 from __future__ import annotations
 
+import copy
+import math
+import os
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
+
+from .. import distributed
+from ..algorithms import dpo_loss
 from ..config import TrainConfig, check_fields
+from ..data.encode import encode_pair
+from ..data.preferences import load_preference_dataset
+from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
+from ..models.loading import disable_dropout
+from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
+from ..tracking import finish_run, to_floats
+from .common import optimizer_step, seed_everything
+from .supervised import SupervisedTrainer
 
 DPO_LOSSES = ("sigmoid", "ipo", "hinge", "simpo")
 
@@ -36,4 +76,263 @@ class DPOConfig(TrainConfig):
                              "0 unless loss_type is 'sigmoid' (it is conservative DPO's flip rate)")])
 
 
-__all__ = ["DPOConfig", "DPO_LOSSES"]
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: list[int]
+    chosen: list[int]  # completion + EOS
+    rejected: list[int]
+
+
+class DPOTrainer(SupervisedTrainer):
+    """``DPOTrainer(model, DPOConfig(...), train_dataset=pairs, eval_dataset=None, processing_class=None,
+    ref_model=None, peft_config=None).train()``
+
+    ``model``: a local HF directory, a Hub id or a causal-LM object (then ``processing_class``, its
+    tokenizer, is required); ``ref_model``: the reference (a directory, Hub id or model object);
+    ``peft_config``: train a LoRA adapter, with the adapter-disabled base as the reference.
+    Datasets: preference pairs (``data.preferences``); every pair is read, checked and tokenised
+    before any model is loaded. Dropout is off in the policy and the reference (as TRL's
+    ``disable_dropout``): the implicit rewards must not be noise.
+    """
+
+    main_metric = "rewards/accuracies"
+
+    def __init__(self, model, args: DPOConfig | None = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, ref_model=None, peft_config=None):
+        self.args = args = args or DPOConfig()
+        if train_dataset is None:
+            raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
+        is_path = isinstance(model, (str, os.PathLike))
+        if not is_path and not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be a model directory or a causal-LM object, got {type(model).__name__}")
+        if not is_path and processing_class is None:
+            raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        self.needs_reference = args.loss_type != "simpo"
+        if not self.needs_reference and (ref_model is not None or args.precompute_ref_logprobs):
+            raise ValueError("loss_type='simpo' is reference-free: drop ref_model and precompute_ref_logprobs")
+        world = distributed.planned_world()
+        if args.batch_size % world:
+            raise ValueError(f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
+                             "each process scores an equal share of every step's pairs")
+        train_rows = load_preference_dataset(train_dataset, "train_dataset")
+        eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
+                       peft_config, ref_model=ref_model)
+        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+        self.train_pairs = self._encode(train_rows, "train_dataset")
+        self.eval_pairs = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
+        seed_everything(args.seed)
+        policy = load_causal_lm(model, args.dtype if is_path else None)
+        if peft_config is not None:
+            policy = disable_dropout(apply_lora(policy, peft_config))
+        # The process group starts here, after every check that could fail the same way on every rank.
+        device = distributed.setup(args.device)
+        self.model = policy.to(device)
+        self.device = next(self.model.parameters()).device
+        self.reference = None
+        if self.needs_reference and (ref_model is not None or not is_peft(self.model)):
+            source = ref_model if ref_model is not None else copy.deepcopy(self.model)
+            dtype = args.dtype if isinstance(ref_model, (str, os.PathLike)) else None
+            self.reference = freeze(load_causal_lm(source, dtype)).to(self.device)
+        self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
+        self.train_model = distributed.shard(self.model, args.parallelism)
+        if self.reference is not None and args.parallelism == "fsdp":
+            distributed.shard(self.reference, "fsdp")
+        self.train_model.train()
+        self.ref_logps = self.eval_ref_logps = None
+        if self.needs_reference and args.precompute_ref_logprobs:
+            self.ref_logps = self._precompute(self.train_pairs)
+            self.eval_ref_logps = self._precompute(self.eval_pairs) if self.eval_pairs is not None else None
+            self.reference = None  # no longer needed: its memory is freed
+        if distributed.world() > 1:
+            seed_everything(args.seed + 1_000_003 * distributed.rank())
+        self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
+        self._start_training(args.max_steps if args.max_steps is not None
+                             else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
+
+    # ---------------------------------------------------------------- data
+    def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
+        """Prompt ids (rendered once: chosen and rejected continue the same prompt) and each
+        completion + EOS. A pair longer than ``max_length`` loses its prompt's start first (down to
+        one token); a pair whose longer completion still does not fit is dropped (a warning)."""
+        pairs, dropped, limit = [], 0, self.args.max_length
+        for i, row in enumerate(rows):
+            try:
+                chosen, rejected = (encode_pair(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
+            except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
+                raise ValueError(f"{name}: pair {i} (0-based): {e}") from None
+            prompt = chosen.input_ids[:chosen.prompt_len]
+            completions = chosen.input_ids[chosen.prompt_len:], rejected.input_ids[rejected.prompt_len:]
+            longest = max(len(c) for c in completions)
+            if longest + 1 > limit:
+                dropped += 1
+                continue
+            prompt = prompt[max(0, len(prompt) + longest - limit):]
+            pairs.append(PreferencePair(prompt, *completions))
+        if not pairs:
+            raise ValueError(f"{name}: no pair's completions fit in max_length={limit} tokens with at least one "
+                             "prompt token; raise max_length")
+        if dropped:
+            warnings.warn(f"{name}: dropped {dropped} of {len(rows)} pairs whose completion does not fit in "
+                          f"max_length={limit} tokens", stacklevel=3)
+        return pairs
+
+    def _batch(self, step: int) -> list[int]:
+        """Pair indices of optimizer step ``step`` (1-based) over seeded per-epoch shuffles: a
+        function of the step alone, so a resumed run continues the order."""
+        epoch, index = divmod(step - 1, self.steps_per_epoch)
+        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
+        return torch.randperm(len(self.train_pairs), generator=gen).split(self.args.batch_size)[index].tolist()
+
+    def _collate(self, pairs: list[PreferencePair]):
+        """``[left padding | prompt | completion | right padding]`` rows: the chosen completions,
+        then the rejected ones; returns (ids, attention mask, completion mask, prompt index)."""
+        n, pad = len(pairs), self.tokenizer.pad_token_id
+        P = max(len(p.prompt) for p in pairs)
+        T = max(max(len(p.chosen), len(p.rejected)) for p in pairs)
+        ids = torch.full((2 * n, P + T), pad, dtype=torch.long)
+        mask = torch.zeros((2 * n, P + T), dtype=torch.long)
+        for i, p in enumerate(pairs):
+            for row, completion in ((i, p.chosen), (n + i, p.rejected)):
+                ids[row, P - len(p.prompt):P] = torch.tensor(p.prompt)
+                ids[row, P:P + len(completion)] = torch.tensor(completion)
+                mask[row, P - len(p.prompt):P + len(completion)] = 1
+        index = torch.arange(n).repeat(2)
+        return ids.to(self.device), mask.to(self.device), mask[:, P:].to(self.device), index.to(self.device)
+
+    def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
+        ids, mask, completion_mask, index = self._collate(pairs)
+        share = distributed.world() == 1  # DDP/FSDP2: one forward per backward
+        out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index if share else None)
+        return (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
+
+    @torch.no_grad()
+    def _reference_logps(self, pairs: list[PreferencePair]) -> torch.Tensor:
+        if self.reference is not None:
+            return self._logps(self.reference, pairs)[0]
+        with self.model.disable_adapter():  # LoRA: the base model is the reference
+            return self._logps(self.train_model, pairs)[0]
+
+    def _precompute(self, pairs: list[PreferencePair]) -> torch.Tensor:
+        """Reference log-probs (2, len(pairs)) of every pair: each process scores its slice, the
+        slices are summed over processes (every process runs as many passes: stand-ins)."""
+        world, rank, n = distributed.world(), distributed.rank(), len(pairs)
+        lo, hi = n * rank // world, n * (rank + 1) // world
+        size = max(1, self.args.batch_size // world)
+        starts = list(range(lo, hi, size))
+        out = torch.zeros(2, n, dtype=torch.float64)
+        was_training = self.model.training
+        self.train_model.eval()
+        for k in range(distributed.reduce_max(len(starts))):
+            chunk = pairs[starts[k]:min(starts[k] + size, hi)] if k < len(starts) else pairs[:1]
+            logps = self._reference_logps(chunk).double().cpu().view(2, -1)
+            if k < len(starts):
+                out[:, starts[k]:starts[k] + len(chunk)] = logps
+        self.train_model.train(was_training)
+        return torch.tensor(distributed.sum_floats(out.flatten().tolist()), dtype=torch.float64).view(2, n)
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> list[dict]:
+        """Train; returns one dict of metrics per step (as in metrics.jsonl)."""
+        args = self.args
+        while self.step < self.total_steps:
+            self.step += 1
+            metrics = self._step(self._batch(self.step))
+            metrics["dpo/epoch"] = self.step / self.steps_per_epoch
+            last = self.step == self.total_steps
+            if self.eval_pairs is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
+                metrics.update(self.evaluate())
+            self.logger.log(self.step, metrics, self.total_steps)
+            self._step_done()
+        if self.total_steps == 0 and self.eval_pairs is not None:
+            self.logger.log(0, self.evaluate(), 0)
+        if args.output_dir:
+            self.save_model(Path(args.output_dir) / "final")  # every process takes part in gathering
+            finish_run(self.out_dir)
+        self._finish()
+        return self.logger.history
+
+    def _loss(self, model, pairs: list[PreferencePair], indices: list[int] | None, ref_table):
+        """``dpo_loss`` of ``pairs``; the reference log-probs come from ``ref_table`` at ``indices``
+        (precomputed) or from the reference now."""
+        logps, lengths = self._logps(model, pairs)
+        n = len(pairs)
+        ref = None
+        if self.needs_reference:
+            ref = (ref_table[:, indices].to(self.device, torch.float32).flatten() if ref_table is not None
+                   else self._reference_logps(pairs))
+        a = self.args
+        losses, chosen_r, rejected_r = dpo_loss(
+            logps[:n], logps[n:], None if ref is None else ref[:n], None if ref is None else ref[n:], beta=a.beta,
+            loss_type=a.loss_type, label_smoothing=a.label_smoothing, simpo_gamma=a.simpo_gamma,
+            chosen_lengths=lengths[:n], rejected_lengths=lengths[n:])
+        return losses, chosen_r, rejected_r, logps.detach()
+
+    def _step(self, indices: list[int]) -> dict:
+        """One optimizer step on the step's pairs (of every process): this process scores its
+        slice; a process left without pairs scores a stand-in with weight 0."""
+        self.train_model.train()
+        world, rank, n = distributed.world(), distributed.rank(), len(indices)
+        mine = indices[n * rank // world:n * (rank + 1) // world]
+        used = mine or indices[:1]
+        losses, chosen_r, rejected_r, logps = self._loss(self.train_model, [self.train_pairs[i] for i in used], used,
+                                                         self.ref_logps)
+        (losses.sum() * (world / n if mine else 0.0)).backward()  # this slice's share of the global mean, x N
+        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
+        metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(mine))
+        return {**metrics, "perf/lr": lr, "perf/grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss and reward metrics over ``eval_dataset`` as ``eval/loss``, ``eval/rewards/accuracies``, ..."""
+        if self.eval_pairs is None:
+            raise ValueError("evaluate() needs an eval_dataset")
+        self.train_model.eval()
+        world, rank, n = distributed.world(), distributed.rank(), len(self.eval_pairs)
+        lo, hi = n * rank // world, n * (rank + 1) // world
+        size = max(1, self.args.batch_size // world)
+        starts = list(range(lo, hi, size))
+        parts = []
+        for k in range(distributed.reduce_max(len(starts))):  # as many passes on every process
+            idx = list(range(starts[k], min(starts[k] + size, hi))) if k < len(starts) else [0]
+            out = self._loss(self.train_model, [self.eval_pairs[i] for i in idx], idx, self.eval_ref_logps)
+            if k < len(starts):
+                parts.append(out)
+        self.train_model.train()
+        if parts:
+            losses, chosen_r, rejected_r = (torch.cat([p[i] for p in parts]) for i in range(3))
+            logps = torch.cat([p[3].view(2, -1) for p in parts], 1).flatten()
+        else:
+            losses = chosen_r = rejected_r = torch.zeros(0, device=self.device)
+            logps = torch.zeros(0, device=self.device)
+        metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(losses))
+        return to_floats({"eval/" + k.removeprefix("dpo/"): v for k, v in metrics.items()})
+
+    # ---------------------------------------------------------------- saving
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model}
+
+    def save_model(self, path) -> None:
+        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA: merged, or
+        the adapter alone with ``save_adapter``), with its tokenizer. Every process must call this."""
+        export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
+
+
+def _pair_metrics(losses, chosen_r, rejected_r, logps, n_real: int) -> dict[str, torch.Tensor]:
+    """TRL's DPO metrics over the pairs of every process; each passes its per-pair values (the first
+    ``n_real`` count, none for a stand-in) and its (2n,) summed log-probs (chosen, then rejected)."""
+    n = losses.shape[0]
+    c_logps, r_logps = logps.view(2, -1)[0].double()[:n_real], logps.view(2, -1)[1].double()[:n_real]
+    cr, rr = chosen_r.detach().double()[:n_real], rejected_r.detach().double()[:n_real]
+    sums = [float(n_real), float(losses.detach().double()[:n_real].sum()), float(cr.sum()), float(rr.sum()),
+            float((cr > rr).double().sum()), float(c_logps.sum()), float(r_logps.sum())]
+    count, loss, c, r, wins, lc, lr = distributed.sum_floats(sums)
+    count = max(count, 1.0)
+    return {"dpo/loss": torch.tensor(loss / count), "rewards/chosen": torch.tensor(c / count),
+            "rewards/rejected": torch.tensor(r / count), "rewards/accuracies": torch.tensor(wins / count),
+            "rewards/margins": torch.tensor((c - r) / count), "logps/chosen": torch.tensor(lc / count),
+            "logps/rejected": torch.tensor(lr / count)}
+
+
+__all__ = ["DPOConfig", "DPOTrainer", "DPO_LOSSES"]

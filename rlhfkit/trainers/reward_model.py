@@ -37,9 +37,11 @@ from ..data.encode import encode_pair
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
+from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..config import TrainConfig
-from .common import make_optimizer, make_scheduler, optimizer_step, seed_everything
-from ..tracking import MetricsLogger, finish_run, prepare_run_dir, to_floats
+from .common import optimizer_step, seed_everything
+from .supervised import SupervisedTrainer
+from ..tracking import finish_run, to_floats
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class Pair:
     margin: float | None  # None: the row had no margin column
 
 
-class RewardModelTrainer:
+class RewardModelTrainer(SupervisedTrainer):
     """``RewardModelTrainer(model, RewardModelConfig(...), train_dataset=pairs).train()``
 
     ``model``: a local directory — a causal LM (a fresh scalar head on its transformer) or a saved
@@ -71,16 +73,23 @@ class RewardModelTrainer:
     copies its transformer) or a ``ScalarModel``; ``processing_class``: the tokenizer (required
     for objects); ``train_dataset`` / ``eval_dataset``: preference pairs (``load_preference_dataset``);
     ``center_dataset``: completions to centre on (``load_completions``; e.g. the SFT data).
-    Every dataset is read, checked and tokenised before any model is loaded.
+    Every dataset is read, checked and tokenised before any model is loaded. ``peft_config``: a
+    ``peft`` LoRA config for the backbone (the scalar head is trained in full); ``final/`` is
+    saved with the adapter merged.
     """
 
+    main_metric = "rm/accuracy"
+
     def __init__(self, model, args: RewardModelConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, center_dataset=None):
+                 processing_class=None, center_dataset=None, peft_config=None):
         self.args = args = args or RewardModelConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
         if center_dataset is not None and not args.center:
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
+        if peft_config is not None and args.save_adapter:
+            raise ValueError("save_adapter=True is not supported for reward models: their scalar head is trained in "
+                             "full, so final/ is saved with the LoRA adapter merged (set save_adapter=false)")
         world = distributed.planned_world()
         if args.batch_size % world:
             raise ValueError(f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
@@ -88,14 +97,8 @@ class RewardModelTrainer:
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
-        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
-        prepare_run_dir(self.out_dir, args.overwrite)
-        from ..jobs import record_run  # the job classes import the trainers
-
-        if self.out_dir:
-            record_run(args, model, {"train_dataset": (train_dataset, train_rows),
-                                     "eval_dataset": (eval_dataset, eval_rows),
-                                     "center_dataset": (center_dataset, center_rows)})
+        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
+                               "center_dataset": (center_dataset, center_rows)}, peft_config)
         is_path = isinstance(model, (str, os.PathLike))
         if is_path:
             _check_dir(model, "model")
@@ -116,21 +119,22 @@ class RewardModelTrainer:
             # in float it is rounding noise of ~1e-9, which AdamW scales up to steps of ~lr: frozen,
             # the bias keeps its value (and a run gives the same weights on any number of processes).
             model.head.bias.requires_grad_(False)
+        if peft_config is not None:  # adapters on the backbone; the head stays fully trainable
+            model.backbone = apply_lora(model.backbone, peft_config, task_type=None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
         self.device = next(self.model.parameters()).device
         # Every forward pass goes through ``scorer`` (``model.score`` as a module's forward): FSDP2
         # shards it in place (its parameters become DTensors) and DDP wraps it. ``self.model`` is
         # the ScalarModel inside.
-        self.scorer = distributed.shard(_Scorer(self.model), args.parallelism)
+        scorer = _Scorer(self.model)
+        # LoRA under torchrun with FSDP2: the main process merges from an unsharded copy at save time.
+        self._template = (copy.deepcopy(scorer).cpu() if is_peft(self.model.backbone) and distributed.active()
+                          and distributed.is_main() else None)
+        self.scorer = distributed.shard(scorer, args.parallelism)
         self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
-        self.total_steps = args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
-        main = distributed.is_main()  # the other processes compute the same global metrics, silently
-        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric="rm/accuracy",
-                                    progress_bar=args.progress_bar and main, total_steps=self.total_steps)
+        self._start_training(args.max_steps if args.max_steps is not None
+                             else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
 
     # ---------------------------------------------------------------- data
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
@@ -155,14 +159,13 @@ class RewardModelTrainer:
                           f"max_length={self.args.max_length} tokens", stacklevel=3)
         return pairs
 
-    def _batches(self):
-        """Pair indices, ``batch_size`` at a time, over seeded per-epoch shuffles (the last batch of an
-        epoch may be smaller), for ever."""
-        epoch = 0
-        while True:
-            gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
-            yield from torch.randperm(len(self.train_pairs), generator=gen).split(self.args.batch_size)
-            epoch += 1
+    def _batch(self, step: int) -> list[int]:
+        """Pair indices of optimizer step ``step`` (1-based): ``batch_size`` at a time over seeded
+        per-epoch shuffles (the last batch of an epoch may be smaller). A function of the step
+        alone, so a resumed run continues the order."""
+        epoch, index = divmod(step - 1, self.steps_per_epoch)
+        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
+        return torch.randperm(len(self.train_pairs), generator=gen).split(self.args.batch_size)[index].tolist()
 
     def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ids and attention mask (the mask, not the pad id, marks padding)."""
@@ -185,9 +188,10 @@ class RewardModelTrainer:
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
         """Train, evaluate and centre; returns one dict of metrics per step (as in metrics.jsonl)."""
-        batches = self._batches()
-        for step in range(1, self.total_steps + 1):
-            metrics = self._step([self.train_pairs[i] for i in next(batches).tolist()])
+        while self.step < self.total_steps:
+            self.step += 1
+            step = self.step
+            metrics = self._step([self.train_pairs[i] for i in self._batch(step)])
             metrics["rm/epoch"] = step / self.steps_per_epoch
             last = step == self.total_steps
             if self.eval_pairs is not None and (last or (self.args.eval_every and step % self.args.eval_every == 0)):
@@ -195,11 +199,13 @@ class RewardModelTrainer:
             if last and self.args.center:
                 metrics["rm/offset"] = self.center()
             self.logger.log(step, metrics, self.total_steps)
+            self._step_done()
         if self.total_steps == 0 and self.args.center:
             self.logger.log(0, {"rm/offset": self.center()}, 0)
         if self.args.output_dir:
             self.save_model(Path(self.args.output_dir) / "final")  # every process takes part in gathering
             finish_run(self.out_dir)
+        self._finish()
         return self.logger.history
 
     def _step(self, pairs: list[Pair]) -> dict:
@@ -273,11 +279,28 @@ class RewardModelTrainer:
         model = self.model
         if distributed.world() > 1 and self.args.parallelism == "fsdp":
             state = distributed.full_state_dict(self.scorer)  # a collective; keys "model.<name>"
-            model = _unsharded_copy(self.model, state) if distributed.is_main() else None
+            if self._template is not None:
+                self._template.load_state_dict(state)
+                model = self._template.model
+            else:
+                model = _unsharded_copy(self.model, state) if distributed.is_main() else None
         if distributed.is_main():
+            if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
+                model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head), float(model.offset))
             model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
             self.tokenizer.save_pretrained(path)
         distributed.barrier()
+
+
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": distributed.unwrap(self.scorer)}
+
+    def _counters(self) -> dict:  # the offset is no weight: a run resumed after its centring keeps it
+        return {"step": self.step, "offset": float(self.model.offset)}
+
+    def _restore(self, counters: dict) -> None:
+        super()._restore(counters)
+        self.model.set_offset(float(counters.get("offset", 0.0)))
 
 
 class _Scorer(torch.nn.Module):

@@ -32,9 +32,11 @@ from .. import distributed
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
+from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..config import TrainConfig
-from .common import epoch_order, make_optimizer, make_scheduler, optimizer_step, seed_everything
-from ..tracking import MetricsLogger, finish_run, prepare_run_dir
+from .common import epoch_order, optimizer_step, seed_everything
+from .supervised import SupervisedTrainer
+from ..tracking import finish_run
 
 
 @dataclass(frozen=True)
@@ -49,18 +51,23 @@ class SFTConfig(TrainConfig):
     """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
 
 
-class SFTTrainer:
-    """``SFTTrainer(model, args=SFTConfig(...), train_dataset=..., eval_dataset=None, processing_class=None)``
+class SFTTrainer(SupervisedTrainer):
+    """``SFTTrainer(model, args=SFTConfig(...), train_dataset=..., eval_dataset=None, processing_class=None,
+    peft_config=None)``
 
-    ``model``: a local HF directory or a causal-LM object (then ``processing_class``, its
+    ``model``: a local HF directory, a Hub id or a causal-LM object (then ``processing_class``, its
     tokenizer, is required; from a directory it is loaded when omitted). Datasets: a
     ``datasets.Dataset``, a list of dicts or a .jsonl / .json / .parquet path, rows
     ``{"prompt", "completion"}`` or ``{"messages"}`` (``data.sft``). Data are loaded, checked and
     tokenised before the model is loaded, so a bad row fails fast. Dropout stays as the model has it.
+    ``peft_config``: a ``peft`` config (e.g. ``LoraConfig``) to train an adapter instead of every
+    weight; ``final/`` is then merged, or the adapter alone with ``save_adapter=True``.
     """
 
+    main_metric = "sft/loss"
+
     def __init__(self, model, args: SFTConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None):
+                 processing_class=None, peft_config=None):
         self.args = args = args or SFTConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
@@ -75,13 +82,8 @@ class SFTTrainer:
                              f"processes ({world}): each process trains on an equal share of every step's rows")
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
-        prepare_run_dir(self.out_dir, args.overwrite)
-        from ..jobs import record_run  # the job classes import the trainers
-
-        if self.out_dir:
-            record_run(args, model, {"train_dataset": (train_dataset, train_rows),
-                                     "eval_dataset": (eval_dataset, eval_rows)})
+        self._open_run(model, {"train_dataset": (train_dataset, train_rows),
+                               "eval_dataset": (eval_dataset, eval_rows)}, peft_config)
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
         self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
@@ -90,24 +92,21 @@ class SFTTrainer:
         self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
         seed_everything(args.seed)  # the same initial weights on every process
         model = _load_model(model, args.dtype) if is_path else model
+        if peft_config is not None:
+            model = apply_lora(model, peft_config)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
+        self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
         self.device = next(self.model.parameters()).device
         # The module training and eval passes go through: the model itself (sharded in place by
         # FSDP2, or as it is in a single process) or its DDP wrapper. ``self.model`` stays the model.
         self.train_model = distributed.shard(self.model, args.parallelism)
         if distributed.world() > 1:  # dropout masks differ from process to process
             seed_everything(args.seed + 1_000_003 * distributed.rank())
-        self.total_steps = (args.max_steps if args.max_steps is not None
-                            else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
-        self.optimizer = make_optimizer([p for p in self.model.parameters() if p.requires_grad], args.learning_rate,
-                                        args.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, self.total_steps)
-        self.step, self.epoch, self.data_pos, self.units_seen = 0, 0, 0, 0
+        self.epoch, self.data_pos, self.units_seen = 0, 0, 0
         self.order = self._epoch_order(0)
-        main = distributed.is_main()  # the other processes compute the same global metrics, silently
-        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric="sft/loss",
-                                    progress_bar=args.progress_bar and main, total_steps=self.total_steps)
+        self._start_training(args.max_steps if args.max_steps is not None
+                             else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -121,11 +120,13 @@ class SFTTrainer:
             if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics["eval/loss"] = self.evaluate()
             self.logger.log(self.step, metrics, self.total_steps)
-        if self.step == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
+            self._step_done()
+        if self.total_steps == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
             self.logger.log(0, {"eval/loss": self.evaluate()}, 0)
         if args.output_dir:
             self.save_model(Path(args.output_dir) / "final")  # every process takes part in gathering
             finish_run(self.out_dir)
+        self._finish()
         return self.logger.history
 
     def _train_step(self, units: list[list[Encoded]]) -> dict:
@@ -213,14 +214,22 @@ class SFTTrainer:
     def _epoch_order(self, epoch: int) -> list[int]:
         return epoch_order(self.args.seed, epoch, len(self.units))
 
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model}
+
+    def _counters(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "data_pos": self.data_pos, "units_seen": self.units_seen}
+
+    def _restore(self, counters: dict) -> None:
+        super()._restore(counters)
+        self.epoch, self.data_pos, self.units_seen = counters["epoch"], counters["data_pos"], counters["units_seen"]
+        self.order = self._epoch_order(self.epoch)
+
     def save_model(self, path) -> None:
-        """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads. Under
-        torchrun every process must call this: the full weights are gathered, rank 0 writes."""
-        state = distributed.full_state_dict(self.model) if distributed.world() > 1 else None  # a collective
-        if distributed.is_main():
-            self.model.save_pretrained(path, state_dict=state)
-            self.tokenizer.save_pretrained(path)
-        distributed.barrier()
+        """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA:
+        merged, or the adapter alone with ``save_adapter``). Under torchrun every process must call
+        this: the full weights are gathered, rank 0 writes."""
+        export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
 
 
 def _load_model(path, dtype: str):

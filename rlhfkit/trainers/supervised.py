@@ -1,0 +1,92 @@
+"""What the trainers on fixed data (SFT, reward model, DPO) share: the run directory and its
+record, the optimizer and schedule, checkpoints every ``save_steps`` (``checkpoint.py``: DCP
+shards of the trainable weights and AdamW's state, the schedule, every process's RNG, the loop's
+counters), ``resume_from``, and the metrics logger with its trackers.
+
+A resumed run ends with the weights of the uninterrupted one: the checkpoint restores every
+input of the remaining steps — weights, optimizer moments, the learning-rate schedule, the RNG
+states (dropout masks) and the position in the seeded data order (``_counters``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .. import distributed
+from ..tracking import MetricsLogger, prepare_run_dir
+from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
+from .common import make_optimizer, make_scheduler
+
+
+class SupervisedTrainer:
+    """Base of ``SFTTrainer``, ``RewardModelTrainer`` and ``DPOTrainer``. A subclass sets ``args``,
+    calls ``_open_run`` before loading any model, ``_start_training`` once its model is built and
+    sharded, and ``_step_done`` after each optimizer step; it names what a checkpoint holds with
+    ``_trained_modules`` and ``_counters`` / ``_restore``."""
+
+    main_metric = "loss"
+
+    def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:
+        """Create the run directory (rank 0) and record the run in its ``config.yaml``."""
+        args = self.args
+        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
+        prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
+        from ..jobs import record_run  # the job classes import the trainers
+
+        if self.out_dir:
+            record_run(args, model, datasets, args.resume_from, peft_config=peft_config, **sources)
+
+    def _start_training(self, total_steps: int) -> None:
+        """Optimizer (AdamW over every trainable parameter), schedule, resume, logger."""
+        args = self.args
+        self.total_steps, self.step = total_steps, 0
+        params = [p for m in self._trained_modules().values() for p in m.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, total_steps)
+        if args.resume_from:
+            self._resume(args.resume_from)
+        main = distributed.is_main()  # the other processes compute the same global metrics, silently
+        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric=self.main_metric,
+                                    progress_bar=args.progress_bar and main, total_steps=total_steps,
+                                    initial_step=self.step, config=args if main else None)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        """The modules whose trainable parameters the optimizer updates and checkpoints hold."""
+        raise NotImplementedError
+
+    def _counters(self) -> dict:
+        """The loop's position, saved last in a checkpoint (``trainer_state.json``)."""
+        return {"step": self.step}
+
+    def _restore(self, counters: dict) -> None:
+        self.step = int(counters["step"])
+
+    def _step_done(self) -> None:
+        """After optimizer step ``self.step``: a checkpoint every ``save_steps`` (older ones pruned
+        to ``save_total_limit``)."""
+        args = self.args
+        if args.output_dir and args.save_steps and self.step % args.save_steps == 0:
+            self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
+            if args.save_total_limit and self.out_dir:
+                prune_checkpoints(self.out_dir, args.save_total_limit)
+
+    def save_checkpoint(self, path) -> None:
+        """Every process calls this (DCP writes each process's shards); complete when it returns."""
+        save_checkpoint(Path(path), self._trained_modules(), self.optimizer, self.scheduler, self._counters())
+
+    def _resume(self, path) -> None:
+        # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
+        counters = load_checkpoint(path, self._trained_modules(), self.optimizer, self.scheduler,
+                                   fresh_seed=self.args.seed + 1_000_003 * distributed.rank())
+        if int(counters.get("step", -1)) > self.total_steps:
+            raise ValueError(f"resume_from={str(path)!r} is at step {counters['step']}, past this run's "
+                             f"{self.total_steps} steps")
+        self._restore(counters)
+
+    def _finish(self) -> None:
+        """Close the trackers (the run's files are complete)."""
+        self.logger.close()

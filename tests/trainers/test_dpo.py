@@ -1,0 +1,115 @@
+"""DPO end to end on tiny local models: the first step's loss is log 2 (policy = reference), the
+toy preference is learned, the shared prompt pass and the precomputed reference change nothing,
+LoRA uses the adapter-disabled base, resume ≡ uninterrupted, and bad inputs are one line."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+from rlhfkit.trainers.dpo import DPOConfig, DPOTrainer
+
+from .test_reward_model import oracle_pairs
+
+
+def trainer(train=None, model=None, tok=None, **overrides):
+    tok = tok or char_tokenizer()
+    args = dict(learning_rate=1e-3, batch_size=8, max_steps=6, log_every=0, seed=0)
+    args.update(overrides)
+    extra = {k: args.pop(k) for k in ("eval_dataset", "ref_model", "peft_config") if k in args}
+    model = model if model is not None else tiny_causal_lm(tok, hidden_size=32, seed=0)
+    return DPOTrainer(model, DPOConfig(**args), oracle_pairs(48, 0) if train is None else train,
+                      processing_class=tok, **extra)
+
+
+def weights(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_the_first_step_has_loss_log2_and_zero_rewards():
+    history = trainer(max_steps=1).train()
+    first = history[0]
+    assert first["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["rewards/chosen"] == pytest.approx(0, abs=1e-6)
+    assert first["rewards/margins"] == pytest.approx(0, abs=1e-6)
+    for key in ("rewards/rejected", "rewards/accuracies", "logps/chosen", "logps/rejected", "perf/grad_norm"):
+        assert key in first
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "simpo"])
+def test_every_loss_learns_the_toy_preference(loss_type):
+    beta = {"sigmoid": 0.5, "ipo": 0.5, "hinge": 0.5, "simpo": 2.0}[loss_type]
+    t = trainer(loss_type=loss_type, beta=beta, max_steps=30, learning_rate=3e-3,
+                eval_dataset=oracle_pairs(32, 1))
+    history = t.train()
+    assert history[-1]["eval/rewards/accuracies"] > 0.7, history[-1]
+    assert history[-1]["eval/rewards/margins"] > 0
+
+
+def test_the_shared_prompt_pass_gives_the_separate_passes_log_probs(monkeypatch):
+    t = trainer(max_steps=0)
+    pairs = t.train_pairs[:6]
+    shared, lengths = t._logps(t.model, pairs)
+    import rlhfkit.trainers.dpo as dpo
+
+    monkeypatch.setattr(dpo.distributed, "world", lambda: 2)  # the multi-process path: no sharing
+    separate, _ = t._logps(t.model, pairs)
+    assert torch.allclose(shared, separate, atol=1e-5)
+    assert lengths.tolist() == [len(p.chosen) for p in pairs] + [len(p.rejected) for p in pairs]
+
+
+def test_precomputed_reference_log_probs_train_the_same_weights():
+    live, pre = trainer(), trainer(precompute_ref_logprobs=True)
+    assert pre.reference is None and pre.ref_logps.shape == (2, len(pre.train_pairs))
+    a, b = live.train(), pre.train()
+    for x, y in zip(a, b):
+        assert x["dpo/loss"] == pytest.approx(y["dpo/loss"], abs=1e-5)
+    wa, wb = weights(live.model), weights(pre.model)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
+
+
+def test_lora_uses_the_adapter_disabled_base_as_reference(tmp_path):
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
+
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    t = trainer(peft_config=lora, output_dir=str(tmp_path / "run"), max_steps=3)
+    assert t.reference is None
+    trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    history = t.train()
+    assert history[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")  # merged: loads without peft
+
+
+def test_a_given_reference_model_is_used():
+    tok = char_tokenizer()
+    other = tiny_causal_lm(tok, hidden_size=32, seed=1)
+    t = trainer(ref_model=other, max_steps=1, tok=tok)
+    first = t.train()[0]
+    assert first["dpo/loss"] != pytest.approx(math.log(2), abs=1e-3)  # π ≠ π_ref from the start
+
+
+def test_resumed_training_ends_with_the_uninterrupted_weights(tmp_path):
+    full = trainer(output_dir=str(tmp_path / "a"), save_steps=3, max_steps=7)
+    full.train()
+    resumed = trainer(output_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a" / "checkpoint-3"),
+                      max_steps=7)
+    assert resumed.step == 3
+    resumed.train()
+    wa, wb = weights(full.model), weights(resumed.model)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_bad_inputs_are_one_line():
+    with pytest.raises(ValueError, match="reference-free"):
+        trainer(loss_type="simpo", precompute_ref_logprobs=True)
+    with pytest.raises(ValueError, match="loss_type"):
+        DPOConfig(loss_type="kto")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        DPOConfig(loss_type="ipo", label_smoothing=0.1)
+    with pytest.raises(ValueError, match="row 1.*rejected|rejected.*row 1|pair|missing field 'rejected'"):
+        trainer(train=[{"prompt": "ab", "chosen": "a"}])
+    with pytest.raises(ValueError, match="processing_class"):
+        DPOTrainer(tiny_causal_lm(char_tokenizer(), hidden_size=32), DPOConfig(), oracle_pairs(4, 0))

@@ -3,7 +3,7 @@ docstring is the only source of help text). ``RLConfig`` joins them into one fla
 TRL's ``GRPOConfig`` is, and fills the algorithm fields the user left unset from the chosen
 algorithm's preset. Configs are frozen: nothing changes them at run time.
 
-Every numeric field has its allowed range in ``RANGES`` and every fixed list of choices is named
+Every numeric field has its allowed range in ``RANGES`` (``config_checks.py``) and every fixed list of choices is named
 once (``DTYPES``, ``SCHEDULERS``, ...): ``check_ranges`` enforces both at construction, for every
 config class, with a one-line error naming the config, the field, the value and the range.
 """
@@ -11,9 +11,9 @@ config class, with a one-line error naming the config, the field, the value and 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
+
+from .config_checks import RANGES, TRACKERS, check_fields, check_ranges, check_run_fields, in_range  # noqa: F401
 
 DTYPES = ("float32", "bfloat16", "float16")
 AUTOCAST_DTYPES = ("bfloat16", "float16")
@@ -22,79 +22,6 @@ CRITICS = ("separate", "shared")
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 ROLLOUT_ENGINES = ("hf", "vllm")
-TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
-
-# Allowed values of every numeric field of every config, by field name (one meaning per name
-# across configs). Notation: "(a, b)" open, "[a, b]" closed, "> a", ">= a", "finite"; "or None"
-# admits None; NaN and infinities are always refused. tests/test_config_rules.py checks that every numeric field of every config is listed.
-RANGES: dict[str, str] = {
-    # rollout
-    "prompts_per_step": ">= 1", "group_size": ">= 1", "max_new_tokens": ">= 1",
-    "max_prompt_length": ">= 1 or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
-    "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": ">= 1",
-    # algorithm
-    "loss_horizon": ">= 1 or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
-    "clip_low": "(0, 1)", "clip_high": "> 0", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
-    "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": ">= 1",
-    "missing_eos_penalty": "finite or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
-    # optimisation
-    "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
-    "max_grad_norm": "> 0 or None", "warmup_steps": ">= 0", "mini_batch_size": ">= 1 or None",
-    "micro_batch_size": ">= 1 or None", "grad_accumulation": ">= 1",
-    # run
-    "max_steps": ">= 0 or None", "seed": ">= 0", "save_steps": ">= 0", "save_total_limit": ">= 1 or None",
-    "log_every": ">= 0", "num_logged_samples": ">= 0", "eval_every": ">= 0", "eval_max_new_tokens": ">= 1 or None",
-    # supervised trainers
-    "num_epochs": "> 0", "batch_size": ">= 1", "max_length": ">= 2",
-    # DPO
-    "beta": "> 0", "label_smoothing": "[0, 0.5)", "simpo_gamma": "finite",
-    # command-line sources
-    "lora_r": ">= 0", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
-}
-
-
-def in_range(value, spec: str, integer: bool = False) -> bool:
-    """Whether ``value`` satisfies a ``RANGES`` spec (a bool is not a number; ``integer``: a whole
-    number is required)."""
-    text, none_ok = (spec[: -len(" or None")], True) if spec.endswith(" or None") else (spec, False)
-    if value is None:
-        return none_ok
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    if integer and not isinstance(value, numbers.Integral):
-        return False
-    if not isinstance(value, numbers.Integral) and not math.isfinite(value):  # NaN and ±inf: never
-        return False
-    if text == "finite":
-        return True
-    if text[0] in "([":
-        low, high = (float(x) for x in text[1:-1].split(","))
-        above = value > low if text[0] == "(" else value >= low
-        below = value < high if text[-1] == ")" else value <= high
-        return above and below
-    op, bound = text.split()
-    return value >= float(bound) if op == ">=" else value > float(bound)
-
-
-def check_ranges(config) -> None:
-    """Check every field of ``config`` listed in ``RANGES`` against its range and its annotation
-    (None only where the annotation admits it, whole numbers for ``int`` fields); the first
-    failure is raised as one line naming the config, the field, the value and the range."""
-    for f in dataclasses.fields(config):
-        spec = RANGES.get(f.name)
-        if spec is None or not f.init:
-            continue
-        annotation = str(f.type).replace(" ", "")
-        if "None" not in annotation:
-            spec = spec.removesuffix(" or None")
-        integer = annotation.removesuffix("|None") == "int"
-        value = getattr(config, f.name)
-        if not in_range(value, spec, integer):
-            expected = f"in {spec}" if spec[0] in "([" else spec
-            kind = "an integer " if integer and not isinstance(value, numbers.Integral) else ""
-            raise ValueError(f"{type(config).__name__}: config field {f.name!r} must be {kind}{expected}, "
-                             f"got {value!r}")
-
 
 # The algorithms of DESIGN.md are presets of one config — never branches in the loop.
 PRESETS: dict[str, dict] = {
@@ -401,26 +328,6 @@ class TrainConfig(RunBase, OptimBase):
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
-
-
-def check_run_fields(config: RunBase) -> None:
-    """``report_to`` as a tuple (a single name or 'none' is accepted, as in TRL) of known trackers."""
-    value = config.report_to
-    names = (value,) if isinstance(value, str) else tuple(value or ())
-    names = tuple(n for n in names if n != "none")
-    object.__setattr__(config, "report_to", names)
-    unknown = [n for n in names if n not in TRACKERS]
-    if unknown or len(set(names)) != len(names):
-        raise ValueError(f"{type(config).__name__}: config field 'report_to' must list trackers among "
-                         f"{', '.join(TRACKERS)} (each once), got {list(value) if not isinstance(value, str) else value!r}")
-
-
-def check_fields(config, checks) -> None:
-    """Raise for the first ``(ok, field, expected)`` that fails, naming the config and the field."""
-    for ok, name, expected in checks:
-        if not ok:
-            raise ValueError(f"{type(config).__name__}: config field {name!r} must be {expected}, "
-                             f"got {getattr(config, name)!r}")
 
 
 # Re-exported: config files and help text live in config_io.py.

@@ -11,9 +11,9 @@ import pytest
 
 from rlhfkit.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from rlhfkit.config import PRESETS, RANGES, RLConfig
-from rlhfkit.jobs import RLJob, RMJob, SFTJob
+from rlhfkit.jobs import DPOJob, RLJob, RMJob, SFTJob
 from rlhfkit.rollout import SamplingParams
-from rlhfkit.trainers import RewardModelConfig, SFTConfig
+from rlhfkit.trainers import DPOConfig, RewardModelConfig, SFTConfig
 
 # field: (values that must be refused, a value that must be accepted)
 TABLE = {
@@ -32,9 +32,11 @@ TABLE = {
     "num_epochs": ([0.0, -1.0], 0.5), "batch_size": ([0], 2), "max_length": ([1], 2), "lora_r": ([-1], 8),
     "lora_alpha": ([0], 32), "vllm_kv_cache_gb": ([0.0, -1.0, math.inf], 0.5),
     "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5), "vllm_tensor_parallel_size": ([0], 1),
-    "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0),
+    "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0), "beta": ([0.0, -0.1, math.inf], 0.5),
+    "label_smoothing": ([-0.1, 0.5, math.nan], 0.0), "simpo_gamma": ([math.inf, math.nan], 1.0),
+    "lora_dropout": ([-0.1, 1.0], 0.05),
 }
-CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, RLJob, SFTJob, RMJob, SamplingParams]
+CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
 
 
 def _numeric_fields(cls):

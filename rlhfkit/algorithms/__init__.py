@@ -1,7 +1,7 @@
 """The algorithm core: pure tensor math (torch and the standard library only).
 
 Every formula of rlhfkit lives here once: advantages, KL estimators and controllers, policy and
-value losses, loss aggregation, reward shaping, the rollout importance-sampling correction, and
+value losses, loss aggregation, the DPO-family preference losses, reward shaping, the rollout importance-sampling correction, and
 lean per-token log-probs / entropies.
 """
 
@@ -14,6 +14,7 @@ from .advantages import (
     rloo_advantages,
     whiten,
 )
+from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
 from .logprobs import entropy_from_logits, selective_logprobs
 from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, pg_loss, ppo_policy_loss, value_loss
@@ -22,7 +23,7 @@ from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
 from .shaping import apply_missing_eos_penalty, last_token_index, token_level_rewards
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "DPO_LOSS_TYPES", "dpo_loss", "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS",
     "POLICY_LOSSES", "ROLLOUT_IS_MODES", "Registry", "aggregate", "apply_missing_eos_penalty", "bradley_terry_loss",
     "broadcast_sequence_advantages",
     "entropy_from_logits", "gae", "group_advantages", "kl_penalty", "last_token_index", "masked_mean", "masked_sum", "masked_var", "pg_loss",

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..algorithms import dpo_loss
+from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES, dpo_loss
 from ..config import TrainConfig, check_fields
 from ..data.encode import encode_pair
 from ..data.preferences import load_preference_dataset
@@ -46,9 +46,6 @@ from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_templ
 from ..tracking import finish_run, to_floats
 from .common import optimizer_step, seed_everything
 from .supervised import SupervisedTrainer
-
-DPO_LOSSES = ("sigmoid", "ipo", "hinge", "simpo")
-
 
 @dataclass(frozen=True)
 class DPOConfig(TrainConfig):

@@ -106,7 +106,7 @@ class RLTrainer:
             self._resume(args.resume_from)
         main = distributed.is_main()  # the other processes compute the same global metrics, silently
         self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, progress_bar=args.progress_bar and main,
-                                    total_steps=args.max_steps, initial_step=self.step)
+                                    total_steps=args.max_steps, initial_step=self.step, config=args if main else None)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -138,6 +138,7 @@ class RLTrainer:
         if args.output_dir:
             self.save_model(Path(args.output_dir) / "final")
             finish_run(self.out_dir)
+        self.logger.close()  # the trackers' runs end
         return self.logger.history
 
     def evaluate(self) -> dict:
@@ -389,10 +390,9 @@ class RLTrainer:
         self.kl_ctl.value = counters["kl_coef"]
 
     def save_model(self, path: Path) -> None:
-        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged)."""
-        self.m.save_policy(Path(path))  # every process takes part in gathering the weights
-        if distributed.is_main():
-            self.tokenizer.save_pretrained(path)
+        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged, or the
+        adapter alone with ``save_adapter``)."""
+        self.m.save_policy(Path(path), self.tokenizer)  # every process takes part in gathering the weights
 
 
 __all__ = ["RLTrainer", "Experience"]

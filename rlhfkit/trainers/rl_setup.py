@@ -24,6 +24,7 @@ from ..models import (
 )
 from ..rewards import RewardFunctions, get_reward_function
 from ..rewards.reward_model import RewardModelFunction
+from ..models.lora import export_causal_lm, unsharded_template
 from ..rollout import HFEngine, Rollout
 
 
@@ -55,8 +56,7 @@ class Models:
         uses the policy with its parameters gathered. A single process: the models as they are."""
         args = self.args
         # A LoRA policy is merged at save time into a full copy, which a sharded one no longer is.
-        keep = self.is_peft and distributed.active() and distributed.is_main()
-        self._peft_template = copy.deepcopy(self.policy).cpu() if keep else None
+        self._peft_template = unsharded_template(self.policy)
         mixed = args.autocast if args.parallelism == "fsdp" and self.device.type == "cuda" else None
         self.train_policy = distributed.shard(self.policy, args.parallelism, mixed)
         if self.reference is not None and args.parallelism == "fsdp":
@@ -122,19 +122,11 @@ class Models:
         for rows in torch.arange(rollout.input_ids.shape[0], device=self.device).split(size):
             yield rollout.select(rows)
 
-    def save_policy(self, path: Path) -> None:
-        """The policy (LoRA merged) as a Hugging Face directory, written by the main process from the
-        gathered full weights; every process must call this."""
-        state = distributed.full_state_dict(self.policy)  # a collective under torchrun
-        if distributed.is_main():
-            if self.is_peft:  # merge into a full copy: the unsharded template under torchrun
-                model = copy.deepcopy(self._peft_template if self._peft_template is not None else self.policy)
-                if self._peft_template is not None:
-                    model.load_state_dict(state)
-                model.merge_and_unload().save_pretrained(path)
-            else:
-                self.policy.save_pretrained(path, state_dict=state)
-        distributed.barrier()
+    def save_policy(self, path: Path, tokenizer=None) -> None:
+        """The policy as a Hugging Face directory (LoRA: merged, or the adapter alone with
+        ``save_adapter``), written by the main process from the gathered full weights; every
+        process must call this."""
+        export_causal_lm(self.policy, path, tokenizer, self.args.save_adapter, self._peft_template)
 
 
 def build_engine(args: RLConfig, models: Models, prompt_ids: list[list[int]]):

@@ -2,7 +2,7 @@
 
     supervised_worker.py <spec.json> <out_dir>
 
-``spec``: ``{"trainer": "sft" | "rm", "model": <dir>, "args": {config fields}, "train": rows,
+``spec``: ``{"trainer": "sft" | "rm" | "dpo", "model": <dir>, "args": {config fields}, "train": rows,
 "eval": rows or null}``. Trains, then rank 0 writes the full weights to
 ``<out_dir>/weights.safetensors`` and every process its metrics to ``<out_dir>/history-<rank>.json``.
 """
@@ -13,6 +13,7 @@ import sys
 from safetensors.torch import save_file
 
 from rlhfkit import distributed
+from rlhfkit.trainers.dpo import DPOConfig, DPOTrainer
 from rlhfkit.trainers.reward_model import RewardModelConfig, RewardModelTrainer
 from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
 
@@ -21,6 +22,9 @@ def main(spec_path, out_dir):
     spec = json.loads(open(spec_path).read())
     if spec["trainer"] == "sft":
         trainer = SFTTrainer(spec["model"], SFTConfig(**spec["args"]), spec["train"], spec.get("eval"))
+        module = trainer.model
+    elif spec["trainer"] == "dpo":
+        trainer = DPOTrainer(spec["model"], DPOConfig(**spec["args"]), spec["train"], spec.get("eval"))
         module = trainer.model
     else:
         trainer = RewardModelTrainer(spec["model"], RewardModelConfig(**spec["args"]), spec["train"], spec.get("eval"))

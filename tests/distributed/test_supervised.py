@@ -118,6 +118,26 @@ def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(tmp_
     assert files(tmp_path / "one" / "run") == files(tmp_path / "two" / "run")
 
 
+@pytest.mark.parametrize("precompute", [False, True])
+def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, precompute):
+    # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
+    # stand-in of weight 0); the reference (a frozen copy) is sharded too, or precomputed by slices.
+    args = dict(learning_rate=1e-3, batch_size=8, max_steps=2, log_every=0, seed=0, max_length=64, beta=0.5,
+                precompute_ref_logprobs=precompute)
+    spec = dict(trainer="dpo", model=tiny_model_dir, args=args, train=RM_ROWS, eval=RM_EVAL)
+    runs = {}
+    for n, name in ((1, "one"), (2, "two")):
+        spec["args"]["output_dir"] = str(tmp_path / name / "run")
+        runs[name] = run(n, spec, tmp_path / name)
+    assert_same_metrics(runs["one"], runs["two"])
+    assert {"dpo/loss", "rewards/accuracies", "rewards/margins", "eval/loss", "eval/rewards/chosen"} <= set(
+        runs["one"][-1])
+    w1, w2 = (load_file(tmp_path / name / "weights.safetensors") for name in ("one", "two"))
+    assert_same_weights(w1, w2)
+    final = [AutoModelForCausalLM.from_pretrained(tmp_path / name / "run" / "final") for name in ("one", "two")]
+    assert_same_weights(final[0].state_dict(), final[1].state_dict())
+
+
 def test_a_two_process_sft_run_writes_the_run_directory_of_one_process(tmp_path, tiny_model_dir):
     args = dict(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64)
     spec = dict(trainer="sft", model=tiny_model_dir, args=args, train=SFT_ROWS, eval=SFT_EVAL)

@@ -113,3 +113,29 @@ def test_bad_inputs_are_one_line():
         trainer(train=[{"prompt": "ab", "chosen": "a"}])
     with pytest.raises(ValueError, match="processing_class"):
         DPOTrainer(tiny_causal_lm(char_tokenizer(), hidden_size=32), DPOConfig(), oracle_pairs(4, 0))
+
+
+def test_dpo_raises_the_oracle_score_of_the_sft_model(tmp_path):
+    """The quickstart's DPO stage, shortened: SFT on noisy demonstrations, pairs of SFT samples
+    labelled by the oracle (plus the quickstart's synthetic pairs), DPO with the quickstart's
+    settings; the oracle's score of sampled completions rises (measured 0.41 -> 0.49, ~25 s)."""
+    import random
+
+    from rlhfkit.quickstart import DPO_SETTINGS, SAMPLING, sample_pairs
+    from rlhfkit.tasks import shift
+    from rlhfkit.trainers.evaluate import evaluate_policy
+    from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
+
+    tok = char_tokenizer(alphabet=shift.LETTERS + "=")
+    SFTTrainer(tiny_causal_lm(tok, hidden_size=64, layers=2, seed=0),
+               SFTConfig(learning_rate=3e-3, max_steps=300, batch_size=32, output_dir=str(tmp_path / "sft"),
+                         log_every=0), train_dataset=shift.make_sft_rows(2000, 0), processing_class=tok).train()
+    sft = str(tmp_path / "sft" / "final")
+    pairs = sample_pairs(sft, shift.make_prompts(600, 1), 0) + shift.make_synthetic_pairs(1200, 0)
+    random.Random(0).shuffle(pairs)
+    DPOTrainer(sft, DPOConfig(**DPO_SETTINGS, max_steps=200, output_dir=str(tmp_path / "dpo"), log_every=0),
+               train_dataset=pairs).train()
+    prompts = [{"prompt": p} for p in shift.make_prompts(128, 2)]
+    before, after = (evaluate_policy(str(tmp_path / name / "final"), [shift.oracle_reward], prompts,
+                                     sampling=SAMPLING)["metrics"]["eval/oracle_reward_mean"] for name in ("sft", "dpo"))
+    assert after > before + 0.04, (before, after)

@@ -1,0 +1,85 @@
+"""Preference losses without a reward model: DPO and its descendants, on per-pair sequence
+log-probabilities (sums over the completion's tokens, EOS included).
+
+With ``h = (c - r) - (c_ref - r_ref)`` — the policy's log-ratio of chosen over rejected minus the
+reference's — every loss below is a function of ``β h`` or a length-normalised cousin:
+
+- ``sigmoid``: DPO (Rafailov et al. 2023, arXiv:2305.18290, eq. 7), ``-log σ(β h)``; with
+  ``label_smoothing`` ε, conservative DPO (Mitchell 2023, "A note on DPO with noisy
+  preferences"): ``-(1-ε) log σ(β h) - ε log σ(-β h)`` — the expected DPO loss when each label is
+  flipped with probability ε.
+- ``hinge``: SLiC's calibration loss (Zhao et al. 2023, arXiv:2305.10425, eq. 3) with the
+  reference log-ratio subtracted (as TRL): ``max(0, 1 - β h)``.
+- ``ipo``: IPO (Azar et al. 2023, arXiv:2310.12036, eq. 17; β plays τ): ``(h̄ - 1/(2β))²`` where
+  ``h̄`` uses log-probs divided by the completion lengths (as TRL computes IPO).
+- ``simpo``: SimPO (Meng et al. 2024, arXiv:2405.14734, eq. 6), reference-free and
+  length-normalised: ``-log σ(β c/|c| - β r/|r| - γ)``.
+
+The implicit rewards (TRL's ``rewards/chosen`` and ``rewards/rejected``) are ``β (c - c_ref)`` and
+``β (r - r_ref)`` — on the length-normalised log-probs for ``ipo`` — and ``β c/|c|``, ``β r/|r|``
+for ``simpo``; they are returned detached.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_same_shape, check_tensor
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo")
+
+
+def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_logps=None, *,
+             beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0, simpo_gamma: float = 0.5,
+             chosen_lengths=None, rejected_lengths=None):
+    """Per-pair losses (B,) and implicit rewards (B,), (B,) of ``loss_type`` (see the module
+    docstring). Log-probs are (B,) sums over each completion's tokens; ``*_lengths`` (B,) their
+    token counts, needed by ``ipo`` and ``simpo``; the reference log-probs are needed by every
+    loss but ``simpo``, which refuses them (nothing is silently ignored). Computed in float32
+    (or the inputs' wider dtype)."""
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
+    if not beta > 0:
+        raise ValueError(f"beta must be > 0, got {beta!r}")
+    if not 0 <= label_smoothing < 0.5:
+        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
+    if label_smoothing and loss_type != "sigmoid":
+        raise ValueError(f"label_smoothing applies to loss_type='sigmoid' only, got loss_type={loss_type!r}")
+    with_ref = ref_chosen_logps is not None or ref_rejected_logps is not None
+    if loss_type == "simpo" and with_ref:
+        raise ValueError("loss_type='simpo' is reference-free: pass no reference log-probs")
+    if loss_type != "simpo" and (ref_chosen_logps is None or ref_rejected_logps is None):
+        raise ValueError(f"loss_type={loss_type!r} needs ref_chosen_logps and ref_rejected_logps")
+    normalised = loss_type in ("ipo", "simpo")
+    if normalised and (chosen_lengths is None or rejected_lengths is None):
+        raise ValueError(f"loss_type={loss_type!r} needs chosen_lengths and rejected_lengths (completion tokens)")
+    tensors = {"chosen_logps": chosen_logps, "rejected_logps": rejected_logps}
+    if with_ref:
+        tensors.update(ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    if normalised:
+        tensors.update(chosen_lengths=torch.as_tensor(chosen_lengths), rejected_lengths=torch.as_tensor(rejected_lengths))
+    check_tensor("chosen_logps", chosen_logps, ndim=1)
+    check_same_shape(**tensors)
+    dtype = torch.promote_types(chosen_logps.dtype, torch.float32)
+    c, r = chosen_logps.to(dtype), rejected_logps.to(dtype)
+    c_ref = ref_chosen_logps.to(dtype) if with_ref else None
+    r_ref = ref_rejected_logps.to(dtype) if with_ref else None
+    if normalised:  # mean log-prob per token
+        n_c, n_r = tensors["chosen_lengths"].to(c), tensors["rejected_lengths"].to(c)
+        c, r = c / n_c, r / n_r
+        if with_ref:
+            c_ref, r_ref = c_ref / n_c, r_ref / n_r
+    if loss_type == "simpo":
+        losses = -F.logsigmoid(beta * c - beta * r - simpo_gamma)
+        return losses, (beta * c).detach(), (beta * r).detach()
+    h = (c - r) - (c_ref - r_ref)
+    if loss_type == "sigmoid":
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h)
+        if label_smoothing:
+            losses = losses - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * h)
+    else:  # ipo
+        losses = (h - 1 / (2 * beta)) ** 2
+    return losses, (beta * (c - c_ref)).detach(), (beta * (r - r_ref)).detach()

@@ -1,4 +1,5 @@
-"""Metrics: one JSON line per step in the run directory, and a short progress line on stdout."""
+"""Metrics: one JSON line per step in the run directory, a short progress line on stdout, and the
+experiment trackers the config asks for (``report_to``: ``trackers.py``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ class MetricsLogger:
     """Appends ``{"step": n, ...metrics}`` to ``metrics.jsonl`` and prints every ``log_every`` steps."""
 
     def __init__(self, output_dir: str | None, log_every: int = 1, main_metric: str = "reward/mean",
-                 progress_bar: bool = True, total_steps: int | None = None, initial_step: int = 0):
+                 progress_bar: bool = True, total_steps: int | None = None, initial_step: int = 0, config=None):
+        """``config``: the run's config; its ``report_to`` trackers (``trackers.py``) get every row,
+        its ``run_name`` and its values. Pass it on the main process only."""
+        self.trackers = None
+        if config is not None and getattr(config, "report_to", ()):
+            from .trackers import Trackers
+
+            self.trackers = Trackers(config, output_dir)
         self.path = Path(output_dir) / "metrics.jsonl" if output_dir else None
         self.log_every, self.main_metric = log_every, main_metric
         self.bar = None
@@ -43,6 +51,8 @@ class MetricsLogger:
         if self.path:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+        if self.trackers is not None:
+            self.trackers.log(step, {k: v for k, v in row.items() if k != "step"})
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
             if self.main_metric in row:
@@ -56,6 +66,13 @@ class MetricsLogger:
             eta = elapsed / max(1, len(self.history)) * (total_steps - step)
             print(f"step {step}/{total_steps} {parts} ({elapsed:.0f}s, eta {eta:.0f}s)", flush=True)
         return row
+
+
+    def close(self) -> None:
+        """End the trackers' runs (idempotent); metrics.jsonl needs no closing."""
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 RUN_ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "plots", "report.html")

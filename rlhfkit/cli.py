@@ -52,13 +52,23 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
     return subprocess.run(command).returncode
 
 
+def _datasets(job) -> tuple:
+    """The job's train and eval datasets: local paths as given, Hub ids loaded with the job's
+    ``dataset_subset`` and splits."""
+    from .data.hub import resolve_dataset
+
+    train = resolve_dataset(job.train_dataset, job.dataset_subset, job.dataset_train_split, "train_dataset")
+    evaluation = (resolve_dataset(job.eval_dataset, job.dataset_subset, job.dataset_eval_split, "eval_dataset")
+                  if job.eval_dataset else None)
+    return train, evaluation
+
+
 def _run_sft(job):
     from .jobs import lora_config, require, trainer_config
     from .trainers import SFTConfig, SFTTrainer
 
     require(job, "model", "train_dataset")
-    return SFTTrainer(job.model, trainer_config(job, SFTConfig), job.train_dataset, job.eval_dataset,
-                      peft_config=lora_config(job))
+    return SFTTrainer(job.model, trainer_config(job, SFTConfig), *_datasets(job), peft_config=lora_config(job))
 
 
 def _run_rm(job):
@@ -66,8 +76,8 @@ def _run_rm(job):
     from .trainers import RewardModelConfig, RewardModelTrainer
 
     require(job, "model", "train_dataset")
-    return RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), job.train_dataset,
-                              job.eval_dataset, center_dataset=job.center_dataset, peft_config=lora_config(job))
+    return RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), *_datasets(job),
+                              center_dataset=job.center_dataset, peft_config=lora_config(job))
 
 
 def _run_dpo(job):
@@ -75,8 +85,8 @@ def _run_dpo(job):
     from .trainers import DPOConfig, DPOTrainer
 
     require(job, "model", "train_dataset")
-    return DPOTrainer(job.model, trainer_config(job, DPOConfig), job.train_dataset, job.eval_dataset,
-                      ref_model=job.ref_model, peft_config=lora_config(job))
+    return DPOTrainer(job.model, trainer_config(job, DPOConfig), *_datasets(job), ref_model=job.ref_model,
+                      peft_config=lora_config(job))
 
 
 def _run_rl(job):
@@ -85,8 +95,8 @@ def _run_rl(job):
     from .trainers import RLTrainer
 
     require(job, "model", "train_dataset", "reward_funcs")
-    return RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
-                     eval_dataset=job.eval_dataset,
+    train, evaluation = _datasets(job)
+    return RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), train, eval_dataset=evaluation,
                      reward_weights=list(job.reward_weights) if job.reward_weights else None,
                      peft_config=lora_config(job), ref_model=job.ref_model)
 

@@ -100,6 +100,12 @@ def _read_parquet(path: Path) -> list[tuple[str, Any]]:
 
 def _labelled_rows(source: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
     """(source label for messages, [(row label, row)]) for every supported kind of ``source``."""
+    if isinstance(source, str) and not Path(source).exists():
+        from .hub import resolve_dataset
+
+        resolved = resolve_dataset(source, what=name)  # a Hub id: its default split
+        if resolved is not source:
+            return _labelled_rows(resolved, f"{name} {source!r} (Hub)")
     if isinstance(source, (str, Path)):
         path = Path(source)
         suffix = path.suffix.lower()

@@ -44,6 +44,7 @@ import torch
 
 from ..algorithms import last_token_index
 from .loading import _check_dir, disable_dropout, resolve_dtype
+from .sources import from_hub_or_dir
 from .policy import position_ids_from_mask
 
 META_FILE, HEAD_FILE = "rlhfkit_scalar.json", "scalar_head.safetensors"
@@ -86,13 +87,16 @@ class ScalarModel(torch.nn.Module):
 
         path = _check_dir(path, "scalar model")
         dtype = resolve_dtype(dtype)
-        if (path / HEAD_FILE).exists():  # the older layout: AutoModel backbone + head file + json
+        if isinstance(path, str):  # a Hub id: its config says which layout
+            archs = from_hub_or_dir(AutoConfig.from_pretrained, path, "scalar model").architectures or []
+        elif (path / HEAD_FILE).exists():  # the older layout: AutoModel backbone + head file + json
             meta = json.loads((path / META_FILE).read_text())
             backbone = AutoModel.from_pretrained(path, dtype=dtype)
             head = torch.nn.Linear(meta["hidden_size"], 1, bias=meta.get("bias", True))
             head.load_state_dict(load_file(str(path / HEAD_FILE)))
             return cls(backbone, head.to(dtype), offset=meta.get("offset", 0.0))
-        archs = AutoConfig.from_pretrained(path).architectures or []
+        else:
+            archs = AutoConfig.from_pretrained(path).architectures or []
         if any(a.endswith("ForSequenceClassification") for a in archs):
             seq = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, num_labels=1)
             found = _sequence_head(seq)

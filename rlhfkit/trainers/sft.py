@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from .. import distributed
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
-from ..models.loading import _check_dir, load_tokenizer, resolve_dtype
+from ..models.loading import load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..config import TrainConfig
 from .common import epoch_order, optimizer_step, seed_everything
@@ -233,11 +233,11 @@ class SFTTrainer(SupervisedTrainer):
 
 
 def _load_model(path, dtype: str):
-    """``AutoModelForCausalLM`` from a local directory (checked first: a typo is one clear line).
+    """``AutoModelForCausalLM`` from a local directory or Hub id (checked first: a typo is one clear line).
     Unlike ``load_causal_lm`` (RL), dropout is kept: SFT needs no identical log-probs across passes."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(_check_dir(path, "model"), dtype=resolve_dtype(dtype))
+    return load_pretrained(AutoModelForCausalLM, path, dtype)
 
 
 __all__ = ["SFTConfig", "SFTTrainer"]

@@ -23,8 +23,10 @@ PLOT_GROUPS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("critic_loss", "Critic loss", ("critic/loss",), None),
     ("eval_score", "Held-out score (greedy)", ("eval/score_mean",), None),
     ("response_length", "Response length (tokens)", ("rollout/response_length_mean",), None),
-    ("loss", "Loss", ("sft/loss", "rm/loss", "eval/loss"), None),
+    ("loss", "Loss", ("sft/loss", "rm/loss", "dpo/loss", "eval/loss"), None),
     ("rm_accuracy", "Reward-model accuracy", ("rm/accuracy", "eval/accuracy"), None),
+    ("dpo_rewards", "DPO implicit rewards", ("rewards/chosen", "rewards/rejected", "rewards/margins"), None),
+    ("dpo_accuracy", "DPO reward accuracy", ("rewards/accuracies", "eval/rewards/accuracies"), None),
 )
 MAIN_METRICS = tuple(m for _, _, metrics, band in PLOT_GROUPS for m in (*metrics, band) if m)
 SAMPLE_STEPS, SAMPLES_PER_STEP = 4, 4

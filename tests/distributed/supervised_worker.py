@@ -3,7 +3,7 @@
     supervised_worker.py <spec.json> <out_dir>
 
 ``spec``: ``{"trainer": "sft" | "rm" | "dpo", "model": <dir>, "args": {config fields}, "train": rows,
-"eval": rows or null}``. Trains, then rank 0 writes the full weights to
+"eval": rows or null, "lora": LoraConfig kwargs (dpo) or absent}``. Trains, then rank 0 writes the full weights to
 ``<out_dir>/weights.safetensors`` and every process its metrics to ``<out_dir>/history-<rank>.json``.
 """
 
@@ -24,7 +24,12 @@ def main(spec_path, out_dir):
         trainer = SFTTrainer(spec["model"], SFTConfig(**spec["args"]), spec["train"], spec.get("eval"))
         module = trainer.model
     elif spec["trainer"] == "dpo":
-        trainer = DPOTrainer(spec["model"], DPOConfig(**spec["args"]), spec["train"], spec.get("eval"))
+        peft = None
+        if spec.get("lora"):
+            from peft import LoraConfig
+
+            peft = LoraConfig(**spec["lora"])
+        trainer = DPOTrainer(spec["model"], DPOConfig(**spec["args"]), spec["train"], spec.get("eval"), peft_config=peft)
         module = trainer.model
     else:
         trainer = RewardModelTrainer(spec["model"], RewardModelConfig(**spec["args"]), spec["train"], spec.get("eval"))

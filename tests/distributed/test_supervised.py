@@ -118,13 +118,16 @@ def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(tmp_
     assert files(tmp_path / "one" / "run") == files(tmp_path / "two" / "run")
 
 
-@pytest.mark.parametrize("precompute", [False, True])
-def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, precompute):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-precomputed"])
+def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, lora):
     # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
-    # stand-in of weight 0); the reference (a frozen copy) is sharded too, or precomputed by slices.
+    # stand-in of weight 0). full: the reference (a frozen copy) is sharded too. lora: the reference
+    # is the adapter-disabled base, precomputed by slices; final/ is merged from rank 0's copy.
     args = dict(learning_rate=1e-3, batch_size=8, max_steps=2, log_every=0, seed=0, max_length=64, beta=0.5,
-                precompute_ref_logprobs=precompute)
+                precompute_ref_logprobs=lora)
     spec = dict(trainer="dpo", model=tiny_model_dir, args=args, train=RM_ROWS, eval=RM_EVAL)
+    if lora:
+        spec["lora"] = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     runs = {}
     for n, name in ((1, "one"), (2, "two")):
         spec["args"]["output_dir"] = str(tmp_path / name / "run")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,11 +98,7 @@ class DPOTrainer(SupervisedTrainer):
         self.args = args = args or DPOConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
-        is_path = isinstance(model, (str, os.PathLike))
-        if not is_path and not isinstance(model, torch.nn.Module):
-            raise ValueError(f"model must be a model directory or a causal-LM object, got {type(model).__name__}")
-        if not is_path and processing_class is None:
-            raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        is_path = self._check_model(model, processing_class)
         self.needs_reference = args.loss_type != "simpo"
         if not self.needs_reference and (ref_model is not None or args.precompute_ref_logprobs):
             raise ValueError("loss_type='simpo' is reference-free: drop ref_model and precompute_ref_logprobs")
@@ -143,7 +138,7 @@ class DPOTrainer(SupervisedTrainer):
             self.reference = None  # no longer needed: its memory is freed
         if distributed.world() > 1:
             seed_everything(args.seed + 1_000_003 * distributed.rank())
-        self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
+        self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
 
@@ -166,20 +161,7 @@ class DPOTrainer(SupervisedTrainer):
                 continue
             prompt = prompt[max(0, len(prompt) + longest - limit):]
             pairs.append(PreferencePair(prompt, *completions))
-        if not pairs:
-            raise ValueError(f"{name}: no pair's completions fit in max_length={limit} tokens with at least one "
-                             "prompt token; raise max_length")
-        if dropped:
-            warnings.warn(f"{name}: dropped {dropped} of {len(rows)} pairs whose completion does not fit in "
-                          f"max_length={limit} tokens", stacklevel=3)
-        return pairs
-
-    def _batch(self, step: int) -> list[int]:
-        """Pair indices of optimizer step ``step`` (1-based) over seeded per-epoch shuffles: a
-        function of the step alone, so a resumed run continues the order."""
-        epoch, index = divmod(step - 1, self.steps_per_epoch)
-        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
-        return torch.randperm(len(self.train_pairs), generator=gen).split(self.args.batch_size)[index].tolist()
+        return self._check_pairs(pairs, dropped, len(rows), name)
 
     def _collate(self, pairs: list[PreferencePair]):
         """``[left padding | prompt | completion | right padding]`` rows: the chosen completions,
@@ -319,12 +301,11 @@ class DPOTrainer(SupervisedTrainer):
 def _pair_metrics(losses, chosen_r, rejected_r, logps, n_real: int) -> dict[str, torch.Tensor]:
     """TRL's DPO metrics over the pairs of every process; each passes its per-pair values (the first
     ``n_real`` count, none for a stand-in) and its (2n,) summed log-probs (chosen, then rejected)."""
-    n = losses.shape[0]
     c_logps, r_logps = logps.view(2, -1)[0].double()[:n_real], logps.view(2, -1)[1].double()[:n_real]
     cr, rr = chosen_r.detach().double()[:n_real], rejected_r.detach().double()[:n_real]
-    sums = [float(n_real), float(losses.detach().double()[:n_real].sum()), float(cr.sum()), float(rr.sum()),
-            float((cr > rr).double().sum()), float(c_logps.sum()), float(r_logps.sum())]
-    count, loss, c, r, wins, lc, lr = distributed.sum_floats(sums)
+    sums = torch.stack([losses.detach().double()[:n_real].sum(), cr.sum(), rr.sum(), (cr > rr).double().sum(),
+                        c_logps.sum(), r_logps.sum()]).tolist()  # one device synchronisation
+    count, loss, c, r, wins, lc, lr = distributed.sum_floats([float(n_real), *sums])
     count = max(count, 1.0)
     return {"dpo/loss": torch.tensor(loss / count), "rewards/chosen": torch.tensor(c / count),
             "rewards/rejected": torch.tensor(r / count), "rewards/accuracies": torch.tensor(wins / count),

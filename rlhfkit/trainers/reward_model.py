@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 import math
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,7 +131,7 @@ class RewardModelTrainer(SupervisedTrainer):
         self._template = (copy.deepcopy(scorer).cpu() if is_peft(self.model.backbone) and distributed.active()
                           and distributed.is_main() else None)
         self.scorer = distributed.shard(scorer, args.parallelism)
-        self.steps_per_epoch = math.ceil(len(self.train_pairs) / args.batch_size)
+        self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
 
@@ -151,21 +150,7 @@ class RewardModelTrainer(SupervisedTrainer):
                 continue
             margin = float(row["margin"]) if row.get("margin") is not None else None
             pairs.append(Pair(chosen.input_ids, rejected.input_ids, margin))
-        if not pairs:
-            raise ValueError(f"{name}: every pair is longer than max_length={self.args.max_length} tokens "
-                             "even with its prompt cut; raise max_length")
-        if dropped:
-            warnings.warn(f"{name}: dropped {dropped} of {len(rows)} pairs whose completion does not fit in "
-                          f"max_length={self.args.max_length} tokens", stacklevel=3)
-        return pairs
-
-    def _batch(self, step: int) -> list[int]:
-        """Pair indices of optimizer step ``step`` (1-based): ``batch_size`` at a time over seeded
-        per-epoch shuffles (the last batch of an epoch may be smaller). A function of the step
-        alone, so a resumed run continues the order."""
-        epoch, index = divmod(step - 1, self.steps_per_epoch)
-        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
-        return torch.randperm(len(self.train_pairs), generator=gen).split(self.args.batch_size)[index].tolist()
+        return self._check_pairs(pairs, dropped, len(rows), name)
 
     def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ids and attention mask (the mask, not the pad id, marks padding)."""

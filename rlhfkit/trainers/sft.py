@@ -20,7 +20,6 @@ loss are global; rank 0 alone writes the run directory.
 from __future__ import annotations
 
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,11 +70,7 @@ class SFTTrainer(SupervisedTrainer):
         self.args = args = args or SFTConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
-        is_path = isinstance(model, (str, os.PathLike))
-        if not is_path and not isinstance(model, torch.nn.Module):
-            raise ValueError(f"model must be a model directory or a causal-LM object, got {type(model).__name__}")
-        if not is_path and processing_class is None:
-            raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        is_path = self._check_model(model, processing_class)
         rows_per_step, world = args.batch_size * args.grad_accumulation, distributed.planned_world()
         if rows_per_step % world:
             raise ValueError(f"batch_size x grad_accumulation = {rows_per_step} must be divisible by the number of "

@@ -11,6 +11,7 @@ states (dropout masks) and the position in the seeded data order (``_counters``)
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -52,6 +53,37 @@ class SupervisedTrainer:
         self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric=self.main_metric,
                                     progress_bar=args.progress_bar and main, total_steps=total_steps,
                                     initial_step=self.step, config=args if main else None)
+
+    # ---------------------------------------------------------------- inputs and data order
+    @staticmethod
+    def _check_model(model, processing_class) -> bool:
+        """Whether ``model`` is a path (a directory, GGUF, ``package:`` or Hub id); an object must be
+        a module and come with its tokenizer. One line otherwise."""
+        is_path = isinstance(model, (str, os.PathLike))
+        if not is_path and not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model must be a model directory or a causal-LM object, got {type(model).__name__}")
+        if not is_path and processing_class is None:
+            raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+        return is_path
+
+    def _check_pairs(self, pairs: list, dropped: int, total: int, name: str) -> list:
+        """Pairs whose completions fit ``max_length``: none is an error, some dropped a warning."""
+        limit = self.args.max_length
+        if not pairs:
+            raise ValueError(f"{name}: every pair is longer than max_length={limit} tokens even with its prompt "
+                             "cut; raise max_length")
+        if dropped:
+            warnings.warn(f"{name}: dropped {dropped} of {total} pairs whose completion does not fit in "
+                          f"max_length={limit} tokens", stacklevel=3)
+        return pairs
+
+    def _batch(self, step: int) -> list[int]:
+        """Item indices of optimizer step ``step`` (1-based): ``batch_size`` at a time over seeded
+        per-epoch shuffles of ``self.n_items`` (the last batch of an epoch may be smaller). A
+        function of the step alone, so a resumed run continues the order."""
+        epoch, index = divmod(step - 1, self.steps_per_epoch)
+        gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
+        return torch.randperm(self.n_items, generator=gen).split(self.args.batch_size)[index].tolist()
 
     # ---------------------------------------------------------------- checkpoints
     def _trained_modules(self) -> dict[str, torch.nn.Module]:

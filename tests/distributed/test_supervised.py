@@ -118,7 +118,7 @@ def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(tmp_
     assert files(tmp_path / "one" / "run") == files(tmp_path / "two" / "run")
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-precomputed"])
+@pytest.mark.parametrize("lora", [pytest.param(False, marks=pytest.mark.slow), True], ids=["full", "lora-precomputed"])
 def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, lora):
     # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
     # stand-in of weight 0). full: the reference (a frozen copy) is sharded too. lora: the reference

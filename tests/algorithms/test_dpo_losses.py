@@ -1,0 +1,127 @@
+"""The DPO-family losses against values computed by hand (the arithmetic is in the comments, with
+math.log / math.exp, never the function under test), their gradients, their limits, and their
+argument checks."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algorithms import DPO_LOSS_TYPES, dpo_loss
+
+
+def t(*values):
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def log_sigmoid(x):
+    return -math.log1p(math.exp(-x))
+
+
+def test_sigmoid_is_dpo():
+    # pair 0: h = (-5 - -7) - (-6 - -6) = 2, β h = 0.2 -> -log σ(0.2) = log(1 + e^-0.2) = 0.598139
+    # pair 1: h = (-4 - -3) - (-4 - -4) = -1, β h = -0.1 -> log(1 + e^0.1) = 0.744397
+    losses, chosen, rejected = dpo_loss(t(-5, -4), t(-7, -3), t(-6, -4), t(-6, -4), beta=0.1)
+    assert losses.tolist() == pytest.approx([math.log1p(math.exp(-0.2)), math.log1p(math.exp(0.1))], rel=1e-6)
+    assert losses.tolist() == pytest.approx([0.598139, 0.744397], abs=1e-6)
+    # rewards: β (c - c_ref) = 0.1 * (-5 + 6) = 0.1, 0.1 * (-4 + 4) = 0; β (r - r_ref) = -0.1, 0.1
+    assert chosen.tolist() == pytest.approx([0.1, 0.0], abs=1e-7)
+    assert rejected.tolist() == pytest.approx([-0.1, 0.1], abs=1e-7)
+
+
+def test_label_smoothing_is_conservative_dpo():
+    # h = 2, β = 0.5 -> β h = 1; ε = 0.2: -(0.8) log σ(1) - 0.2 log σ(-1)
+    #   = 0.8 * 0.313262 + 0.2 * 1.313262 = 0.513262
+    losses, _, _ = dpo_loss(t(-5), t(-7), t(-6), t(-6), beta=0.5, label_smoothing=0.2)
+    expected = -0.8 * log_sigmoid(1.0) - 0.2 * log_sigmoid(-1.0)
+    assert losses.item() == pytest.approx(expected, rel=1e-6) and expected == pytest.approx(0.513262, abs=1e-6)
+
+
+def test_label_smoothing_is_the_expected_loss_under_flipped_labels():
+    # With probability ε the pair is reversed (h -> -h): E[loss] = (1-ε) L(h) + ε L(-h).
+    c, r, cr, rr = t(-3, -8), t(-6, -2), t(-4, -5), t(-4, -5)
+    eps = 0.3
+    smoothed, _, _ = dpo_loss(c, r, cr, rr, beta=0.2, label_smoothing=eps)
+    straight, _, _ = dpo_loss(c, r, cr, rr, beta=0.2)
+    flipped, _, _ = dpo_loss(r, c, rr, cr, beta=0.2)
+    assert torch.allclose(smoothed, (1 - eps) * straight + eps * flipped, atol=1e-6)
+
+
+def test_hinge_is_slic():
+    # β = 0.5: h = 2 -> max(0, 1 - 1) = 0; h = -1 -> max(0, 1 + 0.5) = 1.5; h = 0.4 -> 1 - 0.2 = 0.8
+    losses, _, _ = dpo_loss(t(-5, -4, -1.0), t(-7, -3, -1.4), t(-6, -4, -2), t(-6, -4, -2), beta=0.5,
+                            loss_type="hinge")
+    assert losses.tolist() == pytest.approx([0.0, 1.5, 0.8], abs=1e-6)
+
+
+def test_ipo_on_length_normalised_log_probs():
+    # c = -6 over 3 tokens -> -2; r = -8 over 4 -> -2; c_ref = -9/3 = -3; r_ref = -4/4 = -1
+    # h̄ = (-2 - -2) - (-3 - -1) = 2; β = 0.25 -> 1/(2β) = 2 -> (2 - 2)^2 = 0
+    # second pair: c = -2/2 = -1, r = -6/3 = -2, refs -1 and -1 -> h̄ = 1 - 0 = 1; β = 0.25 -> (1 - 2)^2 = 1
+    losses, chosen, rejected = dpo_loss(t(-6, -2), t(-8, -6), t(-9, -2), t(-4, -3), beta=0.25, loss_type="ipo",
+                                        chosen_lengths=t(3, 2), rejected_lengths=t(4, 3))
+    assert losses.tolist() == pytest.approx([0.0, 1.0], abs=1e-6)
+    # rewards on the normalised log-probs: 0.25 * (-2 - -3) = 0.25; 0.25 * (-1 - -1) = 0
+    assert chosen.tolist() == pytest.approx([0.25, 0.0], abs=1e-7)
+    assert rejected.tolist() == pytest.approx([0.25 * (-2 + 1), 0.25 * (-2 + 1)], abs=1e-7)
+
+
+def test_simpo_is_reference_free_and_length_normalised():
+    # c = -6/3 = -2, r = -12/4 = -3; β = 2, γ = 0.5: -log σ(2*-2 - 2*-3 - 0.5) = -log σ(1.5) = 0.201413
+    losses, chosen, rejected = dpo_loss(t(-6), t(-12), beta=2.0, loss_type="simpo", simpo_gamma=0.5,
+                                        chosen_lengths=t(3), rejected_lengths=t(4))
+    assert losses.item() == pytest.approx(-log_sigmoid(1.5), rel=1e-6)
+    assert losses.item() == pytest.approx(0.201413, abs=1e-6)
+    assert (chosen.item(), rejected.item()) == pytest.approx((-4.0, -6.0))
+
+
+def test_the_sigmoid_gradient_is_minus_beta_sigma_of_minus_beta_h():
+    # d/dc [-log σ(β h)] = -β σ(-β h) (h grows with c); d/dr = +β σ(-β h)
+    c, r = t(-5, -4).requires_grad_(), t(-7, -3).requires_grad_()
+    losses, chosen, _ = dpo_loss(c, r, t(-6, -4), t(-6, -4), beta=0.1)
+    losses.sum().backward()
+    for i, h in enumerate([2.0, -1.0]):
+        sig = 1 / (1 + math.exp(0.1 * h))  # σ(-β h)
+        assert c.grad[i].item() == pytest.approx(-0.1 * sig, rel=1e-5)
+        assert r.grad[i].item() == pytest.approx(0.1 * sig, rel=1e-5)
+    assert not chosen.requires_grad  # rewards are detached
+
+
+def test_the_reference_gets_no_gradient_and_large_margins_stay_finite():
+    ref = t(0.0).requires_grad_()
+    losses, _, _ = dpo_loss(t(1e4), t(-1e4), ref, t(0.0), beta=1.0)
+    assert torch.isfinite(losses).all() and losses.item() == pytest.approx(0.0, abs=1e-6)
+    losses, _, _ = dpo_loss(t(-1e4), t(1e4), t(0.0), t(0.0), beta=1.0)
+    assert losses.item() == pytest.approx(2e4, rel=1e-6)  # -log σ(-2e4) = 2e4, not inf
+    for loss_type in DPO_LOSS_TYPES:
+        refs = (None, None) if loss_type == "simpo" else (t(0.0), t(0.0))
+        out, _, _ = dpo_loss(t(-1e4), t(1e4), *refs, beta=1.0, loss_type=loss_type, chosen_lengths=t(1),
+                             rejected_lengths=t(1))
+        assert torch.isfinite(out).all(), loss_type
+
+
+def test_wider_inputs_keep_their_precision():
+    losses, _, _ = dpo_loss(torch.tensor([-5.0], dtype=torch.float64), torch.tensor([-7.0], dtype=torch.float64),
+                            torch.tensor([-6.0], dtype=torch.float64), torch.tensor([-6.0], dtype=torch.float64))
+    assert losses.dtype == torch.float64
+    half, _, _ = dpo_loss(t(-5).half(), t(-7).half(), t(-6).half(), t(-6).half())
+    assert half.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(loss_type="kto"), "loss_type must be one of sigmoid, ipo, hinge, simpo"),
+    (dict(beta=0.0), "beta must be > 0"),
+    (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
+    (dict(label_smoothing=0.1, loss_type="hinge"), "label_smoothing applies to loss_type='sigmoid' only"),
+    (dict(ref=False), "needs ref_chosen_logps and ref_rejected_logps"),
+    (dict(loss_type="simpo", lengths=True), "reference-free"),
+    (dict(loss_type="ipo"), "needs chosen_lengths and rejected_lengths"),
+    (dict(rejected=t(-1, -2)), "shape mismatch"),
+])
+def test_bad_arguments_are_clear_errors(kwargs, message):
+    kwargs = dict(kwargs)
+    refs = (t(-1), t(-1)) if kwargs.pop("ref", True) else (None, None)
+    lengths = dict(chosen_lengths=t(1), rejected_lengths=t(1)) if kwargs.pop("lengths", False) else {}
+    rejected = kwargs.pop("rejected", t(-2))
+    with pytest.raises(ValueError, match=message):
+        dpo_loss(t(-1), rejected, *refs, **lengths, **kwargs)

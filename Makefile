@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
 
-## The main job: set up, then SFT -> reward model -> PPO (and GRPO) on a synthetic task (~1-2 min on CPU).
+## The main job: set up, then SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task (~3 min on a 2-core CPU).
 ## Each run gets its own directory under runs/, so nothing is overwritten.
 quickstart: $(STAMP)
 	$(BIN)/rlhfkit quickstart --output-dir runs/quickstart-$$(date +%Y%m%d-%H%M%S)

@@ -237,20 +237,35 @@ def lora_config(job: Sources):
 
 
 def checkpoint_policy(path):
-    """The policy saved in an ``rlhfkit rl`` checkpoint (``<run>/checkpoint-N/``), as a merged causal
-    LM, with the base model's source for the tokenizer — or None when ``path`` is not such a
-    checkpoint. The run's ``config.yaml`` names the base model and the LoRA settings; the
-    checkpoint holds the trained weights (all of them, or the adapter's)."""
-    from pathlib import Path
-
+    """The policy saved in a checkpoint of ``rlhfkit rl``, ``sft`` or ``dpo``
+    (``<run>/checkpoint-N/``), as a merged causal LM, with the base model's source for the
+    tokenizer — or None when ``path`` is not such a checkpoint. The run's ``config.yaml`` names the
+    base model and the LoRA settings; the checkpoint holds the trained weights (all of them, or the
+    adapter's) under the module name ``policy`` (RL) or ``model`` (SFT, DPO)."""
     from .config_io import load_config
-    from .trainers.checkpoint import STATE_FILE, has_module_weights, load_module_weights
+    from .trainers.checkpoint import DCP_DIR, STATE_FILE, _read_metadata, has_module_weights, load_module_weights
 
     path = Path(path)
-    if not (path.is_dir() and (path / STATE_FILE).is_file() and has_module_weights(path, "policy")):
+    if not (path.is_dir() and (path / STATE_FILE).is_file()):
         return None
-    record = path.parent / "config.yaml"
-    job = load_config(RLJob, str(record)) if record.is_file() else None
+    if (path / DCP_DIR / ".metadata").is_file():
+        modules = {k.split(".", 1)[0] for k in _read_metadata(path / DCP_DIR).state_dict_metadata}
+    else:  # the single-process format of earlier versions (RL only)
+        modules = {"policy"} if has_module_weights(path, "policy") else set()
+    name, job_classes = (("policy", (RLJob,)) if "policy" in modules else
+                         ("model", (SFTJob, DPOJob)) if "model" in modules and "critic" not in modules else (None, ()))
+    if name is None:
+        return None
+    record, job = path.parent / "config.yaml", None
+    for job_cls in job_classes if record.is_file() else ():
+        try:
+            job = load_config(job_cls, str(record))
+            break
+        except ValueError:  # the record of another command
+            continue
+    if job is None and record.is_file():
+        raise ValueError(f"checkpoint {path} holds no policy: {record} is not the record of an rlhfkit sft, dpo "
+                         "or rl run (a reward model is evaluated as a reward: --reward <run>/final)")
     if job is None or not job.model:
         raise ValueError(f"checkpoint {path}: {record} does not name the run's model (a run started from "
                          "Python records only its trainer config); load the base model and apply the policy "
@@ -263,7 +278,7 @@ def checkpoint_policy(path):
         from peft import get_peft_model
 
         model = get_peft_model(model, peft)
-    load_module_weights(path, "policy", model)  # the sharded format of any process count, or an older one
+    load_module_weights(path, name, model)  # the sharded format of any process count, or an older one
     if peft is not None:
         model = model.merge_and_unload()
     return model, job.model

@@ -24,11 +24,12 @@ def is_peft(model) -> bool:
 
 def apply_lora(model: torch.nn.Module, peft_config, task_type: str | None = "CAUSAL_LM") -> torch.nn.Module:
     """``peft.get_peft_model`` with ``peft_config`` (its ``task_type`` set to ``task_type`` when it
-    has none; None: a plain ``PeftModel`` whose forward is the model's own, for backbones). A
-    target module the model lacks is one clear line, not peft's traceback."""
+    has none; ``task_type=None``: always none — a plain ``PeftModel`` whose forward is the model's
+    own, for a backbone such as a reward model's). A target module the model lacks is one clear
+    line, not peft's traceback."""
     from peft import get_peft_model
 
-    if getattr(peft_config, "task_type", None) is None and task_type is not None:
+    if task_type is None or getattr(peft_config, "task_type", None) is None:
         peft_config = copy.copy(peft_config)
         peft_config.task_type = task_type
     try:

@@ -181,3 +181,22 @@ def test_the_cli_trains_lora_and_records_it(tmp_path, monkeypatch):
     recorded = yaml.safe_load(open("run/config.yaml"))
     assert recorded["lora_r"] == 4 and recorded["lora_target_modules"] == "q_proj,v_proj"
     AutoModelForCausalLM.from_pretrained("run/final")  # merged
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm"])
+def test_eval_takes_a_checkpoint_of_each_trainer(tmp_path, monkeypatch, capsys, command):
+    from rlhfkit.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "data/shift"]) == 0
+    data = "data/shift/sft.jsonl" if command == "sft" else "data/shift/pairs.jsonl"
+    assert main([command, "model=data/shift/model", f"train_dataset={data}", "max_steps=2", "save_steps=2",
+                 "lora_r=4", "output_dir=run", "--quiet"]) == 0
+    capsys.readouterr()
+    code = main(["eval", "--model", "run/checkpoint-2", "--dataset", "data/shift/eval_prompts.jsonl",
+                 "--reward", "shift_oracle"])
+    err = capsys.readouterr().err
+    if command == "rm":
+        assert code == 2 and "holds no policy" in err and err.count("\n") == 1
+    else:
+        assert code == 0, err

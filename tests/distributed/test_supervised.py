@@ -171,3 +171,21 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(t
             RewardModelTrainer("/no/such/model", RewardModelConfig(batch_size=5, output_dir=str(out)), RM_ROWS)
         assert str(err.value).startswith("batch_size=5 must be divisible by the number of processes (2)")
     assert "\n" not in str(err.value) and not out.exists()  # before any data, directory or model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["sft", "dpo"])
+def test_a_two_process_checkpoint_resumes_on_one_process_to_the_same_weights(tmp_path, tiny_model_dir, trainer):
+    """Saved by 2 processes (FSDP2 shards), resumed by 1: the weights of the uninterrupted 2-process run."""
+    rows, extra = (SFT_ROWS, {}) if trainer == "sft" else (RM_ROWS, {"beta": 0.5})
+    args = dict(learning_rate=1e-3, batch_size=4, max_steps=4, log_every=0, seed=0, max_length=64, save_steps=2,
+                lr_scheduler="constant", **extra)
+    spec = dict(trainer=trainer, model=tiny_model_dir, args={**args, "output_dir": str(tmp_path / "two" / "run")},
+                train=rows)
+    run(2, spec, tmp_path / "two")
+    spec["args"] = {**args, "output_dir": str(tmp_path / "one" / "run"),
+                    "resume_from": str(tmp_path / "two" / "run" / "checkpoint-2")}
+    resumed = run(1, spec, tmp_path / "one")
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert_same_weights(load_file(tmp_path / "two" / "weights.safetensors"),
+                        load_file(tmp_path / "one" / "weights.safetensors"))

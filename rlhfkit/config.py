@@ -170,6 +170,8 @@ class OptimBase:
     """Linear learning-rate warmup, in optimizer steps."""
     lr_scheduler: str = "constant"
     """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+    max_consecutive_skips: int = 3
+    """An optimizer step whose loss or gradient norm is not finite is skipped (weights untouched, counted in perf/skipped_steps); this many in a row stop the run with an error."""
 
 
 @dataclass(frozen=True)

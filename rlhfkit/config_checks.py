@@ -26,7 +26,7 @@ RANGES: dict[str, str] = {
     # optimisation
     "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
     "max_grad_norm": "> 0 or None", "warmup_steps": ">= 0", "mini_batch_size": ">= 1 or None",
-    "micro_batch_size": ">= 1 or None", "grad_accumulation": ">= 1",
+    "micro_batch_size": ">= 1 or None", "grad_accumulation": ">= 1", "max_consecutive_skips": ">= 1",
     # run
     "max_steps": ">= 0 or None", "seed": ">= 0", "save_steps": ">= 0", "save_total_limit": ">= 1 or None",
     "log_every": ">= 0", "num_logged_samples": ">= 0", "eval_every": ">= 0", "eval_max_new_tokens": ">= 1 or None",

@@ -34,7 +34,7 @@ TABLE = {
     "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5), "vllm_tensor_parallel_size": ([0], 1),
     "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0), "beta": ([0.0, -0.1, math.inf], 0.5),
     "label_smoothing": ([-0.1, 0.5, math.nan], 0.0), "simpo_gamma": ([math.inf, math.nan], 1.0),
-    "lora_dropout": ([-0.1, 1.0], 0.05),
+    "lora_dropout": ([-0.1, 1.0], 0.05), "max_consecutive_skips": ([0, -1], 5),
 }
 CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
 

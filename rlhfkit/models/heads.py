@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ..algorithms import last_token_index
-from .loading import _check_dir, disable_dropout, resolve_dtype
+from .loading import _check_dir, check_finite_weights, disable_dropout, resolve_dtype
 from .sources import from_hub_or_dir
 from .policy import position_ids_from_mask
 
@@ -82,6 +82,14 @@ class ScalarModel(torch.nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype="float32") -> "ScalarModel":
+        """A scalar model from a directory or Hub id (see the module docstring for the layouts);
+        non-finite weights are refused in one line."""
+        model = cls._load(path, dtype)
+        check_finite_weights(model, f"scalar model {path}")
+        return model
+
+    @classmethod
+    def _load(cls, path, dtype) -> "ScalarModel":
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
         from safetensors.torch import load_file
 

@@ -69,6 +69,24 @@ def load_tokenizer(source):
     return tok
 
 
+def check_finite_weights(modules, what: str) -> None:
+    """Refuse (one line) to go on with weights holding NaN or ±inf: ``what`` says where (a save
+    path, a loaded model). Sharded parameters are checked shard by shard, the verdict reduced over
+    processes, so every process raises together."""
+    from .. import distributed
+
+    bad = []
+    for prefix, module in (modules.items() if isinstance(modules, dict) else [("", modules)]):
+        for name, p in module.named_parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            if local.numel() and not bool(torch.isfinite(local.detach()).all()):
+                bad.append(f"{prefix}.{name}" if prefix else name)
+    if distributed.reduce_max(len(bad)) > 0:
+        shown = ", ".join(bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise ValueError(f"{what}: the weights hold non-finite values (NaN or inf)" + (f" in {shown}" if bad else "")
+                         + "; refusing to use or save them")
+
+
 def load_causal_lm(source, dtype="float32"):
     """An ``AutoModelForCausalLM`` from a local directory, or a model object as given; dropout off.
 
@@ -82,14 +100,17 @@ def load_causal_lm(source, dtype="float32"):
             model = model.to(resolve_dtype(dtype))
     else:
         model = load_pretrained(AutoModelForCausalLM, source, dtype)
+    check_finite_weights(model, f"model {source if isinstance(source, (str, Path)) else type(source).__name__}")
     return disable_dropout(model)
 
 
 def load_pretrained(auto_class, source, dtype="float32", what: str = "model", **kwargs):
     """``auto_class.from_pretrained`` of a local directory, GGUF / ``package:`` source or Hub id
     (checked first: a typo is one clear line, a Hub id that cannot be fetched too)."""
-    return from_hub_or_dir(auto_class.from_pretrained, _check_dir(source, what), what, dtype=resolve_dtype(dtype),
-                           **kwargs)
+    model = from_hub_or_dir(auto_class.from_pretrained, _check_dir(source, what), what, dtype=resolve_dtype(dtype),
+                            **kwargs)
+    check_finite_weights(model, f"{what} {source}")
+    return model
 
 
 def enable_activation_checkpointing(model) -> None:

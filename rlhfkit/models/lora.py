@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
+from .loading import check_finite_weights
 
 
 def is_peft(model) -> bool:
@@ -53,6 +54,7 @@ def export_causal_lm(model: torch.nn.Module, path, tokenizer=None, adapter: bool
     ``adapter`` and a LoRA model, ``PeftModel.from_pretrained`` on the base) loads it. Every
     process must call this under torchrun: the full weights are gathered, the main process writes.
     The trained model is left as it is (merging happens on a copy)."""
+    check_finite_weights(model, f"saving {path}")  # every process: a shard each, the verdict shared
     state = distributed.full_state_dict(model) if distributed.world() > 1 else None  # a collective
     if distributed.is_main():
         path = Path(path)

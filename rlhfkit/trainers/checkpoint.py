@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from .. import distributed
+from ..models.loading import check_finite_weights
 
 STATE_FILE = "trainer_state.json"
 DCP_DIR = "dcp"
@@ -301,6 +302,7 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     import torch.distributed.checkpoint as dcp
 
     path = Path(path)
+    check_finite_weights(modules, f"checkpoint {path}")  # before anything is written
     _, tensors, param_groups = _live_state(modules, optimizer, init=False)
     leaves = [k for k, v in _flat_items(tensors) if not isinstance(v, torch.Tensor)]
     if leaves:

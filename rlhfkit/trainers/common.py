@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from contextlib import contextmanager
 import random
@@ -40,15 +41,54 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def optimizer_step(optimizer, scheduler, max_grad_norm: float | None) -> tuple[torch.Tensor, float]:
+class NonFiniteGuard:
+    """The numerical guard every trainer steps through: an optimizer step whose gradient norm (or
+    loss) is not finite — NaN or ±inf anywhere in the gradients makes the global norm so — is
+    skipped: the weights and AdamW's moments stay as they were, the learning-rate schedule still
+    advances, and the skip is counted (``perf/skipped_steps``) and reported in one line on
+    stderr. ``limit`` skips in a row stop the run with one clear error: the model or the data
+    produce non-finite numbers every time, and nothing non-finite reaches the weights.
+
+    The gradient norm is global (FSDP2's and DDP's are reduced over processes), so every process
+    makes the same decision."""
+
+    def __init__(self, limit: int):
+        self.limit, self.skipped, self.in_a_row = limit, 0, 0
+
+    def allow(self, grad_norm: torch.Tensor, loss: torch.Tensor | None = None) -> bool:
+        values = grad_norm.detach().float().reshape(1)
+        if loss is not None:
+            values = torch.cat([values, loss.detach().float().reshape(-1).to(values.device)])
+        if bool(torch.isfinite(values).all()):  # one device synchronisation
+            self.in_a_row = 0
+            return True
+        self.skipped, self.in_a_row = self.skipped + 1, self.in_a_row + 1
+        from .. import distributed
+
+        bad_loss = not bool(torch.isfinite(values[1:]).all())  # the loss first: the cause, when it is
+        what, shown = ("loss", float(values[1:].sum())) if bad_loss else ("gradient norm", float(values[0]))
+        if self.in_a_row >= self.limit:
+            raise ValueError(f"stopping: the {what} was not finite in {self.in_a_row} optimizer steps in a row "
+                             f"(max_consecutive_skips={self.limit}); the weights keep their last finite values. "
+                             "Check the data, the rewards and the learning rate, or use float32")
+        if distributed.is_main():
+            print(f"warning: optimizer step skipped: the {what} is {shown} ({self.skipped} skipped so far, "
+                  f"{self.in_a_row} in a row)", file=sys.stderr, flush=True)
+        return False
+
+
+def optimizer_step(optimizer, scheduler, max_grad_norm: float | None, guard: NonFiniteGuard | None = None,
+                   loss: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """Clip the global gradient norm (None: no clipping, norm still measured), step the optimizer
-    and the schedule, clear gradients. Returns ``(grad_norm, learning rate used)``."""
+    (unless ``guard`` refuses a non-finite gradient norm or ``loss``) and the schedule, clear
+    gradients. Returns ``(grad_norm, learning rate used)``."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
         grad_norm = grad_norm.full_tensor()
     lr = scheduler.get_last_lr()[0]
-    optimizer.step()
+    if guard is None or guard.allow(grad_norm, loss):
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return grad_norm.detach(), lr

@@ -43,7 +43,7 @@ from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
 from ..tracking import finish_run, to_floats
-from .common import optimizer_step, seed_everything
+from .common import seed_everything
 from .supervised import SupervisedTrainer
 
 @dataclass(frozen=True)
@@ -258,9 +258,8 @@ class DPOTrainer(SupervisedTrainer):
         losses, chosen_r, rejected_r, logps = self._loss(self.train_model, [self.train_pairs[i] for i in used], used,
                                                          self.ref_logps)
         (losses.sum() * (world / n if mine else 0.0)).backward()  # this slice's share of the global mean, x N
-        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
         metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(mine))
-        return {**metrics, "perf/lr": lr, "perf/grad_norm": grad_norm}
+        return {**metrics, **self._optimizer_step(metrics["dpo/loss"])}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

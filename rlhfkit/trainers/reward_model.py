@@ -38,7 +38,7 @@ from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
 from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..config import TrainConfig
-from .common import optimizer_step, seed_everything
+from .common import seed_everything
 from .supervised import SupervisedTrainer
 from ..tracking import finish_run, to_floats
 
@@ -205,8 +205,7 @@ class RewardModelTrainer(SupervisedTrainer):
         (loss * (len(mine) * world / n)).backward()
         if world > 1:
             loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(mine), self.device)
-        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
-        return {"rm/loss": loss.detach(), **metrics, "perf/lr": lr, "perf/grad_norm": grad_norm}
+        return {"rm/loss": loss.detach(), **metrics, **self._optimizer_step(loss)}
 
     @torch.no_grad()
     def evaluate(self, dataset=None) -> dict[str, float]:
@@ -283,7 +282,7 @@ class RewardModelTrainer(SupervisedTrainer):
         return {"model": distributed.unwrap(self.scorer)}
 
     def _counters(self) -> dict:  # the offset is no weight: a run resumed after its centring keeps it
-        return {"step": self.step, "offset": float(self.model.offset)}
+        return {**super()._counters(), "offset": float(self.model.offset)}
 
     def _restore(self, counters: dict) -> None:
         super()._restore(counters)

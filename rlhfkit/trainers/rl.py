@@ -25,7 +25,7 @@ from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
 from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
-from .common import epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
+from .common import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
 from .rl_advantages import compute_advantages, rollout_correction, rollout_metrics, shape_scores
@@ -97,7 +97,7 @@ class RLTrainer:
         self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
         self.sampling = SamplingParams.from_config(args)
-        self.optimizer, self.scheduler = self._build_optimizer()
+        (self.optimizer, self.scheduler), self.guard = self._build_optimizer(), NonFiniteGuard(args.max_consecutive_skips)
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
         self.step, self.data_epoch, self.data_pos = 0, 0, 0
@@ -336,9 +336,9 @@ class RLTrainer:
             metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
         return loss, metrics
 
-    def _optimizer_step(self) -> dict:
-        grad_norm, _ = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm)
-        self.weights_version += 1
+    def _optimizer_step(self) -> dict:  # a non-finite gradient norm is skipped (NonFiniteGuard)
+        grad_norm, _ = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm, self.guard)
+        self.weights_version += 1  # a skipped step changes nothing, but the engine resyncs: harmless
         return {"perf/grad_norm": grad_norm}
 
     # ---------------------------------------------------------------- set-up and bookkeeping
@@ -361,6 +361,7 @@ class RLTrainer:
         tokens = distributed.reduce_sum(exp.rollout.response_mask.sum().float())
         metrics.update({
             **rollout_metrics(exp.rollout), "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
+            "perf/skipped_steps": float(self.guard.skipped),
             **{f"perf/time_{k}": v for k, v in timings.items()},
             "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
         })

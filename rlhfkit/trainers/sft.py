@@ -33,7 +33,7 @@ from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_d
 from ..models.loading import load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..config import TrainConfig
-from .common import epoch_order, optimizer_step, seed_everything
+from .common import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
 from ..tracking import finish_run
 
@@ -142,10 +142,11 @@ class SFTTrainer(SupervisedTrainer):
                 loss_sum, _ = self.loss_sum(batch, packed=args.packing)
                 (loss_sum / n_tokens * world).backward()  # FSDP2 and DDP average gradients over processes
             total += loss_sum.detach()
-        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, args.max_grad_norm)
         total = distributed.reduce_sum(total)
-        return {"sft/loss": total / n_tokens, "sft/lr": lr, "sft/grad_norm": grad_norm,
-                "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units)}
+        perf = self._optimizer_step(total)
+        return {"sft/loss": total / n_tokens, "sft/lr": perf["perf/lr"], "sft/grad_norm": perf["perf/grad_norm"],
+                "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units),
+                "perf/skipped_steps": perf["perf/skipped_steps"]}
 
     def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
         """(Σ cross-entropy over the batch's completion tokens, their count); logits in float32.
@@ -213,7 +214,7 @@ class SFTTrainer(SupervisedTrainer):
         return {"model": self.model}
 
     def _counters(self) -> dict:
-        return {"step": self.step, "epoch": self.epoch, "data_pos": self.data_pos, "units_seen": self.units_seen}
+        return {**super()._counters(), "epoch": self.epoch, "data_pos": self.data_pos, "units_seen": self.units_seen}
 
     def _restore(self, counters: dict) -> None:
         super()._restore(counters)

@@ -17,9 +17,10 @@ from pathlib import Path
 import torch
 
 from .. import distributed
+from ..models.loading import check_finite_weights
 from ..tracking import MetricsLogger, prepare_run_dir
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
-from .common import make_optimizer, make_scheduler
+from .common import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
 
 class SupervisedTrainer:
@@ -44,8 +45,10 @@ class SupervisedTrainer:
         """Optimizer (AdamW over every trainable parameter), schedule, resume, logger."""
         args = self.args
         self.total_steps, self.step = total_steps, 0
+        check_finite_weights(self._trained_modules(), "model")  # a model object too: refused before training
         params = [p for m in self._trained_modules().values() for p in m.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
+        self.guard = NonFiniteGuard(args.max_consecutive_skips)  # non-finite steps are skipped, counted
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, total_steps)
         if args.resume_from:
             self._resume(args.resume_from)
@@ -92,10 +95,17 @@ class SupervisedTrainer:
 
     def _counters(self) -> dict:
         """The loop's position, saved last in a checkpoint (``trainer_state.json``)."""
-        return {"step": self.step}
+        return {"step": self.step, "skipped_steps": self.guard.skipped}
 
     def _restore(self, counters: dict) -> None:
         self.step = int(counters["step"])
+        self.guard.skipped = int(counters.get("skipped_steps", 0))
+
+    def _optimizer_step(self, loss: torch.Tensor | None = None) -> dict:
+        """Clip, step (unless the loss or the gradient norm is not finite: ``NonFiniteGuard``),
+        advance the schedule; the step's ``perf/*`` metrics."""
+        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm, self.guard, loss)
+        return {"perf/lr": lr, "perf/grad_norm": grad_norm, "perf/skipped_steps": float(self.guard.skipped)}
 
     def _step_done(self) -> None:
         """After optimizer step ``self.step``: a checkpoint every ``save_steps`` (older ones pruned

@@ -77,7 +77,9 @@ class RolloutConfig:
     max_new_tokens: int = 32
     """Response length limit in tokens; completions that hit it without EOS count as truncated."""
     max_prompt_length: int | None = None
-    """Prompts longer than this (tokens) are cut from the left, keeping their end. None: no limit."""
+    """Longest prompt in tokens; a longer one is refused with its row (or cut, see truncate_prompts). None: what the model can take, its max_position_embeddings minus max_new_tokens."""
+    truncate_prompts: str | None = None
+    """'left': a prompt longer than max_prompt_length loses its start, keeping its end next to the response. None: such a prompt is an error naming its row."""
     temperature: float = 1.0
     """Sampling temperature; log-probs are computed from logits divided by it too (so they match the sampler)."""
     top_p: float = 1.0
@@ -282,6 +284,7 @@ def _validate(c: RLConfig) -> None:
         (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
         (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
         (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
+        (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
         (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
         (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
         (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",

@@ -13,7 +13,7 @@ from ..algorithms import masked_sum
 from ..data import load_prompt_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..rollout import HFEngine, SamplingParams, decode_completions
-from .rl_setup import build_rewards, resolve_device, tokenize_prompts
+from .rl_setup import build_rewards, prompt_limit, resolve_device, tokenize_prompts
 
 
 @torch.no_grad()
@@ -30,7 +30,8 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
     policy, ref = _load(model, device), _load(reference, device) if reference is not None else None
     rewards = build_rewards(reward_funcs, reward_weights, tokenizer, next(policy.parameters()).device)
-    prompt_ids = tokenize_prompts(rows, tokenizer, None)
+    limit = prompt_limit(None, (sampling or SamplingParams()).max_new_tokens, getattr(policy, "config", None))
+    prompt_ids = tokenize_prompts(rows, tokenizer, limit, name="eval dataset")  # too long: refused, naming the row
     with _eval_mode(policy, ref):
         return run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt,
                          sampling or SamplingParams(), batch_size)

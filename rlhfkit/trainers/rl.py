@@ -29,7 +29,7 @@ from .common import NonFiniteGuard, epoch_order, timer, make_optimizer, make_sch
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
 from .rl_advantages import compute_advantages, rollout_correction, rollout_metrics, shape_scores
-from .rl_setup import build_engine, build_models, build_rewards, engine_ready, tokenize_prompts
+from .rl_setup import build_engine, build_models, build_rewards, engine_ready, prompt_limit, tokenize_prompts
 
 
 @dataclass
@@ -55,8 +55,7 @@ class RLTrainer:
     a list of dicts or a JSONL path with a ``prompt`` column (text or chat messages);
     ``peft_config``: a ``peft`` config to train a LoRA adapter (the reference is then the base model
     with the adapter disabled — no second copy); ``eval_dataset``: held-out prompts (same format)
-    evaluated with greedy decoding before the first step, every ``eval_every`` steps and after the
-    last (``evaluate``).
+    greedily evaluated before the first step, every ``eval_every`` steps and after the last.
     """
 
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
@@ -91,8 +90,9 @@ class RLTrainer:
             seed_everything(args.seed + 1_000_003 * distributed.rank())
         self.tokenizer = self.m.tokenizer
         self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.m.device)
-        self.rows, self.prompt_ids = train_rows, tokenize_prompts(train_rows, self.tokenizer, args.max_prompt_length)
-        self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, args.max_prompt_length)
+        limit, cut = prompt_limit(args.max_prompt_length, args.max_new_tokens, self.m.policy.config), args.truncate_prompts
+        self.rows, self.prompt_ids = train_rows, tokenize_prompts(train_rows, self.tokenizer, limit, cut)
+        self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, limit, cut, "eval_dataset")
                                 if self.eval_rows is not None else None)
         self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version

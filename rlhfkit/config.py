@@ -195,7 +195,7 @@ class RunBase:
     save_total_limit: int | None = None
     """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
     resume_from: str | None = None
-    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position): the resumed run ends with the weights of an uninterrupted one."""
+    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position), or 'latest' (the newest complete checkpoint in output_dir): the resumed run ends with the weights of an uninterrupted one; resumed inside its run, metrics.jsonl and samples.jsonl drop the rows after the checkpoint's step."""
     save_adapter: bool = False
     """With LoRA: False writes final/ with the adapter merged into the base weights (a plain model directory); True writes the adapter alone (adapter_config.json + adapter_model.safetensors, which peft and transformers load on top of the base model)."""
     report_to: tuple[str, ...] = ()

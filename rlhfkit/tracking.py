@@ -97,6 +97,8 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
         hint = (f" (resume_from={resume_from!r} is not inside it)" if resume_from else "")
         raise ValueError(f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
                          "set overwrite=true, or resume_from one of its checkpoints")
+    if resuming:
+        _truncate_logs(path, resume_from)
     if overwrite and not resuming:
         for name in RUN_ARTIFACTS:
             target = path / name
@@ -110,6 +112,41 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
 
         save_config(config, run_config_path(path, resume_from))
     return path
+
+
+def _truncate_logs(output_dir: Path, resume_from: str) -> None:
+    """Resumed inside its run: ``metrics.jsonl`` and ``samples.jsonl`` keep only the rows up to the
+    checkpoint's step (the resumed run writes the later ones again, so none appears twice)."""
+    state = Path(resume_from) / "trainer_state.json"
+    try:
+        step = int(json.loads(state.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a complete checkpoint: load_checkpoint says so in one line
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        file = output_dir / name
+        if not file.is_file():
+            continue
+        kept = []
+        for line in file.read_text().splitlines(keepends=True):
+            try:
+                if int(json.loads(line).get("step", 0)) > step:
+                    continue
+            except (ValueError, TypeError, AttributeError):
+                pass  # a line that is not ours to judge stays
+            kept.append(line)
+        tmp = file.with_name(file.name + ".tmp")
+        tmp.write_text("".join(kept))
+        tmp.replace(file)
+
+
+def latest_checkpoint(output_dir) -> str:
+    """``resume_from='latest'``: the newest complete ``checkpoint-<step>`` (one holding
+    ``trainer_state.json``, written last) of ``output_dir``; one line when there is none."""
+    found = [p for p in Path(output_dir or ".").glob("checkpoint-*")
+             if p.name.split("-", 1)[1].isdigit() and (p / "trainer_state.json").is_file()] if output_dir else []
+    if not found:
+        raise ValueError(f"resume_from='latest': no complete checkpoint-<step> directory in output_dir={output_dir!r}")
+    return str(max(found, key=lambda p: int(p.name.split("-", 1)[1])))
 
 
 def _resuming_inside(output_dir: Path, resume_from: str | None) -> bool:

@@ -17,13 +17,11 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..algorithms import (
-    KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate, masked_mean, rollout_is_weights,
-    value_loss,
-)
+from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate,
+                          masked_mean, rollout_is_weights, value_loss)
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
-from ..tracking import MetricsLogger, finish_run, prepare_run_dir, write_samples
+from ..tracking import MetricsLogger, finish_run, latest_checkpoint, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
@@ -61,6 +59,7 @@ class RLTrainer:
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
                  processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None):
         self.args = args = args or RLConfig()
+        self.args = args = args.replace(resume_from=latest_checkpoint(args.output_dir)) if args.resume_from == "latest" else args
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_rows = load_prompt_dataset(train_dataset)  # data errors before any model is loaded

@@ -18,7 +18,7 @@ import torch
 
 from .. import distributed
 from ..models.loading import check_finite_weights
-from ..tracking import MetricsLogger, prepare_run_dir
+from ..tracking import MetricsLogger, latest_checkpoint, prepare_run_dir
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
@@ -34,6 +34,8 @@ class SupervisedTrainer:
     def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:
         """Create the run directory (rank 0) and record the run in its ``config.yaml``."""
         args = self.args
+        if args.resume_from == "latest":
+            self.args = args = args.replace(resume_from=latest_checkpoint(args.output_dir))
         self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
         prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
         from ..jobs import record_run  # the job classes import the trainers

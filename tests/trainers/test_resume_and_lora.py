@@ -116,8 +116,13 @@ def test_save_total_limit_keeps_the_newest_checkpoints_and_nothing_else_is_touch
 
 def test_resuming_inside_the_run_directory_continues_it(tmp_path):
     sft(tmp_path / "run", save_steps=3).train()
+    first = metrics(tmp_path / "run")
     sft(tmp_path / "run", resume_from=str(tmp_path / "run" / "checkpoint-3")).train()  # no "already exists"
-    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4, 5, 6, 4, 5, 6]
+    assert metrics(tmp_path / "run") == first  # rows after step 3 were dropped, then written again, the same
+    sft(tmp_path / "run", resume_from="latest", save_steps=3).train()  # checkpoint-6: nothing left to do
+    assert metrics(tmp_path / "run") == first
+    with pytest.raises(ValueError, match="resume_from='latest': no complete checkpoint"):
+        sft(tmp_path / "empty", resume_from="latest")
     assert (tmp_path / "run" / "config-resume-checkpoint-3.yaml").exists()
     with pytest.raises(ValueError, match="is not a checkpoint directory"):
         sft(tmp_path / "other", resume_from=str(tmp_path / "run" / "final"))

@@ -75,43 +75,82 @@ class MetricsLogger:
             self.trackers = None
 
 
-RUN_ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "plots", "report.html")
+def check_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: str | None = None) -> None:
+    """The refusals of ``prepare_run_dir``, writing nothing: trainers check first, load the model,
+    data and rewards, and only then write to the run directory (a run that fails to load leaves
+    nothing behind that would block the corrected rerun)."""
+    if not output_dir:
+        return
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output_dir {str(path)!r} exists and is not a directory")
+    if path.exists() and any(path.iterdir()) and not (overwrite or _resuming_inside(path, resume_from)):
+        hint = (f" (resume_from={resume_from!r} is not inside it)" if resume_from else "")
+        raise ValueError(f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
+                         "set overwrite=true, or resume_from one of its checkpoints")
 
 
 def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: str | None = None,
                     config=None) -> Path | None:
-    """Create the run directory and write ``config.yaml`` (the resolved ``config``) first, so even a
-    run that fails records what it was asked to do.
+    """Create the run directory (and write ``config`` as ``config.yaml`` when given).
 
     A directory that already holds files is refused — an earlier run is never overwritten
-    silently — unless ``overwrite`` (then the old run's logs and plots are removed, so the new run's
-    report does not mix both) or ``resume_from`` is a checkpoint *inside* it (the run continues:
-    logs are appended, and the config of the resumed run goes to ``config-resume-<name>.yaml``)."""
+    silently — unless ``overwrite`` (then what an earlier rlhfkit run wrote there is removed:
+    ``remove_previous_run``) or ``resume_from`` is a checkpoint *inside* it (the run continues: the
+    logs keep the rows up to the checkpoint's step, and the config of the resumed run goes to
+    ``config-resume-<name>.yaml``)."""
+    check_run_dir(output_dir, overwrite, resume_from)
     if not output_dir:
         return None
     path = Path(output_dir)
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"output_dir {str(path)!r} exists and is not a directory")
     resuming = _resuming_inside(path, resume_from)
-    if path.exists() and any(path.iterdir()) and not (overwrite or resuming):
-        hint = (f" (resume_from={resume_from!r} is not inside it)" if resume_from else "")
-        raise ValueError(f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
-                         "set overwrite=true, or resume_from one of its checkpoints")
     if resuming:
         _truncate_logs(path, resume_from)
-    if overwrite and not resuming:
-        for name in RUN_ARTIFACTS:
-            target = path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
+    elif overwrite and path.is_dir():
+        remove_previous_run(path)
     path.mkdir(parents=True, exist_ok=True)
     if config is not None:
         from .config_io import save_config
 
         save_config(config, run_config_path(path, resume_from))
     return path
+
+
+# What an rlhfkit run writes in its directory, and nothing else is removed by --overwrite.
+_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml")
+_RUN_GLOBS = ("config-resume-*.yaml", "data/train_dataset.jsonl", "data/eval_dataset.jsonl",
+              "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*", "wandb/offline-run-*", "wandb/run-*",
+              "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
+_MODEL_MARKS = ("config.json", "adapter_config.json", "trainer_state.json", "dcp", "training_state.json")
+
+
+def remove_previous_run(path: Path) -> list[Path]:
+    """Remove exactly what an earlier rlhfkit run wrote in ``path`` — its logs and record, its
+    plots (the PNG files of ``report.PLOT_GROUPS``), tracker files, recorded data, and its
+    ``checkpoint-<step>/`` and ``final/`` directories (those holding a model or checkpoint) — and
+    never another file; directories left empty go too. Returns what was removed."""
+    from .report import PLOT_GROUPS
+
+    doomed = [path / name for name in _RUN_FILES]
+    doomed += [p for pattern in _RUN_GLOBS for p in path.glob(pattern)]
+    doomed += [path / "plots" / f"{stem}.png" for stem, *_ in PLOT_GROUPS]
+    doomed += [p for p in [*path.glob("checkpoint-*"), path / "final"]
+               if p.is_dir() and any((p / mark).exists() for mark in _MODEL_MARKS)]
+    removed = []
+    for target in doomed:
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        else:
+            continue
+        removed.append(target)
+    for folder in ("plots", "data", "wandb", *(str(p.relative_to(path)) for p in path.glob("runs/*")), "runs"):
+        try:
+            (path / folder).rmdir()  # only when empty
+        except OSError:
+            pass
+    return removed
 
 
 def _truncate_logs(output_dir: Path, resume_from: str) -> None:

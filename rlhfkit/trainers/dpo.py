@@ -108,8 +108,7 @@ class DPOTrainer(SupervisedTrainer):
                              "each process scores an equal share of every step's pairs")
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
-                       peft_config, ref_model=ref_model)
+        self._check_run()
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         self.train_pairs = self._encode(train_rows, "train_dataset")
         self.eval_pairs = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
@@ -138,6 +137,8 @@ class DPOTrainer(SupervisedTrainer):
             self.reference = None  # no longer needed: its memory is freed
         if distributed.world() > 1:
             seed_everything(args.seed + 1_000_003 * distributed.rank())
+        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
+                       peft_config, ref_model=ref_model)
         self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))

@@ -95,8 +95,7 @@ class RewardModelTrainer(SupervisedTrainer):
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
-        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
-                               "center_dataset": (center_dataset, center_rows)}, peft_config)
+        self._check_run()
         is_path = isinstance(model, (str, os.PathLike))
         if is_path:
             _check_dir(model, "model")
@@ -130,6 +129,8 @@ class RewardModelTrainer(SupervisedTrainer):
         self._template = (copy.deepcopy(scorer).cpu() if is_peft(self.model.backbone) and distributed.active()
                           and distributed.is_main() else None)
         self.scorer = distributed.shard(scorer, args.parallelism)
+        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
+                               "center_dataset": (center_dataset, center_rows)}, peft_config)
         self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))

@@ -21,7 +21,7 @@ from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, Fi
                           masked_mean, rollout_is_weights, value_loss)
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
-from ..tracking import MetricsLogger, finish_run, latest_checkpoint, prepare_run_dir, write_samples
+from ..tracking import MetricsLogger, check_run_dir, finish_run, latest_checkpoint, prepare_run_dir, write_samples
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
@@ -76,13 +76,7 @@ class RLTrainer:
             raise ValueError(f"prompts_per_step={args.prompts_per_step} must be divisible by the number of "
                              f"processes ({world}): each process samples its share, and a group never spans two")
         self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
-        prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
-        from ..jobs import record_run  # the job classes import the trainers
-
-        datasets = {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)}
-        if self.out_dir:
-            record_run(args, model, datasets, args.resume_from, reward_funcs=reward_funcs,
-                       reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config)
+        check_run_dir(self.out_dir, args.overwrite, args.resume_from)  # nothing written before all loads
         seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         if distributed.world() > 1:  # then each process samples its own completions
@@ -94,6 +88,13 @@ class RLTrainer:
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, limit, cut, "eval_dataset")
                                 if self.eval_rows is not None else None)
         self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
+        prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
+        from ..jobs import record_run  # the job classes import the trainers
+
+        if self.out_dir:
+            record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset,
+                       self.eval_rows)}, args.resume_from, reward_funcs=reward_funcs, reward_weights=reward_weights,
+                       ref_model=ref_model, peft_config=peft_config)
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
         self.sampling = SamplingParams.from_config(args)
         (self.optimizer, self.scheduler), self.guard = self._build_optimizer(), NonFiniteGuard(args.max_consecutive_skips)

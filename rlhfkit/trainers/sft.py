@@ -77,8 +77,7 @@ class SFTTrainer(SupervisedTrainer):
                              f"processes ({world}): each process trains on an equal share of every step's rows")
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._open_run(model, {"train_dataset": (train_dataset, train_rows),
-                               "eval_dataset": (eval_dataset, eval_rows)}, peft_config)
+        self._check_run()
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
         self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
@@ -98,6 +97,8 @@ class SFTTrainer(SupervisedTrainer):
         self.train_model = distributed.shard(self.model, args.parallelism)
         if distributed.world() > 1:  # dropout masks differ from process to process
             seed_everything(args.seed + 1_000_003 * distributed.rank())
+        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
+                       peft_config)
         self.epoch, self.data_pos, self.units_seen = 0, 0, 0
         self.order = self._epoch_order(0)
         self._start_training(args.max_steps if args.max_steps is not None

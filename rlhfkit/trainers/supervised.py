@@ -18,25 +18,32 @@ import torch
 
 from .. import distributed
 from ..models.loading import check_finite_weights
-from ..tracking import MetricsLogger, latest_checkpoint, prepare_run_dir
+from ..tracking import MetricsLogger, check_run_dir, latest_checkpoint, prepare_run_dir
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
 
 class SupervisedTrainer:
     """Base of ``SFTTrainer``, ``RewardModelTrainer`` and ``DPOTrainer``. A subclass sets ``args``,
-    calls ``_open_run`` before loading any model, ``_start_training`` once its model is built and
-    sharded, and ``_step_done`` after each optimizer step; it names what a checkpoint holds with
+    calls ``_check_run`` before loading anything, ``_open_run`` and ``_start_training`` once its
+    model is built and sharded, and ``_step_done`` after each optimizer step; it names what a checkpoint holds with
     ``_trained_modules`` and ``_counters`` / ``_restore``."""
 
     main_metric = "loss"
 
-    def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:
-        """Create the run directory (rank 0) and record the run in its ``config.yaml``."""
+    def _check_run(self) -> None:
+        """Before anything loads: ``resume_from='latest'`` resolved, the run directory's refusals
+        (``check_run_dir``) — nothing is written yet."""
         args = self.args
         if args.resume_from == "latest":
             self.args = args = args.replace(resume_from=latest_checkpoint(args.output_dir))
         self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
+        check_run_dir(self.out_dir, args.overwrite, args.resume_from)
+
+    def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:
+        """Once the model and data have loaded: create the run directory (rank 0) and record the
+        run in its ``config.yaml``."""
+        args = self.args
         prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
         from ..jobs import record_run  # the job classes import the trainers
 

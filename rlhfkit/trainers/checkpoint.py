@@ -345,6 +345,7 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     if not rng_file.exists() and fresh_seed is None:
         raise ValueError(f"checkpoint {path} has no {rng_file.name}")
     rng = _load_tree(path, rng_file.stem, FORMAT)[1] if rng_file.exists() else None
+    configured = _configured_hyperparameters(optimizer)
     stepped = any(k.startswith("optimizer.") for k in metadata.state_dict_metadata)  # else saved before any step
     container, tensors, param_groups = _live_state(modules, optimizer, init=stepped)
     _check_matches(path, tensors, param_groups, metadata, state["param_groups"])
@@ -355,6 +356,7 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     set_state_dict(container, optimizer, model_state_dict=tensors, optim_state_dict=optim_state,
                    options=StateDictOptions(**_OPTIONS, strict=False))  # the names were checked above
     scheduler.load_state_dict(state["scheduler"])
+    _apply_configured_hyperparameters(optimizer, scheduler, configured)
     if rng is not None:
         set_rng_state(rng)
     else:
@@ -362,6 +364,31 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
 
         seed_everything(fresh_seed)
     return json.loads((path / STATE_FILE).read_text())
+
+
+_HYPERPARAMETERS = ("initial_lr", "weight_decay")
+
+
+def _configured_hyperparameters(optimizer) -> list[dict]:
+    """The learning rate (``initial_lr``, the schedule's base) and weight decay of each param group
+    as the resumed run's config set them."""
+    return [{k: g[k] for k in _HYPERPARAMETERS if k in g} for g in optimizer.param_groups]
+
+
+def _apply_configured_hyperparameters(optimizer, scheduler, configured: list[dict]) -> None:
+    """A resumed run's learning rate and weight decay take effect (never the checkpoint's silently):
+    the schedule's base rates become the configured ones and the current rate is recomputed at the
+    restored step (``LambdaLR``: base × factor(step)). Weights, AdamW's moments, the step count and
+    RNG come from the checkpoint."""
+    for group, values in zip(optimizer.param_groups, configured):
+        group.update(values)
+    if configured and all("initial_lr" in c for c in configured):
+        scheduler.base_lrs = [c["initial_lr"] for c in configured]
+        lambdas = getattr(scheduler, "lr_lambdas", None)
+        if lambdas is not None:
+            for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, lambdas):
+                group["lr"] = base * factor(scheduler.last_epoch)
+            scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 
 def _check_matches(path: Path, tensors: dict, param_groups: list, metadata, saved_groups: list) -> None:

@@ -259,8 +259,12 @@ def main(argv: list[str] | None = None) -> int:
             runners = {"sft": _run_sft, "rm": _run_rm, "dpo": _run_dpo, "rl": _run_rl}
             return _train(getattr(jobs, args.job), args, runners[args.command])
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:  # OSError: disk full, read-only, not a directory, ... (its path named)
         from . import distributed
+
+        if isinstance(err, OSError) and not isinstance(err, ValueError):
+            where = err.filename or ""
+            err = f"{where}: {err.strerror or err}" if where else (err.strerror or str(err))
 
         if distributed.active():  # raised after the processes joined: possibly on this rank alone
             print(f"rlhfkit {args.command}: error: [rank {distributed.rank()}] {err}", file=sys.stderr)

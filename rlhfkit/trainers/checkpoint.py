@@ -34,15 +34,9 @@ Checkpoints of earlier versions (single process: ``<module>.safetensors``, the s
 
 from __future__ import annotations
 
-import importlib
-import io
 import json
-import pickle
 import random
-import re
 import shutil
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +44,9 @@ import torch
 
 from .. import distributed
 from ..models.loading import check_finite_weights
+from .checkpoint_format import (  # noqa: F401  (_read_metadata: part of this module's interface)
+    _dcp_reader_and_planner, _flat_items, _load_tree, _read_metadata, _save_tree, _single_process_quiet,
+)
 
 STATE_FILE = "trainer_state.json"
 DCP_DIR = "dcp"
@@ -102,166 +99,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(cuda) if isinstance(cuda, (list, tuple)) else torch.cuda.set_rng_state(cuda)
 
 
-# --- pickle-free (de)serialisation of state dicts --------------------------------------------------
-# A state dict is a tree of dicts, lists, tuples, numbers, strings, None, tensors and (numpy's RNG
-# key) ndarrays. ``_flatten`` moves the tensors out into a flat ``{name: tensor}`` dict for
-# safetensors and leaves a JSON tree; ``_unflatten`` puts them back. Plain JSON would lose three
-# things, so they are tagged: tensors/ndarrays (``{"tensor": name}``/``{"ndarray": name}``),
-# tuples (``{"tuple": [...]}``: AdamW's ``betas``, ``random.getstate()``) and dict keys that are
-# ints (``{"int_keys": {...}}``: the optimizer's ``state`` is keyed by parameter index). Every
-# other dict is wrapped as ``{"dict": {...}}``, so a tag never collides with a real key.
-
-def _flatten(obj, name: str, tensors: dict[str, torch.Tensor]):
-    def sub(key) -> str:  # dotted tensor names, e.g. "optimizer.state.0.exp_avg"
-        return f"{name}.{key}" if name else str(key)
-
-    if isinstance(obj, torch.Tensor):
-        tensors[name] = obj.detach().cpu().contiguous()
-        return {"tensor": name}
-    if isinstance(obj, np.ndarray):
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(obj))
-        return {"ndarray": name}
-    if isinstance(obj, (list, tuple)):
-        items = [_flatten(v, sub(i), tensors) for i, v in enumerate(obj)]
-        return {"tuple": items} if isinstance(obj, tuple) else items
-    if isinstance(obj, dict):
-        if obj and all(type(k) is int for k in obj):
-            return {"int_keys": {str(k): _flatten(v, sub(k), tensors) for k, v in obj.items()}}
-        if not all(isinstance(k, str) for k in obj):
-            raise TypeError(f"cannot store {name}: dict keys must be all str or all int")
-        return {"dict": {k: _flatten(v, sub(k), tensors) for k, v in obj.items()}}
-    if isinstance(obj, np.generic):  # e.g. a numpy float an LR lambda returned
-        return obj.item()
-    if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj
-    raise TypeError(f"cannot store {name} of type {type(obj).__name__} without pickle")
-
-
-def _unflatten(obj, tensors: dict[str, torch.Tensor]):
-    if isinstance(obj, list):
-        return [_unflatten(v, tensors) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    if len(obj) != 1:
-        raise ValueError(f"unexpected object: keys {sorted(obj)[:5]}")
-    (tag, value), = obj.items()
-    if tag == "tensor":
-        return tensors[value]
-    if tag == "ndarray":
-        return tensors[value].numpy()
-    if tag == "tuple":
-        return tuple(_unflatten(v, tensors) for v in value)
-    if tag == "int_keys":
-        return {int(k): _unflatten(v, tensors) for k, v in value.items()}
-    if tag == "dict":
-        return {k: _unflatten(v, tensors) for k, v in value.items()}
-    raise ValueError(f"unexpected tag {tag!r}")
-
-
-def _save_tree(path: Path, stem: str, state: dict, **header) -> None:
-    """``state`` as ``<stem>.json`` (with ``header``'s entries beside it) and, when it holds
-    tensors, ``<stem>.safetensors``."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, torch.Tensor] = {}
-    tree = _flatten(state, "", tensors)
-    if tensors:
-        save_file(tensors, str(path / f"{stem}.safetensors"))
-    (path / f"{stem}.json").write_text(json.dumps({**header, "state": tree}))
-
-
-def _load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
-    """``(header, state)`` of ``_save_tree``'s files, whose header must say ``format``."""
-    from safetensors.torch import load_file
-
-    meta = json.loads((path / f"{stem}.json").read_text())
-    if meta.get("format") != format:
-        raise ValueError(f"checkpoint {path}: unknown {stem}.json format {meta.get('format')!r}")
-    file = path / f"{stem}.safetensors"
-    try:
-        return meta, _unflatten(meta["state"], load_file(str(file)) if file.exists() else {})
-    except (KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"checkpoint {path}: {stem}.json and {file.name} do not match ({e!r})") from None
-
-
-# --- DCP metadata, read without unpickling anything but DCP's own index --------------------------
-_DCP_METADATA = "torch.distributed.checkpoint.metadata"
-_METADATA_GLOBALS = {
-    *((_DCP_METADATA, n) for n in ("Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
-                                   "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-    *((m, c) for m in ("pathlib", "pathlib._local") for c in ("Path", "PosixPath", "WindowsPath")),
-    *(("torch", n) for n, v in vars(torch).items() if isinstance(v, torch.dtype)),
-}
-_SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) not in _METADATA_GLOBALS:
-            raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
-        return getattr(importlib.import_module(module), name)
-
-
-def _read_metadata(directory: Path):
-    """DCP's ``.metadata`` of ``directory``, unpickled with DCP's metadata classes alone and checked:
-    tensor entries only, their shard files inside ``directory``. Anything else: a one-line
-    ValueError, and nothing of the file has run."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-
-    file = directory / ".metadata"
-    try:
-        with open(file, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-        ok = (isinstance(metadata, Metadata)
-              and all(isinstance(v, TensorStorageMetadata) for v in metadata.state_dict_metadata.values())
-              and all(isinstance(s, _StorageInfo) and isinstance(s.relative_path, str)
-                      and _SHARD_FILE.fullmatch(s.relative_path) and not getattr(s, "transform_descriptors", None)
-                      for s in metadata.storage_data.values()))
-    except Exception:
-        ok = False
-    if not ok:
-        raise ValueError(f"checkpoint file {file} cannot be loaded safely (it is not the index of tensor shards "
-                         f"DCP writes); refusing to unpickle it")
-    return metadata
-
-
-def _dcp_reader_and_planner(directory: Path):
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
-    class SafeReader(FileSystemReader):
-        # No **kwargs: DCP then never falls back to rank-local metadata files, read with pickle.
-        def read_metadata(self):
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            metadata = _read_metadata(Path(self.path))
-            metadata.storage_meta = metadata.storage_meta or StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    class TensorsOnlyPlanner(DefaultLoadPlanner):
-        def load_bytes(self, read_item, value: io.BytesIO) -> None:  # DCP's would torch.load(weights_only=False)
-            raise ValueError(f"checkpoint {directory}: non-tensor entry {read_item.dest_index.fqn!r} refused")
-
-    return SafeReader(directory), TensorsOnlyPlanner()
-
-
-@contextmanager
-def _single_process_quiet():
-    with warnings.catch_warnings():  # DCP warns each time it runs without a process group: by design here
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def _flat_items(tree: dict, prefix: str = ""):
-    """``(name, leaf)`` of a nested state dict, named as DCP names them (keys joined by dots)."""
-    for k, v in tree.items():
-        yield from _flat_items(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
-
-
 # --- save and load -----------------------------------------------------------------------------------
 _OPTIONS = dict(ignore_frozen_params=True)
 
@@ -286,41 +123,66 @@ def _live_state(modules: dict[str, torch.nn.Module], optimizer, init: bool):
     return container, {**model_sd, "optimizer": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
 
 
-def _clear(path: Path, modules) -> None:
-    """Remove what an earlier checkpoint left in ``path``, the mark of a complete one first."""
-    (path / STATE_FILE).unlink(missing_ok=True)
-    shutil.rmtree(path / DCP_DIR, ignore_errors=True)
-    stale = [*path.glob("rng-*.json"), *path.glob("rng-*.safetensors"), path / META_FILE, path / TENSORS_FILE,
-             path / LEGACY_FILE, *(path / f"{name}.safetensors" for name in modules)]
-    for file in stale:
-        file.unlink(missing_ok=True)
-
-
 def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler, counters: dict) -> None:
     """Every process calls this: each writes its shards and its RNG state; rank 0 the rest, and
     ``counters`` last. Returns when the checkpoint is complete."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
     path = Path(path)
     check_finite_weights(modules, f"checkpoint {path}")  # before anything is written
+    ours = (STATE_FILE, DCP_DIR, META_FILE, LEGACY_FILE)
+    if path.is_dir() and any(path.iterdir()) and not any((path / name).exists() for name in ours):
+        raise ValueError(f"cannot write checkpoint {path}: it exists, holds files and is not a checkpoint")
     _, tensors, param_groups = _live_state(modules, optimizer, init=False)
     leaves = [k for k, v in _flat_items(tensors) if not isinstance(v, torch.Tensor)]
     if leaves:
         raise TypeError(f"cannot checkpoint non-tensor state {leaves[:5]}: DCP would pickle it")
-    if distributed.is_main() and path.exists():
-        _clear(path, modules)
+    # Written into <path>.partial, renamed to <path> once complete: a crash or a full disk leaves the
+    # previous checkpoints intact and no half-written checkpoint-N (a .partial is never resumed from).
+    partial = path.with_name(path.name + ".partial")
+    failed = 0
+    try:
+        if distributed.is_main():
+            shutil.rmtree(partial, ignore_errors=True)
+        distributed.barrier()
+        partial.mkdir(parents=True, exist_ok=True)
+        with _single_process_quiet():
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR))
+        _save_tree(partial, f"rng-{distributed.rank()}", rng_state(), format=FORMAT)
+        if distributed.is_main():
+            _save_tree(partial, "training_state", {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
+                       format=FORMAT, world_size=distributed.world())
+    except (OSError, RuntimeError, CheckpointException) as err:  # DCP wraps a rank's OSError in its own
+        failed, error = 1, err
+    if distributed.reduce_max(failed):
+        if distributed.is_main():
+            shutil.rmtree(partial, ignore_errors=True)
+        reason = _first_line(error) if failed else "another process could not write its part"
+        raise ValueError(f"cannot write checkpoint {path}: {reason}; the previous checkpoints are intact")
     distributed.barrier()
-    path.mkdir(parents=True, exist_ok=True)
-    with _single_process_quiet():
-        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(path / DCP_DIR))
-    _save_tree(path, f"rng-{distributed.rank()}", rng_state(), format=FORMAT)
     if distributed.is_main():
-        _save_tree(path, "training_state", {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
-                   format=FORMAT, world_size=distributed.world())
+        (partial / STATE_FILE).write_text(json.dumps(counters, indent=2))
+        if path.exists():  # an earlier checkpoint of this step, or an empty directory (checked above)
+            shutil.rmtree(path)
+        partial.rename(path)
     distributed.barrier()
-    if distributed.is_main():
-        (path / STATE_FILE).write_text(json.dumps(counters, indent=2))
-    distributed.barrier()
+
+
+def _first_line(err: BaseException) -> str:
+    """An exception as one line: an OSError's message and path, else its first line."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
+    failures = getattr(err, "failures", None)  # DCP's CheckpointException: {rank: (exception, traceback)}
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        return _first_line(first[0] if isinstance(first, tuple) else first)
+    cause = err
+    while cause.__cause__ is not None or cause.__context__ is not None:  # the OSError under DCP's wrapper
+        cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, OSError) and cause.strerror:
+            return _first_line(cause)
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
 def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler,

@@ -84,7 +84,7 @@ class ScalarModel(torch.nn.Module):
     def from_pretrained(cls, path, dtype="float32") -> "ScalarModel":
         """A scalar model from a directory or Hub id (see the module docstring for the layouts);
         non-finite weights are refused in one line."""
-        model = cls._load(path, dtype)
+        model = from_hub_or_dir(lambda source: cls._load(source, dtype), path, "scalar model")  # failures: one line
         check_finite_weights(model, f"scalar model {path}")
         return model
 

@@ -73,13 +73,66 @@ def hub_error(name: str, what: str, err: BaseException) -> ValueError:
 
 def from_hub_or_dir(load, source, what: str = "model", **kwargs):
     """``load(source, **kwargs)`` (a ``from_pretrained``) where ``source`` is a local directory or a
-    Hub id (``resolve_model_dir``); a Hub id that fails is one line (``hub_error``)."""
+    Hub id (``resolve_model_dir``); a Hub id that fails is one line (``hub_error``), and so is a
+    local directory that transformers cannot load (missing weights, shapes that do not match the
+    config, ...), naming the directory."""
     try:
         return load(source, **kwargs)
     except Exception as err:
-        if isinstance(source, Path) or not is_hub_id(str(source)):
+        if not isinstance(source, Path) and is_hub_id(str(source)):
+            raise hub_error(str(source), what, err) from None
+        if isinstance(err, ValueError) and "\n" not in str(err):
             raise
-        raise hub_error(str(source), what, err) from None
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ValueError(f"{what} directory {source} cannot be loaded ({type(err).__name__}: {first})") from None
+
+
+_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "adapter_config.json", "rlhfkit_scalar.json")
+
+
+def check_model_files(path: Path, what: str = "model") -> None:
+    """Before transformers reads a local model directory: every JSON file it holds parses, and
+    every safetensors file is whole (its header parses and its tensors' bytes are all there). A
+    damaged file is one line naming it."""
+    import json
+
+    for name in _JSON_FILES:
+        file = path / name
+        if file.is_file():
+            try:
+                json.loads(file.read_text(encoding="utf-8"))
+            except (UnicodeDecodeError, ValueError) as err:
+                raise ValueError(f"{what} file {file} is damaged: not valid JSON ({err})") from None
+    for file in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(file)
+        if problem:
+            raise ValueError(f"{what} weights file {file} is damaged: {problem}")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (8-byte header length, JSON header, data
+    offsets within the file), or None."""
+    import json
+
+    size = file.stat().st_size
+    if size < 8:
+        return f"{size} bytes, too short to be a safetensors file"
+    with open(file, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if length <= 0 or 8 + length > size:
+            return f"its header claims {length} bytes but the file has {size}"
+        try:
+            header = json.loads(f.read(length))
+        except (UnicodeDecodeError, ValueError):
+            return "its header is not valid JSON"
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        return "its header does not describe tensors"
+    if 8 + length + end > size:
+        return f"truncated ({size} bytes, its tensors need {8 + length + end})"
+    return None
 
 
 def resolve_model_dir(source, what: str = "model") -> Path | str:
@@ -95,6 +148,7 @@ def resolve_model_dir(source, what: str = "model") -> Path | str:
         raise ValueError(f"{what} path does not exist: {path}")
     if path.is_dir():
         if (path / "config.json").exists() or (path / "adapter_config.json").exists():
+            check_model_files(path, what)
             return path
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) != 1:

@@ -45,7 +45,7 @@ import torch
 from .. import distributed
 from ..models.loading import check_finite_weights
 from .checkpoint_format import (  # noqa: F401  (_read_metadata: part of this module's interface)
-    _dcp_reader_and_planner, _flat_items, _load_tree, _read_metadata, _save_tree, _single_process_quiet,
+    _dcp_reader_and_planner, _flat_items, _load_tree, _read_metadata, _save_tree, _single_process_quiet, read_json,
 )
 
 STATE_FILE = "trainer_state.json"
@@ -191,11 +191,15 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     this, with any number of processes) and return its counters. A rank the saved run did not have
     is seeded with ``fresh_seed`` (None: such a rank is an error)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise ValueError(f"resume_from={str(path)!r} is not a checkpoint directory (no {STATE_FILE})")
+    counters = read_json(path / STATE_FILE)  # damaged: one line, before anything is loaded
+    if not isinstance(counters.get("step"), int):
+        raise ValueError(f"checkpoint file {path / STATE_FILE} is damaged: no integer 'step'")
     if not (path / DCP_DIR).is_dir():
         return _load_single_process_format(path, modules, optimizer, scheduler)
     for file in (META_FILE, f"{DCP_DIR}/.metadata"):
@@ -212,8 +216,11 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     container, tensors, param_groups = _live_state(modules, optimizer, init=stepped)
     _check_matches(path, tensors, param_groups, metadata, state["param_groups"])
     reader, planner = _dcp_reader_and_planner(path / DCP_DIR)
-    with _single_process_quiet():
-        dcp.load(tensors, storage_reader=reader, planner=planner)
+    try:
+        with _single_process_quiet():
+            dcp.load(tensors, storage_reader=reader, planner=planner)
+    except (OSError, RuntimeError, CheckpointException) as err:  # a truncated or missing shard file
+        raise ValueError(f"checkpoint {path / DCP_DIR} is damaged: {_first_line(err)}") from None
     optim_state = {"state": tensors.pop("optimizer")["state"], "param_groups": state["param_groups"]}
     set_state_dict(container, optimizer, model_state_dict=tensors, optim_state_dict=optim_state,
                    options=StateDictOptions(**_OPTIONS, strict=False))  # the names were checked above
@@ -225,7 +232,7 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
         from .common import seed_everything
 
         seed_everything(fresh_seed)
-    return json.loads((path / STATE_FILE).read_text())
+    return read_json(path / STATE_FILE)
 
 
 _HYPERPARAMETERS = ("initial_lr", "weight_decay")
@@ -290,7 +297,7 @@ def _load_single_process_format(path: Path, modules, optimizer, scheduler) -> di
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    return json.loads((path / STATE_FILE).read_text())
+    return read_json(path / STATE_FILE)
 
 
 def _load_legacy_training_state(file: Path) -> dict:

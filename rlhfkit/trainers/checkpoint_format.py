@@ -87,11 +87,24 @@ def _save_tree(path: Path, stem: str, state: dict, **header) -> None:
     (path / f"{stem}.json").write_text(json.dumps({**header, "state": tree}))
 
 
+def read_json(file: Path) -> dict:
+    """A checkpoint's JSON file as a dict; missing, unreadable or damaged is one line naming it."""
+    try:
+        value = json.loads(Path(file).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint file {file} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"checkpoint file {file} is damaged ({type(err).__name__}: {err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"checkpoint file {file} is damaged: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
 def _load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
     """``(header, state)`` of ``_save_tree``'s files, whose header must say ``format``."""
     from safetensors.torch import load_file
 
-    meta = json.loads((path / f"{stem}.json").read_text())
+    meta = read_json(path / f"{stem}.json")
     if meta.get("format") != format:
         raise ValueError(f"checkpoint {path}: unknown {stem}.json format {meta.get('format')!r}")
     file = path / f"{stem}.safetensors"

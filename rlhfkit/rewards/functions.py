@@ -50,8 +50,9 @@ def register_reward_function(name: str) -> Callable[[RewardFunction], RewardFunc
 
 
 def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunction:
-    """Resolve a reward function: a callable is returned as is; a string is a registered name,
-    or a dotted import path ``"package.module:function"`` / ``"package.module.function"``."""
+    """Resolve a reward function: a callable is returned as is; a string is a registered name, or an
+    import path ``"package.module:function"`` — and only that form imports anything (the module is
+    code, as a script is: a recipe naming one runs it). Any other string imports nothing."""
     if callable(name_or_callable):
         return name_or_callable
     if not isinstance(name_or_callable, str):
@@ -63,14 +64,14 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
                          "'package.module:function'")
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
-    if ":" in name or "." in name:
+    if ":" in name:
         return _import_function(name)
     registered = ", ".join(sorted(REWARD_FUNCTIONS)) or "(none registered)"
     close = difflib.get_close_matches(name, REWARD_FUNCTIONS, n=3)
     hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     raise ValueError(
         f"unknown reward function {name!r}; registered: {registered}. "
-        f"A dotted import path such as 'package.module:function' also works.{hint}"
+        f"An import path 'package.module:function' (with the colon) also works.{hint}"
     )
 
 
@@ -83,10 +84,10 @@ def unrecorded_reward(name: str) -> str:
 
 
 def _import_function(path: str) -> RewardFunction:
-    """Import ``"pkg.mod:attr.attr"`` or ``"pkg.mod.attr"`` and check that it is callable."""
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    """Import ``"pkg.mod:attr.attr"`` and check that it is callable."""
+    module_name, _, attr = path.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"reward function {path!r}: expected 'package.module:function' or 'package.module.function'")
+        raise ValueError(f"reward function {path!r}: expected 'package.module:function'")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:

@@ -144,7 +144,7 @@ def test_needs_a_non_empty_list():
 
 def test_funcs_by_registered_name_or_path():
     register_reward_function("len_reward")(length)
-    rf = RewardFunctions(["len_reward", "len_reward", "os.path:join", "os.path.join"])
+    rf = RewardFunctions(["len_reward", "len_reward", "os.path:join", "os.path:join"])
     assert rf.funcs == [length, length, os.path.join, os.path.join]
     assert rf.names == ["len_reward", "len_reward_2", "join", "join_2"]
 
@@ -255,8 +255,18 @@ def test_get_callable_as_is():
 
 def test_get_dotted_paths():
     assert get_reward_function("os.path:join") is os.path.join
-    assert get_reward_function("os.path.join") is os.path.join
     assert get_reward_function("os:path.join") is os.path.join
+
+
+def test_only_the_colon_form_imports_anything(monkeypatch):
+    import sys
+
+    monkeypatch.delitem(sys.modules, "this", raising=False)  # `import this` prints: it must not run
+    with pytest.raises(ValueError, match="unknown reward function 'this.s'"):
+        get_reward_function("this.s")
+    with pytest.raises(ValueError, match="unknown reward function 'os.path.join'"):
+        get_reward_function("os.path.join")
+    assert "this" not in sys.modules
 
 
 def test_get_dotted_path_errors():
@@ -283,7 +293,7 @@ def test_unknown_name_lists_registered_and_close_matches():
 
 def test_unknown_name_with_empty_registry():
     REWARD_FUNCTIONS.clear()
-    with pytest.raises(ValueError, match=r"registered: \(none registered\)\. A dotted import path"):
+    with pytest.raises(ValueError, match=r"registered: \(none registered\)\. An import path"):
         get_reward_function("anything")
 
 

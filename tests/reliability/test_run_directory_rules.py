@@ -75,3 +75,11 @@ def test_rl_writes_its_run_directory_only_after_everything_loaded(tmp_path):
                   RLConfig(max_steps=1, output_dir=str(tmp_path / "run"), log_every=0),
                   train_dataset=[{"prompt": "ab"}], processing_class=tok)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_key_given_twice_in_a_recipe_is_one_line(tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("max_steps: 2\nlearning_rate: 0.1\nmax_steps: 5\n")
+    assert main(["sft", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"rlhfkit sft: error: {recipe}:3: YAML syntax error: key 'max_steps' appears twice (first on line 1)\n"

@@ -123,7 +123,8 @@ def _live_state(modules: dict[str, torch.nn.Module], optimizer, init: bool):
     return container, {**model_sd, "optimizer": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
 
 
-def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler, counters: dict) -> None:
+def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler, counters: dict,
+                    settings: dict | None = None) -> None:
     """Every process calls this: each writes its shards and its RNG state; rank 0 the rest, and
     ``counters`` last. Returns when the checkpoint is complete."""
     import torch.distributed.checkpoint as dcp
@@ -162,7 +163,8 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
         raise ValueError(f"cannot write checkpoint {path}: {reason}; the previous checkpoints are intact")
     distributed.barrier()
     if distributed.is_main():
-        (partial / STATE_FILE).write_text(json.dumps(counters, indent=2))
+        record = {**counters, "settings": settings} if settings else counters
+        (partial / STATE_FILE).write_text(json.dumps(record, indent=2))
         if path.exists():  # an earlier checkpoint of this step, or an empty directory (checked above)
             shutil.rmtree(path)
         partial.rename(path)
@@ -186,7 +188,7 @@ def _first_line(err: BaseException) -> str:
 
 
 def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler,
-                    fresh_seed: int | None = None) -> dict:
+                    fresh_seed: int | None = None, settings: dict | None = None) -> dict:
     """Restore a checkpoint into ``modules``, ``optimizer`` and ``scheduler`` (every process calls
     this, with any number of processes) and return its counters. A rank the saved run did not have
     is seeded with ``fresh_seed`` (None: such a rank is an error)."""
@@ -200,6 +202,11 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     counters = read_json(path / STATE_FILE)  # damaged: one line, before anything is loaded
     if not isinstance(counters.get("step"), int):
         raise ValueError(f"checkpoint file {path / STATE_FILE} is damaged: no integer 'step'")
+    saved = counters.get("settings") or {}
+    changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in (settings or {}).items() if k in saved and saved[k] != v]
+    if changed:  # settings whose change a resumed run cannot honour: refused, never silently ignored
+        raise ValueError(f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
+                         "states and data order follow that value, so resume with it (or start a new run)")
     if not (path / DCP_DIR).is_dir():
         return _load_single_process_format(path, modules, optimizer, scheduler)
     for file in (META_FILE, f"{DCP_DIR}/.metadata"):

@@ -378,17 +378,16 @@ class RLTrainer:
 
     def save_checkpoint(self, path: Path) -> None:
         """Every process calls this: DCP shards of the weights and optimizer, per-rank RNG, counters."""
-        counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos,
-                    "kl_coef": self.kl_ctl.value}
-        save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters)
+        counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos, "kl_coef": self.kl_ctl.value}
+        save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters, {"seed": self.args.seed})
 
     def _resume(self, path) -> None:
         # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
         counters = load_checkpoint(path, self._modules(), self.optimizer, self.scheduler,
-                                   fresh_seed=self.args.seed + 1_000_003 * distributed.rank())
+                                   self.args.seed + 1_000_003 * distributed.rank(), {"seed": self.args.seed})
         self.step, self.data_epoch, self.data_pos = counters["step"], counters["data_epoch"], counters["data_pos"]
         self.order = self._epoch_order(self.data_epoch)
-        self.kl_ctl.value = counters["kl_coef"]
+        self.kl_ctl.value = counters["kl_coef"] if self.args.adaptive_kl else self.kl_ctl.value  # fixed β: the config's
 
     def save_model(self, path: Path) -> None:
         """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged, or the

@@ -127,12 +127,14 @@ class SupervisedTrainer:
 
     def save_checkpoint(self, path) -> None:
         """Every process calls this (DCP writes each process's shards); complete when it returns."""
-        save_checkpoint(Path(path), self._trained_modules(), self.optimizer, self.scheduler, self._counters())
+        save_checkpoint(Path(path), self._trained_modules(), self.optimizer, self.scheduler, self._counters(),
+                        settings={"seed": self.args.seed})
 
     def _resume(self, path) -> None:
         # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
         counters = load_checkpoint(path, self._trained_modules(), self.optimizer, self.scheduler,
-                                   fresh_seed=self.args.seed + 1_000_003 * distributed.rank())
+                                   fresh_seed=self.args.seed + 1_000_003 * distributed.rank(),
+                                   settings={"seed": self.args.seed})
         if int(counters.get("step", -1)) > self.total_steps:
             raise ValueError(f"resume_from={str(path)!r} is at step {counters['step']}, past this run's "
                              f"{self.total_steps} steps")

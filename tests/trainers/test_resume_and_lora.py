@@ -231,3 +231,27 @@ def test_a_learning_rate_changed_on_resume_takes_effect(tmp_path):
     assert group["weight_decay"] == 0.01 and resumed.scheduler.get_last_lr()[0] == pytest.approx(1e-4)
     history = resumed.train()
     assert [r["sft/lr"] for r in history] == pytest.approx([1e-4] * 3)
+
+
+def test_a_seed_changed_on_resume_is_refused_in_one_line(tmp_path):
+    sft(tmp_path / "a", save_steps=3).train()
+    with pytest.raises(ValueError) as err:
+        sft(tmp_path / "b", resume_from=str(tmp_path / "a" / "checkpoint-3"), seed=1)
+    assert "the checkpoint was saved with seed=0 (now 1)" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_fixed_kl_coef_changed_on_resume_takes_effect(tmp_path):
+    from rlhfkit.config import RLConfig
+    from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
+    from rlhfkit.trainers import RLTrainer
+
+    def rl(**overrides):
+        tok = char_tokenizer()
+        args = dict(algorithm="grpo", max_steps=2, max_new_tokens=4, prompts_per_step=2, log_every=0, save_steps=1)
+        args.update(overrides)
+        return RLTrainer(tiny_causal_lm(tok, hidden_size=32), [fraction_of_a], RLConfig(**args),
+                         train_dataset=PROMPTS, processing_class=tok)
+
+    rl(output_dir=str(tmp_path / "a"), kl_coef=0.04).train()
+    resumed = rl(output_dir=str(tmp_path / "b"), kl_coef=0.2, resume_from=str(tmp_path / "a" / "checkpoint-1"))
+    assert resumed.kl_ctl.value == 0.2

@@ -10,9 +10,10 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_step.py"
 
 
-@pytest.mark.parametrize("extra", [["--algorithm", "grpo"], ["--algorithm", "ppo", "--critic", "shared",
-                                                                "--gradient-checkpointing"],
-                                   ["--no-share-prompt", "--group-size", "2"]])
+@pytest.mark.parametrize("extra", [["--algorithm", "grpo"],
+                                   pytest.param(["--algorithm", "ppo", "--critic", "shared", "--gradient-checkpointing"],
+                                                marks=pytest.mark.slow),
+                                   pytest.param(["--no-share-prompt", "--group-size", "2"], marks=pytest.mark.slow)])
 def test_rl_step_benchmark_runs(tiny_model_dir, extra):
     out = subprocess.run([sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--warmup", "0", "--steps", "1",
                           "--new-tokens", "4", "--json", *extra], capture_output=True, text=True, timeout=300)

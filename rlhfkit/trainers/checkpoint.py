@@ -171,6 +171,14 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     distributed.barrier()
 
 
+def _read_counters(path: Path) -> dict:
+    """``trainer_state.json``: the loop's counters, with an integer ``step``; damaged: one line."""
+    counters = read_json(path / STATE_FILE)
+    if not isinstance(counters.get("step"), int):
+        raise ValueError(f"checkpoint file {path / STATE_FILE} is damaged: no integer 'step'")
+    return counters
+
+
 def _first_line(err: BaseException) -> str:
     """An exception as one line: an OSError's message and path, else its first line."""
     if isinstance(err, OSError) and err.strerror:
@@ -199,16 +207,14 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     path = Path(path)
     if not (path / STATE_FILE).exists():
         raise ValueError(f"resume_from={str(path)!r} is not a checkpoint directory (no {STATE_FILE})")
-    counters = read_json(path / STATE_FILE)  # damaged: one line, before anything is loaded
-    if not isinstance(counters.get("step"), int):
-        raise ValueError(f"checkpoint file {path / STATE_FILE} is damaged: no integer 'step'")
+    if not (path / DCP_DIR).is_dir():
+        return _load_single_process_format(path, modules, optimizer, scheduler)
+    counters = _read_counters(path)  # damaged: one line, before anything is loaded
     saved = counters.get("settings") or {}
     changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in (settings or {}).items() if k in saved and saved[k] != v]
     if changed:  # settings whose change a resumed run cannot honour: refused, never silently ignored
         raise ValueError(f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
                          "states and data order follow that value, so resume with it (or start a new run)")
-    if not (path / DCP_DIR).is_dir():
-        return _load_single_process_format(path, modules, optimizer, scheduler)
     for file in (META_FILE, f"{DCP_DIR}/.metadata"):
         if not (path / file).is_file():
             raise ValueError(f"checkpoint {path} has no {file}")
@@ -239,7 +245,7 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
         from .common import seed_everything
 
         seed_everything(fresh_seed)
-    return read_json(path / STATE_FILE)
+    return _read_counters(path)
 
 
 _HYPERPARAMETERS = ("initial_lr", "weight_decay")
@@ -304,7 +310,7 @@ def _load_single_process_format(path: Path, modules, optimizer, scheduler) -> di
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
-    return read_json(path / STATE_FILE)
+    return _read_counters(path)
 
 
 def _load_legacy_training_state(file: Path) -> dict:

@@ -113,6 +113,7 @@ def test_resumed_on_two_processes_it_ends_with_the_uninterrupted_weights(two_pro
     assert_close(load_file(out / "final.safetensors"), load_file(resumed / "final.safetensors"))
 
 
+@pytest.mark.slow  # the resume on two processes (default suite) covers the format; this checks 2 -> 1
 def test_resumed_on_one_process_it_starts_from_the_saved_state_and_continues(two_process_run, tmp_path):
     """One process samples other completions than two (each rank has its own RNG stream), so the end
     differs from the 2-process run; the start must be exactly the saved state."""
@@ -166,6 +167,7 @@ def test_a_sharded_lora_checkpoint_loads_into_one_unsharded_model(tmp_path):
     assert any(not torch.equal(saved[k], torch.zeros_like(saved[k])) for k in adapter if "lora_B" in k)  # trained
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_the_previous_single_process_format_is_refused_on_two_processes(tmp_path):
     old = tmp_path / "old" / "checkpoint-2"
     old.mkdir(parents=True)

@@ -83,6 +83,7 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_pa
         assert (two[name] - one[name]).norm() <= 1e-5 * one[name].norm(), name
 
 
+@pytest.mark.slow  # the one-update equivalence tests cover every loss; this is the end-to-end run
 def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
     config = dict(algorithm="grpo", prompts_per_step=4, max_steps=30, output_dir=str(tmp_path / "run"))
     (tmp_path / "config.json").write_text(json.dumps(config))

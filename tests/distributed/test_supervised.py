@@ -141,6 +141,7 @@ def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tin
     assert_same_weights(final[0].state_dict(), final[1].state_dict())
 
 
+@pytest.mark.slow  # the SFT and RM equivalence tests above cover the two-process run directory too
 def test_a_two_process_sft_run_writes_the_run_directory_of_one_process(tmp_path, tiny_model_dir):
     args = dict(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64)
     spec = dict(trainer="sft", model=tiny_model_dir, args=args, train=SFT_ROWS, eval=SFT_EVAL)

@@ -52,7 +52,7 @@ def shift_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "rl"])
+@pytest.mark.parametrize("command", ["sft", *(pytest.param(c, marks=pytest.mark.slow) for c in ("rm", "dpo", "rl"))])
 def test_a_damaged_model_is_one_line_naming_it(tmp_path, shift_dir, capsys, command, kind):
     model = tmp_path / "model"
     shutil.copytree(shift_dir / "model", model)

@@ -18,7 +18,7 @@ def digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "rl"])
+@pytest.mark.parametrize("command", ["sft", "rl", *(pytest.param(c, marks=pytest.mark.slow) for c in ("rm", "dpo"))])
 def test_a_run_that_fails_to_load_writes_nothing_and_the_rerun_needs_no_overwrite(tmp_path, monkeypatch, capsys,
                                                                                    command):
     monkeypatch.chdir(tmp_path)

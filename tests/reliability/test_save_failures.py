@@ -78,3 +78,16 @@ def test_a_real_full_disk_on_a_small_tmpfs(tmp_path):
         assert not any(name.endswith(".partial") for name in leftovers)
     finally:
         subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+def test_eval_output_pointing_at_a_directory_is_one_line(tmp_path, capsys):
+    from rlhfkit.cli import main
+
+    assert main(["data", str(tmp_path / "data")]) == 0
+    (tmp_path / "out").mkdir()
+    capsys.readouterr()
+    code = main(["eval", "--model", str(tmp_path / "data" / "model"), "--dataset",
+                 str(tmp_path / "data" / "eval_prompts.jsonl"), "--reward", "shift_oracle", "--output",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and str(tmp_path / "out") in err and "Traceback" not in err, err

@@ -203,7 +203,7 @@ def test_the_cli_trains_lora_and_records_it(tmp_path, monkeypatch):
     AutoModelForCausalLM.from_pretrained("run/final")  # merged
 
 
-@pytest.mark.parametrize("command", ["sft", "dpo", "rm"])
+@pytest.mark.parametrize("command", ["sft", *(pytest.param(c, marks=pytest.mark.slow) for c in ("dpo", "rm"))])
 def test_eval_takes_a_checkpoint_of_each_trainer(tmp_path, monkeypatch, capsys, command):
     from rlhfkit.cli import main
 

@@ -17,7 +17,8 @@ reference's — every loss below is a function of ``β h`` or a length-normalise
 
 The implicit rewards (TRL's ``rewards/chosen`` and ``rewards/rejected``) are ``β (c - c_ref)`` and
 ``β (r - r_ref)`` — on the length-normalised log-probs for ``ipo`` — and ``β c/|c|``, ``β r/|r|``
-for ``simpo``; they are returned detached.
+for ``simpo``; they are returned detached. The reference log-probs are detached too: the
+reference is a fixed baseline, and no gradient reaches it.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_l
     check_same_shape(**tensors)
     dtype = torch.promote_types(chosen_logps.dtype, torch.float32)
     c, r = chosen_logps.to(dtype), rejected_logps.to(dtype)
-    c_ref = ref_chosen_logps.to(dtype) if with_ref else None
-    r_ref = ref_rejected_logps.to(dtype) if with_ref else None
+    # The reference is a fixed baseline: no gradient reaches it, whatever its inputs require.
+    c_ref = ref_chosen_logps.detach().to(dtype) if with_ref else None
+    r_ref = ref_rejected_logps.detach().to(dtype) if with_ref else None
     if normalised:  # mean log-prob per token
         n_c, n_r = tensors["chosen_lengths"].to(c), tensors["rejected_lengths"].to(c)
         c, r = c / n_c, r / n_r

@@ -87,9 +87,20 @@ def test_the_sigmoid_gradient_is_minus_beta_sigma_of_minus_beta_h():
     assert not chosen.requires_grad  # rewards are detached
 
 
-def test_the_reference_gets_no_gradient_and_large_margins_stay_finite():
-    ref = t(0.0).requires_grad_()
-    losses, _, _ = dpo_loss(t(1e4), t(-1e4), ref, t(0.0), beta=1.0)
+@pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo"])
+def test_the_reference_gets_no_gradient(loss_type):
+    # Reference log-probs that require grad (e.g. computed without no_grad): only the policy learns.
+    c, r = t(-5, -4).requires_grad_(), t(-7, -3).requires_grad_()
+    c_ref, r_ref = t(-6, -4).requires_grad_(), t(-5, -2).requires_grad_()
+    losses, _, _ = dpo_loss(c, r, c_ref, r_ref, beta=0.1, loss_type=loss_type, chosen_lengths=t(2, 3),
+                            rejected_lengths=t(3, 2))
+    losses.sum().backward()
+    assert c_ref.grad is None and r_ref.grad is None
+    assert c.grad.abs().sum() > 0 and r.grad.abs().sum() > 0
+
+
+def test_large_margins_stay_finite():
+    losses, _, _ = dpo_loss(t(1e4), t(-1e4), t(0.0), t(0.0), beta=1.0)
     assert torch.isfinite(losses).all() and losses.item() == pytest.approx(0.0, abs=1e-6)
     losses, _, _ = dpo_loss(t(-1e4), t(1e4), t(0.0), t(0.0), beta=1.0)
     assert losses.item() == pytest.approx(2e4, rel=1e-6)  # -log σ(-2e4) = 2e4, not inf

@@ -1,7 +1,8 @@
 """How a checkpoint's files are read and written without pickle (see ``checkpoint.py``): state
 dicts as JSON + safetensors (``_save_tree`` / ``_load_tree``), and DCP's ``.metadata`` index read by
-an unpickler that admits DCP's metadata classes alone (``_read_metadata``), handed to DCP through a
-reader that never unpickles again and a planner that refuses non-tensor entries."""
+an unpickler that admits DCP's metadata classes alone and gives state to nothing but the records
+the file creates (``_read_metadata``), handed to DCP through a reader that never unpickles again
+and a planner that refuses non-tensor entries."""
 
 from __future__ import annotations
 
@@ -127,11 +128,48 @@ _METADATA_GLOBALS = {
 _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+# The records DCP's index is made of: the only objects a BUILD (pickle's "set this object's state")
+# may target. Anything else an allowed global yields is process-wide — a class, a function, an enum
+# member, a dtype — and a BUILD on it would set its attributes before the file was refused.
+_METADATA_RECORDS = {
+    *((_DCP_METADATA, n) for n in ("Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
+                                   "MetadataIndex", "StorageMeta")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+}
+
+
+def _resolve(module: str, name: str):
+    return getattr(importlib.import_module(module), name)
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """The pure-Python unpickler (the C one's opcodes cannot be overridden; the index is small):
+    globals from ``_METADATA_GLOBALS`` alone, and BUILD only on a record of ``_METADATA_RECORDS``
+    that the file itself created, with a dict of attributes (or the tuple ``TensorProperties``'s own
+    ``__setstate__`` takes)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file):
+        super().__init__(file)
+        self._records = {_resolve(*r) for r in _METADATA_RECORDS}
+
     def find_class(self, module: str, name: str):
         if (module, name) not in _METADATA_GLOBALS:
             raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
-        return getattr(importlib.import_module(module), name)
+        return _resolve(module, name)
+
+    def _load_build(self):
+        if len(self.stack) < 2:
+            raise pickle.UnpicklingError("BUILD with nothing to build")
+        state, kind = self.stack[-1], type(self.stack[-2])
+        if kind not in self._records:  # a class, function, enum member, dtype: never given state
+            raise pickle.UnpicklingError(f"BUILD on a {kind.__name__} refused: only DCP's metadata records take state")
+        if "__setstate__" not in vars(kind) and not (isinstance(state, dict) and all(type(k) is str for k in state)):
+            raise pickle.UnpicklingError(f"BUILD of {kind.__name__} refused: its state must be a dict of attributes")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = _load_build
 
 
 def _read_metadata(directory: Path):

@@ -105,7 +105,7 @@ def test_loading_unpickles_only_dcp_metadata_with_a_restricted_unpickler(tmp_pat
         assert kwargs.get("weights_only") is True
         return torch_load(*args, **kwargs)
 
-    for name in ("load", "loads", "Unpickler"):  # ours subclasses pickle.Unpickler at import time
+    for name in ("load", "loads", "Unpickler"):  # ours is the pure-Python pickle._Unpickler
         monkeypatch.setattr(pickle, name, forbidden)
     monkeypatch.setattr(torch, "load", weights_only_load)
     continue_both(tmp_path, reference)
@@ -237,6 +237,64 @@ def test_crafted_dcp_checkpoint_is_refused_without_running_code(tmp_path, crafte
         load_module_weights(ckpt, "policy", fresh[0])
     assert not marker.exists()
     assert all(torch.equal(a, b) for a, b in zip(before, fresh[0].parameters()))  # nothing half-loaded
+
+
+def _allowed_objects():
+    """Every object a DCP index may name (the restricted unpickler's allow-list), and an enum member
+    it can build by calling one: all process-wide, so none may be given state."""
+    import collections
+    import pathlib
+
+    import torch.distributed.checkpoint.filesystem as fs
+    import torch.distributed.checkpoint.metadata as md
+    from torch.serialization import _get_layout
+
+    names = ("Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
+             "StorageMeta", "_MEM_FORMAT_ENCODING")
+    found = {f"{md.__name__}.{n}": (b"c%s\n%s\n" % (md.__name__.encode(), n.encode()), getattr(md, n)) for n in names}
+    for obj, module in [(fs._StorageInfo, fs.__name__), (torch.Size, "torch"), (torch.float32, "torch"),
+                        (_get_layout, "torch.serialization"), (collections.OrderedDict, "collections"),
+                        (pathlib.Path, "pathlib"), (pathlib.PosixPath, "pathlib")]:
+        name = str(obj).removeprefix("torch.") if obj is torch.float32 else obj.__name__
+        found[f"{module}.{name}"] = (b"c%s\n%s\n" % (module.encode(), name.encode()), obj)
+    enum_class = found[f"{md.__name__}._MEM_FORMAT_ENCODING"]
+    found["an enum member"] = (enum_class[0] + b"K\x00\x85R", enum_class[1](0))  # _MEM_FORMAT_ENCODING(0)
+    return found
+
+
+@pytest.mark.parametrize("state", ["slots", "dict"])
+@pytest.mark.parametrize("target", list(_allowed_objects()))
+def test_crafted_dcp_metadata_cannot_set_attributes_on_an_allowed_class(tmp_path, target, state):
+    """A BUILD whose target is a class (or function, enum member, dtype) would set its attributes
+    process-wide while the file is read — here in front of a real index, so the file would load."""
+    model, optimizer, scheduler = make()
+    train(model, optimizer, scheduler, 2)
+    save_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler, {"step": 2})
+    metadata = tmp_path / DCP_DIR / ".metadata"
+    real = metadata.read_bytes()
+    assert real[:2] == b"\x80\x04" and real[2] == pickle.FRAME[0]
+    attrs = b"}\x8c\x09some_attrK\x01s"  # {"some_attr": 1}
+    build = attrs if state == "dict" else b"N" + attrs + b"\x86"  # (None, {"some_attr": 1}): setattr
+    objects = _allowed_objects()
+    metadata.write_bytes(b"\x80\x04" + objects[target][0] + build + b"b0" + real[11:])  # BUILD, POP, the index
+
+    def snapshot():
+        return {name: dict(vars(obj)) if hasattr(obj, "__dict__") else None for name, (_, obj) in objects.items()}
+
+    before = snapshot()
+    try:
+        with pytest.raises(ValueError, match="cannot be loaded safely") as info:
+            load_checkpoint(tmp_path, {"policy": model}, optimizer, scheduler)
+        assert "\n" not in str(info.value) and ".metadata" in str(info.value)
+        after = snapshot()
+        for name, (_, obj) in objects.items():
+            assert not hasattr(obj, "some_attr"), name
+            assert after[name] is None or (after[name].keys() == before[name].keys()
+                                           and all(after[name][k] is v for k, v in before[name].items())), name
+    finally:  # a failure must not leak the attribute into the other tests
+        for _, obj in objects.values():
+            if "some_attr" in getattr(obj, "__dict__", {}):
+                delattr(obj, "some_attr")
 
 
 @pytest.mark.parametrize("missing", [META_FILE, f"{DCP_DIR}/.metadata", "rng-0.json"])

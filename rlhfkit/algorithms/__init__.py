@@ -16,7 +16,7 @@ from .advantages import (
 )
 from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
-from .logprobs import entropy_from_logits, selective_logprobs
+from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
 from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, pg_loss, ppo_policy_loss, value_loss
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, Registry, sequence_rewards
 from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
@@ -26,7 +26,7 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "DPO_LOSS_TYPES", "dpo_loss", "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS",
     "POLICY_LOSSES", "ROLLOUT_IS_MODES", "Registry", "aggregate", "apply_missing_eos_penalty", "bradley_terry_loss",
     "broadcast_sequence_advantages",
-    "entropy_from_logits", "gae", "group_advantages", "kl_penalty", "last_token_index", "masked_mean", "masked_sum", "masked_var", "pg_loss",
+    "entropy_from_logits", "log_kept_mass", "gae", "group_advantages", "kl_penalty", "last_token_index", "masked_mean", "masked_sum", "masked_var", "pg_loss",
     "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "rollout_is_weights", "selective_logprobs",
     "sequence_rewards",
     "token_level_rewards", "value_loss", "whiten",

@@ -111,3 +111,58 @@ def entropy_from_logits(logits: torch.Tensor, chunk_elements: int = DEFAULT_CHUN
     if logits.dim() < 1 or logits.shape[-1] < 1:
         raise ValueError(f"logits must have a vocabulary dimension, got shape {tuple(logits.shape)}")
     return _Entropy.apply(logits, chunk_elements)
+
+
+@torch.no_grad()
+def log_kept_mass(
+    logits: torch.Tensor, tokens: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """``log S``: the log of the probability mass that top-k, then top-p truncation keeps of
+    ``softmax(logits)`` at each position, the sampled token always counted as kept. No gradient.
+
+    A sampler that truncates draws token ``y`` with ``p_y / S``; the trainer's full-vocabulary
+    ``log p_y`` minus ``log S`` is the log-prob of the same truncated distribution. The rollout
+    importance ratio must compare like with like (vLLM's ``processed_logprobs`` are renormalised
+    over the kept tokens), else ``exp(log p - log(p/S)) = S`` scales every weight by the kept mass
+    (TRL issue #6789; prime-rl replays the truncation on the trainer side the same way).
+
+    The rule is the one of Hugging Face's ``TopKLogitsWarper`` / ``TopPLogitsWarper`` and vLLM's
+    ``apply_top_k_top_p``: top-k keeps the logits ``>=`` the k-th largest (ties kept); top-p then
+    sorts the survivors' renormalised probabilities ascending and drops those whose cumulative sum
+    is ``<= 1 - top_p``, always keeping the most likely. A sampled token that floating-point noise
+    puts just outside the kept set is counted in (it *was* sampled), so ``log p_y - log S`` stays
+    finite.
+
+    Args: ``logits`` (..., V) already divided by the temperature; ``tokens`` (...) the sampled ids;
+    ``top_k`` (0: off), ``top_p`` (1.0: off). Returns float32 (...) ``<= 0``; exactly 0 when
+    neither truncates.
+    """
+    check_tensor("logits", logits)
+    if tuple(logits.shape[:-1]) != tuple(tokens.shape):
+        raise ValueError(f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), got {tuple(tokens.shape)}")
+    if not 0.0 < top_p <= 1.0 or top_k < 0:
+        raise ValueError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    idx = tokens.reshape(-1, 1).long()
+    out = torch.zeros(flat.shape[0], dtype=torch.float32, device=logits.device)
+    V = flat.shape[1]
+    if (top_k == 0 or top_k >= V) and top_p >= 1.0:
+        return out.reshape(tokens.shape)
+    for rows in _row_chunks(flat.shape[0], V, chunk_elements):
+        chunk = flat[rows].float()
+        kept = torch.ones_like(chunk, dtype=torch.bool)
+        if 0 < top_k < V:
+            kth = torch.topk(chunk, top_k, dim=-1).values[:, -1:]
+            kept = chunk >= kth
+        if top_p < 1.0:
+            masked = chunk.masked_fill(~kept, float("-inf"))
+            sorted_logits, order = torch.sort(masked, dim=-1)  # ascending
+            cumulative = sorted_logits.softmax(-1).cumsum(-1)
+            drop = cumulative <= 1 - top_p
+            drop[:, -1] = False  # the most likely token always stays
+            kept = kept & ~drop.scatter(-1, order, drop)
+        kept.scatter_(-1, idx[rows], True)
+        out[rows] = (torch.logsumexp(chunk.masked_fill(~kept, float("-inf")), -1)
+                     - torch.logsumexp(chunk, -1)).clamp(max=0.0)
+    return out.reshape(tokens.shape)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms import entropy_from_logits, selective_logprobs
+from ..algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 
 
 @dataclass
@@ -21,6 +21,7 @@ class ResponseForward:
     logprobs: torch.Tensor  # (B, T) float32
     entropy: torch.Tensor | None  # (B, T) float32, when asked for
     hidden: torch.Tensor | None  # (B, T, H) last hidden states at the predicting positions
+    log_kept_mass: torch.Tensor | None = None  # (B, T) float32, log of the mass top-k/top-p keep, when asked for
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -38,6 +39,7 @@ def forward_response(
     entropy_grad: bool = False,
     with_hidden: bool = False,
     prompt_index: torch.Tensor | None = None,
+    support: tuple[int, float] | None = None,
 ) -> ResponseForward:
     """Per-token log-probs of the last ``response_len`` tokens of ``input_ids`` (B, P+T).
 
@@ -49,21 +51,25 @@ def forward_response(
     prompt columns, as the ``G`` completions of a group do). When given, each distinct prompt runs
     through the model once and its key/value cache is shared by its rows — the same results (and
     gradients, which flow back through the shared cache) for ``~(G-1)/G`` less prompt compute.
+
+    ``support`` ``(top_k, top_p)``: also return ``log_kept_mass`` (no gradient), the log of the
+    probability mass the sampler's truncation keeps at each position (``algorithms.log_kept_mass``);
+    ``logprobs - log_kept_mass`` is then the log-prob under the distribution the sampler drew from.
     """
     T = response_len
     start, used = _attended_span(attention_mask, T)
     if start > 0 or used < T:  # columns no row attends: left padding of every row, ends of every response
         P = input_ids.shape[1] - T
         out = forward_response(model, input_ids[:, start : P + used], attention_mask[:, start : P + used], used,
-                               temperature, with_entropy, entropy_grad, with_hidden, prompt_index)
+                               temperature, with_entropy, entropy_grad, with_hidden, prompt_index, support)
         return ResponseForward(*(None if x is None else _pad_columns(x, T) for x in
-                                 (out.logprobs, out.entropy, out.hidden)))
+                                 (out.logprobs, out.entropy, out.hidden, out.log_kept_mass)))
     positions = position_ids_from_mask(attention_mask)
     if prompt_index is not None and _can_share_prompt(model):
         unique, inverse = torch.unique(prompt_index, return_inverse=True)
         if len(unique) < len(prompt_index):
             return _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, len(unique),
-                                          temperature, with_entropy, entropy_grad, with_hidden)
+                                          temperature, with_entropy, entropy_grad, with_hidden, support)
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -74,7 +80,7 @@ def forward_response(
     )
     hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
     return _response_outputs(out.logits[:, -(T + 1) : -1], input_ids[:, -T:], hidden, temperature,
-                             with_entropy, entropy_grad)
+                             with_entropy, entropy_grad, support)
 
 
 def _attended_span(attention_mask: torch.Tensor, T: int) -> tuple[int, int]:
@@ -95,7 +101,7 @@ def _pad_columns(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, n_prompts, temperature,
-                           with_entropy, entropy_grad, with_hidden) -> ResponseForward:
+                           with_entropy, entropy_grad, with_hidden, support) -> ResponseForward:
     """The prompt columns once per distinct prompt (keeping its cache), then every row's response
     columns on top of its prompt's cache. Response token 0 is predicted by the prompt pass's last
     position, tokens 1..T-1 by the response pass."""
@@ -112,10 +118,10 @@ def _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inver
     logits = torch.cat([head.logits[inverse], tail.logits[:, :-1]], 1)
     hidden = (torch.cat([head.hidden_states[-1][inverse, -1:], tail.hidden_states[-1][:, :-1]], 1)
               if with_hidden else None)
-    return _response_outputs(logits, input_ids[:, -T:], hidden, temperature, with_entropy, entropy_grad)
+    return _response_outputs(logits, input_ids[:, -T:], hidden, temperature, with_entropy, entropy_grad, support)
 
 
-def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad) -> ResponseForward:
+def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad, support) -> ResponseForward:
     if temperature != 1.0:
         logits = logits / temperature
     logprobs = selective_logprobs(logits, targets)
@@ -123,7 +129,8 @@ def _response_outputs(logits, targets, hidden, temperature, with_entropy, entrop
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits)
-    return ResponseForward(logprobs, entropy, hidden)
+    kept = log_kept_mass(logits.detach(), targets, *support) if support is not None else None
+    return ResponseForward(logprobs, entropy, hidden, kept)
 
 
 def _can_share_prompt(model) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Sequence
 
 import torch
@@ -25,14 +26,28 @@ class HFEngine:
         self.model, self.pad_id, self.eos_id, self.share_prompt = model, pad_id, eos_id, share_prompt
 
     def generation_config(self, sampling: SamplingParams):
+        """Every field that shapes the sampled distribution, set explicitly from ``sampling``.
+
+        transformers fills each field a ``GenerationConfig`` leaves unset from the model's own
+        ``generation_config.json`` (Qwen2.5-Instruct ships ``repetition_penalty: 1.05``) and then
+        from its global defaults (``top_k: 50``): a penalty or an n-gram ban the trainer's
+        log-probs know nothing of. So the neutral value of every processor is written out here,
+        and ``generate`` also runs with the model's own generation config set aside
+        (``_neutral_model_defaults``): the model can change nothing but the EOS and pad ids, which
+        come from the tokenizer."""
         from transformers import GenerationConfig
 
         if sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
+        neutral = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
+                       bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None,
+                       forced_bos_token_id=None, forced_eos_token_id=None, encoder_repetition_penalty=1.0,
+                       exponential_decay_length_penalty=None, guidance_scale=None, typical_p=1.0,
+                       epsilon_cutoff=0.0, eta_cutoff=0.0, min_p=None, stop_strings=None, renormalize_logits=False)
         common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
-                      use_cache=True)
+                      use_cache=True, **neutral)
         if sampling.greedy:
-            return GenerationConfig(do_sample=False, **common)
+            return GenerationConfig(do_sample=False, temperature=1.0, top_p=1.0, top_k=0, **common)
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k, **common)
 
@@ -47,8 +62,9 @@ class HFEngine:
         self.model.eval()
         try:
             cache = self._prompt_cache(prompt_ids, prompt_mask, n)
-            out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                                      generation_config=self.generation_config(sampling))
+            with _neutral_model_defaults(self.model):
+                out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                                          generation_config=self.generation_config(sampling))
         finally:
             self.model.train(was_training)
         responses = out[:, ids.shape[1] :]
@@ -69,3 +85,21 @@ class HFEngine:
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         return cache
+
+
+@contextmanager
+def _neutral_model_defaults(model):
+    """Every module's ``generation_config`` (the model's ``generation_config.json``, which
+    transformers reads for each field a passed config leaves unset) replaced by an empty one for
+    the block, then restored: nothing of it can reach the sampler."""
+    from transformers import GenerationConfig
+
+    saved = [(m, m.generation_config) for m in model.modules()
+             if isinstance(getattr(m, "generation_config", None), GenerationConfig)]
+    try:
+        for m, _ in saved:
+            m.generation_config = GenerationConfig()
+        yield
+    finally:
+        for m, config in saved:
+            m.generation_config = config

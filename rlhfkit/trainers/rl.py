@@ -18,10 +18,10 @@ import torch
 
 from .. import distributed
 from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate,
-                          masked_mean, rollout_is_weights, value_loss)
+                          masked_mean, value_loss)
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
-from ..tracking import MetricsLogger, check_run_dir, finish_run, latest_checkpoint, prepare_run_dir, write_samples
+from ..tracking import MetricsLogger, check_run_dir, finish_run, latest_checkpoint, write_samples
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
@@ -42,6 +42,7 @@ class Experience:
     advantages: torch.Tensor
     returns: torch.Tensor | None
     is_weights: torch.Tensor | None = None  # rollout correction (vLLM): per-token weights of the policy loss
+    correct_in_loss: bool = False  # the correction is computed in the loss (one on-policy pass, no old pass)
 
 
 class RLTrainer:
@@ -88,13 +89,11 @@ class RLTrainer:
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, limit, cut, "eval_dataset")
                                 if self.eval_rows is not None else None)
         self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
-        prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
-        from ..jobs import record_run  # the job classes import the trainers
+        from ..jobs import open_run  # the job classes import the trainers
 
-        if self.out_dir:
-            record_run(args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset,
-                       self.eval_rows)}, args.resume_from, reward_funcs=reward_funcs, reward_weights=reward_weights,
-                       ref_model=ref_model, peft_config=peft_config)
+        open_run(self.out_dir, args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset,
+                 self.eval_rows)}, reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model,
+                 peft_config=peft_config)
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
         self.sampling = SamplingParams.from_config(args)
         (self.optimizer, self.scheduler), self.guard = self._build_optimizer(), NonFiniteGuard(args.max_consecutive_skips)
@@ -210,13 +209,13 @@ class RLTrainer:
         rollout = rollout.to(device)
         mask, scores = rollout.response_mask.bool(), scores.to(device)
         behaviour = rollout.logprobs  # the engine's own log-probs (vLLM); None: it sampled from the policy itself
-        # One on-policy pass reads its old log-probs in the loss (they are the current ones), and so
-        # can the correction, unless a mask mode must know the kept tokens before the update.
-        in_loss = behaviour is not None and self._single_pass and not args.rollout_is.endswith("_mask")
-        need_old = ((args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic
-                    or (behaviour is not None and not in_loss))
-        old = self.m.policy_outputs(rollout, with_values=args.use_critic) if need_old else None
-        old_logprobs, old_values = (old[0], old[1]) if old else (None, None)
+        # Old log-probs are computed when something else needs them (the KL in the reward, a critic,
+        # more than one pass) or a mask mode must know the kept tokens before the update; then the
+        # correction is computed here, else in the one on-policy pass of the loss — exactly once.
+        masks = behaviour is not None and args.rollout_is.endswith("_mask")
+        need_old = (args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic or masks
+        old_logprobs, old_values, kept_mass = (self.m.policy_outputs(rollout, with_values=args.use_critic)
+                                               if need_old else (None, None, None))
         ref = self.m.reference_logprobs(rollout) if args.kl_coef > 0 else None
         valid = valid.to(device)
         kl = None
@@ -228,10 +227,12 @@ class RLTrainer:
                                                                 self.kl_ctl.value, reduce=distributed.reduce_sum)
         metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
         metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
-        is_weights = None
-        if not in_loss:
-            is_weights, mask = rollout_correction(args, old_logprobs, behaviour, mask, metrics)
-        return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights)
+        correct_in_loss, is_weights = behaviour is not None and old_logprobs is None, None
+        if not correct_in_loss:
+            is_weights, mask, is_metrics = rollout_correction(args, old_logprobs, behaviour, mask, kept_mass)
+            metrics.update(is_metrics)
+        return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights,
+                          correct_in_loss)
 
     @property
     def _single_pass(self) -> bool:
@@ -309,14 +310,12 @@ class RLTrainer:
         r = exp.rollout.select(rows)
         mask, adv = exp.mask[rows], exp.advantages[rows]
         horizon = args.loss_horizon or args.max_new_tokens
-        logprobs, values, entropy = self.m.train_outputs(r, with_values=args.use_critic,
-                                                         entropy_grad=args.entropy_coef > 0)
+        logprobs, values, entropy, kept_mass = self.m.train_outputs(r, with_values=args.use_critic,
+                                                                    entropy_grad=args.entropy_coef > 0)
         old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
         weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
-        if r.logprobs is not None and exp.old_logprobs is None:  # one on-policy pass: the correction here
-            w, _, is_metrics = rollout_is_weights(logprobs.detach(), r.logprobs, mask, args.rollout_is,
-                                                  args.rollout_is_threshold)
-            weights = None if args.rollout_is == "none" else w
+        if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
+            weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
         loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
             logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
             clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights)
@@ -379,12 +378,12 @@ class RLTrainer:
     def save_checkpoint(self, path: Path) -> None:
         """Every process calls this: DCP shards of the weights and optimizer, per-rank RNG, counters."""
         counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos, "kl_coef": self.kl_ctl.value}
-        save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters, {"seed": self.args.seed})
+        save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters, self.m.checkpoint_settings)
 
     def _resume(self, path) -> None:
         # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
         counters = load_checkpoint(path, self._modules(), self.optimizer, self.scheduler,
-                                   self.args.seed + 1_000_003 * distributed.rank(), {"seed": self.args.seed})
+                                   self.args.seed + 1_000_003 * distributed.rank(), self.m.checkpoint_settings)
         self.step, self.data_epoch, self.data_pos = counters["step"], counters["data_epoch"], counters["data_pos"]
         self.order = self._epoch_order(self.data_epoch)
         self.kl_ctl.value = counters["kl_coef"] if self.args.adaptive_kl else self.kl_ctl.value  # fixed β: the config's

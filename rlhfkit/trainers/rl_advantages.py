@@ -64,29 +64,38 @@ def compute_advantages(args: RLConfig, scores: torch.Tensor, valid: torch.Tensor
     return advantages, returns, rewards, mask
 
 
-def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, metrics: dict):
-    """Importance-sampling weights (B, T) for the gap between the engine that sampled
-    (``behaviour``: its log-probs of the sampled tokens) and the trainer's log-probs of the same
-    tokens before the update (``old``): ``rollout_is_weights`` with ``args.rollout_is``; returns
-    ``(weights or None, mask)`` where tokens or sequences a mask mode rejects have left the mask.
-    Logs, over every process, ``rollout/logprob_diff_mean`` and ``_max`` (|old - behaviour| over
-    the response tokens), ``rollout/is_weight_mean`` and ``rollout/is_masked_frac``. The HF engine
-    samples from the trained weights themselves (``behaviour`` None): its log-probs *are* the
-    trainer's, so the difference is 0, every weight 1, and no weights are applied."""
+def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, log_kept_mass=None, local: bool = False):
+    """The one place the rollout importance-sampling correction is computed: the weights (B, T)
+    for the gap between the engine that sampled (``behaviour``: its log-probs of the sampled
+    tokens) and the trainer's log-probs of the same tokens before the update (``old``), by
+    ``rollout_is_weights`` with ``args.rollout_is``. Returns ``(weights or None, mask, metrics)``:
+    tokens or sequences a mask mode rejects have left ``mask``; ``metrics`` are
+    ``rollout/logprob_diff_mean`` and ``_max`` (|old - behaviour| over the response tokens),
+    ``rollout/is_weight_mean`` and ``rollout/is_masked_frac`` — over every process, or of these
+    rows alone with ``local`` (a micro-batch of the update, which aggregates them itself).
+
+    Like with like: an engine that truncates (top-k / top-p) reports log-probs renormalised over
+    the tokens it kept, so ``log_kept_mass`` (``Models.engine_support``) is subtracted from
+    ``old`` first; the ratio then measures the engine/trainer mismatch, not the truncation. The
+    HF engine samples from the trained weights themselves (``behaviour`` None): its log-probs
+    *are* the trainer's, so the difference is 0, every weight 1, and no weights are applied."""
     own_sampler = behaviour is None
     if own_sampler:
         old = behaviour = old if old is not None else torch.zeros(mask.shape, device=mask.device)
+    elif log_kept_mass is not None:
+        old = old - log_kept_mass.to(old.device)
     behaviour = behaviour.to(old.device)
-    weights, kept, _ = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold)
-    diff = (old - behaviour).abs()
-    metrics["rollout/logprob_diff_mean"] = distributed.global_mean(diff, mask)
-    metrics["rollout/logprob_diff_max"] = distributed.reduce_tensor_max(torch.where(mask, diff, 0.0).max())
-    metrics["rollout/is_weight_mean"] = distributed.global_mean(weights, kept)
-    tokens = distributed.reduce_sum(mask.sum().float()).clamp(min=1)
-    metrics["rollout/is_masked_frac"] = 1 - distributed.reduce_sum(kept.sum().float()) / tokens
+    weights, kept, metrics = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold)
+    if not local:
+        diff = (old - behaviour).abs()
+        tokens = distributed.reduce_sum(mask.sum().float()).clamp(min=1)
+        metrics = {"rollout/logprob_diff_mean": distributed.global_mean(diff, mask),
+                   "rollout/logprob_diff_max": distributed.reduce_tensor_max(torch.where(mask, diff, 0.0).max()),
+                   "rollout/is_weight_mean": distributed.global_mean(weights, kept),
+                   "rollout/is_masked_frac": 1 - distributed.reduce_sum(kept.sum().float()) / tokens}
     if own_sampler or args.rollout_is == "none":
-        return None, mask
-    return weights, kept
+        return None, mask, metrics
+    return weights, kept, metrics
 
 
 def rollout_metrics(rollout) -> dict:

@@ -24,6 +24,7 @@ from ..models import (
 )
 from ..rewards import RewardFunctions, get_reward_function
 from ..rewards.reward_model import RewardModelFunction
+from ..models.fingerprint import model_fingerprint
 from ..models.lora import export_causal_lm, unsharded_template
 from ..rollout import HFEngine, Rollout
 
@@ -47,6 +48,8 @@ class Models:
         elif args.use_critic:
             self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
                            else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
+        # What checkpoints record and a resumed run must share: the seed and the base model, as built.
+        self.checkpoint_settings = {"seed": args.seed, "base_model": model_fingerprint({"policy": policy})}
         self._shard()
 
     def _shard(self) -> None:
@@ -78,27 +81,37 @@ class Models:
         with self.autocast():
             return self._forward_inner(rollout, with_values, with_entropy, entropy_grad)
 
+    def engine_support(self, rollout: Rollout) -> tuple[int, float] | None:
+        """``(top_k, top_p)`` when the rollout carries an engine's log-probs of a truncated sampler:
+        the trainer then also returns ``log_kept_mass`` so the importance ratio compares the
+        distribution the engine drew from (``algorithms.log_kept_mass``). None otherwise."""
+        args = self.args
+        truncates = args.top_k > 0 or args.top_p < 1.0
+        return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
+
     def _forward_inner(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
         T = rollout.response_mask.shape[1]
         out = forward_response(self.train_policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
                                with_entropy=with_entropy, entropy_grad=entropy_grad,
                                with_hidden=with_values and self.value_head is not None,
-                               prompt_index=self._prompt_index(rollout))
+                               prompt_index=self._prompt_index(rollout), support=self.engine_support(rollout))
         values = None
         if with_values and self.value_head is not None:
             values = self.train_critic(out.hidden).squeeze(-1).float()
         elif with_values:
             values = self.train_critic(rollout.input_ids, rollout.attention_mask, T)  # ScalarModel.values
-        return out.logprobs, values, out.entropy
+        return out.logprobs, values, out.entropy, out.log_kept_mass
 
     @torch.no_grad()
     def policy_outputs(self, rollout: Rollout, with_values: bool):
-        """Old log-probs (and values) before any update, in micro-batches."""
-        parts = [self._forward(r, with_values, False, False)[:2] for r in self._chunks(rollout)]
-        logprobs = torch.cat([p[0] for p in parts])
-        return logprobs, (torch.cat([p[1] for p in parts]) if with_values else None)
+        """Old log-probs, values (``with_values``) and ``log_kept_mass`` (None unless
+        ``engine_support``) before any update, in micro-batches."""
+        parts = [self._forward(r, with_values, False, False) for r in self._chunks(rollout)]
+        cat = lambda i: torch.cat([p[i] for p in parts]) if parts[0][i] is not None else None  # noqa: E731
+        return cat(0), cat(1), cat(3)
 
     def train_outputs(self, rollout: Rollout, with_values: bool, entropy_grad: bool):
+        """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients."""
         return self._forward(rollout, with_values, True, entropy_grad)
 
     @torch.no_grad()
@@ -136,7 +149,9 @@ def build_engine(args: RLConfig, models: Models, prompt_ids: list[list[int]]):
     if args.rollout_engine == "hf":
         return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt)
     from ..rollout.vllm import VLLMEngine
+    from ..rollout.weight_sync import check_engine_weights
 
+    check_engine_weights(models.policy)  # an adapter the engine cannot receive merged: one line, before training
     longest = max((len(p) for p in prompt_ids), default=1)
     new_tokens = max(args.max_new_tokens, args.eval_max_new_tokens or 0)
     return VLLMEngine(models.policy, tokenizer, max_model_len=longest + new_tokens + 1,
@@ -158,7 +173,7 @@ def engine_ready(engine, models: Models, version: int, timings: dict):
             yield
         return
     if engine.synced_version != version:
-        from ..rollout.vllm import hf_weights
+        from ..rollout.weight_sync import hf_weights
 
         start = time.perf_counter()
         with torch.no_grad(), distributed.gathered(models.policy):
@@ -181,7 +196,8 @@ def _base_causal_lm(policy):
 def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_model=None) -> Models:
     if processing_class is None and not isinstance(model, (str, os.PathLike)):
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
-    tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+    tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
+                               "model" if processing_class is None else "processing_class")
     policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
     # The process group starts here, after every check that could fail the same way on every rank.
     policy = policy.to(distributed.setup(args.device))
@@ -211,7 +227,7 @@ def build_rewards(reward_funcs, reward_weights, tokenizer, device=None) -> Rewar
         elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_dir():
             rm = freeze(ScalarModel.from_pretrained(spec)).to(device or "cpu")
             name = Path(spec).name if Path(spec).name != "final" else Path(spec).parent.name  # run/final -> run
-            fn = RewardModelFunction(rm, load_tokenizer(spec), encode=encode_pair, name=name)
+            fn = RewardModelFunction(rm, load_tokenizer(spec, "reward model"), encode=encode_pair, name=name)
         else:
             fn = get_reward_function(spec)
         resolved.append(fn)

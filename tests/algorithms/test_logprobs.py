@@ -236,3 +236,57 @@ def test_non_contiguous_logits_slice():
     (naive_logprobs(full[:, :-1], tokens).sum() + naive_entropy(full[:, :-1]).sum()).backward()
     torch.testing.assert_close(got, full.grad, rtol=1e-5, atol=1e-5)
     assert (got[:, -1] == 0).all()
+
+
+# ----------------------------------------------------------------------------- log_kept_mass
+
+from rlhfkit.algorithms import log_kept_mass  # noqa: E402
+
+# Probabilities 0.5, 0.3, 0.15, 0.05 over a vocabulary of four.
+_P = torch.tensor([0.5, 0.3, 0.15, 0.05])
+
+
+@pytest.mark.parametrize("top_k, top_p, token, kept", [
+    (0, 1.0, 3, 1.0),     # no truncation: log S = 0 exactly
+    (0, 0.7, 0, 0.8),     # ascending cumsum 0.05, 0.2, 0.5, 1: those <= 0.3 go -> {0.5, 0.3}
+    (1, 1.0, 0, 0.5),     # top-1 keeps the argmax alone
+    (1, 1.0, 2, 0.65),    # ... and a sampled token outside it is counted in: 0.5 + 0.15
+    (3, 0.6, 1, 0.8),     # top-3 renormalised: .5/.95, .3/.95, .15/.95; cumsum .158 <= .4 goes -> {0.5, 0.3}
+    (3, 0.5, 0, 0.5),     # ... .158, .474 <= .5 go -> {0.5}
+    (2, 1.0, 1, 0.8),     # top-2
+    (4, 1.0, 3, 1.0),     # k >= V: off
+])
+def test_log_kept_mass_hand_computed(top_k, top_p, token, kept):
+    logits = (_P.log() + 1.7)[None, None]  # a shift changes no probability
+    got = log_kept_mass(logits, torch.tensor([[token]]), top_k=top_k, top_p=top_p)
+    assert got.shape == (1, 1) and got.dtype == torch.float32
+    assert got.item() == pytest.approx(math.log(kept), abs=1e-6)
+
+
+def test_log_kept_mass_is_the_mass_transformers_warpers_keep():
+    """The kept set is the one Hugging Face's TopK + TopP warpers leave finite (the sampler that
+    draws the HF engine's tokens), chunked or not."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    logits, tokens = _logits(seed=3), _tokens(seed=3)
+    for top_k, top_p in [(0, 0.7), (5, 1.0), (4, 0.6), (1, 0.9)]:
+        flat = logits.reshape(-1, V)
+        warped = flat
+        if top_k:
+            warped = TopKLogitsWarper(top_k)(None, warped)
+        if top_p < 1:
+            warped = TopPLogitsWarper(top_p)(None, warped)
+        kept = torch.isfinite(warped)
+        kept[torch.arange(len(flat)), tokens.reshape(-1)] = True
+        probs = flat.softmax(-1)
+        expected = torch.where(kept, probs, 0.0).sum(-1).log().reshape(B, T)
+        for chunk in (DEFAULT_CHUNK_ELEMENTS, TINY_CHUNK):
+            got = log_kept_mass(logits, tokens, top_k, top_p, chunk_elements=chunk)
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_log_kept_mass_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="top_p"):
+        log_kept_mass(_logits(), _tokens(), top_p=0.0)
+    with pytest.raises(ValueError, match="tokens must have shape"):
+        log_kept_mass(_logits(), _tokens()[:, :2], top_k=2)

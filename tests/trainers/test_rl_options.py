@@ -112,7 +112,7 @@ def handmade_rollout(trainer, responses, n):
 
 def current_logprobs(trainer, rollout):
     with torch.no_grad():
-        logprobs, _, entropy = trainer.m.train_outputs(rollout, with_values=False, entropy_grad=False)
+        logprobs, _, entropy, _ = trainer.m.train_outputs(rollout, with_values=False, entropy_grad=False)
     return logprobs, entropy
 
 

@@ -1,0 +1,74 @@
+"""The HF engine samples exactly the distribution the config names and the trainer's log-probs
+model: nothing of the model's own ``generation_config.json`` (penalties, n-gram bans, minimum
+lengths, banned words, its own top-k) reaches the sampler."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from rlhfkit.models import forward_response
+from rlhfkit.rollout import HFEngine, SamplingParams
+from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+
+# What a model's generation_config.json may say (Qwen2.5-Instruct ships repetition_penalty 1.05).
+MEDDLING = dict(repetition_penalty=1.8, no_repeat_ngram_size=1, min_new_tokens=3, top_k=3, top_p=0.5,
+                temperature=0.3, bad_words_ids=[[5], [6]], suppress_tokens=[7], do_sample=False, num_beams=1)
+
+
+def _peaked_model(tok):
+    """A tiny Llama whose next-token distribution is peaked, so a token often follows itself."""
+    model = tiny_causal_lm(tok, seed=3)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model.eval()
+
+
+def _sample(model, tok, n, sampling, seed=0):
+    engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, share_prompt=False)
+    torch.manual_seed(seed)
+    return engine.generate([tok("ab", add_special_tokens=False)["input_ids"]], n, sampling)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(max_new_tokens=6, temperature=1.0),
+                                      SamplingParams(max_new_tokens=6, temperature=0.8, top_k=4, top_p=0.9),
+                                      SamplingParams(max_new_tokens=6, greedy=True)])
+def test_the_models_generation_config_changes_nothing(sampling):
+    tok = char_tokenizer()
+    plain = _peaked_model(tok)
+    meddling = copy.deepcopy(plain)
+    meddling.generation_config = GenerationConfig(**MEDDLING, eos_token_id=tok.eos_token_id,
+                                                  pad_token_id=tok.pad_token_id)
+    a, b = _sample(plain, tok, 64, sampling), _sample(meddling, tok, 64, sampling)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert meddling.generation_config.no_repeat_ngram_size == 1  # restored after generate
+
+
+def test_sampled_frequencies_are_the_trainers_distribution():
+    """4,000 two-token samples from one prompt, under a generation config that bans repeats: the
+    empirical first-token frequencies and the rate of a token following itself match what the
+    trainer's log-probs (``forward_response``) predict."""
+    tok = char_tokenizer()
+    model = _peaked_model(tok)
+    model.generation_config = GenerationConfig(**MEDDLING, eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id)
+    n = 4000
+    r = _sample(model, tok, n, SamplingParams(max_new_tokens=2, temperature=1.0), seed=1)
+    first = r.response_ids[:, 0]
+    with torch.no_grad():  # p(a) and p(a | a) for every token a, by the trainer's forward pass
+        V = len(tok)
+        prompt = r.input_ids[:1, : r.prompt_len].expand(V, -1)
+        pairs = torch.cat([prompt, torch.arange(V)[:, None], torch.arange(V)[:, None]], 1)
+        lp = forward_response(model, pairs, torch.ones_like(pairs), 2).logprobs
+    p_first, p_repeat_given = lp[:, 0].exp(), lp[:, 1].exp()
+    freq = torch.bincount(first, minlength=V).float() / n
+    assert 0.5 * (freq - p_first).abs().sum() < 0.04  # total variation; ~0.01 expected at n=4000
+    continued = r.response_mask[:, 1].bool()  # rows whose first token was not EOS
+    repeats = (r.response_ids[:, 1] == first) & continued
+    expected = p_repeat_given[first[continued]].mean()
+    observed = repeats.sum().float() / continued.sum()
+    assert expected > 0.1  # the peaked model repeats itself often: a ban would show
+    assert abs(observed - expected) < 0.04

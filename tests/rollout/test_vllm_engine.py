@@ -166,3 +166,65 @@ def test_sleep_mode_tensor_parallelism_and_unsupported_head_sizes_are_refused_on
         VLLMEngine(policy, tok, max_model_len=64, sleep=True)
     with pytest.raises(ValueError, match="vllm_tensor_parallel_size=2"):
         VLLMEngine(policy, tok, max_model_len=64, tensor_parallel_size=2)
+
+
+# Every adapter kind the engine takes merged (rlhfkit.rollout.weight_sync), on one untied Llama with
+# biases (so LoRA on the embedding, modules_to_save on lm_head and lora_bias all apply).
+ADAPTER_KINDS = {
+    "lora": dict(target_modules=["q_proj", "v_proj", "up_proj"]),
+    "dora": dict(target_modules=["q_proj", "down_proj"], use_dora=True),
+    "rslora_alpha_pattern": dict(target_modules=["q_proj", "v_proj"], use_rslora=True, lora_alpha=16,
+                                 alpha_pattern={"v_proj": 3}),
+    "embedding": dict(target_modules=["embed_tokens", "o_proj"]),
+    "embedding_dora": dict(target_modules=["embed_tokens", "o_proj"], use_dora=True),
+    "modules_to_save_lm_head": dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+    "lora_bias": dict(target_modules=["q_proj", "o_proj", "up_proj"], lora_bias=True),
+    "trainable_tokens": dict(target_modules=["q_proj"], trainable_token_indices=list(range(3, 40))),
+}
+
+
+def untied_llama_with_biases(tok, seed=1):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                         tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def untied_engine():
+    from rlhfkit.tasks.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    engine = make_engine(untied_llama_with_biases(tok), tok, seed=3)
+    yield engine, tok
+    engine.close()
+
+
+@pytest.mark.parametrize("kind", list(ADAPTER_KINDS))
+def test_engine_logprobs_match_the_trainer_after_a_step_of_every_adapter_kind(kind, untied_engine):
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    from rlhfkit.rollout.vllm import hf_weights
+
+    engine, tok = untied_engine
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = dict(r=4, lora_alpha=8, lora_dropout=0.0) | ADAPTER_KINDS[kind]
+        policy = get_peft_model(untied_llama_with_biases(tok), LoraConfig(**options))
+    one_step(policy, tok, lr=0.05)
+    engine.sync_weights(hf_weights(policy), version=1)
+    prompts = encode(tok, ["abc", "hello", "xyz 12", "the cat"])
+    sampling = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=1.0, top_k=0)
+    rollout = engine.generate(prompts, 2, sampling, seed=7)
+    mask = rollout.response_mask.bool()
+    gap = (trainer_logprobs(policy, rollout, 1.0) - rollout.logprobs)[mask].abs().max().item()
+    with policy.disable_adapter():
+        moved = (trainer_logprobs(policy, rollout, 1.0) - rollout.logprobs)[mask].abs().max().item()
+    assert moved > 100 * LOGPROB_TOL, moved  # the adapter's step changed what the engine samples from
+    assert gap < LOGPROB_TOL, gap

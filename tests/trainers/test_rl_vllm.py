@@ -93,3 +93,21 @@ def test_the_step_benchmark_compares_the_engines(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert lines[0].split()[0] == "engine" and [line.split()[0] for line in lines[1:]] == ["hf", "vllm"]
+
+
+def test_an_adapter_the_engine_cannot_take_merged_is_refused_at_construction_in_one_line(tmp_path):
+    from peft import LoraConfig
+
+    from rlhfkit.config import RLConfig
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+    from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
+    from rlhfkit.trainers import RLTrainer
+
+    tok = char_tokenizer()
+    lora_on_tied_embedding = LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"])
+    args = RLConfig(algorithm="grpo", max_steps=1, output_dir=str(tmp_path / "run"), **VLLM)
+    with pytest.raises(ValueError) as err:
+        RLTrainer(tiny_causal_lm(tok, **HEADS), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok,
+                  peft_config=lora_on_tied_embedding)
+    assert "\n" not in str(err.value) and "lm_head.weight are one tied weight" in str(err.value)
+    assert not (tmp_path / "run").exists()  # before anything was written

@@ -69,26 +69,45 @@ def test_precomputed_reference_log_probs_train_the_same_weights():
     assert all(torch.allclose(wa[k], wb[k], atol=1e-5) for k in wa)
 
 
-def test_lora_uses_the_adapter_disabled_base_as_reference(tmp_path):
+@pytest.mark.parametrize("precompute", [False, True], ids=["live", "precomputed"])
+def test_lora_uses_the_adapter_disabled_base_as_reference(tmp_path, precompute):
+    """The adapter starts non-zero (``init_lora_weights=False``), so the policy differs from its
+    base from the first step. One batch holds every pair, so the first step's means are over the
+    same pairs in every run: the reference log-probs it used (``logps - rewards / β``) must be the
+    base model's (a run without LoRA scores them as its policy), not the adapter-on policy's."""
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM
 
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-    t = trainer(peft_config=lora, output_dir=str(tmp_path / "run"), max_steps=3)
+    pairs, beta = oracle_pairs(8, 0), 0.1
+    base = trainer(train=pairs, batch_size=8, max_steps=1, beta=beta).train()[0]
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+                      init_lora_weights=False)
+    t = trainer(train=pairs, batch_size=8, peft_config=lora, output_dir=str(tmp_path / "run"), max_steps=2,
+                beta=beta, precompute_ref_logprobs=precompute)
     assert t.reference is None
     trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
-    history = t.train()
-    assert history[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    first = t.train()[0]
+    for side in ("chosen", "rejected"):
+        policy, used_ref = first[f"logps/{side}"], first[f"logps/{side}"] - first[f"rewards/{side}"] / beta
+        assert abs(policy - base[f"logps/{side}"]) > 0.1, side  # the adapter changes the policy
+        assert used_ref == pytest.approx(base[f"logps/{side}"], abs=1e-4), side  # the reference is the base
+    assert first["dpo/loss"] != pytest.approx(math.log(2), abs=1e-3)
     AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")  # merged: loads without peft
 
 
 def test_a_given_reference_model_is_used():
-    tok = char_tokenizer()
-    other = tiny_causal_lm(tok, hidden_size=32, seed=1)
-    t = trainer(ref_model=other, max_steps=1, tok=tok)
-    first = t.train()[0]
+    """The reference log-probs the first step used (``logps - rewards / β``, means over one batch of
+    every pair) are those of ``ref_model`` (scored as the policy of a run of its own)."""
+    tok, pairs = char_tokenizer(), oracle_pairs(8, 0)
+    as_policy = trainer(train=pairs, batch_size=8, max_steps=1, tok=tok,
+                        model=tiny_causal_lm(tok, hidden_size=32, seed=1)).train()[0]
+    first = trainer(train=pairs, batch_size=8, max_steps=1, tok=tok,
+                    ref_model=tiny_causal_lm(tok, hidden_size=32, seed=1)).train()[0]
     assert first["dpo/loss"] != pytest.approx(math.log(2), abs=1e-3)  # π ≠ π_ref from the start
+    for side in ("chosen", "rejected"):
+        used_ref = first[f"logps/{side}"] - first[f"rewards/{side}"] / 0.1  # DPOConfig's default β
+        assert used_ref == pytest.approx(as_policy[f"logps/{side}"], abs=1e-4), side
 
 
 def test_resumed_training_ends_with_the_uninterrupted_weights(tmp_path):
@@ -109,8 +128,10 @@ def test_bad_inputs_are_one_line():
         DPOConfig(loss_type="kto")
     with pytest.raises(ValueError, match="label_smoothing"):
         DPOConfig(loss_type="ipo", label_smoothing=0.1)
-    with pytest.raises(ValueError, match="row 1.*rejected|rejected.*row 1|pair|missing field 'rejected'"):
-        trainer(train=[{"prompt": "ab", "chosen": "a"}])
+    rows = [{"prompt": "ab", "chosen": "a", "rejected": "b"}, {"prompt": "ab", "chosen": "a"}]
+    with pytest.raises(ValueError, match=r"^train_dataset: row index 1 \(0-based\): missing field 'rejected' "
+                                         r"\(fields present: 'prompt', 'chosen'\)$"):
+        trainer(train=rows)
     with pytest.raises(ValueError, match="processing_class"):
         DPOTrainer(tiny_causal_lm(char_tokenizer(), hidden_size=32), DPOConfig(), oracle_pairs(4, 0))
 

@@ -77,8 +77,10 @@ class _RotaryCacheNotice(logging.Filter):
 class VLLMEngine:
     """``generate`` as ``HFEngine`` does, from a ``vllm.LLM`` holding a copy of the policy's
     weights (``sync_weights``), plus the engine's log-probability of every sampled token
-    (``Rollout.logprobs``, vLLM's ``processed_logprobs``: after temperature, top-k and top-p), for
-    the importance-sampling correction of the engine/trainer mismatch."""
+    (``Rollout.logprobs``, vLLM's ``processed_logprobs``: after temperature, top-k and top-p, so
+    renormalised over the tokens top-k/top-p kept), for the importance-sampling correction of the
+    engine/trainer mismatch; the trainer compares them with its own log-probs renormalised over
+    the same kept set (``rollout_correction``, ``algorithms.log_kept_mass``)."""
 
     needs_sync = True
 
@@ -161,15 +163,18 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ generation
     def sampling_params(self, sampling: SamplingParams, n: int, seed: int | None):
-        """vLLM's parameters for ``sampling``: greedy is temperature 0; top_k 0 (off) is vLLM's -1."""
+        """vLLM's parameters for ``sampling``: greedy is temperature 0; top_k 0 (off) is vLLM's -1.
+        Every field that shapes the distribution is written out at its neutral value (penalties,
+        min_p, minimum length, banned words), as the HF engine does; the model's own generation
+        config is never read (``generation_config="vllm"`` at construction)."""
+        neutral = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0, min_tokens=0,
+                       bad_words=None, logit_bias=None, allowed_token_ids=None, max_tokens=sampling.max_new_tokens,
+                       logprobs=0, stop_token_ids=[self.eos_id], ignore_eos=False, skip_special_tokens=False,
+                       detokenize=False)
         if sampling.greedy:
-            return self._sampling_params(n=n, temperature=0.0, max_tokens=sampling.max_new_tokens, logprobs=0,
-                                         stop_token_ids=[self.eos_id], ignore_eos=False, skip_special_tokens=False,
-                                         detokenize=False)
+            return self._sampling_params(n=n, temperature=0.0, **neutral)
         return self._sampling_params(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                     top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                                     max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
-                                     stop_token_ids=[self.eos_id], skip_special_tokens=False, detokenize=False)
+                                     top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, **neutral)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,

@@ -169,7 +169,7 @@ class OptimBase:
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this; None: off."""
     warmup_steps: int = 0
-    """Linear learning-rate warmup, in optimizer steps."""
+    """Linear learning-rate warmup, in applied optimizer steps (a step skipped for a non-finite loss or gradient does not advance the schedule)."""
     lr_scheduler: str = "constant"
     """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
     max_consecutive_skips: int = 3

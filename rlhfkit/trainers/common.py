@@ -22,9 +22,10 @@ def seed_everything(seed: int) -> None:
 
 
 def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
-    """``LambdaLR`` whose factor at optimizer step ``s`` is ``(s+1)/(w+1)`` during warmup ``w``, then
-    1 (constant), ``1 - p`` (linear) or ``0.5 (1 + cos(π p))`` (cosine, Loshchilov & Hutter 2017)
-    with ``p = (s - w) / (total - w)`` clipped to 1."""
+    """``LambdaLR`` whose factor after ``s`` applied updates (skipped steps do not count: see
+    ``optimizer_step``) is ``(s+1)/(w+1)`` during warmup ``w``, then 1 (constant), ``1 - p``
+    (linear) or ``0.5 (1 + cos(π p))`` (cosine, Loshchilov & Hutter 2017) with
+    ``p = (s - w) / (total - w)`` clipped to 1."""
     if kind not in SCHEDULERS:
         raise ValueError(f"lr_scheduler must be one of {', '.join(SCHEDULERS)}, got {kind!r}")
 
@@ -44,13 +45,22 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
 class NonFiniteGuard:
     """The numerical guard every trainer steps through: an optimizer step whose gradient norm (or
     loss) is not finite — NaN or ±inf anywhere in the gradients makes the global norm so — is
-    skipped: the weights and AdamW's moments stay as they were, the learning-rate schedule still
-    advances, and the skip is counted (``perf/skipped_steps``) and reported in one line on
-    stderr. ``limit`` skips in a row stop the run with one clear error: the model or the data
-    produce non-finite numbers every time, and nothing non-finite reaches the weights.
+    skipped: the weights, AdamW's moments and the learning-rate schedule stay as they were (warm-up
+    and decay count applied updates, as DeepSpeed's and Megatron's loss scalers do on an overflow;
+    a run with k skips ends its decay k steps short of the end), and the skip is counted
+    (``perf/skipped_steps``) and reported in one line on stderr. ``limit`` skips in a row stop the
+    run with one clear error: the model or the data produce non-finite numbers every time, and
+    nothing non-finite reaches the weights.
 
-    The gradient norm is global (FSDP2's and DDP's are reduced over processes), so every process
-    makes the same decision."""
+    An update can also overflow with a finite gradient (a huge learning rate, float16 weights):
+    ``check_weights`` looks at the updated weights once per applied step and stops the run in one
+    line when any is NaN or ±inf. It stops rather than undoing the step: undoing needs a copy of
+    every trained weight and AdamW moment at every step (three times the trained parameters' memory
+    and a copy per step) to save a run whose settings will overflow again. Nothing non-finite is
+    saved (the saves check too) and earlier checkpoints stay intact.
+
+    The gradient norm is global (FSDP2's and DDP's are reduced over processes) and the weight check
+    is all-reduced, so every process makes the same decision."""
 
     def __init__(self, limit: int):
         self.limit, self.skipped, self.in_a_row = limit, 0, 0
@@ -76,12 +86,34 @@ class NonFiniteGuard:
                   f"{self.in_a_row} in a row)", file=sys.stderr, flush=True)
         return False
 
+    def check_weights(self, params, lr: float) -> None:
+        """Raise one line when any of ``params`` (this process's shards under FSDP2) holds NaN or
+        ±inf after an update: the largest |w| of each tensor (NaN propagates), one all-reduce."""
+        from .. import distributed
+
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        groups: dict = {}
+        for t in local:
+            if t.numel():
+                groups.setdefault((t.dtype, t.device), []).append(t.detach())
+        bad = torch.zeros((), dtype=torch.long)
+        for tensors in groups.values():
+            largest = torch.stack(torch._foreach_norm(tensors, float("inf")))
+            bad = bad + (~torch.isfinite(largest)).sum().cpu()
+        if int(distributed.reduce_sum(bad)):
+            dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in local})
+            advice = "lower learning_rate" + ("" if dtypes == ["float32"] else ", or use dtype=float32")
+            raise ValueError(f"stopping: the weights became non-finite (NaN or inf) in an optimizer step with a finite "
+                             f"gradient (learning rate {lr:g}, weights in {', '.join(dtypes)}): the update overflowed. "
+                             f"Nothing non-finite is saved; {advice}")
+
 
 def optimizer_step(optimizer, scheduler, max_grad_norm: float | None, guard: NonFiniteGuard | None = None,
                    loss: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """Clip the global gradient norm (None: no clipping, norm still measured), step the optimizer
-    (unless ``guard`` refuses a non-finite gradient norm or ``loss``) and the schedule, clear
-    gradients. Returns ``(grad_norm, learning rate used)``."""
+    and the schedule (neither when ``guard`` refuses a non-finite gradient norm or ``loss``: the
+    schedule counts applied updates), check the updated weights (``guard.check_weights``), clear
+    gradients. Returns ``(grad_norm, learning rate used)`` (a skipped step: the rate it would have used)."""
     params = [p for g in optimizer.param_groups for p in g["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor holding the global norm
@@ -89,7 +121,9 @@ def optimizer_step(optimizer, scheduler, max_grad_norm: float | None, guard: Non
     lr = scheduler.get_last_lr()[0]
     if guard is None or guard.allow(grad_norm, loss):
         optimizer.step()
-    scheduler.step()
+        scheduler.step()
+        if guard is not None:
+            guard.check_weights(params, lr)
     optimizer.zero_grad(set_to_none=True)
     return grad_norm.detach(), lr
 

@@ -8,10 +8,8 @@ import re
 
 import pytest
 
-pytest.importorskip("matplotlib")
-
-from rlhfkit.config import RLConfig, save_config  # noqa: E402
-from rlhfkit.report import read_metrics, write_plots, write_report  # noqa: E402
+from rlhfkit.config import RLConfig, save_config
+from rlhfkit.report import read_metrics, write_plots, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

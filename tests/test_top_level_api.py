@@ -4,20 +4,30 @@ import subprocess
 import sys
 
 
-def test_trainers_and_configs_import_from_the_top_level():
-    from rlhfkit import (  # noqa: F401
-        RewardModelConfig, RewardModelTrainer, RLConfig, RLTrainer, SFTConfig, SFTTrainer,
-    )
-    from rlhfkit.config import RLConfig as Direct
-    from rlhfkit.trainers import RLTrainer as DirectTrainer
+# The top-level names and where each is defined (the README's and the package docstring's imports).
+EXPECTED = {
+    "RLConfig": "rlhfkit.config", "RLTrainer": "rlhfkit.trainers.rl",
+    "SFTConfig": "rlhfkit.trainers.sft", "SFTTrainer": "rlhfkit.trainers.sft",
+    "RewardModelConfig": "rlhfkit.trainers.reward_model", "RewardModelTrainer": "rlhfkit.trainers.reward_model",
+    "DPOConfig": "rlhfkit.trainers.dpo", "DPOTrainer": "rlhfkit.trainers.dpo",
+    "RewardFunctions": "rlhfkit.rewards", "register_reward_function": "rlhfkit.rewards",
+    "load_config": "rlhfkit.config_io",
+}
 
-    assert RLConfig is Direct and RLTrainer is DirectTrainer
-    assert RLConfig(algorithm="rloo").advantage_estimator == "rloo"
+
+def test_trainers_and_configs_import_from_the_top_level():
+    """Each name is the object its module defines, and ``from rlhfkit import *`` gives exactly these."""
+    import importlib
+
     import rlhfkit
 
-    assert set(rlhfkit.__all__) <= set(dir(rlhfkit))
-    for name in rlhfkit.__all__:
-        assert getattr(rlhfkit, name) is not None
+    assert sorted(rlhfkit.__all__) == sorted([*EXPECTED, "__version__"])
+    for name, module in EXPECTED.items():
+        assert getattr(rlhfkit, name) is getattr(importlib.import_module(module), name), name
+        assert getattr(rlhfkit, name).__name__ == name
+    code = "from rlhfkit import *; print(sorted(k for k in dir() if not k.startswith('_')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(sorted(EXPECTED))
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -4,6 +4,9 @@ one-line errors that name the source, the row and the field."""
 import json
 import math
 
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rlhfkit.data import DataFileNotFoundError
@@ -40,10 +43,6 @@ def test_jsonl_json_parquet_and_datasets_give_the_same_rows(tmp_path):
     rows = [dict(r, margin=r.get("margin")) for r in rows]  # columnar formats fill gaps with null
     assert load_preference_dataset(jsonl(tmp_path / "d.jsonl", rows)) == rows
     assert load_preference_dataset(write(tmp_path / "d.json", json.dumps(rows))) == rows
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
-    import datasets
-
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "d.parquet")
     assert load_preference_dataset(str(tmp_path / "d.parquet")) == rows
     assert load_preference_dataset(datasets.Dataset.from_list(rows)) == rows
@@ -98,8 +97,6 @@ def test_json_and_parquet_rows_are_one_based(tmp_path):
     path = write(tmp_path / "p.json", json.dumps([ROW, dict(ROW, margin="x")]))
     with pytest.raises(ValueError, match=r"p\.json: row 2 \(1-based\): field 'margin'"):
         load_preference_dataset(path)
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
 
     pq.write_table(pa.Table.from_pylist([ROW, dict(ROW, rejected="4")]), tmp_path / "p.parquet")
     with pytest.raises(ValueError, match=r"p\.parquet: row 2 \(1-based\): fields 'chosen' and 'rejected'"):
@@ -107,7 +104,6 @@ def test_json_and_parquet_rows_are_one_based(tmp_path):
 
 
 def test_datasets_rows_use_the_name():
-    datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_list([ROW, dict(ROW, chosen="  ")])
     with pytest.raises(ValueError, match=r"^eval_dataset: row index 1 \(0-based\): field 'chosen'"):
         load_preference_dataset(ds, name="eval_dataset")

@@ -4,6 +4,9 @@ tokenizer (nothing is downloaded)."""
 
 import json
 
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rlhfkit.data import DataFileNotFoundError, load_prompt_dataset, prompt_problem, read_jsonl, render_prompt
@@ -128,8 +131,6 @@ def test_load_json_row_errors_are_one_based(tmp_path):
 
 
 def test_load_parquet(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
 
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]
     path = tmp_path / "d.parquet"
@@ -138,8 +139,6 @@ def test_load_parquet(tmp_path):
 
 
 def test_load_parquet_chat_prompts_and_bad_row(tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet")
-    import pyarrow as pa
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"prompt": CHAT}, {"prompt": []}]), path)
@@ -148,27 +147,23 @@ def test_load_parquet_chat_prompts_and_bad_row(tmp_path):
 
 
 def test_load_parquet_corrupt(tmp_path):
-    pytest.importorskip("pyarrow.parquet")
     path = write(tmp_path / "d.parquet", "not parquet")
     with pytest.raises(ValueError, match=r"d\.parquet: cannot read Parquet"):
         load_prompt_dataset(path)
 
 
 def test_load_hf_dataset():
-    datasets = pytest.importorskip("datasets")
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]
     assert load_prompt_dataset(datasets.Dataset.from_list(rows)) == rows
 
 
 def test_load_hf_dataset_bad_row_uses_the_name():
-    datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_list([{"prompt": "a"}, {"prompt": "  "}])
     with pytest.raises(ValueError, match=r"eval_dataset: row index 1 \(0-based\): field 'prompt': .*whitespace"):
         load_prompt_dataset(ds, name="eval_dataset")
 
 
 def test_load_dataset_dict_asks_for_a_split():
-    datasets = pytest.importorskip("datasets")
     dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a"}])})
     with pytest.raises(ValueError, match=r"DatasetDict with splits \['train'\]; pass one split"):
         load_prompt_dataset(dd)

@@ -12,30 +12,35 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 # Allowed values of every numeric field of every config, by field name (one meaning per name
 # across configs). Notation: "(a, b)" open, "[a, b]" closed, "> a", ">= a", "finite"; "or None"
-# admits None; NaN and infinities are always refused. tests/test_config_rules.py checks that every numeric field of every config is listed.
+# admits None; NaN and infinities are always refused. Counts have an upper bound far above any
+# real run (1e9 steps, 1e7 tokens, 1e6 rows), so a slip of the keyboard (max_steps=99999999999999999999)
+# is refused instead of running forever; seeds fit numpy's 32-bit seeding with room for the per-rank offset.
+# tests/test_config_rules.py checks that every numeric field of every config is listed.
 RANGES: dict[str, str] = {
     # rollout
-    "prompts_per_step": ">= 1", "group_size": ">= 1", "max_new_tokens": ">= 1",
-    "max_prompt_length": ">= 1 or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
-    "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": ">= 1",
+    "prompts_per_step": "[1, 1e6]", "group_size": "[1, 1e6]", "max_new_tokens": "[1, 1e7]",
+    "max_prompt_length": "[1, 1e7] or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": "[0, 1e7]",
+    "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": "[1, 1024]",
     # algorithm
-    "loss_horizon": ">= 1 or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
+    "loss_horizon": "[1, 1e7] or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
     "clip_low": "(0, 1)", "clip_high": "> 0", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
-    "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": ">= 1",
-    "missing_eos_penalty": "finite or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
+    "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": "[1, 1e4]",
+    # the bound of a reward function's output (rewards.functions.MAX_ABS_REWARD)
+    "missing_eos_penalty": "[-1e6, 1e6] or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
     # optimisation
     "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
-    "max_grad_norm": "> 0 or None", "warmup_steps": ">= 0", "mini_batch_size": ">= 1 or None",
-    "micro_batch_size": ">= 1 or None", "grad_accumulation": ">= 1", "max_consecutive_skips": ">= 1",
+    "max_grad_norm": "> 0 or None", "warmup_steps": "[0, 1e9]", "mini_batch_size": "[1, 1e6] or None",
+    "micro_batch_size": "[1, 1e6] or None", "grad_accumulation": "[1, 1e6]", "max_consecutive_skips": "[1, 1e9]",
     # run
-    "max_steps": ">= 0 or None", "seed": ">= 0", "save_steps": ">= 0", "save_total_limit": ">= 1 or None",
-    "log_every": ">= 0", "num_logged_samples": ">= 0", "eval_every": ">= 0", "eval_max_new_tokens": ">= 1 or None",
+    "max_steps": "[0, 1e9] or None", "seed": "[0, 2147483647]", "save_steps": "[0, 1e9]",
+    "save_total_limit": "[1, 1e9] or None", "log_every": "[0, 1e9]", "num_logged_samples": "[0, 1e6]",
+    "eval_every": "[0, 1e9]", "eval_max_new_tokens": "[1, 1e7] or None",
     # supervised trainers
-    "num_epochs": "> 0", "batch_size": ">= 1", "max_length": ">= 2",
+    "num_epochs": "(0, 1e6]", "batch_size": "[1, 1e6]", "max_length": "[2, 1e7]",
     # DPO
     "beta": "> 0", "label_smoothing": "[0, 0.5)", "simpo_gamma": "finite",
     # command-line sources
-    "lora_r": ">= 0", "lora_alpha": "> 0", "lora_dropout": "[0, 1)",
+    "lora_r": "[0, 1e5]", "lora_alpha": "(0, 1e6]", "lora_dropout": "[0, 1)",
 }
 
 

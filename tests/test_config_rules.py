@@ -15,26 +15,27 @@ from rlhfkit.jobs import DPOJob, RLJob, RMJob, SFTJob
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.trainers import DPOConfig, RewardModelConfig, SFTConfig
 
-# field: (values that must be refused, a value that must be accepted)
+# field: (values that must be refused, a value that must be accepted); counts refuse values past
+# their upper bound (a run of 99999999999999999999 steps would run forever)
 TABLE = {
-    "prompts_per_step": ([0, -1, 1.5], 1), "group_size": ([0], 2), "max_new_tokens": ([0], 1),
-    "max_prompt_length": ([0], 1), "temperature": ([0.0, -1.0, math.nan], 0.7), "top_p": ([0.0, 1.5], 0.9),
-    "top_k": ([-1], 0), "loss_horizon": ([0], 8), "kl_coef": ([-0.1, math.nan], 0.0), "kl_target": ([0.0], 1.0),
+    "prompts_per_step": ([0, -1, 1.5, 10**6 + 1], 1), "group_size": ([0, 10**6 + 1], 2), "max_new_tokens": ([0, 10**7 + 1], 1),
+    "max_prompt_length": ([0, 10**7 + 1], 1), "temperature": ([0.0, -1.0, math.nan], 0.7), "top_p": ([0.0, 1.5], 0.9),
+    "top_k": ([-1, 10**7 + 1], 0), "loss_horizon": ([0, 10**7 + 1], 8), "kl_coef": ([-0.1, math.nan], 0.0), "kl_target": ([0.0], 1.0),
     "kl_horizon": ([0.0], 100.0), "clip_low": ([0.0, 1.0, 1.5], 0.1), "clip_high": ([0.0, -0.2], 0.28),
     "dual_clip": ([1.0, 0.5], 3.0), "value_clip": ([0.0], 0.5), "vf_coef": ([-1.0], 0.0),
     "entropy_coef": ([-0.01], 0.01), "gamma": ([1.5, -0.1], 0.99), "lam": ([-0.1, 1.01], 1.0),
-    "num_iterations": ([0], 2), "missing_eos_penalty": ([math.inf, math.nan], -1.0), "reward_clip": ([0.0], 5.0),
+    "num_iterations": ([0, 10**4 + 1], 2), "missing_eos_penalty": ([math.inf, math.nan, 1e39, -1e7], -1.0), "reward_clip": ([0.0], 5.0),
     "learning_rate": ([0.0, -1e-5], 1e-4), "critic_learning_rate": ([0.0], 1e-4), "weight_decay": ([-0.1], 0.01),
-    "max_grad_norm": ([0.0], 0.5), "warmup_steps": ([-1], 5), "mini_batch_size": ([0], 1),
-    "micro_batch_size": ([0], 1), "grad_accumulation": ([0], 2), "max_steps": ([-1], 0), "seed": ([-1], 3),
-    "save_steps": ([-1], 10), "save_total_limit": ([0], 1), "log_every": ([-1], 0),
-    "num_logged_samples": ([-1], 0), "eval_every": ([-1], 5), "eval_max_new_tokens": ([0], 4),
-    "num_epochs": ([0.0, -1.0], 0.5), "batch_size": ([0], 2), "max_length": ([1], 2), "lora_r": ([-1], 8),
-    "lora_alpha": ([0], 32), "vllm_kv_cache_gb": ([0.0, -1.0, math.inf], 0.5),
-    "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5), "vllm_tensor_parallel_size": ([0], 1),
+    "max_grad_norm": ([0.0], 0.5), "warmup_steps": ([-1, 10**9 + 1], 5), "mini_batch_size": ([0, 10**6 + 1], 1),
+    "micro_batch_size": ([0, 10**6 + 1], 1), "grad_accumulation": ([0, 10**6 + 1], 2), "max_steps": ([-1, 99999999999999999999], 0), "seed": ([-1, 2**31], 3),
+    "save_steps": ([-1, 10**9 + 1], 10), "save_total_limit": ([0, 10**9 + 1], 1), "log_every": ([-1, 10**9 + 1], 0),
+    "num_logged_samples": ([-1, 10**6 + 1], 0), "eval_every": ([-1, 10**9 + 1], 5), "eval_max_new_tokens": ([0, 10**7 + 1], 4),
+    "num_epochs": ([0.0, -1.0, 1e300], 0.5), "batch_size": ([0, 10**6 + 1], 2), "max_length": ([1, 10**7 + 1], 2), "lora_r": ([-1, 10**5 + 1], 8),
+    "lora_alpha": ([0, 10**6 + 1], 32), "vllm_kv_cache_gb": ([0.0, -1.0, math.inf], 0.5),
+    "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5), "vllm_tensor_parallel_size": ([0, 1025], 1),
     "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0), "beta": ([0.0, -0.1, math.inf], 0.5),
     "label_smoothing": ([-0.1, 0.5, math.nan], 0.0), "simpo_gamma": ([math.inf, math.nan], 1.0),
-    "lora_dropout": ([-0.1, 1.0], 0.05), "max_consecutive_skips": ([0, -1], 5),
+    "lora_dropout": ([-0.1, 1.0], 0.05), "max_consecutive_skips": ([0, -1, 10**9 + 1], 5),
 }
 CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
 
@@ -71,7 +72,7 @@ def test_out_of_range_values_are_refused_with_one_line_naming_field_value_and_ra
 
 
 def test_none_only_where_the_field_admits_it():
-    with pytest.raises(ValueError, match="'max_steps' must be an integer >= 0, got None"):
+    with pytest.raises(ValueError, match=r"'max_steps' must be an integer in \[0, 1e9\], got None"):
         RLConfig(max_steps=None)
     assert SFTConfig(max_steps=None).max_steps is None
     RLConfig(dual_clip=None, reward_clip=None)

@@ -91,6 +91,23 @@ def trainer_config(job, cls):
     return cls(**{f.name: values[f.name] for f in fields(cls)})
 
 
+def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
+    """Once the model, data and rewards have loaded (``output_dir``: None on the processes that do
+    not write): refuse to clear a directory that holds one of the run's inputs
+    (``run_dir.check_inputs_outside``), create the run directory (``prepare_run_dir``) and record
+    the run (``record_run``)."""
+    if not output_dir:
+        return None
+    from .run_dir import check_inputs_outside, prepare_run_dir
+
+    inputs = {"model": model, **{name: given for name, (given, _) in datasets.items()},
+              "reward_funcs": sources.get("reward_funcs"), "ref_model": sources.get("ref_model"),
+              "critic_init": getattr(args, "critic_init", None)}
+    check_inputs_outside(output_dir, args.overwrite, args.resume_from, inputs)
+    prepare_run_dir(output_dir, args.overwrite, resume_from=args.resume_from)
+    return record_run(args, model, datasets, args.resume_from, **sources)
+
+
 def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path | None:
     """Write the run's record — the trainer config ``args`` plus its sources, as the job of the
     matching command (``RLJob``, ``SFTJob``, ``RMJob``) — to ``<output_dir>/config.yaml`` (or the
@@ -108,7 +125,7 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     if not args.output_dir:
         return None
     from .config_io import save_config
-    from .tracking import run_config_path
+    from .run_dir import run_config_path, writing
     job_cls = next((job for cfg, job in _JOBS if isinstance(args, cfg)), None)
     if job_cls is None:
         raise ValueError(f"record_run: no command records a {type(args).__name__}")
@@ -129,7 +146,9 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
         values.update(_lora_fields(peft))
     if sources:
         raise ValueError(f"record_run: unknown sources {sorted(sources)}")
-    return save_config(job_cls(**values), run_config_path(args.output_dir, resume_from))
+    target = run_config_path(args.output_dir, resume_from)
+    with writing(target):
+        return save_config(job_cls(**values), target)
 
 
 def model_source(model) -> str:
@@ -195,7 +214,10 @@ def _dataset_source(name: str, given, rows, output_dir: Path) -> str | None:
 
         warnings.warn(f"{name}: the in-memory rows are not recorded in the run directory ({err})", stacklevel=3)
         return f"<not recorded: in-memory {name}>"
-    path.write_text(text, encoding="utf-8")
+    from .run_dir import writing
+
+    with writing(path):
+        path.write_text(text, encoding="utf-8")
     return str(path)
 
 

@@ -52,15 +52,17 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def load_tokenizer(source):
+def load_tokenizer(source, what: str = "tokenizer"):
     """A tokenizer from a directory (or the tokenizer object itself). Left padding for generation;
-    a missing pad token falls back to EOS (masks are built from positions, so this is safe)."""
+    a missing pad token falls back to EOS (masks are built from positions, so this is safe).
+    ``what``: the field the user set, named by the errors (``model`` when the tokenizer is read
+    from the model's directory)."""
     from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
     if isinstance(source, PreTrainedTokenizerBase):
         tok = source
     else:
-        tok = from_hub_or_dir(AutoTokenizer.from_pretrained, _check_dir(source, "tokenizer"), "tokenizer")
+        tok = from_hub_or_dir(AutoTokenizer.from_pretrained, _check_dir(source, what), what)
     if tok.eos_token_id is None:
         raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '')!r} has no EOS token; RL needs one to end completions")
     if tok.pad_token_id is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
+from ..run_dir import writing
 from .loading import check_finite_weights
 
 
@@ -58,18 +59,19 @@ def export_causal_lm(model: torch.nn.Module, path, tokenizer=None, adapter: bool
     state = distributed.full_state_dict(model) if distributed.world() > 1 else None  # a collective
     if distributed.is_main():
         path = Path(path)
-        if is_peft(model):
-            source = template if template is not None else model
-            if template is not None:
-                source.load_state_dict(state)
-            if adapter:
-                source.save_pretrained(path)
+        with writing(path):  # a full disk: one line naming the directory
+            if is_peft(model):
+                source = template if template is not None else model
+                if template is not None:
+                    source.load_state_dict(state)
+                if adapter:
+                    source.save_pretrained(path)
+                else:
+                    copy.deepcopy(source).merge_and_unload().save_pretrained(path)
             else:
-                copy.deepcopy(source).merge_and_unload().save_pretrained(path)
-        else:
-            model.save_pretrained(path, state_dict=state)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(path)
+                model.save_pretrained(path, state_dict=state)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(path)
     distributed.barrier()
 
 

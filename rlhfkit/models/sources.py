@@ -62,11 +62,64 @@ def is_hub_id(source) -> bool:
     return True
 
 
-def hub_error(name: str, what: str, err: BaseException) -> ValueError:
-    """The one line for a Hub id that could not be loaded (offline, unknown, no access, ...)."""
-    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    first = (str(err).strip().splitlines() or [""])[0][:300]
-    reason = "offline (HF_HUB_OFFLINE=1)" if offline else f"{type(err).__name__}: {first}"
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` is set (then huggingface_hub reads its cache only, at once)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+_PROBE: dict = {}
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hub (``HF_ENDPOINT``, or the HTTPS proxy in front of it) cannot be reached from this
+    machine, or None when a TCP connection opens within ``timeout`` seconds. Probed once per
+    process: without it a Hub name on a machine without network would spend ~50 s in
+    huggingface_hub's retries before failing."""
+    if "reason" not in _PROBE:
+        import socket
+        import threading
+        import urllib.request
+        from urllib.parse import urlsplit
+
+        from huggingface_hub import constants
+
+        endpoint = urlsplit(constants.ENDPOINT)
+        proxy = urllib.request.getproxies().get(endpoint.scheme)
+        if proxy and urllib.request.proxy_bypass(endpoint.hostname or ""):
+            proxy = None
+        target = urlsplit(proxy if "//" in proxy else f"http://{proxy}") if proxy else endpoint
+        host, port = target.hostname or "", target.port or (443 if target.scheme == "https" else 80)
+        found: dict = {}
+
+        def probe():  # in a thread: name resolution has no timeout of its own
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+                found["ok"] = True
+            except OSError as err:
+                found["error"] = err.strerror or str(err) or type(err).__name__
+
+        thread = threading.Thread(target=probe, daemon=True)
+        thread.start()
+        thread.join(timeout + 0.5)
+        where = f"{host}:{port}" + (" (the proxy)" if proxy else "")
+        _PROBE["reason"] = (None if found.get("ok") else f"{where}: {found['error']}" if "error" in found
+                            else f"{where}: no answer within {timeout:.0f} s")
+    return _PROBE["reason"]
+
+
+def _hub_cached(name: str) -> bool:
+    """Whether a model repo ``name`` has files in the local Hugging Face cache."""
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}" / "snapshots").is_dir()
+
+
+def hub_error(name: str, what: str, err: BaseException | None = None, unreachable: str | None = None) -> ValueError:
+    """The one line for a Hub id that could not be loaded (offline, unreachable, unknown, no access, ...)."""
+    first = (str(err).strip().splitlines() or [""])[0][:300] if err is not None else ""
+    reason = ("offline (HF_HUB_OFFLINE=1)" if hub_offline() else
+              f"the Hub cannot be reached from this machine ({unreachable}); connect to the network, or set "
+              "HF_ENDPOINT to a mirror you can reach" if unreachable else f"{type(err).__name__}: {first}")
     return ValueError(f"{what} {name!r} is not a local path, so it was treated as a Hugging Face Hub id and could "
                       f"not be fetched: {reason} (if it is a local path, check that it exists)")
 
@@ -76,10 +129,17 @@ def from_hub_or_dir(load, source, what: str = "model", **kwargs):
     Hub id (``resolve_model_dir``); a Hub id that fails is one line (``hub_error``), and so is a
     local directory that transformers cannot load (missing weights, shapes that do not match the
     config, ...), naming the directory."""
+    hub = not isinstance(source, Path) and is_hub_id(str(source))
+    if hub and not hub_offline():
+        unreachable = hub_unreachable()
+        if unreachable and not _hub_cached(str(source)):
+            raise hub_error(str(source), what, unreachable=unreachable)
+        if unreachable and getattr(load, "__name__", "") == "from_pretrained":  # cached: read from there only
+            kwargs = {**kwargs, "local_files_only": True}
     try:
         return load(source, **kwargs)
     except Exception as err:
-        if not isinstance(source, Path) and is_hub_id(str(source)):
+        if hub:
             raise hub_error(str(source), what, err) from None
         if isinstance(err, ValueError) and "\n" not in str(err):
             raise

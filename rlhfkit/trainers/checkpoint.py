@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from .. import distributed
+from ..models.fingerprint import fingerprint_change
 from ..models.loading import check_finite_weights
 from .checkpoint_format import (  # noqa: F401  (_read_metadata: part of this module's interface)
     _dcp_reader_and_planner, _flat_items, _load_tree, _read_metadata, _save_tree, _single_process_quiet, read_json,
@@ -164,7 +165,12 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     distributed.barrier()
     if distributed.is_main():
         record = {**counters, "settings": settings} if settings else counters
-        (partial / STATE_FILE).write_text(json.dumps(record, indent=2))
+        try:
+            (partial / STATE_FILE).write_text(json.dumps(record, indent=2))
+        except OSError as err:  # a full disk at the last file: still no half-written checkpoint
+            shutil.rmtree(partial, ignore_errors=True)
+            raise ValueError(f"cannot write checkpoint {path}: {_first_line(err)}; the previous checkpoints are "
+                             "intact") from None
         if path.exists():  # an earlier checkpoint of this step, or an empty directory (checked above)
             shutil.rmtree(path)
         partial.rename(path)
@@ -210,8 +216,12 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     if not (path / DCP_DIR).is_dir():
         return _load_single_process_format(path, modules, optimizer, scheduler)
     counters = _read_counters(path)  # damaged: one line, before anything is loaded
-    saved = counters.get("settings") or {}
-    changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in (settings or {}).items() if k in saved and saved[k] != v]
+    saved, settings = counters.get("settings") or {}, dict(settings or {})
+    base = settings.pop("base_model", None)  # models.fingerprint: compared within float tolerance
+    problem = fingerprint_change(saved["base_model"], base) if base and saved.get("base_model") else None
+    if problem:
+        raise ValueError(f"resume_from={str(path)!r}: {problem}")
+    changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in settings.items() if k in saved and saved[k] != v]
     if changed:  # settings whose change a resumed run cannot honour: refused, never silently ignored
         raise ValueError(f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
                          "states and data order follow that value, so resume with it (or start a new run)")

@@ -109,7 +109,8 @@ class DPOTrainer(SupervisedTrainer):
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self._check_run()
-        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
+                                        "model" if processing_class is None else "processing_class")
         self.train_pairs = self._encode(train_rows, "train_dataset")
         self.eval_pairs = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
         seed_everything(args.seed)

@@ -27,7 +27,8 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     ``eval/response_length_mean`` and ``eval/truncated_frac``.
     """
     rows = load_prompt_dataset(dataset, name="eval dataset")  # data errors before any model load
-    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model)
+    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model,
+                               "model" if tokenizer is None else "tokenizer")
     policy, ref = _load(model, device), _load(reference, device) if reference is not None else None
     rewards = build_rewards(reward_funcs, reward_weights, tokenizer, next(policy.parameters()).device)
     limit = prompt_limit(None, (sampling or SamplingParams()).max_new_tokens, getattr(policy, "config", None))

@@ -40,7 +40,7 @@ from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..config import TrainConfig
 from .common import seed_everything
 from .supervised import SupervisedTrainer
-from ..tracking import finish_run, to_floats
+from ..tracking import finish_run, to_floats, writing
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,8 @@ class RewardModelTrainer(SupervisedTrainer):
             _check_dir(model, "model")
         elif processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
-        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
+                                        "model" if processing_class is None else "processing_class")
         self.train_pairs = self._encode_pairs(train_rows, "train_dataset")
         self.eval_pairs = self._encode_pairs(eval_rows, "eval_dataset") if eval_rows is not None else None
         if center_rows is None:  # default: every training completion, chosen and rejected
@@ -269,13 +270,15 @@ class RewardModelTrainer(SupervisedTrainer):
             else:
                 model = _unsharded_copy(self.model, state) if distributed.is_main() else None
         if distributed.is_main():
-            if is_peft(model.backbone) and self.args.save_adapter:  # the adapter, head and offset beside it
-                model._save_scalar_layout(Path(path))
-            else:
-                if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
-                    model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head), float(model.offset))
-                model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
-            self.tokenizer.save_pretrained(path)
+            with writing(path):  # a full disk: one line naming the directory
+                if is_peft(model.backbone) and self.args.save_adapter:  # the adapter, head and offset beside it
+                    model._save_scalar_layout(Path(path))
+                else:
+                    if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
+                        model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head),
+                                            float(model.offset))
+                    model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
+                self.tokenizer.save_pretrained(path)
         distributed.barrier()
 
 

@@ -78,7 +78,8 @@ class SFTTrainer(SupervisedTrainer):
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self._check_run()
-        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model)
+        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
+                                        "model" if processing_class is None else "processing_class")
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
         self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
                               if eval_rows is not None else None)

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from .. import distributed
+from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
-from ..tracking import MetricsLogger, check_run_dir, latest_checkpoint, prepare_run_dir
+from ..tracking import MetricsLogger, check_run_dir, latest_checkpoint
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .common import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
@@ -42,13 +43,10 @@ class SupervisedTrainer:
 
     def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:
         """Once the model and data have loaded: create the run directory (rank 0) and record the
-        run in its ``config.yaml``."""
-        args = self.args
-        prepare_run_dir(self.out_dir, args.overwrite, resume_from=args.resume_from)
-        from ..jobs import record_run  # the job classes import the trainers
+        run in its ``config.yaml`` (``jobs.open_run``)."""
+        from ..jobs import open_run  # the job classes import the trainers
 
-        if self.out_dir:
-            record_run(args, model, datasets, args.resume_from, peft_config=peft_config, **sources)
+        open_run(self.out_dir, self.args, model, datasets, peft_config=peft_config, **sources)
 
     def _start_training(self, total_steps: int) -> None:
         """Optimizer (AdamW over every trainable parameter), schedule, resume, logger."""
@@ -59,6 +57,8 @@ class SupervisedTrainer:
         self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
         self.guard = NonFiniteGuard(args.max_consecutive_skips)  # non-finite steps are skipped, counted
         self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps, total_steps)
+        # The base model as built, before any step: checkpoints record it, resume_from must match it.
+        self.base_model = model_fingerprint(self._trained_modules())
         if args.resume_from:
             self._resume(args.resume_from)
         main = distributed.is_main()  # the other processes compute the same global metrics, silently
@@ -128,13 +128,17 @@ class SupervisedTrainer:
     def save_checkpoint(self, path) -> None:
         """Every process calls this (DCP writes each process's shards); complete when it returns."""
         save_checkpoint(Path(path), self._trained_modules(), self.optimizer, self.scheduler, self._counters(),
-                        settings={"seed": self.args.seed})
+                        settings=self._settings())
+
+    def _settings(self) -> dict:
+        """What a checkpoint records and a resumed run must share: the seed and the base model."""
+        return {"seed": self.args.seed, "base_model": self.base_model}
 
     def _resume(self, path) -> None:
         # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
         counters = load_checkpoint(path, self._trained_modules(), self.optimizer, self.scheduler,
                                    fresh_seed=self.args.seed + 1_000_003 * distributed.rank(),
-                                   settings={"seed": self.args.seed})
+                                   settings=self._settings())
         if int(counters.get("step", -1)) > self.total_steps:
             raise ValueError(f"resume_from={str(path)!r} is at step {counters['step']}, past this run's "
                              f"{self.total_steps} steps")

@@ -95,7 +95,7 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
     mine = [float(p.read_text().split()[0]) for p in sorted(tmp_path.glob("weights-*.txt"))]
     assert len(mine) == 2 and mine[0] == mine[1]
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
-        ["config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
+        [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
 
 
 @pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])

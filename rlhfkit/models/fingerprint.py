@@ -1,0 +1,73 @@
+"""A model's fingerprint, taken when a trainer has built its model and before any step: every
+checkpoint records it, so ``resume_from`` onto another base model (a different directory, Hub id or
+model object: other weights under the same names, or another architecture) is refused in one line
+instead of continuing silently from weights and a reference the checkpoint was not trained with.
+
+The fingerprint is the same on any number of processes: parameter names, global shapes and dtypes
+(hashed), and the sums of |w| and w² over every parameter in float64, a sharded parameter's local
+parts summed over the processes. Every process must call ``model_fingerprint`` (a collective under
+torchrun)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+_CHUNK = 1 << 22  # elements converted to float64 at a time
+_TOLERANCE = 1e-9  # relative: float64 sums in another order (another number of processes) differ by ~1e-15
+
+
+def model_fingerprint(modules: dict[str, torch.nn.Module]) -> dict:
+    """``{"layout": <hash of names, shapes, dtypes>, "sums": [Σ|w|, Σw²], "source": <where it was loaded
+    from, or "">}`` of the parameters of ``modules`` (name -> module)."""
+    from .. import distributed
+
+    layout = hashlib.sha256()
+    local, sharded = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    source = ""
+    for prefix, module in modules.items():
+        source = source or _origin(module)
+        for name, p in module.named_parameters():
+            layout.update(f"{prefix}.{name}:{tuple(p.shape)}:{p.dtype};".encode())
+            is_sharded = hasattr(p, "to_local")
+            part = p.to_local() if is_sharded else p
+            (sharded if is_sharded else local).add_(_sums(part.detach()))
+    if distributed.active():
+        sharded = torch.tensor(distributed.sum_floats(sharded.tolist()), dtype=torch.float64)
+    return {"layout": layout.hexdigest()[:16], "sums": (local + sharded).tolist(), "source": source}
+
+
+def _sums(x: torch.Tensor) -> torch.Tensor:
+    total = torch.zeros(2, dtype=torch.float64)
+    for chunk in x.reshape(-1).split(_CHUNK):
+        chunk = chunk.double()
+        total += torch.stack([chunk.abs().sum(), (chunk * chunk).sum()]).cpu()
+    return total
+
+
+def _origin(module: torch.nn.Module) -> str:
+    """The directory or Hub id a model was loaded from (its config's ``_name_or_path``), or ""."""
+    for m in module.modules():
+        origin = str(getattr(getattr(m, "config", None), "_name_or_path", "") or "")
+        if origin:
+            return origin
+    return ""
+
+
+def fingerprint_change(saved: dict, now: dict) -> str | None:
+    """Why the model fingerprinted ``now`` is not the base model of the checkpoint that recorded
+    ``saved`` (one clause), or None when it is."""
+    same_layout = saved.get("layout") == now.get("layout")
+    old, new = saved.get("sums") or [], now.get("sums") or []
+    same_values = len(old) == len(new) and all(abs(a - b) <= _TOLERANCE * max(abs(a), abs(b), 1e-30)
+                                               for a, b in zip(old, new))
+    if same_layout and same_values:
+        return None
+    what = "its weights have other values" if same_layout else "its weights have other names, shapes or dtypes"
+    was, now_from = saved.get("source") or "", now.get("source") or ""
+    story = (f"it was trained from {was!r}, and this run's model {now_from!r} is another base model"
+             if was and now_from and was != now_from else
+             f"this run's model{f' {now_from!r}' if now_from else ''} is not the base model it was trained from")
+    return (f"{story} ({what}); resume with the model the run started from (its config.yaml names it) or start a "
+            "new run")

@@ -1,7 +1,8 @@
 """Several processes on the CPU (gloo, torchrun, loopback rendezvous) compute what one process
 computes: one RL update of a fixed batch gives the same weights on 1 and 2 processes (FSDP2 and
-DDP), and a 2-process run learns the toy task with identical weights on every process."""
+DDP), and a 2-process DDP run learns the toy task with identical weights on every process."""
 
+import hashlib
 import json
 import os
 import socket
@@ -85,15 +86,24 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_pa
 
 @pytest.mark.slow  # the one-update equivalence tests cover every loss; this is the end-to-end run
 def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
-    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=30, output_dir=str(tmp_path / "run"))
+    """Under DDP every process holds its own copy of the weights: after 30 steps on different
+    prompts and samples, each process's own copy (hashed before any gathering) is the same, and it
+    is the model the run saved."""
+    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=30, parallelism="ddp",
+                  output_dir=str(tmp_path / "run"))
     (tmp_path / "config.json").write_text(json.dumps(config))
     run(2, "train", tmp_path / "config.json", tmp_path, timeout=600)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 31))
     start, end = (sum(r["reward/mean"] for r in part) / 5 for part in (rows[:5], rows[-5:]))
     assert end - start > 0.2, (start, end)
-    mine = [float(p.read_text().split()[0]) for p in sorted(tmp_path.glob("weights-*.txt"))]
-    assert len(mine) == 2 and mine[0] == mine[1]
+    rank0, rank1 = (json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in (0, 1))
+    assert rank0 and rank0.keys() == rank1.keys()
+    assert [k for k in rank0 if rank0[k] != rank1[k]] == []
+    saved = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    saved = {k: hashlib.sha256(v.contiguous().flatten().view(torch.uint8).numpy()).hexdigest()
+             for k, v in saved.items()}
+    assert sorted(saved.values()) == sorted(rank0.values())  # the copies are the trained, saved weights
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
         [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
 

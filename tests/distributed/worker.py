@@ -3,9 +3,11 @@
     worker.py update <experience.pt> <config.json> <out.safetensors>
         one RL update of a fixed batch of experience; this process trains on its share of the rows
     worker.py train <config.json> <out_dir>
-        a toy-task run; every process writes the checksum of its full weights to <out_dir>/weights-<rank>.txt
+        a toy-task run; every process writes, before any gathering, a sha256 of each parameter as it
+        holds it (its own replica under DDP, its shard under FSDP) to <out_dir>/weights-<rank>.json
 """
 
+import hashlib
 import json
 import sys
 
@@ -63,16 +65,25 @@ def _trainer(config: dict):
                      peft_config=lora)
 
 
+def local_digests(trainer) -> dict[str, str]:
+    """sha256 of the bytes of every trained parameter as this process holds it: no collective, so
+    processes whose copies diverged give different digests."""
+    modules = {"policy": trainer.m.policy, "critic": trainer.m.critic_module}
+    out = {}
+    for prefix, module in modules.items():
+        for name, p in (distributed.unwrap(module).named_parameters() if module is not None else []):
+            t = p.detach()
+            t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP2 DTensor: this process's shard
+            data = t.cpu().contiguous().flatten().view(torch.uint8).numpy()
+            out[f"{prefix}.{name}"] = hashlib.sha256(data).hexdigest()
+    return out
+
+
 def train(config, out_dir):
     trainer = _trainer(json.loads(open(config).read()))
     trainer.train()
-    weights = full_weights(trainer)  # a collective: every process takes part, rank 0 holds the result
-    total = sum(float(v.double().sum()) for v in weights.values()) if distributed.is_main() else 0.0
-    # each process checks its own copy: gathered, its parameters are the full weights
-    with distributed.gathered(trainer.m.policy):
-        mine = sum(float(p.detach().double().sum()) for p in distributed.unwrap(trainer.m.policy).parameters())
-    with open(f"{out_dir}/weights-{distributed.rank()}.txt", "w") as f:
-        f.write(f"{mine!r}\n{total!r}\n")
+    with open(f"{out_dir}/weights-{distributed.rank()}.json", "w") as f:
+        json.dump(local_digests(trainer), f)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ ARGS = {
     "rl": ["train_dataset={d}/prompts.jsonl", "max_steps=6", "reward_funcs=[shift_oracle]", "max_new_tokens=4",
            "prompts_per_step=4"],
 }
-MAX_STEPS = {name: int(next(a for a in args if a.startswith("max_steps=")).split("=")[1]) for name, args in ARGS.items()}
+MAX_STEPS = {name: int(next(a for a in args if a.startswith("max_steps=")).split("=")[1])
+             for name, args in ARGS.items()}
 
 
 @pytest.fixture(scope="module")

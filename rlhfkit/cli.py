@@ -105,8 +105,9 @@ def _eval(args) -> int:
     from .data import load_prompt_dataset
     from .jobs import checkpoint_policy
     from .rollout import SamplingParams
-    from .trainers.evaluate import evaluate_policy
+    from .trainers.evaluate import check_eval_sizes, evaluate_policy
 
+    check_eval_sizes(args.samples, args.batch_size, ("--samples", "--batch-size"))
     if not args.reward:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
     given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
@@ -152,6 +153,7 @@ def _data(args) -> int:
 
     existing = [p for p in ("sft.jsonl", "pairs.jsonl", "prompts.jsonl", "eval_prompts.jsonl", "model",
                             "train.jsonl", "eval.jsonl") if (Path(args.out_dir) / p).exists()]
+    _check_count("--n-train", args.n_train, 1, 10**7)
     if existing and not args.overwrite:
         raise ValueError(f"{args.out_dir} already holds {', '.join(existing)}: choose another directory or --overwrite")
     if args.task == "arithmetic":
@@ -168,6 +170,7 @@ def _data(args) -> int:
 def _demo(args) -> int:
     from .tasks.bandit import BANDIT_PRESETS, train_bandit
 
+    _check_count("--steps", args.steps, 1, 10**6)
     print("Sequence bandit (4 positions x 6 tokens, hidden target; reward = fraction matched)")
     print(f"{'algorithm':<10} {'reward start':>12} {'reward end':>10}  optimum found")
     failed = False
@@ -176,6 +179,11 @@ def _demo(args) -> int:
         failed |= not r.optimal
         print(f"{name:<10} {r.reward_start:>12.3f} {r.reward_end:>10.3f}  {'yes' if r.optimal else 'NO'}")
     return 1 if failed else 0
+
+
+def _check_count(flag: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{flag} must be an integer in [{low}, {high}], got {value}")
 
 
 def _parser() -> argparse.ArgumentParser:

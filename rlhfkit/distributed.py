@@ -68,9 +68,32 @@ def no_sync(*modules):
     return stack
 
 
+def check_device(device: str, field: str = "device") -> None:
+    """Refuse, in one line naming the config ``field``, a device this machine does not have:
+    'cuda' where torch sees no CUDA GPU, 'cuda:N' past the GPUs there are, 'mps' / 'xpu' without
+    them. Trainers call it before loading anything (``setup`` calls it again)."""
+    if device == "auto":
+        return
+    kind, colon, index = str(device).partition(":")
+    if colon and not index.isdigit():
+        raise ValueError(f"config field {field!r} must be 'auto', 'cpu' or a device such as 'cuda' or 'cuda:0', "
+                         f"got {device!r}")
+    backend = {"mps": getattr(torch.backends, "mps", None), "xpu": getattr(torch, "xpu", None)}.get(kind)
+    have = {"cuda": torch.cuda.is_available(), "mps": bool(backend and backend.is_available()),
+            "xpu": bool(backend and backend.is_available())}.get(kind, True)
+    if not have:
+        why = " (this torch is built without CUDA)" if kind == "cuda" and torch.version.cuda is None else ""
+        raise ValueError(f"config field {field!r} is {device!r} but torch sees no {kind} device on this machine{why}; "
+                         "use device=auto (the GPU when there is one, else the CPU) or device=cpu")
+    if kind == "cuda" and colon and int(index) >= torch.cuda.device_count():
+        raise ValueError(f"config field {field!r} is {device!r} but this machine has {torch.cuda.device_count()} "
+                         f"CUDA device(s), numbered from 0")
+
+
 def setup(device: str = "auto") -> torch.device:
     """This process's device ('auto': the GPU of its local rank when torch sees one, else the CPU);
     under torchrun also the process group, once (NCCL on GPUs, gloo on CPUs)."""
+    check_device(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)

@@ -13,7 +13,9 @@ does not apply to this sample" (e.g. a code checker on a math prompt).
 sample is the weighted sum over the functions that returned a number for it (a NaN-sum); a sample
 no function scored is marked invalid and the trainer masks it out. A function that raises or
 returns something malformed stops training with a ``ValueError`` naming the function, the row and
-the start of the prompt.
+the start of the prompt. So does a score outside ``±MAX_ABS_REWARD`` (1e6), and a weight outside
+it: the batch statistics (means, stds, whitening) are float32, where sums and squares of scores
+near 3e38 overflow to inf — a reward that large is a bug or a unit to rescale, not a signal.
 
 Functions are named in YAML configs through ``REWARD_FUNCTIONS`` (``@register_reward_function``)
 or by a dotted import path, resolved by ``get_reward_function``.
@@ -32,6 +34,8 @@ import torch
 
 RewardFunction = Callable[..., list]
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {}
+MAX_ABS_REWARD = 1e6  # scores and weights beyond it are refused (float32 statistics stay finite)
+_ALLOWED = "[-1e6, 1e6]"  # MAX_ABS_REWARD as the range written in messages (config.RANGES uses the same)
 
 
 def register_reward_function(name: str) -> Callable[[RewardFunction], RewardFunction]:
@@ -146,6 +150,8 @@ class RewardFunctions:
         for i, w in enumerate(weights):
             if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
                 raise ValueError(f"RewardFunctions: weight {i} must be a finite number, got {w!r}")
+            if abs(w) > MAX_ABS_REWARD:
+                raise ValueError(f"RewardFunctions: weight {i} must be in {_ALLOWED}, got {w!r}")
         return [float(w) for w in weights]
 
     def __call__(self, prompts: list, completions: list[str], columns: dict[str, list] | None = None) -> RewardOutput:
@@ -234,12 +240,14 @@ def _to_tensor(name: str, raw: Any, prompts: list, batch: int) -> torch.Tensor:
             problem = "a bool" if isinstance(value, bool) else f"not a number ({type(value).__name__})"
         elif not math.isfinite(value):
             problem = "not finite"
+        elif abs(value) > MAX_ABS_REWARD:
+            problem = "too large (the batch statistics are float32, where such scores overflow: rescale the reward)"
         else:
             values.append(float(value))
             continue
         raise ValueError(
             f"reward function {name!r} returned {value!r} at row {row}, which is {problem}; "
-            f"expected a finite float or None (prompt {_preview(prompts[row])})"
+            f"expected a float in {_ALLOWED} or None (prompt {_preview(prompts[row])})"
         )
     return torch.tensor(values, dtype=torch.float32)
 

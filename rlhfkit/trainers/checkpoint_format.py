@@ -103,6 +103,7 @@ def read_json(file: Path) -> dict:
 
 def _load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
     """``(header, state)`` of ``_save_tree``'s files, whose header must say ``format``."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     meta = read_json(path / f"{stem}.json")
@@ -110,7 +111,11 @@ def _load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
         raise ValueError(f"checkpoint {path}: unknown {stem}.json format {meta.get('format')!r}")
     file = path / f"{stem}.safetensors"
     try:
-        return meta, _unflatten(meta["state"], load_file(str(file)) if file.exists() else {})
+        tensors = load_file(str(file)) if file.exists() else {}
+    except SafetensorError as err:  # truncated (a copy cut short) or not safetensors at all
+        raise ValueError(f"checkpoint file {file} is damaged ({err}); resume from another checkpoint") from None
+    try:
+        return meta, _unflatten(meta["state"], tensors)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"checkpoint {path}: {stem}.json and {file.name} do not match ({e!r})") from None
 

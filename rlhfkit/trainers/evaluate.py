@@ -4,6 +4,7 @@ table)."""
 
 from __future__ import annotations
 
+import numbers
 from contextlib import contextmanager
 
 import torch
@@ -13,7 +14,23 @@ from ..algorithms import masked_sum
 from ..data import load_prompt_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..rollout import HFEngine, SamplingParams, decode_completions
+from .. import distributed
 from .rl_setup import build_rewards, prompt_limit, resolve_device, tokenize_prompts
+
+# A prompt's completions are generated in one batch, so their number bounds the memory one
+# generation needs; more samples of a prompt set: evaluate again (sampling draws anew each time).
+MAX_SAMPLES_PER_PROMPT = 1024
+MAX_BATCH_SIZE = 1_000_000
+
+
+def check_eval_sizes(samples_per_prompt, batch_size, names=("samples_per_prompt", "batch_size")) -> None:
+    """One line naming the argument (``names``: how the caller calls them, e.g. the CLI's flags)
+    for a sample count outside [1, ``MAX_SAMPLES_PER_PROMPT``] or a batch size outside [1, ``MAX_BATCH_SIZE``]."""
+    for value, name, high in ((samples_per_prompt, names[0], MAX_SAMPLES_PER_PROMPT),
+                              (batch_size, names[1], MAX_BATCH_SIZE)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
+            why = " (a prompt's completions are generated together)" if high == MAX_SAMPLES_PER_PROMPT else ""
+            raise ValueError(f"{name} must be an integer in [1, {high}]{why}, got {value!r}")
 
 
 @torch.no_grad()
@@ -26,6 +43,8 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     ``eval/kl_to_reference`` (k1 summed over each completion's tokens, averaged — the sequence KL),
     ``eval/response_length_mean`` and ``eval/truncated_frac``.
     """
+    check_eval_sizes(samples_per_prompt, batch_size)
+    distributed.check_device(device)
     rows = load_prompt_dataset(dataset, name="eval dataset")  # data errors before any model load
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model,
                                "model" if tokenizer is None else "tokenizer")

@@ -196,6 +196,7 @@ def _base_causal_lm(policy):
 def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_model=None) -> Models:
     if processing_class is None and not isinstance(model, (str, os.PathLike)):
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+    distributed.check_device(args.device)  # before anything loads
     tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                "model" if processing_class is None else "processing_class")
     policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)

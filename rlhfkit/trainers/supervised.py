@@ -33,9 +33,10 @@ class SupervisedTrainer:
     main_metric = "loss"
 
     def _check_run(self) -> None:
-        """Before anything loads: ``resume_from='latest'`` resolved, the run directory's refusals
-        (``check_run_dir``) — nothing is written yet."""
+        """Before anything loads: a ``device`` this machine lacks refused, ``resume_from='latest'``
+        resolved, the run directory's refusals (``check_run_dir``) — nothing is written yet."""
         args = self.args
+        distributed.check_device(args.device)
         if args.resume_from == "latest":
             self.args = args = args.replace(resume_from=latest_checkpoint(args.output_dir))
         self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes

@@ -6,6 +6,8 @@ model learns to stop even when pad and EOS share an id: masks are built by posit
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ class Encoded:
     input_ids: list[int]
     prompt_len: int  # tokens before the completion (their labels are ignored)
     truncated: bool  # the completion lost its end (and its EOS) to max_length
+    cut: bool = False  # tokens were lost to max_length: the prompt's start, and maybe the completion's end
 
 
 def completion_text(completion: Any) -> str:
@@ -46,8 +49,8 @@ def encode_pair(prompt: Any, completion: Any, tokenizer, max_length: int | None 
     prompt_ids = tokenizer(render_prompt(prompt, tokenizer), add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(completion_text(completion), add_special_tokens=False)["input_ids"]
     completion_ids = completion_ids + [tokenizer.eos_token_id]
-    truncated = False
-    if max_length is not None and len(prompt_ids) + len(completion_ids) > max_length:
+    truncated, over = False, max_length is not None and len(prompt_ids) + len(completion_ids) > max_length
+    if over:
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         excess = len(prompt_ids) + len(completion_ids) - max_length
@@ -56,4 +59,32 @@ def encode_pair(prompt: Any, completion: Any, tokenizer, max_length: int | None 
         if excess > cut:
             completion_ids = completion_ids[: len(completion_ids) - (excess - cut)]
             truncated = True
-    return Encoded(prompt_ids + completion_ids, len(prompt_ids), truncated)
+    return Encoded(prompt_ids + completion_ids, len(prompt_ids), truncated, over)
+
+
+def warn_once(message: str) -> None:
+    """``warning: message`` on stderr, once: from the main process only (every process encodes the
+    same data). Not ``warnings.warn``, which adds the source line (two lines on the terminal)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def note_cut(name: str, cut: int, total: int, kind: str, max_length: int, what: str) -> None:
+    """Say how many of ``total`` rows (``kind``: 'rows', 'pairs') lost tokens to ``max_length``."""
+    if cut:
+        warn_once(f"{name}: {cut} of {total} {kind} are longer than max_length={max_length} tokens and were cut "
+                  f"({what}); raise max_length to keep them whole")
+
+
+def note_unknown(name: str, token_lists: list, tokenizer, kind: str = "rows") -> int:
+    """Say how many rows hold the tokenizer's unknown token (text it has no tokens for; only for a
+    tokenizer that has one). ``token_lists``: per row, one id list or a tuple of them. Returns the count."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return 0
+    rows = [ids if isinstance(ids, tuple) else (ids,) for ids in token_lists]
+    count = sum(1 for parts in rows if any(unk in part for part in parts))
+    if count:
+        warn_once(f"{name}: {count} of {len(rows)} {kind} hold text the tokenizer does not know, read as its unknown "
+                  f"token {tokenizer.unk_token!r}; check the data's characters, or use a tokenizer that covers them")
+    return count

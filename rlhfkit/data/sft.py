@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .encode import Encoded, encode_pair, split_messages
+from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
 from .prompts import _type_name, load_checked_rows, prompt_problem
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
@@ -94,7 +94,8 @@ def _messages_problem(messages: Any) -> str | None:
 def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset") -> list[Encoded]:
     """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
     policy: the prompt loses its start first, then the completion its end and its EOS).
-    An encoding error (e.g. chat messages but no chat template) names the row's 0-based index."""
+    An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
+    One warning line each says how many rows were cut and how many hold unknown tokens."""
     out = []
     for i, row in enumerate(rows):
         if "messages" in row:
@@ -105,6 +106,9 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
             out.append(encode_pair(prompt, completion, tokenizer, max_length))
         except ValueError as e:
             raise ValueError(f"{name}: row index {i} (0-based): {e}") from None
+    note_cut(name, sum(e.cut for e in out), len(out), "rows", max_length,
+             "the prompt's start first, then the completion's end and its EOS")
+    note_unknown(name, [e.input_ids for e in out], tokenizer)
     return out
 
 

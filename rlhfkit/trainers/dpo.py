@@ -37,7 +37,7 @@ import torch
 from .. import distributed
 from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES, dpo_loss
 from ..config import TrainConfig, check_fields
-from ..data.encode import encode_pair
+from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.preferences import load_preference_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.loading import disable_dropout
@@ -148,8 +148,10 @@ class DPOTrainer(SupervisedTrainer):
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
         """Prompt ids (rendered once: chosen and rejected continue the same prompt) and each
         completion + EOS. A pair longer than ``max_length`` loses its prompt's start first (down to
-        one token); a pair whose longer completion still does not fit is dropped (a warning)."""
-        pairs, dropped, limit = [], 0, self.args.max_length
+        one token); a pair whose longer completion still does not fit is dropped (a warning). One
+        warning line each says how many kept pairs lost their prompt's start and how many hold
+        unknown tokens."""
+        pairs, dropped, cut, limit = [], 0, 0, self.args.max_length
         for i, row in enumerate(rows):
             try:
                 chosen, rejected = (encode_pair(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
@@ -161,8 +163,11 @@ class DPOTrainer(SupervisedTrainer):
             if longest + 1 > limit:
                 dropped += 1
                 continue
+            cut += len(prompt) + longest > limit
             prompt = prompt[max(0, len(prompt) + longest - limit):]
             pairs.append(PreferencePair(prompt, *completions))
+        note_cut(name, cut, len(rows), "pairs", limit, "the prompt's start")
+        note_unknown(name, [(p.prompt, p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
         return self._check_pairs(pairs, dropped, len(rows), name)
 
     def _collate(self, pairs: list[PreferencePair]):

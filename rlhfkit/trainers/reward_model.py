@@ -32,7 +32,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import bradley_terry_loss
-from ..data.encode import encode_pair
+from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
@@ -138,8 +138,9 @@ class RewardModelTrainer(SupervisedTrainer):
 
     # ---------------------------------------------------------------- data
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
-        """Tokenise (prompt + completion + EOS) for both sides; drop pairs whose completion is cut."""
-        pairs, dropped = [], 0
+        """Tokenise (prompt + completion + EOS) for both sides; drop pairs whose completion is cut (a
+        warning), say how many kept pairs lost their prompt's start and how many hold unknown tokens."""
+        pairs, dropped, cut = [], 0, 0
         for i, row in enumerate(rows):
             try:
                 chosen, rejected = (encode_pair(row["prompt"], row[k], self.tokenizer, self.args.max_length)
@@ -151,6 +152,9 @@ class RewardModelTrainer(SupervisedTrainer):
                 continue
             margin = float(row["margin"]) if row.get("margin") is not None else None
             pairs.append(Pair(chosen.input_ids, rejected.input_ids, margin))
+            cut += chosen.cut or rejected.cut
+        note_cut(name, cut, len(rows), "pairs", self.args.max_length, "the prompt's start")
+        note_unknown(name, [(p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
         return self._check_pairs(pairs, dropped, len(rows), name)
 
     def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ import torch
 from .. import distributed
 from ..config import RLConfig
 from ..data import render_prompt
-from ..data.encode import encode_pair
+from ..data.encode import encode_pair, note_unknown
 from ..models import (
     ScalarModel, disable_dropout, enable_activation_checkpointing, forward_response, freeze, load_causal_lm, load_tokenizer,
 )
@@ -270,4 +270,5 @@ def tokenize_prompts(rows: list[dict], tokenizer, limit: int | None, truncate: s
                                  "max_new_tokens); set truncate_prompts=left to keep its last tokens, or shorten it")
             tokens = tokens[-limit:]
         ids.append(tokens)
+    note_unknown(name, ids, tokenizer, "prompts")
     return ids

@@ -188,6 +188,14 @@ def barrier() -> None:
         dist.barrier()
 
 
+def finished() -> None:
+    """Every process has reached the end of its run (a barrier; nothing without torchrun). Called
+    on the normal path only, after the final save: a process that left at once would tear its gloo
+    group down while rank 0 still writes, which aborted it now and then ("terminate called without
+    an active exception"). A process that fails never gets here; torchrun ends the others."""
+    barrier()
+
+
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face model: its ``_no_split_modules`` classes."""
     names = set()

@@ -138,6 +138,7 @@ class RLTrainer:
             self.save_model(Path(args.output_dir) / "final")
             finish_run(self.out_dir)
         self.logger.close()  # the trackers' runs end
+        distributed.finished()
         return self.logger.history
 
     def evaluate(self) -> dict:
@@ -161,7 +162,8 @@ class RLTrainer:
     def _sampling_seed(self) -> int:
         """The seed of this step's sampling on this process (an engine that takes one: vLLM), fixed by
         (seed, step, rank) so a resumed run samples what the uninterrupted one did."""
-        return ((self.args.seed * 1_000_003 + self.step) * 4099 + distributed.rank()) * 100_003
+        # Below 2**62, so vLLM's per-request seeds (this + g·n) fit its 64-bit seed for any config seed.
+        return (((self.args.seed * 1_000_003 + self.step) * 4099 + distributed.rank()) * 100_003) % 2**62
 
     def _eval_due(self) -> bool:
         every = self.args.eval_every

@@ -146,5 +146,6 @@ class SupervisedTrainer:
         self._restore(counters)
 
     def _finish(self) -> None:
-        """Close the trackers (the run's files are complete)."""
+        """Close the trackers (the run's files are complete) and wait for every process."""
         self.logger.close()
+        distributed.finished()

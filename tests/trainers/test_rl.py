@@ -213,6 +213,7 @@ def test_eval_dataset_errors_name_it():
 
 
 def test_save_total_limit_keeps_the_newest_checkpoints_only(tmp_path):
+    make_trainer("grpo", tmp_path, max_steps=1).train()  # a run directory (its marker), rerun with overwrite
     (tmp_path / "checkpoint-0").mkdir(parents=True)  # not written by a trainer (no state file): kept
     (tmp_path / "checkpoint-0" / "notes.txt").write_text("mine")
     make_trainer("grpo", tmp_path, max_steps=4, save_steps=1, save_total_limit=2, overwrite=True).train()

@@ -98,7 +98,7 @@ def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
     the run (``record_run``)."""
     if not output_dir:
         return None
-    from .run_dir import check_inputs_outside, prepare_run_dir
+    from .run.directory import check_inputs_outside, prepare_run_dir
 
     inputs = {"model": model, **{name: given for name, (given, _) in datasets.items()},
               "reward_funcs": sources.get("reward_funcs"), "ref_model": sources.get("ref_model"),
@@ -125,7 +125,8 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     if not args.output_dir:
         return None
     from .config_io import save_config
-    from .run_dir import run_config_path, writing
+    from .files import writing
+    from .run.directory import run_config_path
     job_cls = next((job for cfg, job in _JOBS if isinstance(args, cfg)), None)
     if job_cls is None:
         raise ValueError(f"record_run: no command records a {type(args).__name__}")
@@ -214,7 +215,7 @@ def _dataset_source(name: str, given, rows, output_dir: Path) -> str | None:
 
         warnings.warn(f"{name}: the in-memory rows are not recorded in the run directory ({err})", stacklevel=3)
         return f"<not recorded: in-memory {name}>"
-    from .run_dir import writing
+    from .files import writing
 
     with writing(path):
         path.write_text(text, encoding="utf-8")
@@ -265,7 +266,7 @@ def checkpoint_policy(path):
     base model and the LoRA settings; the checkpoint holds the trained weights (all of them, or the
     adapter's) under the module name ``policy`` (RL) or ``model`` (SFT, DPO)."""
     from .config_io import load_config
-    from .trainers.checkpoint import DCP_DIR, STATE_FILE, _read_metadata, has_module_weights, load_module_weights
+    from .run.checkpoint import DCP_DIR, STATE_FILE, _read_metadata, has_module_weights, load_module_weights
 
     path = Path(path)
     if not (path.is_dir() and (path / STATE_FILE).is_file()):
@@ -291,7 +292,7 @@ def checkpoint_policy(path):
     if job is None or not job.model:
         raise ValueError(f"checkpoint {path}: {record} does not name the run's model (a run started from "
                          "Python records only its trainer config); load the base model and apply the policy "
-                         "weights (rlhfkit.trainers.checkpoint.load_module_weights), or evaluate the run's final/")
+                         "weights (rlhfkit.run.checkpoint.load_module_weights), or evaluate the run's final/")
     from .models import load_causal_lm
 
     model = load_causal_lm(job.model, job.dtype)

@@ -58,7 +58,7 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
     from .trainers.reward_model import RewardModelConfig, RewardModelTrainer
     from .trainers.sft import SFTConfig, SFTTrainer
     from .trainers.rl import RLTrainer
-    from .tracking import prepare_run_dir
+    from .run.directory import prepare_run_dir
 
     root = prepare_run_dir(output_dir, overwrite)
     steps = lambda n: max(2, int(n * scale))  # noqa: E731

@@ -10,7 +10,7 @@ import pytest
 
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import DPOConfig, DPOTrainer, RewardModelConfig, RewardModelTrainer, SFTConfig, SFTTrainer
-from rlhfkit.tracking import MetricsLogger
+from rlhfkit.run.metrics import MetricsLogger
 
 from .trainers.test_reward_model import oracle_pairs
 

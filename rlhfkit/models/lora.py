@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..run_dir import writing
+from ..files import writing
 from .loading import check_finite_weights
 
 

@@ -42,8 +42,9 @@ from ..data.preferences import load_preference_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
-from ..tracking import finish_run, to_floats
-from .common import seed_everything
+from ..run.metrics import to_floats
+from ..run.directory import finish_run
+from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
 
 @dataclass(frozen=True)

@@ -38,9 +38,11 @@ from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
 from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..config import TrainConfig
-from .common import seed_everything
+from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
-from ..tracking import finish_run, to_floats, writing
+from ..run.metrics import to_floats
+from ..run.directory import finish_run
+from ..files import writing
 
 
 @dataclass(frozen=True)

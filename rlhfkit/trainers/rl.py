@@ -21,9 +21,10 @@ from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, Fi
                           masked_mean, value_loss)
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
-from ..tracking import MetricsLogger, check_run_dir, finish_run, latest_checkpoint, write_samples
-from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
-from .common import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
+from ..run.metrics import MetricsLogger, write_samples
+from ..run.directory import check_run_dir, finish_run, latest_checkpoint
+from ..run.checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
+from ..run.training import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
 from .rl_advantages import compute_advantages, rollout_correction, rollout_metrics, shape_scores

@@ -33,9 +33,9 @@ from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_d
 from ..models.loading import load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..config import TrainConfig
-from .common import epoch_order, seed_everything
+from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
-from ..tracking import finish_run
+from ..run.directory import finish_run
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What the trainers on fixed data (SFT, reward model, DPO) share: the run directory and its
-record, the optimizer and schedule, checkpoints every ``save_steps`` (``checkpoint.py``: DCP
+record, the optimizer and schedule, checkpoints every ``save_steps`` (``run/checkpoint.py``: DCP
 shards of the trainable weights and AdamW's state, the schedule, every process's RNG, the loop's
 counters), ``resume_from``, and the metrics logger with its trackers.
 
@@ -19,9 +19,10 @@ import torch
 from .. import distributed
 from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
-from ..tracking import MetricsLogger, check_run_dir, latest_checkpoint
-from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
-from .common import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
+from ..run.metrics import MetricsLogger
+from ..run.directory import check_run_dir, latest_checkpoint
+from ..run.checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
+from ..run.training import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
 
 class SupervisedTrainer:

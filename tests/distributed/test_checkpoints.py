@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.trainers.checkpoint import _load_tree, _read_metadata, load_module_weights
+from rlhfkit.run.checkpoint import _load_tree, _read_metadata, load_module_weights
 
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 BASE = dict(algorithm="grpo", prompts_per_step=4, max_steps=4, kl_coef=0.05, mini_batch_size=8, num_iterations=2)

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from rlhfkit.cli import main
-from rlhfkit.run_dir import MARKER
+from rlhfkit.run.directory import MARKER
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 

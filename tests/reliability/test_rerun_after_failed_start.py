@@ -9,7 +9,7 @@ import pytest
 
 from rlhfkit.cli import main
 from rlhfkit.config import RLConfig
-from rlhfkit.run_dir import MARKER
+from rlhfkit.run.directory import MARKER
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
 from rlhfkit.trainers import RLTrainer, SFTConfig, SFTTrainer

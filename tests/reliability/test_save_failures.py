@@ -11,7 +11,7 @@ import torch
 
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import SFTConfig, SFTTrainer
-from rlhfkit.trainers import checkpoint_format
+from rlhfkit.run import checkpoint_format
 
 ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
 
@@ -32,7 +32,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path / f"{stem}.json"))
         return real(path, stem, state, **header)
 
-    monkeypatch.setattr("rlhfkit.trainers.checkpoint._save_tree", save_tree)
+    monkeypatch.setattr("rlhfkit.run.checkpoint._save_tree", save_tree)
     trainer = sft(tmp_path / "run")
     with pytest.raises(ValueError) as err:
         trainer.train()

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from rlhfkit.trainers.checkpoint import (
+from rlhfkit.run.checkpoint import (
     DCP_DIR, LEGACY_FILE, META_FILE, STATE_FILE, TENSORS_FILE, load_checkpoint, load_module_weights, rng_state,
     save_checkpoint, trainable_state,
 )
@@ -119,7 +119,7 @@ def test_a_checkpoint_saved_before_any_step_leaves_the_optimizer_fresh(tmp_path)
 
 
 def test_previous_single_process_format_still_resumes_bit_exactly(tmp_path):
-    from rlhfkit.trainers.checkpoint import _save_tree
+    from rlhfkit.run.checkpoint import _save_tree
 
     reference = make()
     train(*reference, 4)

@@ -1,5 +1,5 @@
 """Metrics: one JSON line per step in the run directory, a short progress line on stdout, and the
-experiment trackers the config asks for (``report_to``: ``trackers.py``)."""
+experiment trackers the config asks for (``report_to``: ``run/trackers.py``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from pathlib import Path
 
 import torch
 
-from .run_dir import (  # noqa: F401  (the run directory's rules, re-exported where the trainers import them)
-    MARKER, check_run_dir, finish_run, latest_checkpoint, prepare_run_dir, remove_previous_run, run_config_path,
-    unstarted_run, writing,
-)
+from ..files import writing
 
 
 def to_floats(metrics: dict) -> dict[str, float]:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
+
+from ..files import writing
 
 MARKER = ".rlhfkit-run"
 
@@ -25,26 +26,6 @@ _RUN_GLOBS = ("config-resume-*.yaml", "data/train_dataset.jsonl", "data/eval_dat
               "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*", "wandb/offline-run-*", "wandb/run-*",
               "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
 _MODEL_MARKS = ("config.json", "adapter_config.json", "trainer_state.json", "dcp", "training_state.json")
-
-
-@contextmanager
-def writing(path):
-    """An ``OSError`` raised inside that names no file (a write or close on a full disk: "No space
-    left on device") names ``path``; so does a safetensors I/O error (``... (os error 28)``)."""
-    try:
-        yield
-    except OSError as err:
-        if err.filename:
-            raise
-        raise OSError(err.errno, err.strerror or str(err), str(path)) from None
-    except Exception as err:  # safetensors' Rust writer: SafetensorError("... I/O error: ... (os error N)")
-        text = str(err)
-        if "(os error " not in text:
-            raise
-        code = text.rsplit("(os error ", 1)[1].split(")", 1)[0]
-        if not code.isdigit():
-            raise
-        raise OSError(int(code), os.strerror(int(code)), str(path)) from None
 
 
 def check_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: str | None = None) -> None:
@@ -87,7 +68,7 @@ def check_inputs_outside(output_dir: str | None, overwrite: bool, resume_from: s
 def _paths(inputs: dict, resume_from):
     """``(field, path)`` for every input that is an existing local path (a model object: the
     directory it was loaded from)."""
-    from .jobs import model_source
+    from ..jobs import model_source
 
     for field, value in {**inputs, "resume_from": resume_from}.items():
         for item in (value if isinstance(value, (list, tuple)) else [value]):
@@ -120,12 +101,12 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
     path.mkdir(parents=True, exist_ok=True)
     marker = path / MARKER
     if not marker.is_file():
-        from . import __version__
+        from .. import __version__
 
         with writing(marker):
             marker.write_text(json.dumps({"rlhfkit": __version__}) + "\n")
     if config is not None:
-        from .config_io import save_config
+        from ..config_io import save_config
 
         target = run_config_path(path, resume_from)
         with writing(target):
@@ -137,7 +118,7 @@ def run_outputs(path: Path) -> list[Path]:
     """What an rlhfkit run writes in ``path`` (whether or not it exists): its logs and record, its
     plots (the PNG files of ``report.PLOT_GROUPS``), tracker files, recorded data, and its
     ``checkpoint-<step>/`` and ``final/`` directories (those holding a model or checkpoint)."""
-    from .report import PLOT_GROUPS
+    from ..report import PLOT_GROUPS
 
     outputs = [path / name for name in _RUN_FILES]
     outputs += [p for pattern in _RUN_GLOBS for p in path.glob(pattern)]
@@ -252,7 +233,7 @@ def run_config_path(output_dir, resume_from: str | None = None) -> Path:
 def finish_run(output_dir: str | None) -> None:
     """PNG plots of the main curves into ``output_dir/plots`` (``rlhfkit report`` adds the HTML)."""
     if output_dir and (Path(output_dir) / "metrics.jsonl").exists():  # a max_steps=0 run logged nothing
-        from .report import write_plots
+        from ..report import write_plots
 
         with writing(Path(output_dir) / "plots"):
             write_plots(output_dir)

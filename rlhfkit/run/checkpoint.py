@@ -252,7 +252,7 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     if rng is not None:
         set_rng_state(rng)
     else:
-        from .common import seed_everything
+        from .training import seed_everything
 
         seed_everything(fresh_seed)
     return _read_counters(path)

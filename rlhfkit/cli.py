@@ -30,7 +30,7 @@ def _train(job_cls, args, run) -> int:
     job = load_config(job_cls, args.config, overrides)  # config errors before any process starts
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         return _torchrun(args.nproc_per_node, args.argv)
-    run(job).train()  # the trainer records the whole job in the run directory (jobs.record_run)
+    run(job).train()  # the trainer records the whole job in the run directory (run.record.record_run)
     return 0
 
 

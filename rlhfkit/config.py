@@ -1,7 +1,9 @@
 """Configuration: dataclasses split by concern, each field documented right under it (that
 docstring is the only source of help text). ``RLConfig`` joins them into one flat object, as
 TRL's ``GRPOConfig`` is, and fills the algorithm fields the user left unset from the chosen
-algorithm's preset. Configs are frozen: nothing changes them at run time.
+algorithm's preset. Configs are frozen: nothing changes them at run time. The supervised trainers'
+configs (``TrainConfig``, ``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``) build on
+``RunBase`` and ``OptimBase`` in ``config_supervised.py``; the command line's jobs in ``config_jobs.py``.
 
 Every numeric field has its allowed range in ``RANGES`` (``config_checks.py``) and every fixed list of choices is named
 once (``DTYPES``, ``SCHEDULERS``, ...): ``check_ranges`` enforces both at construction, for every
@@ -290,49 +292,6 @@ def _validate(c: RLConfig) -> None:
         (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",
          f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None"),
     ])
-
-
-@dataclass(frozen=True)
-class TrainConfig(RunBase, OptimBase):
-    """Fields shared by the supervised trainers (SFT, reward model); a subclass re-declares a field
-    only to change its default."""
-
-    learning_rate: float = 2e-5
-    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
-    lr_scheduler: str = "cosine"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
-    log_every: int = 10
-    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
-    num_epochs: float = 1.0
-    """Passes over the training data when max_steps is None (fractions allowed)."""
-    max_steps: int | None = None
-    """Optimizer steps to run; None: from num_epochs."""
-    batch_size: int = 8
-    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences). Under torchrun it counts the rows of every process together: each process takes its 1/N share, so N processes train what one does."""
-    max_length: int = 1024
-    """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row length."""
-    eval_every: int = 0
-    """Evaluate on eval_dataset every this many optimizer steps (0: only after the last step)."""
-    dtype: str = "float32"
-    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16 (DTYPES)."""
-    device: str = "auto"
-    """Where the model runs: 'auto' (the GPU of this process when torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
-    parallelism: str = "fsdp"
-    """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights, gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its share of every step's rows (batch_size stays the global count). Ignored in a single process."""
-
-    def __post_init__(self):
-        check_ranges(self)
-        check_run_fields(self)
-        check_fields(self, [
-            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
-            (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
-            (self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS, "device",
-             "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
-            (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
-        ])
-
-    def replace(self, **changes):
-        return dataclasses.replace(self, **changes)
 
 
 # Re-exported: config files and help text live in config_io.py.

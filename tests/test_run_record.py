@@ -92,7 +92,7 @@ def test_record_run_never_stops_a_run_and_keeps_what_it_can(tmp_path, tiny_model
     import numpy as np
     from peft import LoraConfig
 
-    from rlhfkit.jobs import reward_source
+    from rlhfkit.run.record import reward_source
     from rlhfkit.models import ScalarModel
     from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 

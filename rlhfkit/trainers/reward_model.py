@@ -37,26 +37,12 @@ from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
 from ..models.lora import apply_lora, is_peft, merged_backbone
-from ..config import TrainConfig
+from ..config_supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
 from ..run.metrics import to_floats
 from ..run.directory import finish_run
 from ..files import writing
-
-
-@dataclass(frozen=True)
-class RewardModelConfig(TrainConfig):
-    """Everything a reward-model run reads. ``RewardModelConfig(learning_rate=1e-5, batch_size=8)``."""
-
-    learning_rate: float = 1e-5
-    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6). One epoch (the default num_epochs): reward models overfit after the first (Ouyang et al. 2022, appendix C.2)."""
-    lr_scheduler: str = "linear"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
-    log_every: int = 1
-    """Print a progress line every this many steps (0: silent)."""
-    center: bool = True
-    """After training, store the mean score of center_dataset (default: the training completions) as the offset, so scores are centred at 0."""
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ class RLTrainer:
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, limit, cut, "eval_dataset")
                                 if self.eval_rows is not None else None)
         self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
-        from ..jobs import open_run  # the job classes import the trainers
+        from ..run.record import open_run
 
         open_run(self.out_dir, args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset,
                  self.eval_rows)}, reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model,

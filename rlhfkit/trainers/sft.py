@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,22 +31,10 @@ from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
-from ..config import TrainConfig
+from ..config_supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
 from ..run.directory import finish_run
-
-
-@dataclass(frozen=True)
-class SFTConfig(TrainConfig):
-    """Everything an SFT run reads. ``SFTConfig(learning_rate=1e-3, max_steps=40, batch_size=4)``."""
-
-    num_epochs: float = 3.0
-    """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
-    grad_accumulation: int = 1
-    """Micro-batches per optimizer step; the loss is the mean over all completion tokens of the step."""
-    packing: bool = False
-    """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
 
 
 class SFTTrainer(SupervisedTrainer):

@@ -45,8 +45,8 @@ class SupervisedTrainer:
 
     def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:
         """Once the model and data have loaded: create the run directory (rank 0) and record the
-        run in its ``config.yaml`` (``jobs.open_run``)."""
-        from ..jobs import open_run  # the job classes import the trainers
+        run in its ``config.yaml`` (``run.record.open_run``)."""
+        from ..run.record import open_run
 
         open_run(self.out_dir, self.args, model, datasets, peft_config=peft_config, **sources)
 

@@ -1,0 +1,82 @@
+"""What the command line adds to the trainers' configs: the model and data paths (the Python API
+passes those as objects). Each job is a trainer config plus its sources, documented field by field
+like every config, so ``rlhfkit <job> --help`` and YAML recipes see one flat set of keys. A run
+started from Python is recorded as the job of its command too (``run/record.py``), so the jobs
+sit in the config layer, below the run record and the trainers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import RLConfig
+from .config_supervised import DPOConfig, RewardModelConfig, SFTConfig
+
+
+@dataclass(frozen=True)
+class Sources:
+    model: str = ""
+    """Model to train: a local Hugging Face model directory, a .gguf file, package:NAME/file.gguf (a file shipped in an installed Python package), or a Hugging Face Hub id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)."""
+    train_dataset: str = ""
+    """Training data: a .jsonl, .json or .parquet file, or a Hugging Face Hub dataset id (loaded with datasets.load_dataset)."""
+    eval_dataset: str | None = None
+    """Held-out data in the same format; None: no evaluation."""
+    dataset_subset: str | None = None
+    """Hub datasets: the subset (configuration) name, e.g. 'main' for openai/gsm8k; None: the dataset's default."""
+    dataset_train_split: str = "train"
+    """Hub datasets: the split train_dataset is read from."""
+    dataset_eval_split: str = "test"
+    """Hub datasets: the split eval_dataset is read from."""
+    lora_r: int = 0
+    """LoRA rank (peft); 0 trains every weight. With LoRA the reference (RL, DPO) is the adapter-disabled base: no second copy."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (alpha / r scales the adapter's output)."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapter's input during training (RL keeps 0: its log-probs must not change between passes)."""
+    lora_target_modules: str = "all-linear"
+    """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the architecture, e.g. q_proj,v_proj for Llama)."""
+
+
+@dataclass(frozen=True)
+class RMSources(Sources):
+    center_dataset: str | None = None
+    """Completions ({prompt, completion} rows, e.g. the SFT data) whose mean score becomes the reward's zero; None: the training completions."""
+
+
+@dataclass(frozen=True)
+class RLSources(Sources):
+    reward_funcs: tuple[str, ...] = ()
+    """Reward sources: registered names (e.g. shift_oracle), 'module:function' import paths, or reward-model directories."""
+    reward_weights: tuple[float, ...] | None = None
+    """One weight per reward source; None: 1 each."""
+    ref_model: str | None = None
+    """Reference policy directory for the KL penalty; None: a frozen copy of the initial policy."""
+
+
+@dataclass(frozen=True)
+class DPOSources(Sources):
+    ref_model: str | None = None
+    """Reference policy (a model directory or Hub id); None: a frozen copy of the initial model (with LoRA: the adapter-disabled base)."""
+
+
+@dataclass(frozen=True)
+class SFTJob(SFTConfig, Sources):
+    """Supervised fine-tuning on demonstrations."""
+
+
+@dataclass(frozen=True)
+class RMJob(RewardModelConfig, RMSources):
+    """Reward model on preference pairs (Bradley–Terry)."""
+
+
+@dataclass(frozen=True)
+class DPOJob(DPOConfig, DPOSources):
+    """Direct preference optimisation on preference pairs (DPO, IPO, hinge, SimPO): no reward model, no sampling."""
+
+
+@dataclass(frozen=True)
+class RLJob(RLConfig, RLSources):
+    """RL against reward functions and/or reward models (PPO, GRPO, REINFORCE, RLOO, …)."""
+
+
+# The job that records a run of each trainer config (``run.record.record_run``).
+JOBS = ((RLConfig, RLJob), (SFTConfig, SFTJob), (RewardModelConfig, RMJob), (DPOConfig, DPOJob))

@@ -1,0 +1,111 @@
+"""The supervised trainers' configs: ``TrainConfig``, the fields SFT, the reward model and DPO
+share, and one subclass per trainer (``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``) that
+adds its own fields or re-declares a shared one to change its default. Like ``RLConfig``
+(``config.py``) they sit below the trainers, so the run record (``run/record.py``) and the
+command line's jobs (``config_jobs.py``) read them without importing a trainer; the trainer
+modules re-export them (``from rlhfkit.trainers import SFTConfig``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .config import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
+from .config_checks import check_fields, check_ranges, check_run_fields
+
+
+@dataclass(frozen=True)
+class TrainConfig(RunBase, OptimBase):
+    """Fields shared by the supervised trainers (SFT, reward model); a subclass re-declares a field
+    only to change its default."""
+
+    learning_rate: float = 2e-5
+    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
+    lr_scheduler: str = "cosine"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+    log_every: int = 10
+    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
+    num_epochs: float = 1.0
+    """Passes over the training data when max_steps is None (fractions allowed)."""
+    max_steps: int | None = None
+    """Optimizer steps to run; None: from num_epochs."""
+    batch_size: int = 8
+    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences). Under torchrun it counts the rows of every process together: each process takes its 1/N share, so N processes train what one does."""
+    max_length: int = 1024
+    """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row length."""
+    eval_every: int = 0
+    """Evaluate on eval_dataset every this many optimizer steps (0: only after the last step)."""
+    dtype: str = "float32"
+    """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16 (DTYPES)."""
+    device: str = "auto"
+    """Where the model runs: 'auto' (the GPU of this process when torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
+    parallelism: str = "fsdp"
+    """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights, gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its share of every step's rows (batch_size stays the global count). Ignored in a single process."""
+
+    def __post_init__(self):
+        check_ranges(self)
+        check_run_fields(self)
+        check_fields(self, [
+            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
+            (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+            (self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS, "device",
+             "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
+            (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
+        ])
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class SFTConfig(TrainConfig):
+    """Everything an SFT run reads. ``SFTConfig(learning_rate=1e-3, max_steps=40, batch_size=4)``."""
+
+    num_epochs: float = 3.0
+    """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
+    grad_accumulation: int = 1
+    """Micro-batches per optimizer step; the loss is the mean over all completion tokens of the step."""
+    packing: bool = False
+    """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
+
+
+@dataclass(frozen=True)
+class RewardModelConfig(TrainConfig):
+    """Everything a reward-model run reads. ``RewardModelConfig(learning_rate=1e-5, batch_size=8)``."""
+
+    learning_rate: float = 1e-5
+    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6). One epoch (the default num_epochs): reward models overfit after the first (Ouyang et al. 2022, appendix C.2)."""
+    lr_scheduler: str = "linear"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
+    log_every: int = 1
+    """Print a progress line every this many steps (0: silent)."""
+    center: bool = True
+    """After training, store the mean score of center_dataset (default: the training completions) as the offset, so scores are centred at 0."""
+
+
+@dataclass(frozen=True)
+class DPOConfig(TrainConfig):
+    """Everything a DPO run reads. ``DPOConfig(beta=0.1, loss_type="sigmoid", learning_rate=1e-6)``."""
+
+    learning_rate: float = 1e-6
+    """AdamW peak learning rate; 1e-6 is TRL's DPO default for real models (tiny random models want ~1e-3)."""
+    lr_scheduler: str = "linear"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
+    beta: float = 0.1
+    """β: the strength of the implicit KL leash to the reference (DPO, hinge), IPO's τ (the target margin is 1/(2β)), or SimPO's reward scale."""
+    loss_type: str = "sigmoid"
+    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), ipo, hinge (SLiC) or simpo (reference-free, length-normalised); see algorithms/dpo.py."""
+    label_smoothing: float = 0.0
+    """sigmoid only: the assumed probability ε that a label is flipped (conservative DPO, Mitchell 2023); 0 is plain DPO."""
+    simpo_gamma: float = 0.5
+    """simpo only: the target reward margin γ of SimPO (Meng et al. 2024)."""
+    precompute_ref_logprobs: bool = False
+    """Score every training pair under the reference once, before training, and free the reference: no second model in memory during training (the same loss: the reference is frozen)."""
+
+    def __post_init__(self):
+        from .algorithms import DPO_LOSS_TYPES as DPO_LOSSES  # torch only when a DPO config is built
+
+        super().__post_init__()
+        check_fields(self, [(self.loss_type in DPO_LOSSES, "loss_type", f"one of {', '.join(DPO_LOSSES)}"),
+                            (self.label_smoothing == 0 or self.loss_type == "sigmoid", "label_smoothing",
+                             "0 unless loss_type is 'sigmoid' (it is conservative DPO's flip rate)")])

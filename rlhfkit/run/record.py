@@ -1,0 +1,151 @@
+"""The run's record: ``open_run`` creates the run directory once everything has loaded and
+``record_run`` writes ``config.yaml`` — the trainer config plus its model, data and rewards, as
+the job of the matching command (``config_jobs.py``), so ``rlhfkit <command> --config
+<run>/config.yaml`` reruns a run started from Python exactly as one started from the command
+line. Every trainer records its run here; the one writer of the record."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..config_io import config_values, save_config
+from ..config_jobs import JOBS
+from ..files import writing
+from ..models.sources import model_source
+from .directory import check_inputs_outside, prepare_run_dir, run_config_path
+
+
+def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
+    """Once the model, data and rewards have loaded (``output_dir``: None on the processes that do
+    not write): refuse to clear a directory that holds one of the run's inputs
+    (``check_inputs_outside``), create the run directory (``prepare_run_dir``) and record
+    the run (``record_run``)."""
+    if not output_dir:
+        return None
+    inputs = {"model": model, **{name: given for name, (given, _) in datasets.items()},
+              "reward_funcs": sources.get("reward_funcs"), "ref_model": sources.get("ref_model"),
+              "critic_init": getattr(args, "critic_init", None)}
+    check_inputs_outside(output_dir, args.overwrite, args.resume_from, inputs)
+    prepare_run_dir(output_dir, args.overwrite, resume_from=args.resume_from)
+    return record_run(args, model, datasets, args.resume_from, **sources)
+
+
+def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path | None:
+    """Write the run's record — the trainer config ``args`` plus its sources, as the job of the
+    matching command (``RLJob``, ``SFTJob``, ``RMJob``) — to ``<output_dir>/config.yaml`` (or the
+    resume record). The trainers call this; it is the one writer of the record, so a run started
+    from Python records its model, data and rewards exactly as ``rlhfkit <command>`` does, and
+    ``rlhfkit <command> --config <run>/config.yaml`` or ``rlhfkit eval --model <run>/checkpoint-N``
+    work for it.
+
+    ``model`` / ``ref_model``: paths, or model objects (recorded by the local directory they were
+    loaded from, or "" when they have none); ``datasets``: name -> (what the user passed, the
+    loaded rows) — in-memory data are written to ``<output_dir>/data/<name>.jsonl`` and recorded by
+    that path; ``reward_funcs``: recorded by name, import path or directory (``reward_source``);
+    ``peft_config``: a LoRA config, recorded as ``lora_r`` / ``lora_alpha`` / ``lora_target_modules``.
+    """
+    if not args.output_dir:
+        return None
+    job_cls = next((job for cfg, job in JOBS if isinstance(args, cfg)), None)
+    if job_cls is None:
+        raise ValueError(f"record_run: no command records a {type(args).__name__}")
+    values = config_values(args)
+    values["model"] = model_source(model)
+    for name, (given, rows) in datasets.items():
+        values[name] = _dataset_source(name, given, rows, Path(args.output_dir))
+    if "reward_funcs" in sources:
+        values["reward_funcs"] = tuple(reward_source(f) for f in sources.pop("reward_funcs"))
+    if sources.get("reward_weights") is not None:
+        values["reward_weights"] = tuple(float(w) for w in sources.pop("reward_weights"))
+    sources.pop("reward_weights", None)
+    if "ref_model" in sources:
+        ref = sources.pop("ref_model")
+        values["ref_model"] = None if ref is None else model_source(ref)
+    peft = sources.pop("peft_config", None)
+    if peft is not None:
+        values.update(_lora_fields(peft))
+    if sources:
+        raise ValueError(f"record_run: unknown sources {sorted(sources)}")
+    target = run_config_path(args.output_dir, resume_from)
+    with writing(target):
+        return save_config(job_cls(**values), target)
+
+
+def reward_source(spec) -> str:
+    """How a reward source is recorded: a name or path as given, a registered function by its name,
+    an importable function as ``module:qualname``, a reward model by the directory it came from."""
+    from ..rewards.functions import REWARD_FUNCTIONS, unrecorded_reward
+
+    if isinstance(spec, (str, os.PathLike)):
+        return str(spec)
+    import torch
+
+    if isinstance(spec, torch.nn.Module):  # a reward model: by its directory, if it was loaded as one
+        origin = model_source(getattr(spec, "backbone", spec))
+        return origin if origin and _is_reward_model_dir(origin) else unrecorded_reward(type(spec).__name__)
+    for name, fn in REWARD_FUNCTIONS.items():
+        if fn is spec:
+            return name
+    module, qualname = getattr(spec, "__module__", None), getattr(spec, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:
+        import importlib
+
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError):
+            obj = None
+        if obj is spec:
+            return f"{module}:{qualname}"
+    return unrecorded_reward(getattr(spec, "__name__", None) or type(spec).__name__)
+
+
+def _is_reward_model_dir(path: str) -> bool:
+    from ..models.heads import META_FILE
+
+    config = Path(path) / "config.json"
+    archs = (json.loads(config.read_text()).get("architectures") or []) if config.is_file() else []
+    return (Path(path) / META_FILE).is_file() or any(a.endswith("ForSequenceClassification") for a in archs)
+
+
+def _dataset_source(name: str, given, rows, output_dir: Path) -> str | None:
+    """A path as given; in-memory rows written to ``<output_dir>/data/<name>.jsonl`` (numpy values
+    as plain numbers). Rows JSON cannot hold are not recorded (a warning; the run goes on)."""
+    if given is None:
+        return None
+    if isinstance(given, (str, os.PathLike)):
+        return str(given)
+    path = output_dir / "data" / f"{name}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        text = "".join(json.dumps(row, ensure_ascii=False, default=_plain) + "\n" for row in rows)
+    except (TypeError, ValueError) as err:
+        import warnings
+
+        warnings.warn(f"{name}: the in-memory rows are not recorded in the run directory ({err})", stacklevel=3)
+        return f"<not recorded: in-memory {name}>"
+    with writing(path):
+        path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _plain(value):
+    """numpy scalars and arrays (and tensors) as JSON values; anything else is refused."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} values cannot be written as JSON")
+
+
+def _lora_fields(peft) -> dict:
+    if getattr(peft, "r", None) is None or not hasattr(peft, "lora_alpha"):
+        import warnings
+
+        warnings.warn(f"{type(peft).__name__} is not recorded in config.yaml (only LoRA settings are)", stacklevel=3)
+        return {}
+    targets = getattr(peft, "target_modules", None)
+    targets = "" if targets is None else targets if isinstance(targets, str) else ",".join(sorted(targets))
+    return {"lora_r": int(peft.r), "lora_alpha": int(peft.lora_alpha),
+            "lora_dropout": float(getattr(peft, "lora_dropout", 0.0) or 0.0), "lora_target_modules": targets}

@@ -1,0 +1,216 @@
+"""Dependencies point downward only (DESIGN.md, "Layout"). Every import between rlhfkit's modules —
+function-local ones included: they are import edges too, only later — goes to a lower layer of
+``LAYERS``, or to the same layer without closing a circle; no modules import each other around a
+circle, and neither do the table's entries (packages)."""
+
+import ast
+from pathlib import Path
+
+import rlhfkit
+
+PACKAGE_DIR = Path(rlhfkit.__file__).parent
+
+# The layers, bottom to top. A module's layer is its own entry, else that of the nearest package
+# above it with one (the root "rlhfkit" is its __init__ only). A module imports lower layers, or
+# its own without a cycle; never a higher one.
+LAYERS = {
+    # 0 — pure tensor math: torch and the standard library only (tests/algorithms/test_imports.py);
+    #     the package root: __version__, and the top-level names loaded lazily (importlib, no import)
+    "rlhfkit.algorithms": 0, "rlhfkit": 0,
+    # 1 — foundations: every config and job dataclass (RL, supervised, the command line's jobs), their
+    #     checks and YAML files; atomic file writes; the process group
+    "rlhfkit.config": 1, "rlhfkit.config_checks": 1, "rlhfkit.config_io": 1, "rlhfkit.config_supervised": 1,
+    "rlhfkit.config_jobs": 1, "rlhfkit.files": 1, "rlhfkit.distributed": 1,
+    # 2 — models: sources (directories, GGUF, the Hub), loading, policy forward, scalar heads, LoRA
+    "rlhfkit.models": 2,
+    # 3 — what a run consumes: datasets (Hub ids through models.sources), reward sources, generation engines
+    "rlhfkit.data": 3, "rlhfkit.rewards": 3, "rlhfkit.rollout": 3,
+    # 4 — built on those, used by the run and the command line: the plots and HTML report of a run
+    #     directory; the embedded demo tasks (data, oracle rewards, tiny models)
+    "rlhfkit.report": 4, "rlhfkit.tasks": 4,
+    # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers
+    "rlhfkit.run": 5,
+    # 6 — the trainers: SFT, reward model, DPO, the one RL loop
+    "rlhfkit.trainers": 6,
+    # 7 — on top: the command line and its jobs, the quickstart, the toy task's ready-made RLTrainer
+    "rlhfkit.cli": 7, "rlhfkit.__main__": 7, "rlhfkit.jobs": 7, "rlhfkit.quickstart": 7, "rlhfkit.tasks.toy": 7,
+}
+
+
+# ---------------------------------------------------------------- the checker
+def package_sources(package_dir: Path) -> dict[str, tuple[str, bool]]:
+    """Module name -> (source, is a package) for every .py file under ``package_dir``."""
+    sources = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        sources[".".join(parts[:-1] if is_package else parts)] = (path.read_text(encoding="utf-8"), is_package)
+    return sources
+
+
+def imported_modules(module: str, source: str, is_package: bool, modules) -> dict[str, int]:
+    """The modules of ``modules`` that ``module`` imports -> the first line that does, from every
+    import statement anywhere in it (function bodies too). ``from P import name``: the submodule
+    ``P.name`` when there is one, else ``P``; a name not in ``modules``: its nearest parent that is."""
+    root = module.split(".")[0]
+    found: dict[str, int] = {}
+
+    def add(name: str, line: int) -> None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            found.setdefault(name, line)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == root:
+                    add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            if base.split(".")[0] != root:
+                continue
+            for alias in node.names:
+                add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base, node.lineno)
+    return found
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, int]]:
+    """Module -> {imported module: line} for every module of ``sources``."""
+    return {m: imported_modules(m, src, is_package, sources) for m, (src, is_package) in sources.items()}
+
+
+def find_cycle(graph: dict[str, dict]) -> list[str] | None:
+    """A circle of imports ``[a, b, ..., a]``, or None when the graph has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def layer_entry(module: str, layers: dict) -> str | None:
+    """The entry of ``layers`` that places ``module``: its own, else its nearest package's (the
+    root package's entry places the root alone); None when it has none."""
+    root = module.split(".")[0]
+    name = module
+    while name:
+        if name in layers and (name == module or name != root):
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def upward_imports(graph: dict[str, dict[str, int]], layers: dict) -> list[str]:
+    """One line per import that points to a higher layer."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        for target, line in sorted(targets.items()):
+            here, there = layers[layer_entry(module, layers)], layers[layer_entry(target, layers)]
+            if there > here:
+                bad.append(f"{module}:{line} imports {target} (layer {there} above {here})")
+    return bad
+
+
+def entry_graph(graph: dict[str, dict[str, int]], layers: dict) -> dict[str, set[str]]:
+    """The import graph between the table's entries (a package and its modules: one node)."""
+    collapsed: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        entry = layer_entry(module, layers)
+        collapsed.setdefault(entry, set()).update(layer_entry(t, layers) for t in targets)
+        collapsed[entry].discard(entry)
+    return collapsed
+
+
+# ---------------------------------------------------------------- the package
+GRAPH = import_graph(package_sources(PACKAGE_DIR))
+
+
+def test_the_graph_sees_function_local_imports():
+    assert set(GRAPH) >= {"rlhfkit", "rlhfkit.cli", "rlhfkit.run.directory", "rlhfkit.trainers.rl"}
+    # run/directory.py imports both inside functions only
+    assert {"rlhfkit.report", "rlhfkit.models.sources", "rlhfkit"} <= set(GRAPH["rlhfkit.run.directory"])
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in sorted(GRAPH) if layer_entry(m, LAYERS) is None]
+    assert not missing, f"modules without a layer (add them to LAYERS in {__file__}): {missing}"
+    unused = [entry for entry in LAYERS if entry not in GRAPH and not any(m.startswith(entry + ".") for m in GRAPH)]
+    assert not unused, f"LAYERS entries that name no module: {unused}"
+
+
+def test_no_import_cycle_between_modules():
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_between_packages():
+    cycle = find_cycle(entry_graph(GRAPH, LAYERS))
+    assert cycle is None, "import cycle between LAYERS entries: " + " -> ".join(cycle)
+
+
+def test_every_import_points_downward():
+    bad = upward_imports(GRAPH, LAYERS)
+    assert not bad, "upward imports (move the code to the right layer):\n" + "\n".join(bad)
+
+
+# ---------------------------------------------------------------- the checker itself
+SYNTHETIC = {
+    "pkg": ("", True),
+    "pkg.low": ("import os\nfrom typing import Any\n", False),
+    "pkg.sub": ("from . import leaf\n", True),
+    "pkg.sub.leaf": ("from ..low import x\nfrom .. import low\n", False),
+    "pkg.sub.other": ("def f():\n    from .leaf import y\n    import pkg.low.nothing\n    from pkg import __version__\n",
+                      False),
+    "pkg.top": ("import pkg.sub.leaf as leaf\nfrom pkg.sub import other, missing_name\n", False),
+}
+
+
+def test_checker_resolves_relative_absolute_and_function_local_imports():
+    graph = import_graph(SYNTHETIC)
+    assert graph["pkg.low"] == {}  # the standard library is not ours
+    assert graph["pkg.sub"] == {"pkg.sub.leaf": 1}
+    assert graph["pkg.sub.leaf"] == {"pkg.low": 1}
+    assert graph["pkg.sub.other"] == {"pkg.sub.leaf": 2, "pkg.low": 3, "pkg": 4}
+    assert graph["pkg.top"] == {"pkg.sub.leaf": 1, "pkg.sub.other": 2, "pkg.sub": 2}
+
+
+def test_checker_finds_cycles_and_upward_imports():
+    layers = {"pkg": 0, "pkg.low": 0, "pkg.sub": 1, "pkg.top": 2}
+    graph = import_graph(SYNTHETIC)
+    assert find_cycle(graph) is None and upward_imports(graph, layers) == []
+    assert layer_entry("pkg.sub.leaf", layers) == "pkg.sub" and layer_entry("pkg.other", layers) is None
+
+    upward = {**SYNTHETIC, "pkg.low": ("def f():\n    from .top import z\n", False)}
+    graph = import_graph(upward)
+    assert upward_imports(graph, layers) == ["pkg.low:2 imports pkg.top (layer 2 above 0)"]
+    assert find_cycle(graph) == ["pkg.low", "pkg.top", "pkg.sub", "pkg.sub.leaf", "pkg.low"]
+
+    same_layer = {**SYNTHETIC, "pkg.sub.leaf": ("from .other import f\n", False)}
+    graph = import_graph(same_layer)
+    assert upward_imports(graph, layers) == []  # one layer: allowed, but ...
+    assert find_cycle(graph) == ["pkg.sub.leaf", "pkg.sub.other", "pkg.sub.leaf"]  # ... not around a circle
+
+    across = {**SYNTHETIC, "pkg.x": ("from .y import a\n", False), "pkg.y": ("", True),
+              "pkg.y.b": ("from ..x import c\n", False)}
+    graph = import_graph(across)
+    assert find_cycle(graph) is None  # no module circle: pkg.x -> pkg.y, pkg.y.b -> pkg.x
+    assert find_cycle(entry_graph(graph, {**layers, "pkg.x": 1, "pkg.y": 1})) == ["pkg.x", "pkg.y", "pkg.x"]

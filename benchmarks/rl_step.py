@@ -51,10 +51,10 @@ def build_trainer(a):
 
 def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     """Bare generate of ``new_tokens`` decode steps for the same rows, and one bare training step."""
-    from rlhfkit.rollout.base import left_pad
+    from rlhfkit.data.padding import pad
 
     model = trainer.m.policy
-    ids, mask = left_pad(prompt_ids, trainer.tokenizer.pad_token_id)
+    ids, mask = pad(prompt_ids, trainer.tokenizer.pad_token_id, "left")
     ids, mask = ids.repeat_interleave(rows // len(prompt_ids), 0), mask.repeat_interleave(rows // len(prompt_ids), 0)
     model.eval()
     start = time.perf_counter()

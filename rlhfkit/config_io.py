@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import inspect
 import json
 import textwrap
@@ -139,11 +138,10 @@ def _parse_overrides(overrides) -> dict:
 
 
 def _unknown_key_message(key, value, fields, source: str) -> str:
-    close = difflib.get_close_matches(str(key), list(fields), n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    if isinstance(value, dict):
-        hint += " (sections are not supported: write fields at the top level)"
-    return f"unknown config key {key!r} from {source}{hint}"
+    from .algorithms.registry import did_you_mean  # torch is loaded on this error's path only
+
+    sections = " (sections are not supported: write fields at the top level)" if isinstance(value, dict) else ""
+    return f"unknown config key {key!r} from {source}{sections}.{did_you_mean(key, fields)}"
 
 
 def _check_type(key: str, value, annotation, source: str):

@@ -140,10 +140,10 @@ def test_unknown_key_from_file_suggests_close_matches(tmp_path):
 
 def test_unknown_key_from_command_line(tmp_path):
     message = _error(lambda: load_config(RLConfig, overrides=["kl_cof=0.1"]))
-    assert "'kl_cof'" in message and "did you mean kl_coef" in message and "command line" in message
-    assert len(message.split("did you mean ")[1].split(", ")) <= 3
+    assert "'kl_cof'" in message and "Did you mean 'kl_coef'" in message and "command line" in message
+    assert len(message.split("Did you mean ")[1].split(", ")) <= 3
     message = _error(lambda: load_config(RLConfig, overrides=["zzzz=1"]))
-    assert "did you mean" not in message
+    assert "Did you mean" not in message
 
 
 def test_sections_are_not_flattened(tmp_path):

@@ -19,6 +19,9 @@ The implicit rewards (TRL's ``rewards/chosen`` and ``rewards/rejected``) are ``�
 ``β (r - r_ref)`` — on the length-normalised log-probs for ``ipo`` — and ``β c/|c|``, ``β r/|r|``
 for ``simpo``; they are returned detached. The reference log-probs are detached too: the
 reference is a fixed baseline, and no gradient reaches it.
+
+Each loss is an entry of the ``DPO_LOSS_TYPES`` registry (``registry.Registry``) declaring what it
+needs as traits; ``dpo_loss`` checks the arguments against them, so a new loss is one entry.
 """
 
 from __future__ import annotations
@@ -27,8 +30,43 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_same_shape, check_tensor
+from .registry import Registry
 
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "simpo")
+# ``f(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing, simpo_gamma) -> losses (B,)``
+# on the log-probs (per token when the loss is ``length_normalised``; the reference ones None when
+# it takes no ``reference``).
+DPO_LOSS_TYPES = Registry("DPO loss", ("chosen", "rejected", "ref_chosen", "ref_rejected"),
+                          ("beta", "label_smoothing", "simpo_gamma"),
+                          traits=("reference", "length_normalised", "smoothing"))
+
+
+def _margin(chosen, rejected, ref_chosen, ref_rejected):
+    """``h``: the policy's log-ratio of chosen over rejected minus the reference's."""
+    return (chosen - rejected) - (ref_chosen - ref_rejected)
+
+
+@DPO_LOSS_TYPES.register("sigmoid", reference=True, length_normalised=False, smoothing=True)
+def _sigmoid(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    h = _margin(chosen, rejected, ref_chosen, ref_rejected)
+    losses = -(1 - label_smoothing) * F.logsigmoid(beta * h)
+    if label_smoothing:
+        losses = losses - label_smoothing * F.logsigmoid(-beta * h)
+    return losses
+
+
+@DPO_LOSS_TYPES.register("ipo", reference=True, length_normalised=True, smoothing=False)
+def _ipo(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    return (_margin(chosen, rejected, ref_chosen, ref_rejected) - 1 / (2 * beta)) ** 2
+
+
+@DPO_LOSS_TYPES.register("hinge", reference=True, length_normalised=False, smoothing=False)
+def _hinge(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    return torch.relu(1 - beta * _margin(chosen, rejected, ref_chosen, ref_rejected))
+
+
+@DPO_LOSS_TYPES.register("simpo", reference=False, length_normalised=True, smoothing=False)
+def _simpo(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=0.5):
+    return -F.logsigmoid(beta * chosen - beta * rejected - simpo_gamma)
 
 
 def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_logps=None, *,
@@ -41,18 +79,20 @@ def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_l
     (or the inputs' wider dtype)."""
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
+    loss, traits = DPO_LOSS_TYPES.get(loss_type), DPO_LOSS_TYPES.traits(loss_type)
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta!r}")
     if not 0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
-    if label_smoothing and loss_type != "sigmoid":
-        raise ValueError(f"label_smoothing applies to loss_type='sigmoid' only, got loss_type={loss_type!r}")
+    if label_smoothing and not traits["smoothing"]:
+        takes = " or ".join(f"loss_type={n!r}" for n in DPO_LOSS_TYPES if DPO_LOSS_TYPES.traits(n)["smoothing"])
+        raise ValueError(f"label_smoothing applies to {takes} only, got loss_type={loss_type!r}")
     with_ref = ref_chosen_logps is not None or ref_rejected_logps is not None
-    if loss_type == "simpo" and with_ref:
-        raise ValueError("loss_type='simpo' is reference-free: pass no reference log-probs")
-    if loss_type != "simpo" and (ref_chosen_logps is None or ref_rejected_logps is None):
+    if not traits["reference"] and with_ref:
+        raise ValueError(f"loss_type={loss_type!r} is reference-free: pass no reference log-probs")
+    if traits["reference"] and (ref_chosen_logps is None or ref_rejected_logps is None):
         raise ValueError(f"loss_type={loss_type!r} needs ref_chosen_logps and ref_rejected_logps")
-    normalised = loss_type in ("ipo", "simpo")
+    normalised = traits["length_normalised"]
     if normalised and (chosen_lengths is None or rejected_lengths is None):
         raise ValueError(f"loss_type={loss_type!r} needs chosen_lengths and rejected_lengths (completion tokens)")
     tensors = {"chosen_logps": chosen_logps, "rejected_logps": rejected_logps}
@@ -72,16 +112,7 @@ def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_l
         c, r = c / n_c, r / n_r
         if with_ref:
             c_ref, r_ref = c_ref / n_c, r_ref / n_r
-    if loss_type == "simpo":
-        losses = -F.logsigmoid(beta * c - beta * r - simpo_gamma)
+    losses = loss(c, r, c_ref, r_ref, beta=beta, label_smoothing=label_smoothing, simpo_gamma=simpo_gamma)
+    if not with_ref:  # reference-free: the implicit rewards are the scaled log-probs themselves
         return losses, (beta * c).detach(), (beta * r).detach()
-    h = (c - r) - (c_ref - r_ref)
-    if loss_type == "sigmoid":
-        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h)
-        if label_smoothing:
-            losses = losses - label_smoothing * F.logsigmoid(-beta * h)
-    elif loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:  # ipo
-        losses = (h - 1 / (2 * beta)) ** 2
     return losses, (beta * (c - c_ref)).detach(), (beta * (r - r_ref)).detach()

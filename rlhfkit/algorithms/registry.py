@@ -9,6 +9,8 @@ algorithm's parts by name from the config and never branches on the algorithm.
   clip_low, clip_high, dual_clip, weights) -> (loss, metrics)``; ``weights`` (B, T) or None: the
   rollout importance-sampling weights (``rollout_is_weights``) multiplying the per-token loss.
 - ``KL_ESTIMATORS``: ``f(logprobs, ref_logprobs) -> (B, T)``.
+- ``ROLLOUT_IS_MODES`` (in ``rollout_is.py``) and ``DPO_LOSS_TYPES`` (in ``dpo.py``): the rollout
+  importance-sampling modes and the DPO-family losses, registered beside their formulas.
 
 Each entry declares what it needs as *traits* at registration (``register(name, **traits)``, read
 with ``traits(name)``); the config checks read them, so a new estimator is one entry here and
@@ -18,7 +20,11 @@ nothing else names it. Every entry of a registry declares the same trait keys:
   group_size >= 2), ``needs_values`` (values from a critic), ``gives_returns`` (returns a critic
   can learn from), ``sequence_level`` (one reward per sequence, the bandit formulation);
 - KL estimators: ``loss_gradient`` — the divergence whose gradient the estimator's gradient
-  follows when it is put in the loss (None: it cannot go in the loss), and ``why_not_in_loss``.
+  follows when it is put in the loss (None: it cannot go in the loss), and ``why_not_in_loss``;
+- rollout IS modes: ``level`` ("token" or "sequence": whose ratio weighs a token) and ``masks``
+  (rejected tokens leave the mask, so the kept tokens must be known before the update);
+- DPO losses: ``reference`` (needs the reference log-probs), ``length_normalised`` (log-probs per
+  token: needs the completion lengths) and ``smoothing`` (takes ``label_smoothing``).
 
 Rows whose response mask is empty are absent: an estimator leaves them out of every statistic
 (group mean and std, batch mean, whitening) and gives them advantage 0. The trainer masks out the
@@ -93,9 +99,8 @@ class Registry:
 
     def get(self, name: str) -> Callable:
         if name not in self._entries:
-            close = difflib.get_close_matches(str(name), list(self._entries), n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(repr(n) for n in close)}?" if close else ""
-            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}.{hint}")
+            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}."
+                             f"{did_you_mean(name, self._entries)}")
         return self._entries[name]
 
     def names(self) -> list[str]:
@@ -103,6 +108,21 @@ class Registry:
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+    def __iter__(self):
+        """The names in registration order (the order the docs list them in), so a registry reads
+        like the tuple of its names: ``', '.join(REGISTRY)``, ``set(REGISTRY)``."""
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def did_you_mean(name, choices) -> str:
+    """The hint every unknown-name error of rlhfkit ends with: ``" Did you mean 'a', 'b'?"`` for
+    up to three of ``choices`` close to ``name`` (``difflib``), or ``""`` when none is."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=3)
+    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 
 ADVANTAGE_ESTIMATORS = Registry(

@@ -25,6 +25,10 @@ policy loss of each token is multiplied by a weight ``w_t`` that brings its expe
 Every log-ratio (and every row sum of them) is clamped to ``[-20, 20]`` before ``exp``, as in
 verl, so nothing overflows. When the trainer samples itself (``old == rollout``) every ``lr_t``
 is exactly 0: all weights are exactly 1 and nothing is masked, whatever the mode.
+
+Each mode is an entry of the ``ROLLOUT_IS_MODES`` registry (``registry.Registry``) with the traits
+``level`` (whose ratio weighs a token: its own, or its sequence's) and ``masks`` (it may remove
+tokens from the mask); iterating the registry gives the mode names in the order above.
 """
 
 from __future__ import annotations
@@ -34,10 +38,37 @@ import numbers
 
 import torch
 
-from ._checks import check_mask, check_same_shape, check_tensor, masked_sum
+from ._checks import check_mask, check_same_shape, check_tensor
 from .kl import _MAX_LOG_RATIO
+from .registry import Registry
 
-ROLLOUT_IS_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# ``f(log_ratio, response_mask, *, threshold) -> (weights, kept)``: ``log_ratio`` (B, T) per token,
+# or (B, 1) per sequence when the mode's ``level`` is "sequence"; ``weights`` broadcast to (B, T).
+ROLLOUT_IS_MODES = Registry("rollout IS mode", ("log_ratio", "response_mask"), ("threshold",),
+                            traits=("level", "masks"))
+
+
+@ROLLOUT_IS_MODES.register("none", level="token", masks=False)
+def _no_correction(log_ratio, response_mask, *, threshold):
+    return torch.ones_like(log_ratio), response_mask
+
+
+def _truncate(log_ratio, response_mask, *, threshold):
+    """``w = min(ρ, C)``; the mask is unchanged."""
+    return torch.exp(log_ratio).clamp(max=threshold), response_mask
+
+
+def _mask(log_ratio, response_mask, *, threshold):
+    """Keep ``ρ ∈ [1/C, C]`` (compared in log space), with ``w = ρ``; the clamp only absorbs the
+    rounding of exp at the bounds."""
+    kept = response_mask & (log_ratio.abs() <= math.log(threshold))
+    return torch.exp(log_ratio).clamp(1.0 / threshold, threshold), kept
+
+
+ROLLOUT_IS_MODES.register("token_truncate", level="token", masks=False)(_truncate)
+ROLLOUT_IS_MODES.register("token_mask", level="token", masks=True)(_mask)
+ROLLOUT_IS_MODES.register("sequence_truncate", level="sequence", masks=False)(_truncate)
+ROLLOUT_IS_MODES.register("sequence_mask", level="sequence", masks=True)(_mask)
 
 
 def rollout_is_weights(
@@ -46,6 +77,9 @@ def rollout_is_weights(
     response_mask: torch.Tensor,
     mode: str = "token_truncate",
     threshold: float = 2.0,
+    *,
+    reduce=None,
+    reduce_max=None,
 ):
     """Per-token importance-sampling weights correcting the rollout engine / trainer mismatch.
 
@@ -73,6 +107,9 @@ def rollout_is_weights(
         response_mask: (B, T) bool or 0/1.
         mode: one of ``ROLLOUT_IS_MODES``.
         threshold: ``C > 1``, the truncation cap or the bounds ``[1/C, C]`` of the masks.
+        reduce, reduce_max: ``None`` (the metrics are this process's), or the sum and the max over
+            every process (``distributed.reduce_sum``, ``reduce_tensor_max``): the metrics are then
+            over every process's tokens, from the same formulas. The weights and mask stay local.
 
     Returns ``(weights, mask, metrics)``: ``weights`` (B, T) float32, detached, 0 outside the
     returned mask; ``mask`` (B, T) bool, a subset of ``response_mask`` (the tokens left in the
@@ -80,14 +117,12 @@ def rollout_is_weights(
     ``rollout/logprob_diff_mean`` and ``rollout/logprob_diff_max`` (of ``|old - rollout|``, 0
     when the mask is empty), ``rollout/is_weight_mean`` (mean weight over the returned mask, 1
     when it is empty: no correction), ``rollout/is_masked_frac`` (share of the response tokens
-    removed, 0 when there are none). Per-process means: a trainer averaging over processes should
-    re-reduce sums and counts itself.
+    removed, 0 when there are none).
     """
     check_same_shape(old_logprobs=old_logprobs, rollout_logprobs=rollout_logprobs)
     check_tensor("old_logprobs", old_logprobs, ndim=2)
     mask = check_mask(response_mask, old_logprobs.shape)
-    if mode not in ROLLOUT_IS_MODES:
-        raise ValueError(f"unknown rollout IS mode {mode!r}; valid: {', '.join(ROLLOUT_IS_MODES)}")
+    correct, level = ROLLOUT_IS_MODES.get(mode), ROLLOUT_IS_MODES.traits(mode)["level"]
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not threshold > 1:
         raise ValueError(f"rollout IS threshold must be a number > 1, got {threshold!r}")
 
@@ -96,29 +131,30 @@ def rollout_is_weights(
     with torch.no_grad():
         diff = old_logprobs.detach().to(dtype) - rollout_logprobs.detach().to(dtype)
         log_ratio = torch.where(mask, diff, zero).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        log_c = math.log(threshold)
-        if mode.startswith("sequence"):
+        if level == "sequence":
             log_ratio = log_ratio.sum(dim=-1, keepdim=True).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        ratio = torch.exp(log_ratio)
-        kept = mask
-        if mode == "none":
-            weights = torch.ones_like(ratio)
-        elif mode.endswith("truncate"):
-            weights = ratio.clamp(max=threshold)
-        else:  # *_mask: keep ρ ∈ [1/C, C]; the clamp only absorbs the rounding of exp at the bounds
-            kept = mask & (log_ratio.abs() <= log_c)
-            weights = ratio.clamp(1.0 / threshold, threshold)
+        weights, kept = correct(log_ratio, mask, threshold=threshold)
         weights = torch.where(kept, weights.expand(mask.shape), zero).float()
+        metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, reduce, reduce_max)
+    return weights, kept, metrics
 
-        n_tokens, n_kept = mask.sum(), kept.sum()
-        abs_diff = torch.where(mask, diff.abs(), zero)
-        weight_sum = weights.sum()
-        metrics = {
-            "rollout/logprob_diff_mean": masked_sum(diff.abs(), mask) / n_tokens.clamp(min=1).to(dtype),
-            # a 0 appended: the max of an empty mask (or an empty batch) is 0, not an error
-            "rollout/logprob_diff_max": torch.cat([abs_diff.flatten(), zero[None]]).max(),
-            "rollout/is_weight_mean": torch.where(n_kept > 0, weight_sum / n_kept.clamp(min=1).float(),
-                                                  torch.ones_like(weight_sum)),
-            "rollout/is_masked_frac": (n_tokens - n_kept).float() / n_tokens.clamp(min=1).float(),
-        }
-    return weights, kept, {k: v.detach().float() for k, v in metrics.items()}
+
+def _metrics(abs_diff, mask, weights, kept, reduce, reduce_max) -> dict:
+    """The ``rollout/*`` metrics from sums and counts (over every process when ``reduce`` is given)."""
+    zero = abs_diff.new_zeros(())
+    parts = torch.stack([abs_diff.sum(), mask.sum().to(abs_diff.dtype), weights.sum().to(abs_diff.dtype),
+                         kept.sum().to(abs_diff.dtype)])
+    # a 0 appended: the max of an empty mask (or an empty batch) is 0, not an error
+    diff_max = torch.cat([abs_diff.flatten(), zero[None]]).max()
+    if reduce is not None:
+        parts = reduce(parts)
+    if reduce_max is not None:
+        diff_max = reduce_max(diff_max)
+    diff_sum, n_tokens, weight_sum, n_kept = parts
+    metrics = {
+        "rollout/logprob_diff_mean": diff_sum / n_tokens.clamp(min=1),
+        "rollout/logprob_diff_max": diff_max,
+        "rollout/is_weight_mean": torch.where(n_kept > 0, weight_sum / n_kept.clamp(min=1), torch.ones_like(weight_sum)),
+        "rollout/is_masked_frac": (n_tokens - n_kept) / n_tokens.clamp(min=1),
+    }
+    return {k: v.detach().float() for k, v in metrics.items()}

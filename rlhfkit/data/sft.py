@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
+from .padding import pad
 from .prompts import _type_name, load_checked_rows, prompt_problem
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
@@ -166,24 +167,20 @@ def collate_groups(groups: list[list[Encoded]], pad_id: int, length: int | None 
     length = width if length is None else length
     if width > length:
         raise ValueError(f"collate: a row has {width} tokens > length {length}")
-    B = len(groups)
-    input_ids = torch.full((B, length), pad_id, dtype=torch.long)
-    labels = torch.full((B, length), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros((B, length), dtype=torch.long)
-    position_ids = torch.zeros((B, length), dtype=torch.long)
-    for b, group in enumerate(groups):
-        start = 0
-        for e in group:
-            n, ids = len(e.input_ids), torch.tensor(e.input_ids, dtype=torch.long)
-            input_ids[b, start:start + n] = ids
-            first = start + max(e.prompt_len, 1)
-            labels[b, first:start + n] = ids[first - start:]
-            attention_mask[b, start:start + n] = 1
-            position_ids[b, start:start + n] = torch.arange(n)
-            start += n
-        position_ids[b, start:] = torch.arange(length - start)
+    rows = [[t for e in g for t in e.input_ids] for g in groups]
+    input_ids, attention_mask = pad(rows, pad_id, min_width=length)
+    labels = pad([[t for e in g for t in _labels(e)] for g in groups], IGNORE_INDEX, min_width=length)[0]
+    # each example counts from 0, and so does the padding after the last one
+    positions = [[j for n in [*(len(e.input_ids) for e in g), length - len(row)] for j in range(n)]
+                 for g, row in zip(groups, rows)]
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-            "position_ids": position_ids}
+            "position_ids": torch.tensor(positions, dtype=torch.long)}
+
+
+def _labels(e: Encoded) -> list[int]:
+    """An example's labels: its tokens, ``IGNORE_INDEX`` on the prompt and the first token."""
+    first = min(max(e.prompt_len, 1), len(e.input_ids))
+    return [IGNORE_INDEX] * first + list(e.input_ids[first:])
 
 
 __all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "load_sft_dataset", "pack",

@@ -23,7 +23,6 @@ or by a dotted import path, resolved by ``get_reward_function``.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import math
 import numbers
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from ..algorithms.registry import did_you_mean
 
 RewardFunction = Callable[..., list]
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {}
@@ -71,11 +72,9 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
     if ":" in name:
         return _import_function(name)
     registered = ", ".join(sorted(REWARD_FUNCTIONS)) or "(none registered)"
-    close = difflib.get_close_matches(name, REWARD_FUNCTIONS, n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
     raise ValueError(
         f"unknown reward function {name!r}; registered: {registered}. "
-        f"An import path 'package.module:function' (with the colon) also works.{hint}"
+        f"An import path 'package.module:function' (with the colon) also works.{did_you_mean(name, REWARD_FUNCTIONS)}"
     )
 
 

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from ..data.padding import pad
+
 
 def _concat(prompt, completion, tokenizer):
     """Fallback encoding for text prompts: prompt + completion + EOS id."""
@@ -36,15 +38,11 @@ class RewardModelFunction:
     @torch.no_grad()
     def __call__(self, prompts, completions, **_columns) -> list[float]:
         device = next(self.model.parameters()).device
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         scores: list[float] = []
         for start in range(0, len(completions), self.batch_size):
             seqs = [self._ids(p, c) for p, c in zip(prompts[start : start + self.batch_size],
                                                     completions[start : start + self.batch_size])]
-            width = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for i, s in enumerate(seqs):  # right padding: the score is read at the last attended token
-                ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
-            scores += self.model.score(ids.to(device), mask.to(device)).tolist()
+            ids, mask = pad(seqs, pad_id, device=device)  # right padding: the score is read at the last attended token
+            scores += self.model.score(ids, mask).tolist()
         return scores

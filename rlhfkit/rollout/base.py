@@ -12,6 +12,7 @@ from typing import Protocol, Sequence
 import torch
 
 from ..config import RolloutConfig, check_ranges
+from ..data.padding import pad
 
 
 _ROLLOUT_DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}
@@ -93,18 +94,6 @@ class RolloutEngine(Protocol):
     def sleep(self) -> None: ...
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, L) ids and attention mask, left-padded to the longest sequence."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s):
-            ids[i, width - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
-
-
 def response_mask_from_ids(responses: torch.Tensor, eos_id: int,
                            lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask by the *position* of the first EOS (never by token value: pad may equal EOS).
@@ -128,13 +117,9 @@ def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
     """Assemble a ``Rollout`` from prompt ids and per-completion response ids (len(prompts)*n)."""
     if len(responses) != len(prompts) * n:
         raise ValueError(f"engine returned {len(responses)} completions for {len(prompts)} prompts x n={n}")
-    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids, prompt_mask = pad(prompts, pad_id, "left")
     prompt_ids, prompt_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
-    T = max(1, max(len(r) for r in responses))
-    resp = torch.full((len(responses), T), pad_id, dtype=torch.long)
-    for i, r in enumerate(responses):
-        if len(r):
-            resp[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+    resp = pad(responses, pad_id, min_width=1)[0]
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
     response_mask, has_eos = response_mask_from_ids(resp, eos_id, lengths)
     return Rollout(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, response_mask], 1),

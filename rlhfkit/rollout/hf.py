@@ -8,7 +8,8 @@ from typing import Sequence
 import torch
 
 from ..models.policy import position_ids_from_mask
-from .base import Rollout, SamplingParams, group_index, left_pad, response_mask_from_ids
+from ..data.padding import pad
+from .base import Rollout, SamplingParams, group_index, response_mask_from_ids
 
 
 class HFEngine:
@@ -56,7 +57,7 @@ class HFEngine:
                  seed: int | None = None) -> Rollout:
         """``seed`` is not used: ``generate`` draws from torch's generator, seeded with the run."""
         device = next(self.model.parameters()).device
-        prompt_ids, prompt_mask = (t.to(device) for t in left_pad(prompts, self.pad_id))
+        prompt_ids, prompt_mask = pad(prompts, self.pad_id, "left", device=device)
         ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
         was_training = self.model.training
         self.model.eval()

@@ -369,13 +369,19 @@ def load_module_weights(path, name: str, module: torch.nn.Module) -> None:
     module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()}, strict=False)
 
 
+def complete_checkpoints(output_dir) -> list[Path]:
+    """The complete ``checkpoint-<step>`` directories of ``output_dir`` — those holding
+    ``STATE_FILE``, written last —, oldest step first."""
+    found = [p for p in Path(output_dir).glob("checkpoint-*")
+             if p.name.split("-", 1)[1].isdigit() and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+
+
 def prune_checkpoints(output_dir, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` ``checkpoint-<step>`` directories this trainer wrote in
-    ``output_dir`` (those holding a ``STATE_FILE``); anything else is left alone. Returns
-    the deleted paths. The main process alone calls it."""
-    ours = [p for p in Path(output_dir).glob("checkpoint-*")
-            if p.name.split("-", 1)[1].isdigit() and (p / STATE_FILE).is_file()]
-    ours.sort(key=lambda p: int(p.name.split("-", 1)[1]))
+    """Delete all but the newest ``keep`` complete checkpoints this trainer wrote in ``output_dir``
+    (``complete_checkpoints``); anything else is left alone. Returns the deleted paths. The main
+    process alone calls it."""
+    ours = complete_checkpoints(output_dir)
     doomed = ours[: max(0, len(ours) - keep)]
     for path in doomed:
         shutil.rmtree(path)

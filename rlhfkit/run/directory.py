@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from ..files import writing
+from .checkpoint import DCP_DIR, META_FILE, STATE_FILE, complete_checkpoints
 
 MARKER = ".rlhfkit-run"
 
@@ -25,7 +26,7 @@ _RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml")
 _RUN_GLOBS = ("config-resume-*.yaml", "data/train_dataset.jsonl", "data/eval_dataset.jsonl",
               "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*", "wandb/offline-run-*", "wandb/run-*",
               "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
-_MODEL_MARKS = ("config.json", "adapter_config.json", "trainer_state.json", "dcp", "training_state.json")
+_MODEL_MARKS = ("config.json", "adapter_config.json", STATE_FILE, DCP_DIR, META_FILE)
 
 
 def check_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: str | None = None) -> None:
@@ -185,7 +186,7 @@ def _logged_steps(file: Path, any_row: bool = False) -> bool:
 def _truncate_logs(output_dir: Path, resume_from: str) -> None:
     """Resumed inside its run: ``metrics.jsonl`` and ``samples.jsonl`` keep only the rows up to the
     checkpoint's step (the resumed run writes the later ones again, so none appears twice)."""
-    state = Path(resume_from) / "trainer_state.json"
+    state = Path(resume_from) / STATE_FILE
     try:
         step = int(json.loads(state.read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -209,13 +210,12 @@ def _truncate_logs(output_dir: Path, resume_from: str) -> None:
 
 
 def latest_checkpoint(output_dir) -> str:
-    """``resume_from='latest'``: the newest complete ``checkpoint-<step>`` (one holding
-    ``trainer_state.json``, written last) of ``output_dir``; one line when there is none."""
-    found = [p for p in Path(output_dir or ".").glob("checkpoint-*")
-             if p.name.split("-", 1)[1].isdigit() and (p / "trainer_state.json").is_file()] if output_dir else []
+    """``resume_from='latest'``: the newest of ``output_dir``'s ``complete_checkpoints``; one line
+    when there is none."""
+    found = complete_checkpoints(output_dir) if output_dir else []
     if not found:
         raise ValueError(f"resume_from='latest': no complete checkpoint-<step> directory in output_dir={output_dir!r}")
-    return str(max(found, key=lambda p: int(p.name.split("-", 1)[1])))
+    return str(found[-1])
 
 
 def _resuming_inside(output_dir: Path, resume_from: str | None) -> bool:

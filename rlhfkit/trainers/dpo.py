@@ -38,6 +38,7 @@ from .. import distributed
 from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES, dpo_loss
 from ..config_supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.DPOConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
+from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.loading import disable_dropout
@@ -148,18 +149,12 @@ class DPOTrainer(SupervisedTrainer):
     def _collate(self, pairs: list[PreferencePair]):
         """``[left padding | prompt | completion | right padding]`` rows: the chosen completions,
         then the rejected ones; returns (ids, attention mask, completion mask, prompt index)."""
-        n, pad = len(pairs), self.tokenizer.pad_token_id
-        P = max(len(p.prompt) for p in pairs)
-        T = max(max(len(p.chosen), len(p.rejected)) for p in pairs)
-        ids = torch.full((2 * n, P + T), pad, dtype=torch.long)
-        mask = torch.zeros((2 * n, P + T), dtype=torch.long)
-        for i, p in enumerate(pairs):
-            for row, completion in ((i, p.chosen), (n + i, p.rejected)):
-                ids[row, P - len(p.prompt):P] = torch.tensor(p.prompt)
-                ids[row, P:P + len(completion)] = torch.tensor(completion)
-                mask[row, P - len(p.prompt):P + len(completion)] = 1
+        n, pad_id = len(pairs), self.tokenizer.pad_token_id
+        prompt_ids, prompt_mask = pad([p.prompt for p in pairs] * 2, pad_id, "left")
+        completion_ids, completion_mask = pad([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id)
+        ids, mask = torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1)
         index = torch.arange(n).repeat(2)
-        return ids.to(self.device), mask.to(self.device), mask[:, P:].to(self.device), index.to(self.device)
+        return ids.to(self.device), mask.to(self.device), completion_mask.to(self.device), index.to(self.device)
 
     def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""

@@ -33,6 +33,7 @@ import torch
 from .. import distributed
 from ..algorithms import bradley_terry_loss
 from ..data.encode import encode_pair, note_cut, note_unknown
+from ..data.padding import pad
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
@@ -145,18 +146,10 @@ class RewardModelTrainer(SupervisedTrainer):
         note_unknown(name, [(p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
         return self._check_pairs(pairs, dropped, len(rows), name)
 
-    def _pad(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded ids and attention mask (the mask, not the pad id, marks padding)."""
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s, dtype=torch.long), 1
-        return ids.to(self.device), mask.to(self.device)
-
     def _score_pairs(self, pairs: list[Pair]):
         """(chosen, rejected, margin) for a batch: both sides in one forward pass."""
-        ids, mask = self._pad([p.chosen for p in pairs] + [p.rejected for p in pairs])
+        ids, mask = pad([p.chosen for p in pairs] + [p.rejected for p in pairs], self.tokenizer.pad_token_id,
+                        device=self.device)  # right padding: the score is read at the last attended token
         scores = self.scorer(ids, mask)
         margin = None
         if any(p.margin is not None for p in pairs):  # a row without a margin in a margin dataset: 0
@@ -241,7 +234,8 @@ class RewardModelTrainer(SupervisedTrainer):
         total = 0.0
         # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
         for i in range(distributed.reduce_max(len(chunks))):
-            scores = self.scorer(*self._pad(chunks[i] if i < len(chunks) else self.center_ids[:1]))
+            rows = chunks[i] if i < len(chunks) else self.center_ids[:1]
+            scores = self.scorer(*pad(rows, self.tokenizer.pad_token_id, device=self.device))
             if i < len(chunks):
                 total += scores.double().sum().item()
         total, count = distributed.sum_floats([total, len(mine)])

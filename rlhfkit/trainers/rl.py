@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, AdaptiveKLController, FixedKLController, aggregate,
-                          masked_mean, value_loss)
+from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES, AdaptiveKLController, FixedKLController,
+                          aggregate, masked_mean, value_loss)
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
 from ..run.metrics import MetricsLogger, write_samples
@@ -27,7 +27,7 @@ from ..run.checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from ..run.training import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
-from .rl_advantages import compute_advantages, rollout_correction, rollout_metrics, shape_scores
+from .rl_advantages import compute_advantages, kl_metrics, rollout_correction, rollout_metrics, shape_scores
 from .rl_setup import build_engine, build_models, build_rewards, engine_ready, prompt_limit, tokenize_prompts
 
 
@@ -215,7 +215,7 @@ class RLTrainer:
         # Old log-probs are computed when something else needs them (the KL in the reward, a critic,
         # more than one pass) or a mask mode must know the kept tokens before the update; then the
         # correction is computed here, else in the one on-policy pass of the loss — exactly once.
-        masks = behaviour is not None and args.rollout_is.endswith("_mask")
+        masks = behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"]
         need_old = (args.kl_in_reward and args.kl_coef > 0) or not self._single_pass or args.use_critic or masks
         old_logprobs, old_values, kept_mass = (self.m.policy_outputs(rollout, with_values=args.use_critic)
                                                if need_old else (None, None, None))
@@ -224,8 +224,7 @@ class RLTrainer:
         kl = None
         if ref is not None and old_logprobs is not None:
             kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
-            metrics["kl/k1"] = distributed.global_mean(KL_ESTIMATORS.get("k1")(old_logprobs, ref), mask)  # scored or not
-            metrics["kl/k3"] = distributed.global_mean(KL_ESTIMATORS.get("k3")(old_logprobs, ref), mask)
+            metrics.update(kl_metrics(old_logprobs, ref, mask, distributed.global_mean))  # scored or not
         advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
                                                                 self.kl_ctl.value, reduce=distributed.reduce_sum)
         metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
@@ -329,8 +328,7 @@ class RLTrainer:
         if exp.ref_logprobs is not None and not args.kl_in_reward:
             kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
             loss = loss + self.kl_ctl.value * aggregate(kl, mask, args.loss_agg, horizon)
-            metrics["kl/k1"] = masked_mean(KL_ESTIMATORS.get("k1")(logprobs.detach(), exp.ref_logprobs[rows]), mask)
-            metrics["kl/k3"] = masked_mean(KL_ESTIMATORS.get("k3")(logprobs.detach(), exp.ref_logprobs[rows]), mask)
+            metrics.update(kl_metrics(logprobs, exp.ref_logprobs[rows], mask))
         if args.use_critic:
             v_loss, v_metrics = value_loss(values, exp.old_values[rows], exp.returns[rows], mask,
                                            clip=args.value_clip, agg=args.loss_agg, horizon=horizon)

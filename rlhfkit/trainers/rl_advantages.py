@@ -13,8 +13,8 @@ import torch
 
 from .. import distributed
 from ..algorithms import (
-    ADVANTAGE_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var, rollout_is_weights,
-    token_level_rewards, whiten,
+    ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var,
+    rollout_is_weights, token_level_rewards, whiten,
 )
 from ..config import RLConfig
 
@@ -85,17 +85,18 @@ def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, log_k
     elif log_kept_mass is not None:
         old = old - log_kept_mass.to(old.device)
     behaviour = behaviour.to(old.device)
-    weights, kept, metrics = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold)
-    if not local:
-        diff = (old - behaviour).abs()
-        tokens = distributed.reduce_sum(mask.sum().float()).clamp(min=1)
-        metrics = {"rollout/logprob_diff_mean": distributed.global_mean(diff, mask),
-                   "rollout/logprob_diff_max": distributed.reduce_tensor_max(torch.where(mask, diff, 0.0).max()),
-                   "rollout/is_weight_mean": distributed.global_mean(weights, kept),
-                   "rollout/is_masked_frac": 1 - distributed.reduce_sum(kept.sum().float()) / tokens}
+    reduce = {} if local else dict(reduce=distributed.reduce_sum, reduce_max=distributed.reduce_tensor_max)
+    weights, kept, metrics = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold,
+                                                **reduce)
     if own_sampler or args.rollout_is == "none":
         return None, mask, metrics
     return weights, kept, metrics
+
+
+def kl_metrics(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mean=masked_mean) -> dict:
+    """``kl/k1`` and ``kl/k3``: the two estimators of KL(π‖ref) averaged over ``mask`` by ``mean``
+    (``masked_mean``: these rows; ``distributed.global_mean``: every process's rows)."""
+    return {f"kl/{name}": mean(KL_ESTIMATORS.get(name)(logprobs.detach(), ref_logprobs), mask) for name in ("k1", "k3")}
 
 
 def rollout_metrics(rollout) -> dict:

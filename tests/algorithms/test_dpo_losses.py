@@ -136,3 +136,23 @@ def test_bad_arguments_are_clear_errors(kwargs, message):
     rejected = kwargs.pop("rejected", t(-2))
     with pytest.raises(ValueError, match=message):
         dpo_loss(t(-1), rejected, *refs, **lengths, **kwargs)
+
+
+@pytest.mark.parametrize("loss_type", DPO_LOSS_TYPES)
+def test_traits_decide_the_arguments_each_loss_needs(loss_type):
+    traits = DPO_LOSS_TYPES.traits(loss_type)
+    refs = (t(-1), t(-1)) if traits["reference"] else (None, None)
+    lengths = dict(chosen_lengths=t(2), rejected_lengths=t(3))
+    losses, _, _ = dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type, **lengths)
+    assert torch.isfinite(losses).all()
+    with pytest.raises(ValueError, match="reference-free" if not traits["reference"] else "needs ref_chosen_logps"):
+        dpo_loss(t(-1), t(-2), *((t(-1), t(-1)) if not traits["reference"] else (None, None)),
+                 loss_type=loss_type, **lengths)
+    if traits["length_normalised"]:
+        with pytest.raises(ValueError, match="needs chosen_lengths"):
+            dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type)
+    else:  # the lengths change nothing
+        assert torch.equal(dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type)[0], losses)
+    if not traits["smoothing"]:
+        with pytest.raises(ValueError, match="label_smoothing applies to loss_type='sigmoid' only"):
+            dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type, label_smoothing=0.1, **lengths)

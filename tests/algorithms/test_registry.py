@@ -251,3 +251,20 @@ def test_registering_a_non_function_is_refused():
 
     with pytest.raises(ValueError, match="must be a plain function, got Callable"):
         Registry("demo", ("logprobs", "ref_logprobs")).register("x")(Callable())
+
+
+def test_iterating_a_registry_gives_its_names_in_registration_order():
+    reg = Registry("thing", ("x",))
+    for name in ("zeta", "alpha", "mid"):
+        reg.register(name)(lambda x: x)
+    assert list(reg) == ["zeta", "alpha", "mid"] and len(reg) == 3
+    assert reg.names() == ["alpha", "mid", "zeta"]
+    assert ", ".join(reg) == "zeta, alpha, mid"
+
+
+def test_did_you_mean_is_the_one_hint():
+    from rlhfkit.algorithms.registry import did_you_mean
+
+    assert did_you_mean("kl_cof", ["kl_coef", "gamma", "lam"]) == " Did you mean 'kl_coef'?"
+    assert did_you_mean("zzzz", ["kl_coef", "gamma"]) == ""
+    assert did_you_mean("ab", ["abc", "abd", "abe", "abf"]).count("'") == 6  # three at most

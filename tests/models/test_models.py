@@ -10,8 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 
 from rlhfkit.models import ScalarModel, disable_dropout, enable_activation_checkpointing, forward_response, freeze, load_causal_lm, load_tokenizer
 from rlhfkit.models.policy import position_ids_from_mask
+from rlhfkit.data.padding import pad
 from rlhfkit.rewards.reward_model import RewardModelFunction
-from rlhfkit.rollout.base import left_pad
 from rlhfkit.tasks.tiny import char_tokenizer, save_tiny_model, tiny_causal_lm
 
 transformers.utils.logging.disable_progress_bar()
@@ -28,7 +28,7 @@ def _batch(prompt_lens=(3, 6, 1), response_len=4, seed=0, vocab=40, pad_id=0):
     """Left-padded rows ``[pad | prompt | response]``; every response token attended."""
     g = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(3, vocab, (p + response_len,), generator=g).tolist() for p in prompt_lens]
-    return left_pad(seqs, pad_id)
+    return pad(seqs, pad_id, "left")
 
 
 def _llama_config(**overrides):
@@ -477,7 +477,7 @@ def _grouped_batch(G=3, T=4, prompt_lens=(2, 5, 1), seed=0):
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 40, (p,), generator=g).tolist() for p in prompt_lens]
     seqs = [p + torch.randint(3, 40, (T,), generator=g).tolist() for p in prompts for _ in range(G)]
-    ids, mask = left_pad(seqs, 0)
+    ids, mask = pad(seqs, 0, "left")
     mask[1, -1] = 0  # a response that ended early: its last column is not attended
     return ids, mask, torch.arange(len(prompts)).repeat_interleave(G)
 

@@ -9,7 +9,8 @@ import transformers
 from rlhfkit.algorithms import pg_loss, ppo_policy_loss, token_level_rewards
 from rlhfkit.models import forward_response
 from rlhfkit.rollout import HFEngine, Rollout, SamplingParams, build_rollout
-from rlhfkit.rollout.base import left_pad, response_mask_from_ids
+from rlhfkit.data.padding import pad
+from rlhfkit.rollout.base import response_mask_from_ids
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
 transformers.utils.logging.disable_progress_bar()
@@ -120,14 +121,7 @@ def test_response_mask_single_column():
     assert has_eos.tolist() == [True, False]
 
 
-# ----------------------------------------------------------------------------- left_pad / build_rollout
-
-
-def test_left_pad_layout():
-    ids, mask = left_pad([[5, 6, 7], [8], []], pad_id=0)
-    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]]
-    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
-    assert ids.dtype == torch.long and mask.dtype == torch.long
+# ----------------------------------------------------------------------------- build_rollout
 
 
 @pytest.mark.parametrize("pad_id", [EOS, PAD_DISTINCT], ids=["pad_is_eos", "distinct_pad"])
@@ -158,7 +152,7 @@ def test_build_rollout_repeats_prompts_consecutively():
     n = 3
     responses = [[20 + i, EOS] for i in range(len(prompts) * n)]
     r = build_rollout(prompts, responses, n=n, pad_id=PAD_DISTINCT, eos_id=EOS)
-    ids, mask = left_pad(prompts, PAD_DISTINCT)
+    ids, mask = pad(prompts, PAD_DISTINCT, "left")
     for g in range(len(prompts)):
         for j in range(n):
             assert torch.equal(r.input_ids[g * n + j, : r.prompt_len], ids[g])
@@ -223,7 +217,7 @@ def test_hf_engine_generate_layout_and_masks(pad_is_eos):
     assert r.attention_mask.shape == (B, P + T)
     assert r.has_eos.shape == (B,) and r.has_eos.dtype == torch.bool
 
-    ids, mask = left_pad(prompts, tok.pad_token_id)
+    ids, mask = pad(prompts, tok.pad_token_id, "left")
     assert torch.equal(r.input_ids[:, :P], ids.repeat_interleave(n, 0))
     assert torch.equal(r.attention_mask, torch.cat([mask.repeat_interleave(n, 0), r.response_mask], 1))
 
@@ -325,7 +319,7 @@ def test_forward_response_matches_generate_logits(pad_is_eos, greedy, arch):
     n = 2
     engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id)
     sampling = SamplingParams(max_new_tokens=8, temperature=temperature, greedy=greedy)
-    ids, mask = left_pad(prompts, tok.pad_token_id)
+    ids, mask = pad(prompts, tok.pad_token_id, "left")
     ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
     torch.manual_seed(0)
     with torch.no_grad():

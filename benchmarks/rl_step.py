@@ -72,8 +72,8 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
             logits = model(input_ids=out[part], attention_mask=full_mask[part]).logits
         logits.float().logsumexp(-1).mean().backward()
         del logits
-    trainer.optimizer.step()
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.run.optimizer.step()
+    trainer.run.optimizer.zero_grad(set_to_none=True)
     update = time.perf_counter() - start
     if trainer.args.rollout_engine == "vllm":  # the engine's own floor: the same rows, no loop around it
         from vllm import SamplingParams

@@ -30,7 +30,6 @@ import copy
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -44,7 +43,6 @@ from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
 from ..run.metrics import to_floats
-from ..run.directory import finish_run
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
 
@@ -199,15 +197,11 @@ class DPOTrainer(SupervisedTrainer):
             last = self.step == self.total_steps
             if self.eval_pairs is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics.update(self.evaluate())
-            self.logger.log(self.step, metrics, self.total_steps)
+            self.run.log(self.step, metrics)
             self._step_done()
         if self.total_steps == 0 and self.eval_pairs is not None:
-            self.logger.log(0, self.evaluate(), 0)
-        if args.output_dir:
-            self.save_model(Path(args.output_dir) / "final")  # every process takes part in gathering
-            finish_run(self.out_dir)
-        self._finish()
-        return self.logger.history
+            self.run.log(0, self.evaluate())
+        return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _loss(self, model, pairs: list[PreferencePair], indices: list[int] | None, ref_table):
         """``dpo_loss`` of ``pairs``; the reference log-probs come from ``ref_table`` at ``indices``
@@ -236,7 +230,7 @@ class DPOTrainer(SupervisedTrainer):
                                                          self.ref_logps)
         (losses.sum() * (world / n if mine else 0.0)).backward()  # this slice's share of the global mean, x N
         metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(mine))
-        return {**metrics, **self._optimizer_step(metrics["dpo/loss"])}
+        return {**metrics, **self.run.optimizer_step(metrics["dpo/loss"])}
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

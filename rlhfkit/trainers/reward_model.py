@@ -42,7 +42,6 @@ from ..config_supervised import RewardModelConfig  # re-exported: rlhfkit.traine
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
 from ..run.metrics import to_floats
-from ..run.directory import finish_run
 from ..files import writing
 
 
@@ -169,15 +168,11 @@ class RewardModelTrainer(SupervisedTrainer):
                 metrics.update(self.evaluate())
             if last and self.args.center:
                 metrics["rm/offset"] = self.center()
-            self.logger.log(step, metrics, self.total_steps)
+            self.run.log(step, metrics)
             self._step_done()
         if self.total_steps == 0 and self.args.center:
-            self.logger.log(0, {"rm/offset": self.center()}, 0)
-        if self.args.output_dir:
-            self.save_model(Path(self.args.output_dir) / "final")  # every process takes part in gathering
-            finish_run(self.out_dir)
-        self._finish()
-        return self.logger.history
+            self.run.log(0, {"rm/offset": self.center()})
+        return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _step(self, pairs: list[Pair]) -> dict:
         """One optimizer step on the step's ``pairs`` (of every process): this process scores its
@@ -192,7 +187,7 @@ class RewardModelTrainer(SupervisedTrainer):
         (loss * (len(mine) * world / n)).backward()
         if world > 1:
             loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(mine), self.device)
-        return {"rm/loss": loss.detach(), **metrics, **self._optimizer_step(loss)}
+        return {"rm/loss": loss.detach(), **metrics, **self.run.optimizer_step(loss)}
 
     @torch.no_grad()
     def evaluate(self, dataset=None) -> dict[str, float]:

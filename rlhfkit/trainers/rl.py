@@ -9,7 +9,6 @@ their config preset (``config.PRESETS``) — there is no ``if algorithm == ...``
 from __future__ import annotations
 
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +20,9 @@ from ..algorithms import (KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES, Adapti
                           aggregate, masked_mean, value_loss)
 from ..config import RLConfig
 from ..rollout import Rollout, SamplingParams, decode_completions
-from ..run.metrics import MetricsLogger, write_samples
-from ..run.directory import check_run_dir, finish_run, latest_checkpoint
-from ..run.checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
-from ..run.training import NonFiniteGuard, epoch_order, timer, make_optimizer, make_scheduler, optimizer_step, seed_everything
+from ..run.lifecycle import Run
+from ..run.metrics import write_samples
+from ..run.training import epoch_order, seed_everything, timer
 from .evaluate import run_evaluation
 from ..data import load_prompt_dataset
 from .rl_advantages import compute_advantages, kl_metrics, rollout_correction, rollout_metrics, shape_scores
@@ -60,8 +58,7 @@ class RLTrainer:
 
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
                  processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None):
-        self.args = args = args or RLConfig()
-        self.args = args = args.replace(resume_from=latest_checkpoint(args.output_dir)) if args.resume_from == "latest" else args
+        args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_rows = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
@@ -77,8 +74,9 @@ class RLTrainer:
         if args.prompts_per_step % world:
             raise ValueError(f"prompts_per_step={args.prompts_per_step} must be divisible by the number of "
                              f"processes ({world}): each process samples its share, and a group never spans two")
-        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
-        check_run_dir(self.out_dir, args.overwrite, args.resume_from)  # nothing written before all loads
+        self.run = Run(args)  # the run lifecycle; nothing is written before everything has loaded
+        self.args = args = self.run.args
+        self.out_dir = self.run.out_dir
         seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
         self.m = build_models(model, processing_class, args, peft_config, ref_model)
         if distributed.world() > 1:  # then each process samples its own completions
@@ -90,29 +88,25 @@ class RLTrainer:
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, limit, cut, "eval_dataset")
                                 if self.eval_rows is not None else None)
         self.engine = build_engine(args, self.m, self.prompt_ids + (self.eval_prompt_ids or []))
-        from ..run.record import open_run
-
-        open_run(self.out_dir, args, model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset,
-                 self.eval_rows)}, reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model,
-                 peft_config=peft_config)
+        self.run.open(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
+                      reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config)
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
         self.sampling = SamplingParams.from_config(args)
-        (self.optimizer, self.scheduler), self.guard = self._build_optimizer(), NonFiniteGuard(args.max_consecutive_skips)
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
                        else FixedKLController(args.kl_coef))
         self.step, self.data_epoch, self.data_pos = 0, 0, 0
         self.order = self._epoch_order(0)
-        if args.resume_from:
-            self._resume(args.resume_from)
-        main = distributed.is_main()  # the other processes compute the same global metrics, silently
-        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, progress_bar=args.progress_bar and main,
-                                    total_steps=args.max_steps, initial_step=self.step, config=args if main else None)
+        mini = args.mini_batch_size or args.batch_size  # the schedule counts optimizer steps: K passes x minibatches
+        counters = self.run.start(self._modules(), args.max_steps, param_groups=self._param_groups(),
+                                  schedule_steps=max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini)))
+        if counters is not None:
+            self._restore(counters)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
         args = self.args
         if self.eval_rows is not None and self.step == 0:
-            self.logger.log(0, self.evaluate(), args.max_steps)
+            self.run.log(0, self.evaluate())
         while self.step < args.max_steps:
             timings: dict[str, float] = {}
             rows = self._sample_prompts()                                          # 1
@@ -131,16 +125,8 @@ class RLTrainer:
             if self._eval_due():
                 metrics.update(self.evaluate())
             self._log(metrics, exp, timings)                                       # 7
-            if args.output_dir and args.save_steps and self.step % args.save_steps == 0:
-                self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{self.step}")
-                if args.save_total_limit and self.out_dir:
-                    prune_checkpoints(self.out_dir, args.save_total_limit)
-        if args.output_dir:
-            self.save_model(Path(args.output_dir) / "final")
-            finish_run(self.out_dir)
-        self.logger.close()  # the trackers' runs end
-        distributed.finished()
-        return self.logger.history
+            self.run.step_done(self.step, self._counters)                          # checkpoint
+        return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     def evaluate(self) -> dict:
         """Greedy completions of the eval prompts scored by the training reward sources:
@@ -337,21 +323,19 @@ class RLTrainer:
         return loss, metrics
 
     def _optimizer_step(self) -> dict:  # a non-finite gradient norm is skipped (NonFiniteGuard)
-        grad_norm, _ = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm, self.guard)
+        grad_norm = self.run.optimizer_step()["perf/grad_norm"]
         self.weights_version += 1  # a skipped step changes nothing, but the engine resyncs: harmless
         return {"perf/grad_norm": grad_norm}
 
     # ---------------------------------------------------------------- set-up and bookkeeping
-    def _build_optimizer(self):
+    def _param_groups(self) -> list[dict]:
+        """AdamW's groups: the policy at ``learning_rate``, a critic at ``critic_learning_rate``."""
         args = self.args
         groups = [{"params": [p for p in self.m.policy.parameters() if p.requires_grad], "lr": args.learning_rate}]
         if self.m.critic_module is not None:
             groups.append({"params": [p for p in self.m.critic_module.parameters() if p.requires_grad],
                            "lr": args.critic_learning_rate or args.learning_rate})
-        optimizer = make_optimizer(groups, args.learning_rate, args.weight_decay)
-        mini = args.mini_batch_size or args.batch_size
-        total = max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini))
-        return optimizer, make_scheduler(optimizer, args.lr_scheduler, args.warmup_steps, total)
+        return groups
 
     def _epoch_order(self, epoch: int) -> list[int]:
         return epoch_order(self.args.seed, epoch, len(self.rows))
@@ -360,12 +344,12 @@ class RLTrainer:
         """Global metrics (every process computes the same row); rank 0 writes and prints it."""
         tokens = distributed.reduce_sum(exp.rollout.response_mask.sum().float())
         metrics.update({
-            **rollout_metrics(exp.rollout), "kl/coef": self.kl_ctl.value, "perf/lr": self.scheduler.get_last_lr()[0],
-            "perf/skipped_steps": float(self.guard.skipped),
+            **rollout_metrics(exp.rollout), "kl/coef": self.kl_ctl.value, "perf/lr": self.run.scheduler.get_last_lr()[0],
+            "perf/skipped_steps": float(self.run.guard.skipped),
             **{f"perf/time_{k}": v for k, v in timings.items()},
             "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
         })
-        row = self.logger.log(self.step, metrics, self.args.max_steps)
+        row = self.run.log(self.step, metrics)
         if "kl/k1" in row:  # KL per sequence drives the adaptive controller
             seq_kl = row["kl/k1"] * row["rollout/response_length_mean"]
             self.kl_ctl.update(seq_kl, self.args.batch_size)
@@ -378,13 +362,12 @@ class RLTrainer:
 
     def save_checkpoint(self, path: Path) -> None:
         """Every process calls this: DCP shards of the weights and optimizer, per-rank RNG, counters."""
-        counters = {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos, "kl_coef": self.kl_ctl.value}
-        save_checkpoint(Path(path), self._modules(), self.optimizer, self.scheduler, counters, self.m.checkpoint_settings)
+        self.run.save_checkpoint(path, self._counters())
 
-    def _resume(self, path) -> None:
-        # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
-        counters = load_checkpoint(path, self._modules(), self.optimizer, self.scheduler,
-                                   self.args.seed + 1_000_003 * distributed.rank(), self.m.checkpoint_settings)
+    def _counters(self) -> dict:
+        return {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos, "kl_coef": self.kl_ctl.value}
+
+    def _restore(self, counters: dict) -> None:
         self.step, self.data_epoch, self.data_pos = counters["step"], counters["data_epoch"], counters["data_pos"]
         self.order = self._epoch_order(self.data_epoch)
         self.kl_ctl.value = counters["kl_coef"] if self.args.adaptive_kl else self.kl_ctl.value  # fixed β: the config's

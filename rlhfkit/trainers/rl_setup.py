@@ -24,7 +24,6 @@ from ..models import (
 )
 from ..rewards import RewardFunctions, get_reward_function
 from ..rewards.reward_model import RewardModelFunction
-from ..models.fingerprint import model_fingerprint
 from ..models.lora import export_causal_lm, unsharded_template
 from ..rollout import HFEngine, Rollout
 
@@ -48,8 +47,6 @@ class Models:
         elif args.use_critic:
             self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
                            else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
-        # What checkpoints record and a resumed run must share: the seed and the base model, as built.
-        self.checkpoint_settings = {"seed": args.seed, "base_model": model_fingerprint({"policy": policy})}
         self._shard()
 
     def _shard(self) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +33,6 @@ from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..config_supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
-from ..run.directory import finish_run
 
 
 class SFTTrainer(SupervisedTrainer):
@@ -103,15 +101,11 @@ class SFTTrainer(SupervisedTrainer):
             last = self.step == self.total_steps
             if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics["eval/loss"] = self.evaluate()
-            self.logger.log(self.step, metrics, self.total_steps)
+            self.run.log(self.step, metrics)
             self._step_done()
         if self.total_steps == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
-            self.logger.log(0, {"eval/loss": self.evaluate()}, 0)
-        if args.output_dir:
-            self.save_model(Path(args.output_dir) / "final")  # every process takes part in gathering
-            finish_run(self.out_dir)
-        self._finish()
-        return self.logger.history
+            self.run.log(0, {"eval/loss": self.evaluate()})
+        return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _train_step(self, units: list[list[Encoded]]) -> dict:
         """One optimizer step over the step's units (of every process): this process takes its
@@ -132,7 +126,7 @@ class SFTTrainer(SupervisedTrainer):
                 (loss_sum / n_tokens * world).backward()  # FSDP2 and DDP average gradients over processes
             total += loss_sum.detach()
         total = distributed.reduce_sum(total)
-        perf = self._optimizer_step(total)
+        perf = self.run.optimizer_step(total)
         return {"sft/loss": total / n_tokens, "sft/lr": perf["perf/lr"], "sft/grad_norm": perf["perf/grad_norm"],
                 "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units),
                 "perf/skipped_steps": perf["perf/skipped_steps"]}

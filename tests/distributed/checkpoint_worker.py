@@ -51,7 +51,7 @@ def full_state(trainer) -> dict[str, torch.Tensor]:
 
     container = torch.nn.ModuleDict(trainer._modules())
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-    model, optim = get_state_dict(container, trainer.optimizer, options=options)  # empty but on rank 0
+    model, optim = get_state_dict(container, trainer.run.optimizer, options=options)  # empty but on rank 0
     frozen = {f"{name}.{n}" for name, m in trainer._modules().items()  # a tied frozen weight slips through
               for n, p in m.named_parameters(remove_duplicate=False) if not p.requires_grad}
     out = {k: v for k, v in model.items() if k not in frozen}
@@ -72,13 +72,13 @@ def main(config_file: str, out_dir: str) -> None:
         with open(f"{out_dir}/loaded-{distributed.rank()}.json", "w") as f:
             json.dump({"step": trainer.step, "rng": rng_digest()}, f)
         dump(trainer, f"{out_dir}/loaded.safetensors")
-    save = trainer.save_checkpoint
+    save = trainer.run.save_checkpoint  # what the run calls every save_steps
 
-    def save_and_dump(path):
-        save(path)
+    def save_and_dump(path, counters):
+        save(path, counters)
         dump(trainer, f"{out_dir}/saved-{trainer.step}.safetensors")
 
-    trainer.save_checkpoint = save_and_dump
+    trainer.run.save_checkpoint = save_and_dump
     trainer.train()
     dump(trainer, f"{out_dir}/final.safetensors")
 

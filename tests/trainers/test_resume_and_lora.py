@@ -226,9 +226,9 @@ def test_a_learning_rate_changed_on_resume_takes_effect(tmp_path):
     sft(tmp_path / "a", save_steps=3, lr_scheduler="constant", warmup_steps=0, weight_decay=0.0).train()
     resumed = sft(tmp_path / "b", resume_from=str(tmp_path / "a" / "checkpoint-3"), lr_scheduler="constant",
                   warmup_steps=0, learning_rate=1e-4, weight_decay=0.01)
-    group = resumed.optimizer.param_groups[0]
+    group = resumed.run.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(1e-4) and group["initial_lr"] == pytest.approx(1e-4)
-    assert group["weight_decay"] == 0.01 and resumed.scheduler.get_last_lr()[0] == pytest.approx(1e-4)
+    assert group["weight_decay"] == 0.01 and resumed.run.scheduler.get_last_lr()[0] == pytest.approx(1e-4)
     history = resumed.train()
     assert [r["sft/lr"] for r in history] == pytest.approx([1e-4] * 3)
 

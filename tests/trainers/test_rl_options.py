@@ -99,7 +99,7 @@ def comparable_adam(trainer):
     """AdamW's step g/(|g| + eps) turns the float rounding (~1e-10) of near-zero gradient components
     into ~lr·1e-10/1e-8 weight differences at the default eps=1e-8; eps=1e-5 keeps a comparison of
     weights about the gradients (every component with |g| >> 1e-5 still moves by ~lr)."""
-    for group in trainer.optimizer.param_groups:
+    for group in trainer.run.optimizer.param_groups:
         group["eps"] = 1e-5
 
 
@@ -156,7 +156,7 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
     first_rows = torch.randperm(B, generator=reference._minibatch_generator()).split(config.get("mini_batch_size") or B)[0]
     reference._loss(exp, first_rows)[0].backward()
     direct = [p.grad.detach().clone() for _, p in trained_params(reference)]
-    reference.optimizer.zero_grad(set_to_none=True)
+    reference.run.optimizer.zero_grad(set_to_none=True)
     grads, params = {}, {}
     for micro, trainer in trainers.items():
         comparable_adam(trainer)
@@ -332,7 +332,7 @@ def test_entropy_bonus_is_subtracted_from_the_loss_and_changes_the_gradient():
         loss, metrics = trainer._loss(exp, rows)
         loss.backward()
         results[coef] = loss.detach(), [p.grad.clone() for _, p in trained_params(trainer)]
-        trainer.optimizer.zero_grad(set_to_none=True)
+        trainer.run.optimizer.zero_grad(set_to_none=True)
     _, entropy = current_logprobs(trainer, exp.rollout)
     m = exp.mask.float()
     seq_mean_entropy = ((entropy * m).sum(1) / m.sum(1)).mean()
@@ -485,7 +485,7 @@ def test_learning_rate_schedule_follows_the_formula(kind, mini, used):
     trainer = make_trainer(kl_coef=0.0, lr_scheduler=kind, warmup_steps=2, max_steps=5, learning_rate=lr,
                            mini_batch_size=mini)
     seen = []
-    trainer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    trainer.run.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
     history = trainer.train()
     per_step = 8 // (mini or 8)
     total = 5 * per_step

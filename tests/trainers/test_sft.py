@@ -100,9 +100,9 @@ def test_gradient_accumulation_gives_the_gradient_of_one_large_batch():
     one = make(data, max_steps=1, batch_size=4)
     acc = make(data, max_steps=1, batch_size=1, grad_accumulation=4)
     for trainer in (one, acc):  # keep the step's gradient: no update, no zeroing
-        trainer.optimizer.step = trainer.optimizer.zero_grad = lambda *a, **k: None
+        trainer.run.optimizer.step = trainer.run.optimizer.zero_grad = lambda *a, **k: None
         trainer.train()
-    h1, h2 = one.logger.history[0], acc.logger.history[0]
+    h1, h2 = one.run.logger.history[0], acc.run.logger.history[0]
     assert h1["sft/tokens"] == h2["sft/tokens"] == 3 * 4 + 3
     assert h1["sft/loss"] == pytest.approx(h2["sft/loss"], rel=1e-6)
     assert h1["sft/grad_norm"] == pytest.approx(h2["sft/grad_norm"], rel=1e-5)
@@ -114,7 +114,7 @@ def test_seeded_runs_repeat_and_epochs_follow_the_data():
     a, b = make(num_epochs=2, seed=3), make(num_epochs=2, seed=3)
     assert a.total_steps == 8  # 2 epochs x 16 rows / batch 4
     assert [r["sft/loss"] for r in a.train()] == [r["sft/loss"] for r in b.train()]
-    assert a.logger.history[-1]["sft/epoch"] == 2.0
+    assert a.run.logger.history[-1]["sft/epoch"] == 2.0
 
 
 # ---------------------------------------------------------------- eval and outputs

@@ -1,4 +1,5 @@
 import pytest
+import torch
 import transformers
 
 transformers.utils.logging.disable_progress_bar()
@@ -11,3 +12,14 @@ def tiny_model_dir(tmp_path_factory):
     from rlhfkit.tasks.tiny import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP threads
+    that spin waiting for each other made a test file ~40x slower; restored afterwards. A file
+    opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,6 +17,12 @@ from rlhfkit.trainers import RLTrainer, SFTConfig, SFTTrainer
 ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
 
 
+def sft_trainer(tok, run, **overrides):
+    """A one-step SFT trainer writing to ``run``."""
+    args = SFTConfig(learning_rate=1e-3, batch_size=2, max_steps=1, log_every=0, output_dir=str(run), **overrides)
+    return SFTTrainer(tiny_causal_lm(tok, hidden_size=32), args, ROWS, processing_class=tok)
+
+
 def steps(run):
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -44,10 +50,7 @@ def test_the_cli_reruns_into_the_directory_of_a_failed_start(tmp_path, monkeypat
 def test_python_reruns_into_the_directory_of_a_failed_start(tmp_path):
     tok = char_tokenizer()
     run = tmp_path / "run"
-
-    def sft(**overrides):
-        args = SFTConfig(learning_rate=1e-3, batch_size=2, max_steps=1, log_every=0, output_dir=str(run), **overrides)
-        return SFTTrainer(tiny_causal_lm(tok, hidden_size=32), args, ROWS, processing_class=tok)
+    sft = lambda **overrides: sft_trainer(tok, run, **overrides)  # noqa: E731
 
     with pytest.raises(ValueError, match="is not a checkpoint directory"):
         sft(resume_from=str(tmp_path / "nowhere"))
@@ -73,10 +76,7 @@ def test_python_reruns_into_the_directory_of_a_failed_start(tmp_path):
 def test_a_failed_start_beside_a_users_file_still_needs_overwrite_and_keeps_the_file(tmp_path):
     tok = char_tokenizer()
     run = tmp_path / "run"
-
-    def sft(**overrides):
-        args = SFTConfig(learning_rate=1e-3, batch_size=2, max_steps=1, log_every=0, output_dir=str(run), **overrides)
-        return SFTTrainer(tiny_causal_lm(tok, hidden_size=32), args, ROWS, processing_class=tok)
+    sft = lambda **overrides: sft_trainer(tok, run, **overrides)  # noqa: E731
 
     with pytest.raises(ValueError, match="is not a checkpoint directory"):
         sft(resume_from=str(tmp_path / "nowhere"))

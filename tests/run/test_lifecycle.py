@@ -6,7 +6,6 @@ the checkpoint cadence and pruning, and the run directory's refusals."""
 import json
 
 import pytest
-import torch
 
 from rlhfkit.config import RLConfig
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
@@ -18,12 +17,7 @@ PAIRS = [{"prompt": w, "chosen": "aaa", "rejected": "bbb"} for w in ["ab", "cd",
 KINDS = ["sft", "rm", "dpo", "rl"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make(kind: str, out, **overrides):

@@ -21,14 +21,7 @@ from rlhfkit.trainers import RLTrainer
 from rlhfkit.trainers.rl import Experience
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP threads
-    that spin waiting for each other made this file ~40x slower; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def varied_reward(prompts, completions, **kwargs):

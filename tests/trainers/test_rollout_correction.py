@@ -23,12 +23,7 @@ from rlhfkit.rollout import HFEngine
 from rlhfkit.tasks.toy import toy_trainer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class PerturbedEngine:

@@ -1,0 +1,11 @@
+"""Agents: multi-turn episodes with tools and environments (TRL's ``tools=`` and
+``environment_factory=``), token in and token out."""
+
+from .episode import AgentOptions, Episode, episodes_rollout, run_episodes, start_episode
+from .parsing import MalformedToolCall, parse_tool_calls
+from .templates import check_agent_template, tool_suffix
+from .tools import Tool, check_environment_factory, environment_tools, make_tool, make_tools, run_tool_calls
+
+__all__ = ["AgentOptions", "Episode", "episodes_rollout", "run_episodes", "start_episode", "MalformedToolCall",
+           "parse_tool_calls", "check_agent_template", "tool_suffix", "Tool", "check_environment_factory",
+           "environment_tools", "make_tool", "make_tools", "run_tool_calls"]

@@ -1,0 +1,153 @@
+"""Tools and environments of an agent episode, with TRL's interface.
+
+- ``tools=[f, g]``: typed Python functions with Google-style docstrings; their JSON schema comes
+  from ``transformers.utils.get_json_schema`` and reaches the model through the chat template's
+  ``tools=``. Async functions are allowed.
+- ``environment_factory=Factory`` (or ``{name: Factory}`` with an ``environment`` column choosing
+  per row): one instance per episode; ``reset(**row) -> str | None`` (a string is appended to the
+  last user message); its public methods are the episode's tools (``reset`` and ``get_reward``
+  excepted); an optional ``get_reward() -> float`` is an extra reward source (``environment``).
+
+Tool calls of a batch run concurrently, one daemon thread per call, under one deadline
+(``tool_call_timeout`` seconds): a call that raises, never returns or names an unknown tool
+returns ``{"error": ...}`` to the model and is counted as a tool error; it never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+RESERVED_METHODS = ("reset", "get_reward")
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable the model may call by ``name``, and the JSON schema the template shows it."""
+
+    name: str
+    fn: Callable
+    schema: dict
+
+
+def make_tool(fn: Callable, where: str = "tools") -> Tool:
+    """``fn`` with its schema from ``get_json_schema``; a function without type hints or a
+    Google-style docstring describing every argument is refused in one line naming it."""
+    from transformers.utils import get_json_schema
+
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    if not callable(fn):
+        raise ValueError(f"{where}: {name!r} is not callable")
+    try:
+        schema = get_json_schema(fn)
+    except Exception as err:  # TypeHintParsingException, DocstringParsingException
+        raise ValueError(f"{where}: tool {name!r} needs type hints on every argument and a Google-style docstring "
+                         f"describing each one (transformers.utils.get_json_schema: {err})") from None
+    schema = schema if "function" in schema else {"type": "function", "function": schema}  # older transformers
+    return Tool(schema["function"]["name"], fn, schema)
+
+
+def make_tools(fns, where: str = "tools") -> dict[str, Tool]:
+    """``{name: Tool}`` of a list of callables; two tools of one name are refused."""
+    tools: dict[str, Tool] = {}
+    for fn in fns or []:
+        tool = make_tool(fn, where)
+        if tool.name in tools:
+            raise ValueError(f"{where}: two tools are named {tool.name!r}")
+        tools[tool.name] = tool
+    return tools
+
+
+def check_environment_factory(factory, where: str = "environment_factory") -> None:
+    """One line for a factory that is not a class/callable or whose instances cannot ``reset``."""
+    factories = factory.values() if isinstance(factory, dict) else [factory]
+    for f in factories:
+        if not callable(f):
+            raise ValueError(f"{where}: {f!r} is not a class or callable")
+        if inspect.isclass(f) and not callable(getattr(f, "reset", None)):
+            raise ValueError(f"{where}: {f.__name__} has no reset(**row) method (it starts each episode)")
+
+
+def environment_tools(env, where: str = "environment_factory") -> dict[str, Tool]:
+    """An environment's public methods, ``reset`` and ``get_reward`` excepted, as tools."""
+    if not callable(getattr(env, "reset", None)):
+        raise ValueError(f"{where}: {type(env).__name__} has no reset(**row) method (it starts each episode)")
+    methods = [getattr(env, n) for n in dir(env)
+               if not n.startswith("_") and n not in RESERVED_METHODS and inspect.ismethod(getattr(env, n, None))]
+    return make_tools(methods, f"{where} ({type(env).__name__})")
+
+
+def new_environment(factory, row: dict, index: int):
+    """The environment of one episode: ``factory()``, or ``factory[row['environment']]()`` for a
+    dict of factories (a missing or unknown name is one line naming the row)."""
+    if not isinstance(factory, dict):
+        return factory()
+    name = row.get("environment")
+    if name not in factory:
+        from ..algorithms.registry import did_you_mean
+
+        raise ValueError(f"train_dataset: row index {index} (0-based): environment {name!r} is not one of "
+                         f"{sorted(factory)}{did_you_mean(str(name), factory)}")
+    return factory[name]()
+
+
+def reset_environment(env, row: dict) -> str | None:
+    """``env.reset(**row)``; its return value must be a string or None."""
+    out = env.reset(**row)
+    if out is not None and not isinstance(out, str):
+        raise ValueError(f"environment {type(env).__name__}.reset returned {type(out).__name__}; it must return "
+                         "a string (appended to the last user message) or None")
+    return out
+
+
+def _call(tool: Tool, arguments: dict) -> Any:
+    result = tool.fn(**arguments)
+    if inspect.isawaitable(result):
+        async def wait():
+            return await result
+
+        result = asyncio.run(wait())
+    return result
+
+
+def tool_result_text(result: Any) -> str:
+    """What the model reads: a string as is, anything else as JSON (``str`` when not JSON-able)."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def run_tool_calls(calls: list[tuple[dict[str, Tool], str, dict]], timeout: float) -> list[tuple[str, bool]]:
+    """Run ``(tools, name, arguments)`` calls concurrently, one daemon thread each, all under one
+    deadline of ``timeout`` seconds. Returns ``(text, failed)`` per call: the tool's result as text,
+    or ``{"error": ...}`` for an unknown name, bad arguments, an exception or a timeout (a thread
+    still running at the deadline is left behind, daemon, and its result ignored)."""
+    results: list[tuple[str, bool] | None] = [None] * len(calls)
+
+    def work(i: int, tools: dict[str, Tool], name: str, arguments: dict) -> None:
+        try:
+            results[i] = (tool_result_text(_call(tools[name], arguments)), False)
+        except Exception as err:  # the model reads the error; the run goes on
+            results[i] = (json.dumps({"error": f"{type(err).__name__}: {err}"}), True)
+
+    threads = []
+    for i, (tools, name, arguments) in enumerate(calls):
+        if name not in tools:
+            results[i] = (json.dumps({"error": f"unknown tool {name!r}; available: {sorted(tools)}"}), True)
+            continue
+        thread = threading.Thread(target=work, args=(i, tools, name, arguments), daemon=True)
+        thread.start()
+        threads.append(thread)
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [r if r is not None else (json.dumps({"error": f"the tool call timed out after {timeout:g} s"}), True)
+            for r in results]

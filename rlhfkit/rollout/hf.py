@@ -23,8 +23,9 @@ class HFEngine:
 
     needs_sync = False  # it samples from the trained model itself
 
-    def __init__(self, model, pad_id: int, eos_id: int, share_prompt: bool = True):
+    def __init__(self, model, pad_id: int, eos_id: int, share_prompt: bool = True, logprobs: bool = False):
         self.model, self.pad_id, self.eos_id, self.share_prompt = model, pad_id, eos_id, share_prompt
+        self.logprobs = logprobs  # also report the sampler's log-prob of each token (a check; the trainer needs none)
 
     def generation_config(self, sampling: SamplingParams):
         """Every field that shapes the sampled distribution, set explicitly from ``sampling``.
@@ -65,13 +66,19 @@ class HFEngine:
             cache = self._prompt_cache(prompt_ids, prompt_mask, n)
             with _neutral_model_defaults(self.model):
                 out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                                          generation_config=self.generation_config(sampling))
+                                          generation_config=self.generation_config(sampling),
+                                          output_scores=self.logprobs, return_dict_in_generate=self.logprobs)
         finally:
             self.model.train(was_training)
-        responses = out[:, ids.shape[1] :]
+        sequences = out.sequences if self.logprobs else out
+        responses = sequences[:, ids.shape[1] :]
         response_mask, has_eos = response_mask_from_ids(responses, self.eos_id)
-        return Rollout(out, torch.cat([mask, response_mask], 1), response_mask, has_eos, ids.shape[1],
-                       group_index(len(prompts), n, device))
+        rollout = Rollout(sequences, torch.cat([mask, response_mask], 1), response_mask, has_eos, ids.shape[1],
+                          group_index(len(prompts), n, device))
+        if self.logprobs:  # the processed scores (after temperature, top-k, top-p) the sampler drew from
+            scores = torch.stack(out.scores, 1).float().log_softmax(-1)
+            rollout.logprobs = scores.gather(-1, responses[:, : scores.shape[1], None]).squeeze(-1) * response_mask
+        return rollout
 
     def sleep(self) -> None:
         """Nothing to release: the engine is the trained model."""

@@ -11,7 +11,7 @@ shorter one (not prefix-preserving) is refused in one line naming the model.
 from __future__ import annotations
 
 _PROBE = [{"role": "user", "content": "probe"},
-          {"role": "assistant", "content": "",
+          {"role": "assistant", "content": "probe",
            "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {}}}]}]
 
 

@@ -231,21 +231,36 @@ def answers_match(predicted, gold) -> bool:
         return False
 
 
+def final_text(completion) -> str:
+    """The answer a completion gives: the string itself, or, for a conversation (an agent's
+    messages, as TRL passes conversational completions), the content of its last assistant message
+    ("" when it has none). The built-in rewards below score this."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, (list, tuple)):
+        said = [m.get("content") or "" for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+        return said[-1] if said else ""
+    return completion
+
+
 @register_reward_function("math_answer")
 def math_answer(prompts, completions, answer, **columns) -> list[float]:
     """1.0 when the completion's answer (``extract_answer``) equals the ``answer`` column, else 0."""
+    completions = [final_text(c) for c in completions]
     return [float(answers_match(extract_answer(c), a)) for c, a in zip(completions, answer)]
 
 
 @register_reward_function("answer_format")
 def answer_format(prompts, completions, **columns) -> list[float]:
     """1.0 when the completion is just a number (as "Answer with just the number" asks), else 0."""
+    completions = [final_text(c) for c in completions]
     return [float(isinstance(c, str) and bool(_JUST_A_NUMBER.match(c))) for c in completions]
 
 
 @register_reward_function("strict_math_answer")
 def strict_math_answer(prompts, completions, answer, **columns) -> list[float]:
     """1.0 when the completion is just a number *and* that number is right (accuracy in the requested form)."""
+    completions = [final_text(c) for c in completions]
     fmt = answer_format(prompts, completions)
     return [f * m for f, m in zip(fmt, math_answer(prompts, completions, answer))]
 
@@ -253,6 +268,7 @@ def strict_math_answer(prompts, completions, answer, **columns) -> list[float]:
 @register_reward_function("exact_match")
 def exact_match(prompts, completions, answer, **columns) -> list[float]:
     """1.0 when the stripped completion equals the stripped ``answer`` column (case-sensitive)."""
+    completions = [final_text(c) for c in completions]
     return [float(isinstance(c, str) and c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
 
 
@@ -261,6 +277,7 @@ def concise_math_answer(prompts, completions, answer, **columns) -> list[float]:
     """For a right answer, 1 minus 0.05 per character beyond the answer itself (0 at 20 extra); 0 for a
     wrong one. A smooth path from "27 + 42 = 69." (0.45) to "69" (1.0), where the all-or-nothing
     format reward gives no gradient until a bare right answer happens to be sampled."""
+    completions = [final_text(c) for c in completions]
     out = []
     for c, a, right in zip(completions, answer, math_answer(prompts, completions, answer)):
         extra = len(c.strip()) - len(str(a)) if isinstance(c, str) else 0
@@ -276,6 +293,7 @@ def digit_match(prompts, completions, answer, **columns) -> list[float]:
     score 0. A dense signal for learning to compute an answer directly, where the all-or-nothing
     ``strict_math_answer`` is rarely earned at first; the length gate makes the number of digits
     (the carry into a new place) part of what is rewarded."""
+    completions = [final_text(c) for c in completions]
     out = []
     for c, a, bare in zip(completions, answer, answer_format(prompts, completions)):
         gold, got = str(a).strip(), c.strip().rstrip(".").strip() if bare else ""

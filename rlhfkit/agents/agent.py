@@ -1,0 +1,95 @@
+"""``Agent``: what the RL loop needs to turn prompt rows into agent episodes (TRL's ``tools=`` and
+``environment_factory=``), and their ``agent/*`` metrics and environment reward."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .. import distributed
+from .episode import AgentOptions, Episode, run_episodes, start_episode
+from .templates import check_agent_template
+from .tools import check_environment_factory, environment_tools, make_tools, new_environment, reset_environment
+
+
+class Agent:
+    """Episodes for prompt rows: each has the static ``tools`` plus, with an
+    ``environment_factory``, a fresh environment (``reset(**row)``; its public methods are tools).
+
+    ``prompt_limit``: the longest prompt (with the tools' schemas rendered) in tokens, None for no
+    limit; a longer one is refused in one line naming its row."""
+
+    def __init__(self, tokenizer, tools=None, environment_factory=None, options: AgentOptions | None = None,
+                 prompt_limit: int | None = None):
+        if not tools and environment_factory is None:
+            raise ValueError("an agent needs tools=[...] and/or environment_factory=...")
+        self.tokenizer, self.options, self.prompt_limit = tokenizer, options or AgentOptions(), prompt_limit
+        self.tools = make_tools(tools)
+        self.environment_factory = environment_factory
+        if environment_factory is not None:
+            check_environment_factory(environment_factory)
+        check_agent_template(tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name)
+
+    @property
+    def has_environment_reward(self) -> bool:
+        """Whether the environments have ``get_reward()``: an extra reward source (``environment``)."""
+        factories = (self.environment_factory.values() if isinstance(self.environment_factory, dict)
+                     else [self.environment_factory] if self.environment_factory is not None else [])
+        return any(callable(getattr(f, "get_reward", None)) for f in factories)
+
+    def start(self, rows: list[dict], indices: list[int], group_size: int, name: str = "train_dataset") -> list[Episode]:
+        """``group_size`` episodes per row of ``indices`` (rows ``g*G .. g*G+G-1`` share row ``g``)."""
+        episodes = []
+        for i in indices:
+            for _ in range(group_size):
+                env, tools, messages = None, dict(self.tools), _messages(rows[i]["prompt"])
+                if self.environment_factory is not None:
+                    env = new_environment(self.environment_factory, rows[i], i)
+                    extra = reset_environment(env, rows[i])
+                    tools.update(environment_tools(env))
+                    if extra:
+                        messages = _append_to_last_user(messages, extra)
+                episode = start_episode(self.tokenizer, messages, tools, env)
+                if self.prompt_limit is not None and len(episode.prompt_ids) > self.prompt_limit:
+                    raise ValueError(f"{name}: row index {i} (0-based): the prompt with the tools' schemas is "
+                                     f"{len(episode.prompt_ids)} tokens, longer than {self.prompt_limit} "
+                                     "(max_prompt_length, by default the model's positions minus max_new_tokens)")
+                episodes.append(episode)
+        return episodes
+
+    def run(self, engine, episodes: list[Episode], sampling, seed: int | None = None):
+        """The episodes to their end (``run_episodes``), as one ``Rollout``."""
+        return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed)
+
+
+def agent_metrics(episodes: list[Episode]) -> dict:
+    """``agent/turns_mean`` and ``agent/tool_calls_mean`` per episode, ``agent/tool_errors`` (calls
+    that failed, timed out, named an unknown tool, or could not be parsed) and
+    ``agent/truncated_episodes`` (ended by the token budget) as counts — over every process."""
+    every = torch.ones(len(episodes), dtype=torch.bool)
+    counts = lambda field: torch.tensor([float(getattr(e, field)) for e in episodes])  # noqa: E731
+    return {"agent/turns_mean": distributed.global_mean(counts("turns"), every),
+            "agent/tool_calls_mean": distributed.global_mean(counts("tool_calls"), every),
+            "agent/tool_errors": distributed.reduce_sum(counts("tool_errors").sum()),
+            "agent/truncated_episodes": distributed.reduce_sum(counts("truncated").sum())}
+
+
+def environment_reward(prompts, completions, environments=None, **columns) -> list[float | None]:
+    """The reward source ``environment``: each episode's ``environment.get_reward()`` (None where
+    the environment has none, so the sample is left to the other sources)."""
+    return [float(env.get_reward()) if callable(getattr(env, "get_reward", None)) else None
+            for env in environments or [None] * len(completions)]
+
+
+def _messages(prompt) -> list[dict]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else copy.deepcopy(list(prompt))
+
+
+def _append_to_last_user(messages: list[dict], text: str) -> list[dict]:
+    """``reset``'s string appended to the last user message (a new user message when none)."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            m["content"] = f"{m['content']}{text}"
+            return messages
+    return messages + [{"role": "user", "content": text}]

@@ -193,6 +193,8 @@ def _convert(value, ann: str) -> tuple[bool, object]:
         return isinstance(value, str), value
     if ann == "None":
         return value is None, value
+    if ann == "dict" or ann.startswith("dict["):
+        return isinstance(value, dict), value
     for kind, make in (("tuple", tuple), ("list", list)):
         if ann.startswith(kind + "[") and ann.endswith("]"):
             return _convert_sequence(value, _split_top(ann[len(kind) + 1:-1], ","), make)

@@ -16,10 +16,10 @@ from .config_supervised import DPOConfig, RewardModelConfig, SFTConfig
 class Sources:
     model: str = ""
     """Model to train: a local Hugging Face model directory, a .gguf file, package:NAME/file.gguf (a file shipped in an installed Python package), or a Hugging Face Hub id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)."""
-    train_dataset: str = ""
-    """Training data: a .jsonl, .json or .parquet file, or a Hugging Face Hub dataset id (loaded with datasets.load_dataset)."""
-    eval_dataset: str | None = None
-    """Held-out data in the same format; None: no evaluation."""
+    train_dataset: str | dict = ""
+    """Training data: a .jsonl, .json or .parquet file, a Hugging Face Hub dataset id (loaded with datasets.load_dataset), or (rlhfkit rl) reasoning-gym tasks: 'reasoning_gym:<task>' or a mapping {reasoning_gym: <task> or {<task>: weight, ...}, size, seed, config, system_prompt}."""
+    eval_dataset: str | dict | None = None
+    """Held-out data in the same format (a reasoning-gym eval set is drawn with seed + 10**9, less any question of the training set); None: no evaluation."""
     dataset_subset: str | None = None
     """Hub datasets: the subset (configuration) name, e.g. 'main' for openai/gsm8k; None: the dataset's default."""
     dataset_train_split: str = "train"

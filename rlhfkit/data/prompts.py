@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .reasoning_gym import prompt_rows
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
@@ -150,7 +152,12 @@ def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = 
     Raises ``ValueError`` naming the source, the row (1-based for files, 0-based index for
     in-memory data) and the field when the source is empty, a row is not an object, or a prompt
     is missing or malformed.
+
+    A ``"reasoning_gym:<task>"`` string or a ``{"reasoning_gym": ...}`` mapping generates the rows of
+    reasoning-gym tasks (``data/reasoning_gym.py``; an eval set when ``name`` starts with "eval").
     """
+    source = prompt_rows(source, name)  # reasoning-gym sources as rows; any other source unchanged
+
     def problem(row: dict) -> str | None:
         if prompt_column not in row:
             present = ", ".join(map(repr, row)) or "none"

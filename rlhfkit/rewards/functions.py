@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ..algorithms.registry import did_you_mean
+from .reasoning_gym import reasoning_gym_reward
 
 RewardFunction = Callable[..., list]
 REWARD_FUNCTIONS: dict[str, RewardFunction] = {}
@@ -52,6 +53,9 @@ def register_reward_function(name: str) -> Callable[[RewardFunction], RewardFunc
         return fn
 
     return decorator
+
+
+register_reward_function("reasoning_gym")(reasoning_gym_reward)  # reasoning-gym tasks' own checkers
 
 
 def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunction:

@@ -111,13 +111,16 @@ def _is_reward_model_dir(path: str) -> bool:
     return (Path(path) / META_FILE).is_file() or any(a.endswith("ForSequenceClassification") for a in archs)
 
 
-def _dataset_source(name: str, given, rows, output_dir: Path) -> str | None:
-    """A path as given; in-memory rows written to ``<output_dir>/data/<name>.jsonl`` (numpy values
-    as plain numbers). Rows JSON cannot hold are not recorded (a warning; the run goes on)."""
+def _dataset_source(name: str, given, rows, output_dir: Path) -> str | dict | None:
+    """A path (or a reasoning-gym mapping) as given; in-memory rows written to
+    ``<output_dir>/data/<name>.jsonl`` (numpy values as plain numbers). Rows JSON cannot hold are
+    not recorded (a warning; the run goes on)."""
     if given is None:
         return None
     if isinstance(given, (str, os.PathLike)):
         return str(given)
+    if isinstance(given, dict) and "reasoning_gym" in given:  # reasoning-gym tasks: the mapping regenerates them
+        return dict(given)
     path = output_dir / "data" / f"{name}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:

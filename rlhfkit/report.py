@@ -186,9 +186,26 @@ def _samples_section(run_dir: Path) -> str:
                 '<div class="sample">'
                 f'<div class="score">score {html.escape(_fmt(score)) if score is not None else "–"}</div>'
                 f'<pre class="prompt">{html.escape(str(s.get("prompt", "")))}</pre>'
-                f'<pre class="completion">{html.escape(str(s.get("completion", "")))}</pre></div>'
+                f'{_completion_html(s.get("completion", ""))}</div>'
             )
     return "".join(parts)
+
+
+def _completion_html(completion) -> str:
+    """A completion: its text, or an agent's conversation turn by turn (assistant text, each
+    tool call with its arguments, each tool result)."""
+    if not isinstance(completion, list):
+        return f'<pre class="completion">{html.escape(str(completion))}</pre>'
+    turns = []
+    for m in completion:
+        role = str(m.get("role", "?")) if isinstance(m, dict) else "?"
+        text = str(m.get("content") or "") if isinstance(m, dict) else str(m)
+        for call in (m.get("tool_calls") or []) if isinstance(m, dict) else []:
+            fn = call.get("function", call)
+            text += f"\n→ {fn.get('name')}({json.dumps(fn.get('arguments'))})"
+        turns.append(f'<div class="turn {html.escape(role)}"><b>{html.escape(role)}</b>'
+                     f'<pre class="completion">{html.escape(text.strip())}</pre></div>')
+    return "".join(turns)
 
 
 _STYLE = """

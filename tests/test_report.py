@@ -156,3 +156,16 @@ def test_repeated_steps_are_merged_later_values_winning(tmp_path):
     page = write_report(tmp_path).read_text(encoding="utf-8")
     assert "6 logged steps, last step 5." in page
     assert "<td>sft/loss</td><td>3</td><td>0</td><td>0.2</td><td>5</td>" in page
+
+
+def test_report_shows_an_agent_conversation_with_tool_calls_and_results(tmp_path):
+    run = _run_dir(tmp_path, steps=2, samples=False)
+    conversation = [{"role": "assistant", "content": "", "tool_calls": [
+                        {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 7}}}]},
+                    {"role": "tool", "name": "add", "content": "19"},
+                    {"role": "assistant", "content": "<b>19</b>"}]
+    _write_jsonl(run / "samples.jsonl", [{"step": 1, "prompt": "12+7?", "completion": conversation, "score": 1.0}])
+    page = write_report(run).read_text()
+    assert '<div class="turn assistant"><b>assistant</b><pre class="completion">→ add({&quot;a&quot;: 12, &quot;b&quot;: 7})</pre>' in page
+    assert '<div class="turn tool"><b>tool</b><pre class="completion">19</pre>' in page
+    assert "&lt;b&gt;19&lt;/b&gt;" in page  # escaped

@@ -25,28 +25,48 @@ PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 ROLLOUT_ENGINES = ("hf", "vllm")
 
-# The algorithms of DESIGN.md are presets of one config — never branches in the loop.
+# The algorithms of DESIGN.md are presets of one config — never branches in the loop. Every preset
+# names every preset field (those defaulting to None); _TOKEN_PPO holds the values most share,
+# _GROUP_NO_KL those of the critic-free, KL-free group recipes (GSPO, CISPO, DAPO).
+_TOKEN_PPO = dict(clip_low=0.2, clip_high=0.2, importance_sampling_level="token", dynamic_sampling=False)
+_GROUP_NO_KL = dict(use_critic=False, advantage_estimator="group", kl_in_reward=False, kl_estimator="k3", kl_coef=0.0,
+                    whiten_advantages=False, group_size=4, num_iterations=1)
 PRESETS: dict[str, dict] = {
-    "ppo": dict(use_critic=True, advantage_estimator="gae", policy_loss="ppo_clip", loss_agg="token-mean",
+    "ppo": dict(_TOKEN_PPO, use_critic=True, advantage_estimator="gae", policy_loss="ppo_clip", loss_agg="token-mean",
                 kl_in_reward=True, kl_estimator="k1", kl_coef=0.05, whiten_advantages=True, group_size=1,
                 num_iterations=4),
-    "grpo": dict(use_critic=False, advantage_estimator="group", policy_loss="ppo_clip",
+    "grpo": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="group", policy_loss="ppo_clip",
                  loss_agg="seq-mean-token-mean", kl_in_reward=False, kl_estimator="k3", kl_coef=0.04,
                  whiten_advantages=False, group_size=4, num_iterations=1),
-    "dr_grpo": dict(use_critic=False, advantage_estimator="group_no_std", policy_loss="ppo_clip",
+    "dr_grpo": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="group_no_std", policy_loss="ppo_clip",
                     loss_agg="seq-mean-token-sum-norm", kl_in_reward=False, kl_estimator="k3", kl_coef=0.0,
                     whiten_advantages=False, group_size=4, num_iterations=1),
-    "reinforce": dict(use_critic=False, advantage_estimator="reinforce", policy_loss="vanilla",
+    "reinforce": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="reinforce", policy_loss="vanilla",
                       loss_agg="seq-mean-token-sum", kl_in_reward=True, kl_estimator="k1", kl_coef=0.05,
                       whiten_advantages=False, group_size=1, num_iterations=1),
-    "rloo": dict(use_critic=False, advantage_estimator="rloo", policy_loss="vanilla",
+    "rloo": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="rloo", policy_loss="vanilla",
                  loss_agg="seq-mean-token-sum", kl_in_reward=True, kl_estimator="k1", kl_coef=0.05,
                  whiten_advantages=False, group_size=4, num_iterations=1),
     # REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level k1 KL in the reward, discounted returns
     # whitened over the batch (the estimator does it), PPO's clipped surrogate, no critic, no groups.
-    "reinforce_plus_plus": dict(use_critic=False, advantage_estimator="reinforce_plus_plus", policy_loss="ppo_clip",
-                                loss_agg="token-mean", kl_in_reward=True, kl_estimator="k1", kl_coef=0.01,
-                                whiten_advantages=False, group_size=1, num_iterations=1),
+    "reinforce_plus_plus": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="reinforce_plus_plus",
+                                policy_loss="ppo_clip", loss_agg="token-mean", kl_in_reward=True, kl_estimator="k1",
+                                kl_coef=0.01, whiten_advantages=False, group_size=1, num_iterations=1),
+    # GSPO (Zheng et al. 2025, arXiv:2507.18071): group advantages, the sequence-level ratio clipped
+    # to [1 - 3e-4, 1 + 4e-4] (§5.1), one term per sequence (seq-mean-token-mean), no KL (TRL's
+    # recipe: importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0).
+    "gspo": dict(_GROUP_NO_KL, policy_loss="ppo_clip", importance_sampling_level="sequence", clip_low=3e-4,
+                 clip_high=4e-4, loss_agg="seq-mean-token-mean", dynamic_sampling=False),
+    # CISPO (MiniMax-M1, arXiv:2506.13585, eqs. 4-5): group advantages, the detached ratio capped
+    # above only (clip_low is unused), normalised by the batch's tokens, no KL. The paper tunes only
+    # ε_high; 4 (a cap of 5) is ScaleRL's ε_max (Khatri et al. 2025, arXiv:2510.13786), TRL's advice.
+    "cispo": dict(_GROUP_NO_KL, policy_loss="cispo", importance_sampling_level="token", clip_low=0.2, clip_high=4.0,
+                  loss_agg="token-mean", dynamic_sampling=False),
+    # DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher 0.2/0.28 (§3.1), dynamic sampling (§3.2),
+    # token-level loss (§3.3), no KL. Its soft overlong punishment (§3.4) needs a buffer length
+    # that suits max_new_tokens: overlong_buffer_len stays off unless set.
+    "dapo": dict(_GROUP_NO_KL, policy_loss="ppo_clip", importance_sampling_level="token", clip_low=0.2, clip_high=0.28,
+                 loss_agg="token-mean", dynamic_sampling=True),
 }
 
 
@@ -105,11 +125,11 @@ class RolloutConfig:
 @dataclass(frozen=True)
 class AlgorithmConfig:
     algorithm: str = "grpo"
-    """Preset: ppo, grpo, dr_grpo, reinforce, reinforce_plus_plus or rloo. Every field below that defaults to None takes the preset's value unless you set it: a value you set always wins, also when `replace(algorithm=...)` switches presets."""
+    """Preset: ppo, grpo, dr_grpo, reinforce, reinforce_plus_plus, rloo, gspo (GSPO: sequence-level ratio), cispo (CISPO: capped, detached ratio) or dapo (DAPO: clip-higher, dynamic sampling, token-mean). Every field below that defaults to None takes the preset's value unless you set it: a value you set always wins, also when `replace(algorithm=...)` switches presets."""
     advantage_estimator: str | None = None
     """Name in ADVANTAGE_ESTIMATORS: gae, group, group_no_std, rloo, reinforce, reinforce_plus_plus."""
     policy_loss: str | None = None
-    """Name in POLICY_LOSSES: ppo_clip (clipped surrogate) or vanilla (plain policy gradient)."""
+    """Name in POLICY_LOSSES: ppo_clip (clipped surrogate), vanilla (plain policy gradient) or cispo (policy gradient weighted by the detached ratio capped at 1 + clip_high: MiniMax-M1's CISPO)."""
     loss_agg: str | None = None
     """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""
     loss_horizon: int | None = None
@@ -128,12 +148,14 @@ class AlgorithmConfig:
     """Target KL (nats per sequence) of the adaptive controller."""
     kl_horizon: float = 10000.0
     """Horizon of the adaptive controller (samples); larger moves β more slowly."""
-    clip_low: float = 0.2
-    """PPO clip ε below 1 (ratio floor 1-ε)."""
-    clip_high: float = 0.2
-    """PPO clip ε above 1 (ratio ceiling 1+ε); DAPO's clip-higher uses 0.28."""
+    clip_low: float | None = None
+    """PPO clip ε below 1 (ratio floor 1-ε). TRL's epsilon, verl's clip_ratio_low. Presets: 0.2; gspo 3e-4. Unused by cispo and vanilla."""
+    clip_high: float | None = None
+    """PPO clip ε above 1 (ratio ceiling 1+ε); DAPO's clip-higher uses 0.28. TRL's epsilon_high, verl's clip_ratio_high. Presets: 0.2; dapo 0.28; gspo 4e-4; cispo 4 (its weight's cap 1+ε = 5)."""
+    importance_sampling_level: str | None = None
+    """Whose importance ratio the policy loss uses (TRL's name): 'token' (each token's π/π_old: PPO, GRPO), 'sequence' (GSPO: the sequence's exp(mean_t log(π/π_old)), one per completion, clipped as one) or 'sequence_token' (GSPO-token: the sequence ratio's value with each token's own gradient). The ratio differs from 1 only off-policy (num_iterations > 1 or several minibatches per batch). vanilla has no ratio: 'token' only."""
     dual_clip: float | None = None
-    """Dual-clip constant c > 1 for negative advantages (Ye et al. 2020); None: off."""
+    """Dual-clip constant c > 1 for negative advantages (Ye et al. 2020): the loss is at most c·|A|. verl's clip_ratio_c (3.0 there). None: off."""
     value_clip: float | None = 0.2
     """Clip range of the value update around the old values (cliprange_value); None: plain MSE."""
     vf_coef: float = 0.5
@@ -150,6 +172,16 @@ class AlgorithmConfig:
     """K: passes (PPO epochs) over each batch; old log-probs are kept from before the first update."""
     missing_eos_penalty: float | None = None
     """Score given to completions that never emit EOS (the EOS trick, e.g. -1). None: off."""
+    mask_truncated_completions: bool = False
+    """Completions that never emitted EOS (cut at max_new_tokens) leave the loss: they still count in their group's reward statistics but get no gradient (TRL's name; DAPO's overlong filtering)."""
+    overlong_buffer_len: int | None = None
+    """DAPO's soft overlong punishment (eq. 13; verl's overlong_buffer.len): a completion longer than max_new_tokens - overlong_buffer_len tokens loses overlong_penalty x (excess / overlong_buffer_len) of score, the whole overlong_penalty at max_new_tokens. None: off, also under the dapo preset (DAPO used 4096 of 20480 tokens: set it to suit max_new_tokens, e.g. a quarter)."""
+    overlong_penalty: float = 1.0
+    """Score lost by a completion of max_new_tokens tokens under overlong_buffer_len (verl's overlong_buffer.penalty_factor)."""
+    dynamic_sampling: bool | None = None
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups): a group whose valid rewards are all equal, or with fewer than two valid, has no learning signal and is dropped; more prompts are generated until prompts_per_step groups are kept or max_sampling_rounds rounds are spent, after which the step trains on the groups kept. Needs group_size >= 2. Presets: dapo True, the others False."""
+    max_sampling_rounds: int = 10
+    """With dynamic_sampling: the most generation rounds per step (verl's filter_groups.max_num_gen_batches)."""
     reward_clip: float | None = None
     """Clip scores to [-reward_clip, reward_clip] before advantages. None: off."""
     normalize_rewards: bool = False
@@ -261,12 +293,13 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, RolloutConfig, ModelConf
 
 
 def _validate(c: RLConfig) -> None:
-    from .algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, ROLLOUT_IS_MODES
+    from .algorithms import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS,
+                             POLICY_LOSSES, ROLLOUT_IS_MODES)
 
     check_ranges(c)
     check_run_fields(c)
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
-    POLICY_LOSSES.get(c.policy_loss)
+    levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
     in_loss = [n for n in KL_ESTIMATORS.names() if KL_ESTIMATORS.traits(n)["loss_gradient"]]
     check_fields(c, [
@@ -291,6 +324,14 @@ def _validate(c: RLConfig) -> None:
         (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
         (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",
          f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None"),
+        (c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS, "importance_sampling_level",
+         f"one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"),
+        (c.importance_sampling_level in levels, "importance_sampling_level",
+         f"{' or '.join(map(repr, levels))} with the {c.policy_loss!r} policy loss"),
+        (c.overlong_buffer_len is None or c.overlong_buffer_len < c.max_new_tokens, "overlong_buffer_len",
+         f"less than max_new_tokens ({c.max_new_tokens}) or None: the buffer is the last tokens before the limit"),
+        (not c.dynamic_sampling or c.group_size >= 2, "dynamic_sampling",
+         "False when group_size is 1 (a group of one sample never has reward variance: every group would be dropped)"),
     ])
 
 

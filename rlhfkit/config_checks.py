@@ -27,6 +27,7 @@ RANGES: dict[str, str] = {
     "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": "[1, 1e4]",
     # the bound of a reward function's output (rewards.functions.MAX_ABS_REWARD)
     "missing_eos_penalty": "[-1e6, 1e6] or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
+    "overlong_penalty": "[0, 1e6]", "overlong_buffer_len": "[1, 1e7] or None", "max_sampling_rounds": "[1, 1e6]",
     # optimisation
     "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
     "max_grad_norm": "> 0 or None", "warmup_steps": "[0, 1e9]", "mini_batch_size": "[1, 1e6] or None",

@@ -76,7 +76,7 @@ def test_format_help_groups_fields_by_defining_class():
     titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ")][1:]
     assert titles == ["Model", "Rollout", "Algorithm", "Optim", "Run"]
     assert "  kl_coef (float | None, default None)" in text
-    assert "  clip_high (float, default 0.2)" in text
+    assert "  clip_high (float | None, default None)" in text
     assert "DAPO's clip-higher uses 0.28" in text
     for name in (f.name for f in dataclasses.fields(RLConfig)):
         assert f"  {name} (" in text

@@ -36,6 +36,8 @@ TABLE = {
     "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0), "beta": ([0.0, -0.1, math.inf], 0.5),
     "label_smoothing": ([-0.1, 0.5, math.nan], 0.0), "simpo_gamma": ([math.inf, math.nan], 1.0),
     "lora_dropout": ([-0.1, 1.0], 0.05), "max_consecutive_skips": ([0, -1, 10**9 + 1], 5),
+    "overlong_buffer_len": ([0, -4, 10**7 + 1], 8), "overlong_penalty": ([-0.5, 1e6 + 1], 0.5),
+    "max_sampling_rounds": ([0, -1, 2.5, 10**6 + 1], 3),
 }
 CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
 
@@ -196,3 +198,46 @@ def test_engine_and_rollout_correction_choices_are_checked(field, value, names):
     with pytest.raises(ValueError) as err:
         RLConfig(**{field: value})
     assert "\n" not in str(err.value) and repr(field) in str(err.value) and names in str(err.value)
+
+
+# ---- the objectives of issue 21: GSPO, CISPO, DAPO ----
+
+def test_the_new_presets_resolve_to_their_papers_settings():
+    gspo, cispo, dapo = (RLConfig(algorithm=a) for a in ("gspo", "cispo", "dapo"))
+    assert (gspo.policy_loss, gspo.importance_sampling_level, gspo.clip_low, gspo.clip_high, gspo.loss_agg,
+            gspo.kl_coef, gspo.advantage_estimator) == ("ppo_clip", "sequence", 3e-4, 4e-4, "seq-mean-token-mean",
+                                                        0.0, "group")
+    assert (cispo.policy_loss, cispo.importance_sampling_level, cispo.clip_high, cispo.loss_agg, cispo.kl_coef,
+            cispo.advantage_estimator) == ("cispo", "token", 4.0, "token-mean", 0.0, "group")
+    assert (dapo.policy_loss, dapo.clip_low, dapo.clip_high, dapo.loss_agg, dapo.kl_coef, dapo.dynamic_sampling,
+            dapo.overlong_buffer_len, dapo.advantage_estimator) == ("ppo_clip", 0.2, 0.28, "token-mean", 0.0, True,
+                                                                    None, "group")
+    for name in ("ppo", "grpo", "dr_grpo", "reinforce", "rloo", "reinforce_plus_plus"):  # unchanged
+        c = RLConfig(algorithm=name)
+        assert (c.clip_low, c.clip_high, c.importance_sampling_level, c.dynamic_sampling) == (0.2, 0.2, "token", False)
+    assert RLConfig(algorithm="grpo", importance_sampling_level="sequence").importance_sampling_level == "sequence"
+
+
+@pytest.mark.parametrize("changes, field, expected", [
+    (dict(importance_sampling_level="seq"), "importance_sampling_level", "one of token, sequence, sequence_token"),
+    (dict(algorithm="rloo", importance_sampling_level="sequence"), "importance_sampling_level",
+     "'token' with the 'vanilla' policy loss"),
+    (dict(overlong_buffer_len=32, max_new_tokens=32), "overlong_buffer_len", "less than max_new_tokens (32)"),
+    (dict(overlong_buffer_len=-4), "overlong_buffer_len", "in [1, 1e7] or None"),
+    (dict(max_sampling_rounds=0), "max_sampling_rounds", "in [1, 1e6]"),
+    (dict(algorithm="ppo", dynamic_sampling=True), "dynamic_sampling", "False when group_size is 1"),
+    (dict(overlong_penalty=-1.0), "overlong_penalty", "in [0, 1e6]"),
+])
+def test_the_objectives_fields_are_checked_with_one_line_naming_the_field(changes, field, expected):
+    with pytest.raises(ValueError) as err:
+        RLConfig(**changes)
+    message = str(err.value)
+    assert "\n" not in message and f"config field {field!r} must be {expected}" in message, message
+
+
+def test_the_objectives_fields_accept_good_values():
+    c = RLConfig(algorithm="dapo", overlong_buffer_len=8, overlong_penalty=0.5, max_sampling_rounds=3,
+                 mask_truncated_completions=True)
+    assert (c.overlong_buffer_len, c.overlong_penalty, c.max_sampling_rounds, c.mask_truncated_completions) == (
+        8, 0.5, 3, True)
+    assert RLConfig(algorithm="cispo", importance_sampling_level="sequence_token").policy_loss == "cispo"

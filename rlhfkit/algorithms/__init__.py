@@ -1,8 +1,9 @@
 """The algorithm core: pure tensor math (torch and the standard library only).
 
-Every formula of rlhfkit lives here once: advantages, KL estimators and controllers, policy and
-value losses, loss aggregation, the DPO-family preference losses, reward shaping, the rollout importance-sampling correction, and
-lean per-token log-probs / entropies.
+Every formula of rlhfkit lives here once: advantages, KL estimators and controllers, policy losses
+(PPO's clip with GSPO's sequence-level ratio, CISPO, plain policy gradient) and the value loss, loss
+aggregation, the DPO-family preference losses, reward shaping and DAPO's sample filters, the
+rollout importance-sampling correction, and lean per-token log-probs / entropies.
 """
 
 from ._checks import masked_mean, masked_sum, masked_var
@@ -17,17 +18,31 @@ from .advantages import (
 from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
-from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, pg_loss, ppo_policy_loss, value_loss
+from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, value_loss
+from .policy_losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    cispo_policy_loss,
+    importance_ratio,
+    pg_loss,
+    ppo_policy_loss,
+)
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, Registry, sequence_rewards
 from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
-from .shaping import apply_missing_eos_penalty, last_token_index, token_level_rewards
+from .shaping import (
+    apply_missing_eos_penalty,
+    group_has_variance,
+    last_token_index,
+    mask_truncated,
+    overlong_penalty,
+    token_level_rewards,
+)
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "DPO_LOSS_TYPES", "dpo_loss", "AdaptiveKLController", "FixedKLController", "KL_ESTIMATORS",
-    "POLICY_LOSSES", "ROLLOUT_IS_MODES", "Registry", "aggregate", "apply_missing_eos_penalty", "bradley_terry_loss",
-    "broadcast_sequence_advantages",
-    "entropy_from_logits", "log_kept_mass", "gae", "group_advantages", "kl_penalty", "last_token_index", "masked_mean", "masked_sum", "masked_var", "pg_loss",
-    "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "rollout_is_weights", "selective_logprobs",
-    "sequence_rewards",
-    "token_level_rewards", "value_loss", "whiten",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "DPO_LOSS_TYPES", "dpo_loss", "AdaptiveKLController", "FixedKLController",
+    "KL_ESTIMATORS", "IMPORTANCE_SAMPLING_LEVELS", "POLICY_LOSSES", "ROLLOUT_IS_MODES", "Registry", "aggregate",
+    "apply_missing_eos_penalty", "bradley_terry_loss", "broadcast_sequence_advantages", "cispo_policy_loss",
+    "entropy_from_logits", "log_kept_mass", "gae", "group_advantages", "group_has_variance", "importance_ratio",
+    "kl_penalty", "last_token_index", "mask_truncated", "masked_mean", "masked_sum", "masked_var", "overlong_penalty",
+    "pg_loss", "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "rollout_is_weights", "selective_logprobs",
+    "sequence_rewards", "token_level_rewards", "value_loss", "whiten",
 ]

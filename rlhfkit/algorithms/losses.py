@@ -1,5 +1,5 @@
-"""Policy losses (PPO clip with asymmetric and dual clipping, plain policy gradient), the clipped
-value loss, and ``aggregate`` — the one place where a (B, T) loss matrix becomes a scalar.
+"""``aggregate`` (the one place where a (B, T) loss matrix becomes a scalar), the clipped value
+loss and the reward model's Bradley–Terry loss. The policy losses are in ``policy_losses.py``.
 
 All losses are negated objectives (for gradient descent) and return ``(loss, metrics)`` where
 ``metrics`` holds detached 0-d tensors (no ``.item()``; the caller decides when to synchronise).
@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum, masked_var
-from .kl import _MAX_LOG_RATIO, kl_penalty
 from .logprobs import entropy_from_logits  # noqa: F401  (re-exported: the entropy bonus lives with the losses)
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -47,91 +46,6 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
             raise ValueError(f"horizon must be > 0, got {horizon}")
         return row_sums.sum() / (n_rows * horizon)
     raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGGREGATIONS)}")
-
-
-def ppo_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
-    agg: str = "token-mean",
-    horizon: int | None = None,
-    weights: torch.Tensor | None = None,
-):
-    """PPO clipped surrogate (Schulman et al. 2017, arXiv:1707.06347, eq. 7), negated:
-
-    ``loss_t = -min(ρ_t A_t, clip(ρ_t, 1 - clip_low, 1 + clip_high) A_t)``, ``ρ_t = exp(logp - old)``.
-
-    ``clip_low != clip_high`` is DAPO's clip-higher (arXiv:2503.14476). ``dual_clip = c > 1``
-    (Ye et al. 2020, arXiv:1912.09729) bounds the objective from below by ``c·A`` when ``A < 0``,
-    so a huge ratio on a bad token cannot blow the loss up.
-
-    ``weights`` (B, T), optional: the importance-sampling weights of the rollout correction
-    (``rollout_is_weights``); each ``loss_t`` is multiplied by ``w_t`` (detached) before
-    ``aggregate``. ``None`` leaves the loss untouched.
-
-    Args: (B, T) tensors (``advantages`` may be (B,), broadcast over tokens). Returns ``(loss,
-    metrics)``: ``policy/clip_frac`` (tokens where the clipped term is active),
-    ``policy/clip_frac_dual``, ``policy/approx_kl`` (k1, ``mean(old - new)``),
-    ``policy/approx_kl_k3`` and ``policy/ratio_mean``, all token-means over the mask.
-    """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
-    log_ratio = (logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss_mat = torch.maximum(unclipped, clipped)
-    is_clipped = clipped > unclipped
-    is_dual = torch.zeros_like(is_clipped)
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        bound = -advantages * dual_clip
-        is_dual = (advantages < 0) & (loss_mat > bound)
-        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
-    loss = aggregate(_weighted(loss_mat, weights, mask), mask, agg, horizon)
-    with torch.no_grad():
-        metrics = {
-            "policy/clip_frac": masked_mean(is_clipped.to(logprobs.dtype), mask),
-            "policy/clip_frac_dual": masked_mean(is_dual.to(logprobs.dtype), mask),
-            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
-            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-            "policy/ratio_mean": masked_mean(ratio, mask),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
-
-
-def pg_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    agg: str = "seq-mean-token-sum",
-    horizon: int | None = None,
-    weights: torch.Tensor | None = None,
-):
-    """Plain policy gradient (REINFORCE, Williams 1992): ``loss_t = -A_t · log π(y_t)``.
-
-    With sequence-level advantages and ``agg="seq-mean-token-sum"`` this is exactly the bandit
-    loss of the reference's REINFORCE / RLOO code: ``mean_i(-A_i Σ_t log π(y_{i,t}))``.
-    ``old_logprobs`` only feeds the approx-KL metrics (the loss is on-policy by construction).
-    ``weights`` (B, T), optional: the importance-sampling weights of the rollout correction
-    (``rollout_is_weights``), multiplying each ``loss_t`` (detached) before ``aggregate``.
-    Returns ``(loss, metrics)`` with ``policy/approx_kl`` and ``policy/approx_kl_k3``.
-    """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    loss = aggregate(_weighted(-advantages * logprobs, weights, mask), mask, agg, horizon)
-    with torch.no_grad():
-        metrics = {
-            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
-            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
 
 
 def value_loss(
@@ -175,33 +89,6 @@ def value_loss(
             "critic/explained_variance": explained,
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
-
-
-def _weighted(loss_mat: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
-    """``loss_mat * weights`` with the weights detached (constants of the loss) and set to 0 off the
-    mask (a NaN there would otherwise reach the gradient of the padding); ``None``: as is."""
-    if weights is None:
-        return loss_mat
-    check_tensor("weights", weights)
-    if tuple(weights.shape) != tuple(loss_mat.shape):
-        raise ValueError(f"weights must have shape {tuple(loss_mat.shape)}, got {tuple(weights.shape)}")
-    return loss_mat * torch.where(mask, weights.detach(), torch.zeros((), dtype=weights.dtype, device=weights.device))
-
-
-def _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask):
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
-    check_tensor("logprobs", logprobs, ndim=2)
-    check_tensor("advantages", advantages)
-    if advantages.dim() == 1 and advantages.shape[0] == logprobs.shape[0]:
-        advantages = advantages[:, None]
-    elif tuple(advantages.shape) != tuple(logprobs.shape):
-        raise ValueError(
-            f"advantages must have shape {tuple(logprobs.shape)} or ({logprobs.shape[0]},), "
-            f"got {tuple(advantages.shape)}"
-        )
-    mask = check_mask(response_mask, logprobs.shape)
-    # Advantages are constants of the surrogate: never let a gradient flow into them.
-    return mask, advantages.detach()
 
 
 def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | float | None = None):

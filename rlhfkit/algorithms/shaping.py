@@ -1,11 +1,14 @@
-"""Token-level reward shaping: the KL penalty folded into the reward, the outcome score placed on
-the last response token, and the missing-EOS penalty ("EOS trick")."""
+"""Reward shaping and sample filtering: the KL penalty folded into the reward, the outcome score
+placed on the last response token, the missing-EOS penalty ("EOS trick"), and DAPO's pieces — the
+soft overlong punishment, the dynamic-sampling group filter, truncated completions out of the loss."""
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-from ._checks import check_mask, check_nonempty_rows, check_tensor
+from ._checks import check_groups, check_mask, check_nonempty_rows, check_tensor
 
 
 def last_token_index(response_mask: torch.Tensor) -> torch.Tensor:
@@ -67,3 +70,66 @@ def apply_missing_eos_penalty(
     if mode == "subtract":
         return torch.where(has_eos, scores, scores - penalty)
     raise ValueError(f"mode must be 'replace' or 'subtract', got {mode!r}")
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, penalty_factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, §3.4, eq. 13), scaled by
+    ``penalty_factor`` as verl's ``overlong_buffer.penalty_factor``; with ``L_max = max_len``,
+    ``L_cache = buffer_len`` and a completion of ``L`` tokens:
+
+    - ``0`` if ``L <= L_max - L_cache``;
+    - ``((L_max - L_cache) - L) / L_cache · penalty_factor`` if ``L_max - L_cache < L <= L_max``
+      (from 0 down to ``-penalty_factor`` across the buffer);
+    - ``-penalty_factor`` if ``L > L_max``.
+
+    The result is added to the completion's score. Args: ``lengths`` (B,) response lengths in
+    tokens (EOS included, as the response mask counts them; verl counts the same way), ``max_len``
+    (the generation limit), ``buffer_len`` in ``[1, max_len]``, ``penalty_factor >= 0``. Returns
+    (B,) in the lengths' floating dtype (the default dtype for integer lengths).
+    """
+    check_tensor("lengths", lengths, ndim=1)
+    for name, value, low in (("max_len", max_len, 1), ("buffer_len", buffer_len, 1)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    if buffer_len > max_len:
+        raise ValueError(f"buffer_len must be at most max_len ({max_len}), got {buffer_len}")
+    if not penalty_factor >= 0:
+        raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor}")
+    length = lengths.to(lengths.dtype if lengths.dtype.is_floating_point else torch.get_default_dtype())
+    expected = max_len - buffer_len
+    in_buffer = (expected - length) / buffer_len
+    shaped = torch.where(length <= expected, torch.zeros_like(length),
+                         torch.where(length <= max_len, in_buffer, torch.full_like(length, -1.0)))
+    return shaped * penalty_factor
+
+
+def group_has_variance(scores: torch.Tensor, valid: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO's dynamic-sampling filter (arXiv:2503.14476, §3.2: the constraint
+    ``0 < |{o_i : is_equivalent(a, o_i)}| < G`` of the DAPO objective, generalised to any reward
+    as verl's ``algorithm.filter_groups``):
+    whether each group of ``group_size`` rows (rows ``g*G .. g*G+G-1`` share prompt ``g``) keeps a
+    learning signal. A group whose valid scores are all equal — or that has fewer than two valid
+    samples — gets advantage 0 from every group baseline and is dropped.
+
+    Args: ``scores`` (B,), ``valid`` (B,) bool (samples a reward function scored; the others'
+    scores are ignored, NaN included), ``group_size`` >= 2 dividing B. Returns (B/G,) bool: True
+    for a group to keep (``.repeat_interleave(group_size)`` gives the rows).
+    """
+    check_tensor("scores", scores, ndim=1)
+    n_groups = check_groups(scores.shape[0], group_size)
+    valid = check_mask(valid, scores.shape, "valid").view(n_groups, group_size)
+    grouped = scores.view(n_groups, group_size)
+    inf = torch.full((), float("inf"), dtype=scores.dtype, device=scores.device)
+    high = torch.where(valid, grouped, -inf).amax(dim=1)
+    low = torch.where(valid, grouped, inf).amin(dim=1)
+    return (valid.sum(dim=1) >= 2) & (high > low)
+
+
+def mask_truncated(response_mask: torch.Tensor, has_eos: torch.Tensor) -> torch.Tensor:
+    """The loss mask without the completions that never emitted EOS (cut at the length limit):
+    DAPO's overlong filtering (arXiv:2503.14476, §3.4), TRL's ``mask_truncated_completions``.
+    Args: ``response_mask`` (B, T), ``has_eos`` (B,) bool. Returns (B, T) bool, rows of truncated
+    completions all False."""
+    check_tensor("response_mask", response_mask, ndim=2)
+    mask = check_mask(response_mask, response_mask.shape)
+    return mask & check_mask(has_eos, mask.shape[:1], "has_eos")[:, None]

@@ -8,6 +8,7 @@ import torch
 
 from rlhfkit.algorithms import (
     aggregate,
+    cispo_policy_loss,
     gae,
     group_advantages,
     kl_penalty,
@@ -151,7 +152,7 @@ def test_token_level_rewards_empty_row_names_rows_and_shape():
 
 def test_policy_and_value_losses_bad_masks():
     x = torch.zeros(2, 3)
-    for fn in (ppo_policy_loss, pg_loss):
+    for fn in (ppo_policy_loss, pg_loss, lambda *a: cispo_policy_loss(*a, clip_high=4.0)):
         with pytest.raises(ValueError, match=r"response_mask must have shape \(2, 3\), got \(2,\)"):
             fn(x, x, x, torch.ones(2))
         with pytest.raises(ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex128"):

@@ -23,7 +23,7 @@ from rlhfkit.algorithms import (
 
 F64 = torch.float64
 ADV_NAMES = ["gae", "group", "group_no_std", "reinforce", "reinforce_plus_plus", "rloo"]
-LOSS_NAMES = ["ppo_clip", "vanilla"]
+LOSS_NAMES = ["cispo", "ppo_clip", "vanilla"]
 KL_NAMES = ["abs", "k1", "k2", "k3"]
 
 
@@ -54,7 +54,7 @@ def test_get_unknown_name_without_close_match_has_no_hint():
     with pytest.raises(ValueError) as err:
         POLICY_LOSSES.get("zzzzzzzz")
     assert "Did you mean" not in str(err.value)
-    assert "valid: ppo_clip, vanilla." in str(err.value)
+    assert "valid: cispo, ppo_clip, vanilla." in str(err.value)
 
 
 def test_registering_twice_raises():

@@ -3,6 +3,7 @@ computed by hand, padding garbage, the trainer's own sampler, gradients, refusal
 and the ``weights`` argument of the policy losses."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from rlhfkit.algorithms import (
     POLICY_LOSSES,
     ROLLOUT_IS_MODES,
     aggregate,
+    cispo_policy_loss,
     pg_loss,
     ppo_policy_loss,
     rollout_is_weights,
@@ -346,7 +348,7 @@ def test_weights_none_and_ones_are_bit_for_bit_the_unweighted_loss(agg):
         assert all(torch.equal(none_metrics[k], plain_metrics[k]) for k in plain_metrics)
 
 
-@pytest.mark.parametrize("fn", [ppo_policy_loss, pg_loss])
+@pytest.mark.parametrize("fn", [ppo_policy_loss, pg_loss, partial(cispo_policy_loss, clip_high=0.2)])
 def test_no_gradient_flows_into_the_weights(fn):
     logprobs, old, adv, mask, w = _random_policy_batch(seed=2)
     w = w.double().requires_grad_()
@@ -356,7 +358,7 @@ def test_no_gradient_flows_into_the_weights(fn):
     assert logprobs.grad is not None
 
 
-@pytest.mark.parametrize("fn", [ppo_policy_loss, pg_loss])
+@pytest.mark.parametrize("fn", [ppo_policy_loss, pg_loss, partial(cispo_policy_loss, clip_high=0.2)])
 def test_garbage_weights_off_the_mask_reach_neither_loss_nor_gradient(fn):
     logprobs, old, adv, mask, w = _random_policy_batch(seed=4)
     clean = torch.where(mask.bool(), w, torch.zeros(()))
@@ -369,7 +371,7 @@ def test_garbage_weights_off_the_mask_reach_neither_loss_nor_gradient(fn):
     assert torch.isfinite(got_grad).all()
 
 
-@pytest.mark.parametrize("fn", [ppo_policy_loss, pg_loss])
+@pytest.mark.parametrize("fn", [ppo_policy_loss, pg_loss, partial(cispo_policy_loss, clip_high=0.2)])
 def test_weights_shape_is_checked(fn):
     logprobs, old, adv, mask, w = _random_policy_batch()
     with pytest.raises(ValueError, match=r"weights must have shape \(4, 6\), got \(4, 5\)"):
@@ -382,8 +384,8 @@ def test_weights_shape_is_checked(fn):
 def test_registry_entries_forward_the_weights(name):
     logprobs, old, adv, mask, w = _random_policy_batch(seed=5)
     kw = dict(agg="token-mean", horizon=None, clip_low=0.2, clip_high=0.2, dual_clip=None)
-    direct = ppo_policy_loss if name == "ppo_clip" else pg_loss
-    direct_kw = dict(clip_low=0.2, clip_high=0.2) if name == "ppo_clip" else {}
+    direct = {"ppo_clip": ppo_policy_loss, "cispo": cispo_policy_loss}.get(name, pg_loss)
+    direct_kw = {"ppo_clip": dict(clip_low=0.2, clip_high=0.2), "cispo": dict(clip_high=0.2)}.get(name, {})
     got, _ = POLICY_LOSSES.get(name)(logprobs, old, adv, mask, weights=w, **kw)
     want, _ = direct(logprobs, old, adv, mask, agg="token-mean", weights=w, **direct_kw)
     unweighted, _ = POLICY_LOSSES.get(name)(logprobs, old, adv, mask, **kw)

@@ -67,6 +67,8 @@ class SFTConfig(TrainConfig):
     """Micro-batches per optimizer step; the loss is the mean over all completion tokens of the step."""
     packing: bool = False
     """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
+    chat_template: str | None = None
+    """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped: ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a path to a Jinja file, or the template itself inline (text with '{%' or '{{'); None: the tokenizer's own. Multi-turn rows (several assistant turns, tool calls) need a prefix-preserving template."""
 
 
 @dataclass(frozen=True)

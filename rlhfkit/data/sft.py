@@ -6,11 +6,16 @@ Row formats (TRL's "prompt-completion" and "conversational" formats):
 * ``{"prompt": P, "completion": C}`` — each a non-empty string or a list of chat messages
   (``C`` as messages: exactly one assistant message);
 * ``{"messages": [..., {"role": "assistant", "content": C}]}`` — the conversation before the last
-  assistant turn is the prompt, that turn is the completion (``split_messages``).
+  assistant turn is the prompt, that turn is the completion (``split_messages``);
+* ``{"messages": [...], "tools": [...]}`` with several assistant turns, tool calls
+  (``{"role": "assistant", "content": "", "tool_calls": [...]}``) or tool results
+  (``{"role": "tool", "content": ...}``): every assistant turn is trained (``sft_turns``), ``tools``
+  (optional, JSON schemas) reaching the chat template's ``tools=``.
 
-Labels are built by *position*: ``-100`` on prompt tokens and padding, the token id elsewhere —
-never by comparing ids to the pad id, so the EOS appended to every completion is learned even when
-pad == EOS. The model at position ``t`` is trained to predict ``labels[t + 1]`` (the usual shift).
+Labels are built by *position*: ``-100`` on prompt tokens (multi-turn: outside assistant turns)
+and padding, the token id elsewhere — never by comparing ids to the pad id, so the EOS appended to
+every completion is learned even when pad == EOS. The model at position ``t`` is trained to
+predict ``labels[t + 1]`` (the usual shift).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import torch
 
 from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
 from .padding import pad
-from .prompts import _type_name, load_checked_rows, prompt_problem
+from .prompts import load_checked_rows, prompt_problem
+from .sft_turns import TurnsEncoded, check_template, encode_conversation, is_multi_turn, messages_problem, tools_problem
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
 
@@ -49,7 +55,10 @@ def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
     if has_pair and has_messages:
         return None, "has both 'messages' and 'prompt'/'completion'; use one format per row"
     if has_messages:
-        return "messages", _messages_problem(row["messages"])
+        problem = messages_problem(row["messages"])
+        return ("messages", problem) if problem else ("tools", tools_problem(row.get("tools")))
+    if row.get("tools") is not None:
+        return "tools", "tools go with 'messages' rows (the chat template renders them), not prompt/completion rows"
     present = ", ".join(map(repr, row)) or "none"
     for field in ("prompt", "completion"):
         if field not in row:
@@ -73,37 +82,29 @@ def _completion_problem(completion: Any) -> str | None:
     return None if completion[0]["content"].strip() else "the assistant message's content is empty"
 
 
-def _messages_problem(messages: Any) -> str | None:
-    if not isinstance(messages, (list, tuple)):
-        return f"expected a list of chat messages, got {_type_name(messages)}"
-    problem = prompt_problem(messages)
-    if problem:
-        return problem.replace("the prompt", "'messages'")
-    if messages[-1]["role"] != "assistant":
-        return (f"the last message must be the assistant's (the completion to learn), "
-                f"got role {messages[-1]['role']!r}")
-    if len(messages) < 2:
-        return "needs at least one message (the prompt) before the final assistant message"
-    if not messages[-1]["content"].strip():
-        return "the final assistant message's content is empty"
-    return None
-
-
 # ---------------------------------------------------------------- tokenising
 
 
 def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset") -> list[Encoded]:
     """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
-    policy: the prompt loses its start first, then the completion its end and its EOS).
+    policy: the prompt loses its start first, then the completion its end and its EOS), or, for a
+    multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation`` (every assistant turn
+    trained; the chat template checked first by ``sft_turns.check_template``).
     An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
     One warning line each says how many rows were cut and how many hold unknown tokens."""
+    turns = {i for i, row in enumerate(rows) if "messages" in row and is_multi_turn(row)}
+    if turns:
+        check_template([rows[i] for i in sorted(turns)], tokenizer)
     out = []
     for i, row in enumerate(rows):
-        if "messages" in row:
-            prompt, completion = split_messages(row["messages"])
-        else:
-            prompt, completion = row["prompt"], row["completion"]
         try:
+            if i in turns:
+                out.append(encode_conversation(row["messages"], tokenizer, max_length, row.get("tools") or None))
+                continue
+            if "messages" in row:
+                prompt, completion = split_messages(row["messages"])
+            else:
+                prompt, completion = row["prompt"], row["completion"]
             out.append(encode_pair(prompt, completion, tokenizer, max_length))
         except ValueError as e:
             raise ValueError(f"{name}: row index {i} (0-based): {e}") from None
@@ -169,7 +170,7 @@ def collate_groups(groups: list[list[Encoded]], pad_id: int, length: int | None 
         raise ValueError(f"collate: a row has {width} tokens > length {length}")
     rows = [[t for e in g for t in e.input_ids] for g in groups]
     input_ids, attention_mask = pad(rows, pad_id, min_width=length)
-    labels = pad([[t for e in g for t in _labels(e)] for g in groups], IGNORE_INDEX, min_width=length)[0]
+    labels = pad([[t for e in g for t in example_labels(e)] for g in groups], IGNORE_INDEX, min_width=length)[0]
     # each example counts from 0, and so does the padding after the last one
     positions = [[j for n in [*(len(e.input_ids) for e in g), length - len(row)] for j in range(n)]
                  for g, row in zip(groups, rows)]
@@ -177,11 +178,14 @@ def collate_groups(groups: list[list[Encoded]], pad_id: int, length: int | None 
             "position_ids": torch.tensor(positions, dtype=torch.long)}
 
 
-def _labels(e: Encoded) -> list[int]:
-    """An example's labels: its tokens, ``IGNORE_INDEX`` on the prompt and the first token."""
+def example_labels(e: Encoded) -> list[int]:
+    """An example's labels (as ``collate_groups`` lays them out): its tokens, ``IGNORE_INDEX`` on
+    the prompt and the first token (multi-turn: on the first token and wherever its mask is 0)."""
+    if isinstance(e, TurnsEncoded):
+        return [IGNORE_INDEX] + [t if m else IGNORE_INDEX for t, m in zip(e.input_ids[1:], e.mask[1:])]
     first = min(max(e.prompt_len, 1), len(e.input_ids))
     return [IGNORE_INDEX] * first + list(e.input_ids[first:])
 
 
-__all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "load_sft_dataset", "pack",
-           "sft_row_problem"]
+__all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "example_labels", "load_sft_dataset",
+           "pack", "sft_row_problem"]

@@ -1,8 +1,10 @@
 """Tiny models made locally from a config — no download — for tests, demos and the quickstart.
 
 ``char_tokenizer`` builds a character-level ``PreTrainedTokenizerFast`` with distinct pad, EOS and
-unknown tokens and a minimal chat template; ``tiny_causal_lm`` builds a randomly initialised Llama
-of a few hundred thousand parameters around it.
+unknown tokens and a minimal chat template; ``chatml_tokenizer`` a ChatML one: ``<|im_start|>``
+and ``<|im_end|>`` (the EOS), printable ASCII (enough for JSON tool calls) and the shipped
+``chatml_tools`` template. ``tiny_causal_lm`` builds a randomly initialised Llama of a few hundred
+thousand parameters around either.
 """
 
 from __future__ import annotations
@@ -42,6 +44,33 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, pad_is_eos: bool = False):
         padding_side="left",
     )
     fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+CHATML_ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n"
+CHATML_SPECIAL_TOKENS = ("<pad>", "<|im_end|>", "<unk>", "<|im_start|>")
+
+
+def chatml_tokenizer(alphabet: str = CHATML_ALPHABET):
+    """A character-level fast tokenizer for ChatML: one id per character of ``alphabet`` (by
+    default printable ASCII, enough for JSON tool calls), ``<|im_start|>`` and ``<|im_end|>`` as
+    special tokens with ``<|im_end|>`` the EOS (as in Qwen and SmolLM2 instruct models), a distinct
+    pad token, and the shipped ``chatml_tools`` chat template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ..data.chat_templates import resolve_chat_template
+
+    vocab = {tok: i for i, tok in enumerate(CHATML_SPECIAL_TOKENS)}
+    for ch in dict.fromkeys(alphabet):
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHATML_SPECIAL_TOKENS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
+                                   unk_token="<unk>", padding_side="left")
+    fast.chat_template = resolve_chat_template("chatml_tools")
     return fast
 
 

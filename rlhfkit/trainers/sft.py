@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import distributed
+from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import load_pretrained, load_tokenizer
@@ -42,7 +43,9 @@ class SFTTrainer(SupervisedTrainer):
     ``model``: a local HF directory, a Hub id or a causal-LM object (then ``processing_class``, its
     tokenizer, is required; from a directory it is loaded when omitted). Datasets: a
     ``datasets.Dataset``, a list of dicts or a .jsonl / .json / .parquet path, rows
-    ``{"prompt", "completion"}`` or ``{"messages"}`` (``data.sft``). Data are loaded, checked and
+    ``{"prompt", "completion"}`` or ``{"messages"}`` (``data.sft``; multi-turn conversations with tool
+    calls train every assistant turn, ``data.sft_turns``; ``args.chat_template`` replaces the
+    tokenizer's template, ``data.chat_templates``). Data are loaded, checked and
     tokenised before the model is loaded, so a bad row fails fast. Dropout stays as the model has it.
     ``peft_config``: a ``peft`` config (e.g. ``LoraConfig``) to train an adapter instead of every
     weight; ``final/`` is then merged, or the adapter alone with ``save_adapter=True``.
@@ -60,11 +63,13 @@ class SFTTrainer(SupervisedTrainer):
         if rows_per_step % world:
             raise ValueError(f"batch_size x grad_accumulation = {rows_per_step} must be divisible by the number of "
                              f"processes ({world}): each process trains on an equal share of every step's rows")
+        resolve_chat_template(args.chat_template)  # a bad value is one line before anything is loaded
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self._check_run()
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                         "model" if processing_class is None else "processing_class")
+        use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
         train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
         self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
                               if eval_rows is not None else None)

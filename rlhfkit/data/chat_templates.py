@@ -1,0 +1,146 @@
+"""Chat templates for multi-turn and tool-use training: choosing one (``resolve_chat_template``,
+``use_chat_template``), checking that it can serve multi-turn training (``check_prefix_preserving``)
+and finding the text each assistant turn is trained on (``assistant_spans``).
+
+Messages follow TRL and the OpenAI API: ``{"role": "assistant", "content": "", "tool_calls":
+[{"type": "function", "function": {"name": ..., "arguments": {...}}}]}`` for a tool call,
+``{"role": "tool", "content": ...}`` for its result; ``tools`` is a list of JSON schemas (what
+``transformers.utils.get_json_schema`` returns), handed to the template's ``tools=``.
+
+The rule of ``assistant_spans``, for the assistant message at index ``k``:
+
+* start = ``len(render(messages[:k], add_generation_prompt=True))``: the assistant header
+  (``<|im_start|>assistant\\n``) is the generation prompt, given at inference, so never trained;
+* end = just after the first EOS text (``tokenizer.eos_token``, e.g. ``<|im_end|>``) at or after
+  the start in ``render(messages[:k + 1])``, so the model learns to stop, while the glue after it
+  (ChatML's ``\\n``) is not trained; when the template emits no EOS text there, the end of that
+  rendering (its whole turn).
+
+This needs a *prefix-preserving* template: rendering a conversation and then one more message must
+only append text. Templates that rewrite earlier turns (Qwen3's thinking template drops the
+reasoning of earlier assistant turns) are refused; ``chatml_tools`` (shipped here) is one that works.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+SHIPPED = {"chatml_tools": "chatml_tools.jinja"}  # name -> file in rlhfkit/data/templates/
+
+PROBE_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."}},
+                   "required": ["city"]}}}]
+PROBE = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": "",
+     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "name": "get_weather", "content": "22 degrees and sunny"},
+    {"role": "assistant", "content": "It is 22 degrees and sunny in Paris."},
+]
+ADVICE = "multi-turn training needs one — set chat_template (e.g. 'chatml_tools' for ChatML models)"
+
+
+def resolve_chat_template(value: str | None, field: str = "chat_template") -> str | None:
+    """The template text for ``value``: None → None (keep the tokenizer's own); a shipped name
+    (``"chatml_tools"``) → that template; a path to an existing file → its text; a string holding
+    ``{%`` or ``{{`` → itself (an inline template). Anything else: one-line ``ValueError`` naming
+    ``field``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{field}: expected a string (a template name, file path or inline Jinja), "
+                         f"got {type(value).__name__}")
+    if value in SHIPPED:
+        return resources.files("rlhfkit.data").joinpath("templates", SHIPPED[value]).read_text(encoding="utf-8")
+    if "{%" in value or "{{" in value:
+        return value
+    path = Path(value).expanduser()
+    if value.strip() and path.is_file():
+        return path.read_text(encoding="utf-8")
+    shown = value if len(value) <= 80 else value[:77] + "..."
+    raise ValueError(f"{field}: {shown!r} is neither a shipped template ({', '.join(SHIPPED)}), an existing "
+                     "file, nor an inline Jinja template (text with '{%' or '{{'); None keeps the tokenizer's own")
+
+
+def use_chat_template(tokenizer, value: str | None):
+    """Give ``tokenizer`` the template ``value`` names (``resolve_chat_template``); None leaves the
+    tokenizer's own (or its lack of one: rendering chat messages then fails with its own message).
+    Returns the tokenizer."""
+    template = resolve_chat_template(value)
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
+
+
+def tokenizer_name(tokenizer) -> str:
+    """How errors name a tokenizer: its model path or Hub id, else its class."""
+    return getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+
+
+def render(tokenizer, messages: list[dict], tools: list | None = None, generation: bool = False) -> str:
+    """``apply_chat_template`` as text."""
+    return tokenizer.apply_chat_template(list(messages), tools=tools or None, add_generation_prompt=generation,
+                                         tokenize=False)
+
+
+def _one_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"
+
+
+def check_prefix_preserving(tokenizer, name: str, tools: list | None = None) -> None:
+    """Render the fixed ``PROBE`` conversation (system, user, assistant tool call, tool result,
+    assistant answer; with ``tools`` when given) one message at a time and refuse, in one line
+    starting with ``name``: a rendering that does not start with the one before (for an assistant
+    message: with the one before plus the generation prompt), and a template that raises on the
+    conversation or drops the tool call or its result."""
+    try:
+        texts = [""] + [render(tokenizer, PROBE[:k], tools) for k in range(1, len(PROBE) + 1)]
+        prompts = [""] + [render(tokenizer, PROBE[:k], tools, generation=True) for k in range(1, len(PROBE))]
+    except Exception as e:  # noqa: BLE001 — jinja and template errors have many types
+        raise ValueError(f"{name}: the chat template cannot render a tool-call conversation ({_one_line(e)}); "
+                         f"{ADVICE}") from None
+    for k, message in enumerate(PROBE[1:], start=1):
+        assistant = message["role"] == "assistant"
+        if not texts[k + 1].startswith(prompts[k] if assistant else texts[k]):
+            what = "rendering plus the generation prompt" if assistant else "rendering"
+            raise ValueError(f"{name}: the chat template is not prefix-preserving (adding message {k} "
+                             f"({message['role']}) changes the {what} of the messages before it); {ADVICE}")
+    call, result = texts[3][len(prompts[2]):], texts[4][len(texts[3]):]
+    if "get_weather" not in call or "Paris" not in call or "22 degrees" not in result:
+        lost = "the tool result" if "Paris" in call and "get_weather" in call else "the tool call"
+        raise ValueError(f"{name}: the chat template cannot render tool calls (it drops {lost}); {ADVICE}")
+
+
+def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
+                    name: str | None = None) -> tuple[str, list[tuple[int, int]]]:
+    """(the rendering of ``messages``, the character span ``(start, end)`` of every assistant
+    turn's trained text): content and tool calls and the EOS text, not the header before or the
+    glue after (the rule in the module docstring). The first message must not be the assistant's
+    (the template renders no empty conversation to take its header from). A rendering that does
+    not extend the one before is refused in one line naming the tokenizer (``name``)."""
+    name = name or tokenizer_name(tokenizer)
+    text = render(tokenizer, messages, tools)
+    eos, spans, before = tokenizer.eos_token, [], ""
+    if messages[0]["role"] == "assistant":
+        raise ValueError("the first message is the assistant's; a conversation starts with a system or user message")
+    for k, message in enumerate(messages):
+        upto = render(tokenizer, messages[:k + 1], tools)
+        if message["role"] == "assistant":
+            prompt = render(tokenizer, messages[:k], tools, generation=True)
+            if not upto.startswith(prompt) or not prompt.startswith(before):
+                raise ValueError(f"{name}: the chat template is not prefix-preserving (the rendering of messages "
+                                 f"0..{k} does not extend that of 0..{k - 1} plus the generation prompt); {ADVICE}")
+            found = upto.find(eos, len(prompt)) if eos else -1
+            spans.append((len(prompt), found + len(eos) if found >= 0 else len(upto)))
+        if not upto.startswith(before) or not text.startswith(upto):
+            raise ValueError(f"{name}: the chat template is not prefix-preserving (adding message {k} "
+                             f"({message['role']}) changes the rendering of the messages before it); {ADVICE}")
+        before = upto
+    return text, spans
+
+
+__all__ = ["ADVICE", "PROBE", "PROBE_TOOLS", "SHIPPED", "assistant_spans", "check_prefix_preserving", "render",
+           "resolve_chat_template", "tokenizer_name", "use_chat_template"]

@@ -1,0 +1,171 @@
+"""Multi-turn and tool-use SFT rows: checking their messages and tools, and encoding a
+conversation so that *every* assistant turn is trained.
+
+A ``messages`` row goes this way (``is_multi_turn``) when it has more than one assistant message,
+a tool call or tool message, or a ``tools`` column; a conversation with a single, final
+assistant message and no tools keeps the prompt/completion path of ``encode_pair`` unchanged.
+
+``encode_conversation``: the whole conversation rendered once with the chat template
+(``tools=`` from the row), tokenised once with the fast tokenizer's character offsets, and a token
+trained (``mask`` 1) when any of its characters lies in an assistant span
+(``chat_templates.assistant_spans``: content, tool calls and the EOS text of each assistant turn;
+never system, user or tool turns, assistant headers or the glue after an EOS). Tokens after the
+last trained one are dropped (nothing learns from them); when the template emits no EOS text at
+the end of the last turn, the EOS id is appended and trained, as ``encode_pair`` does.
+Truncation as ``encode_pair``: the text before the first assistant turn loses its start first
+(down to one token), then the conversation loses its end (``truncated``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .chat_templates import assistant_spans, check_prefix_preserving, tokenizer_name
+from .encode import Encoded
+from .prompts import _message_problem, _short, _type_name
+
+CALL_FORM = '[{"type": "function", "function": {"name": ..., "arguments": {...}}}]'
+
+
+@dataclass(frozen=True)
+class TurnsEncoded(Encoded):
+    """An example trained on several stretches: ``mask[j]`` is 1 where token ``j`` is trained
+    (``prompt_len`` is the first such token)."""
+
+    mask: tuple[int, ...] = ()
+
+
+# ---------------------------------------------------------------- checking
+
+
+def is_multi_turn(row: dict) -> bool:
+    """Whether a ``messages`` row takes the multi-turn path (see the module docstring)."""
+    messages = row["messages"]
+    return (bool(row.get("tools")) or sum(m.get("role") == "assistant" for m in messages) > 1
+            or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages))
+
+
+def tools_problem(tools: Any) -> str | None:
+    """What is wrong with a ``tools`` column (None and absent are fine), or None."""
+    if tools is None:
+        return None
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
+        return (f"expected a list of tool JSON schemas (dicts, as transformers.utils.get_json_schema returns), "
+                f"got {_type_name(tools)} {_short(tools)}")
+    return None
+
+
+def turn_problem(msg: Any) -> str | None:
+    """What is wrong with one message of a conversation (tool calls and tool results included)."""
+    if not isinstance(msg, dict) or msg.get("role") not in ("assistant", "tool"):
+        return _message_problem(msg)
+    content = msg.get("content")
+    if msg["role"] == "tool":
+        return None if isinstance(content, str) else (
+            f"a tool message needs 'content', the tool's result as a string, got {_type_name(content)}")
+    calls = msg.get("tool_calls")
+    if calls is None:
+        return _message_problem(msg)
+    if not isinstance(calls, (list, tuple)) or not calls:
+        return f"'tool_calls' must be a non-empty list {CALL_FORM}, got {_type_name(calls)} {_short(calls)}"
+    for j, call in enumerate(calls):
+        problem = _call_problem(call)
+        if problem:
+            return f"tool call {j} (0-based): {problem}"
+    if content is not None and not isinstance(content, str):
+        return f"'content' must be a string (or empty with tool_calls), got {_type_name(content)} {_short(content)}"
+    return None
+
+
+def _call_problem(call: Any) -> str | None:
+    fn = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(fn, dict):
+        return f"expected {CALL_FORM[1:-1]}, got {_type_name(call)} {_short(call)}"
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        return f"the function needs a 'name' (a non-empty string), got {_short(fn.get('name'))}"
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return f"'arguments' is a string but not JSON: {_short(fn['arguments'])}"
+    return None if isinstance(args, dict) else f"'arguments' must be an object (dict), got {_type_name(args)}"
+
+
+def messages_problem(messages: Any) -> str | None:
+    """What is wrong with a ``messages`` column, or None: a list of well-formed messages, the
+    first not the assistant's, the last the assistant's (with content or tool calls)."""
+    if not isinstance(messages, (list, tuple)):
+        return f"expected a list of chat messages, got {_type_name(messages)}"
+    if not messages:
+        return "'messages' is an empty list of chat messages"
+    for i, msg in enumerate(messages):
+        problem = turn_problem(msg)
+        if problem:
+            return f"message {i} (0-based): {problem}"
+    last = messages[-1]
+    if last["role"] != "assistant":
+        return f"the last message must be the assistant's (the completion to learn), got role {last['role']!r}"
+    if len(messages) < 2:
+        return "needs at least one message (the prompt) before the final assistant message"
+    if messages[0]["role"] == "assistant":
+        return "message 0 (0-based) is the assistant's; a conversation starts with a system or user message"
+    if not (last.get("content") or "").strip() and not last.get("tool_calls"):
+        return "the final assistant message's content is empty"
+    return None
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def check_template(rows: list[dict], tokenizer) -> None:
+    """Before encoding multi-turn rows: the tokenizer has a chat template, and — when a row has
+    tool calls or tools — the template renders them and is prefix-preserving (``PROBE``)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"{tokenizer_name(tokenizer)}: multi-turn 'messages' rows need a chat template and the "
+                         "tokenizer has none; set chat_template (e.g. 'chatml_tools' for ChatML models)")
+    with_tools = [r for r in rows if r.get("tools") or any(m.get("tool_calls") for m in r["messages"])]
+    if with_tools:
+        tools = next((r["tools"] for r in with_tools if r.get("tools")), None)
+        check_prefix_preserving(tokenizer, tokenizer_name(tokenizer), tools)
+
+
+def encode_conversation(messages: list[dict], tokenizer, max_length: int | None = None,
+                        tools: list | None = None) -> TurnsEncoded:
+    """One conversation, every assistant turn trained (the module docstring has the rules)."""
+    text, spans = assistant_spans(tokenizer, messages, tools)
+    try:
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:
+        raise ValueError(f"{tokenizer_name(tokenizer)}: multi-turn SFT needs a fast tokenizer (character offsets "
+                         "map the assistant turns to tokens)") from None
+    ids = list(encoding["input_ids"])
+    mask = [int(any(a < end and b > start for start, end in spans)) for a, b in encoding["offset_mapping"]]
+    if not any(mask):
+        raise ValueError("the chat template renders no assistant text to train on")
+    last = len(mask) - mask[::-1].index(1)
+    ids, mask = ids[:last], mask[:last]
+    eos = tokenizer.eos_token or ""
+    if not (eos and text[spans[-1][0]:spans[-1][1]].endswith(eos)):
+        ids, mask = ids + [tokenizer.eos_token_id], mask + [1]
+    return _truncate(ids, mask, max_length)
+
+
+def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsEncoded:
+    """``encode_pair``'s policy: the untrained start loses tokens first (down to one), then the end."""
+    over, truncated = max_length is not None and len(ids) > max_length, False
+    if over:
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        excess = len(ids) - max_length
+        cut = max(0, min(excess, mask.index(1) - 1))
+        ids, mask = ids[cut:], mask[cut:]
+        if excess > cut:
+            ids, mask, truncated = ids[:max_length], mask[:max_length], True
+    return TurnsEncoded(ids, mask.index(1), truncated, over, tuple(mask))
+
+
+__all__ = ["TurnsEncoded", "check_template", "encode_conversation", "is_multi_turn", "messages_problem",
+           "tools_problem", "turn_problem"]

@@ -38,7 +38,7 @@ def worker(a) -> None:
     trainer = RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0))
     history = trainer.train()[a.warmup:]
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
-    params = sum(local(p).numel() for p in trainer.m.policy.parameters() if p.requires_grad)
+    params = sum(local(p).numel() for p in trainer.models.policy.parameters() if p.requires_grad)
     mean = lambda key: sum(r[key] for r in history) / len(history)  # noqa: E731
     result = {"world": distributed.world(), "rank": distributed.rank(), "parallelism": a.parallelism,
               "step_s": sum(mean(f"perf/time_{k}") for k in ("generate", "reward", "logprobs", "update")),

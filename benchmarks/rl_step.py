@@ -53,12 +53,12 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     """Bare generate of ``new_tokens`` decode steps for the same rows, and one bare training step."""
     from rlhfkit.data.padding import pad
 
-    model = trainer.m.policy
+    model = trainer.models.policy
     ids, mask = pad(prompt_ids, trainer.tokenizer.pad_token_id, "left")
     ids, mask = ids.repeat_interleave(rows // len(prompt_ids), 0), mask.repeat_interleave(rows // len(prompt_ids), 0)
     model.eval()
     start = time.perf_counter()
-    with torch.no_grad(), trainer.m.autocast():
+    with torch.no_grad(), trainer.models.autocast():
         out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, pad_token_id=trainer.tokenizer.pad_token_id)
     gen = time.perf_counter() - start
@@ -68,7 +68,7 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     start = time.perf_counter()
     chunk = trainer.args.micro_batch_size or out.shape[0]
     for part in torch.arange(out.shape[0]).split(chunk):  # as the trainer's micro-batches
-        with trainer.m.autocast():
+        with trainer.models.autocast():
             logits = model(input_ids=out[part], attention_mask=full_mask[part]).logits
         logits.float().logsumexp(-1).mean().backward()
         del logits

@@ -76,9 +76,9 @@ def rl(algorithm: str, steps: int) -> str:
 
     trainer = toy_trainer(algorithm, max_steps=steps)
     trainer.train()
-    state = {f"policy.{k}": v for k, v in distributed.full_state_dict(trainer.m.policy).items()}
-    if trainer.m.critic_module is not None:
-        state.update({f"critic.{k}": v for k, v in distributed.full_state_dict(trainer.m.critic_module).items()})
+    state = {f"policy.{k}": v for k, v in distributed.full_state_dict(trainer.models.policy).items()}
+    if trainer.models.critic_module is not None:
+        state.update({f"critic.{k}": v for k, v in distributed.full_state_dict(trainer.models.critic_module).items()})
     return digest(state)
 
 

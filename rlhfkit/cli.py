@@ -105,7 +105,7 @@ def _eval(args) -> int:
     from .data import load_prompt_dataset
     from .jobs import checkpoint_policy
     from .rollout import SamplingParams
-    from .trainers.evaluate import check_eval_sizes, evaluate_policy
+    from .rl.evaluate import check_eval_sizes, evaluate_policy
 
     check_eval_sizes(args.samples, args.batch_size, ("--samples", "--batch-size"))
     if not args.reward:

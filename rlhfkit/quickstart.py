@@ -17,7 +17,7 @@ from .config import RLConfig
 from .rollout import HFEngine, SamplingParams, decode_completions
 from .tasks import shift
 from .tasks.tiny import char_tokenizer, tiny_causal_lm
-from .trainers.evaluate import evaluate_policy
+from .rl.evaluate import evaluate_policy
 
 SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
 # DPO on this task (tuned like the RL stages' settings; see README, "DPO").

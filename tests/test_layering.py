@@ -28,8 +28,9 @@ LAYERS = {
     # 4 — built on those, used by the run and the command line: the plots and HTML report of a run
     #     directory; the embedded demo tasks (data, oracle rewards, tiny models)
     "rlhfkit.report": 4, "rlhfkit.tasks": 4,
-    # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers
-    "rlhfkit.run": 5,
+    # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers;
+    #     beside it, the RL loop's phases as functions (score, experience, update, evaluate), without the run
+    "rlhfkit.run": 5, "rlhfkit.rl": 5,
     # 6 — the trainers: SFT, reward model, DPO, the one RL loop
     "rlhfkit.trainers": 6,
     # 7 — on top: the command line and its jobs, the quickstart, the toy task's ready-made RLTrainer

@@ -1,4 +1,5 @@
-"""Tokenising a (prompt, completion) pair for SFT and reward-model training.
+"""Tokenising a (prompt, completion) pair for SFT and reward-model training, and the RL loop's
+prompts (``tokenize_prompts``, under the length limit ``prompt_limit``).
 
 The completion always ends with the tokenizer's EOS token, appended by id (never by text), so the
 model learns to stop even when pad and EOS share an id: masks are built by position, not value.
@@ -88,3 +89,38 @@ def note_unknown(name: str, token_lists: list, tokenizer, kind: str = "rows") ->
         warn_once(f"{name}: {count} of {len(rows)} {kind} hold text the tokenizer does not know, read as its unknown "
                   f"token {tokenizer.unk_token!r}; check the data's characters, or use a tokenizer that covers them")
     return count
+
+
+def prompt_limit(max_prompt_length: int | None, max_new_tokens: int, model_config) -> int | None:
+    """The prompt-length limit in tokens: ``max_prompt_length`` when set, else what the model can
+    take — its ``max_position_embeddings`` minus ``max_new_tokens`` (None when the config has no
+    such bound)."""
+    if max_prompt_length is not None:
+        return max_prompt_length
+    positions = getattr(model_config, "max_position_embeddings", None) if model_config is not None else None
+    if not isinstance(positions, int):
+        return None
+    if positions <= max_new_tokens:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model takes "
+                         f"{positions} positions (max_position_embeddings)")
+    return positions - max_new_tokens
+
+
+def tokenize_prompts(rows: list[dict], tokenizer, limit: int | None, truncate: str | None = None,
+                     name: str = "train_dataset") -> list[list[int]]:
+    """Each row's prompt rendered (chat template) and tokenised once. A prompt longer than
+    ``limit`` tokens (``prompt_limit``) is refused in one line naming its row, or, with
+    ``truncate='left'`` (``truncate_prompts``), loses its start, keeping the end next to the
+    response."""
+    ids = []
+    for i, row in enumerate(rows):
+        tokens = tokenizer(render_prompt(row["prompt"], tokenizer), add_special_tokens=False)["input_ids"]
+        if limit is not None and len(tokens) > limit:
+            if truncate != "left":
+                raise ValueError(f"{name}: row index {i} (0-based): the prompt is {len(tokens)} tokens, longer than "
+                                 f"{limit} (max_prompt_length, by default the model's positions minus "
+                                 "max_new_tokens); set truncate_prompts=left to keep its last tokens, or shorten it")
+            tokens = tokens[-limit:]
+        ids.append(tokens)
+    note_unknown(name, ids, tokenizer, "prompts")
+    return ids

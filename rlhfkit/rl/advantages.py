@@ -75,7 +75,7 @@ def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, log_k
     rows alone with ``local`` (a micro-batch of the update, which aggregates them itself).
 
     Like with like: an engine that truncates (top-k / top-p) reports log-probs renormalised over
-    the tokens it kept, so ``log_kept_mass`` (``Models.engine_support``) is subtracted from
+    the tokens it kept, so ``log_kept_mass`` (``RLModels.engine_support``) is subtracted from
     ``old`` first; the ratio then measures the engine/trainer mismatch, not the truncation. The
     HF engine samples from the trained weights themselves (``behaviour`` None): its log-probs
     *are* the trainer's, so the difference is 0, every weight 1, and no weights are applied."""

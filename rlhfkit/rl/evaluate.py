@@ -12,10 +12,12 @@ import torch
 from ..algorithms import kl_penalty
 from ..algorithms import masked_sum
 from ..data import load_prompt_dataset
+from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
+from ..models.rl_models import resolve_device
+from ..rewards.sources import build_rewards
 from ..rollout import HFEngine, SamplingParams, decode_completions
 from .. import distributed
-from .rl_setup import build_rewards, prompt_limit, resolve_device, tokenize_prompts
 
 # A prompt's completions are generated in one batch, so their number bounds the memory one
 # generation needs; more samples of a prompt set: evaluate again (sampling draws anew each time).

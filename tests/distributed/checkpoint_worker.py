@@ -49,10 +49,10 @@ def full_state(trainer) -> dict[str, torch.Tensor]:
     (``optimizer.<module>.<fqn>.<name>``), unsharded, on rank 0 (a collective)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    container = torch.nn.ModuleDict(trainer._modules())
+    container = torch.nn.ModuleDict(trainer.run.modules)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     model, optim = get_state_dict(container, trainer.run.optimizer, options=options)  # empty but on rank 0
-    frozen = {f"{name}.{n}" for name, m in trainer._modules().items()  # a tied frozen weight slips through
+    frozen = {f"{name}.{n}" for name, m in trainer.run.modules.items()  # a tied frozen weight slips through
               for n, p in m.named_parameters(remove_duplicate=False) if not p.requires_grad}
     out = {k: v for k, v in model.items() if k not in frozen}
     out.update({f"optimizer.{fqn}.{k}": v for fqn, s in optim.get("state", {}).items() for k, v in s.items()})

@@ -40,10 +40,10 @@ def run(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
 def _experience(tmp_path, config) -> Path:
     """One batch of experience from the toy trainer, saved as plain tensors."""
     trainer = toy_trainer(**config)
-    rows = trainer._sample_prompts()
+    rows = trainer.sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampling)
-    scores, valid, metrics = trainer._score(rows, rollout)
-    exp = trainer._make_experience(rollout, scores, valid, metrics)
+    scores, valid, metrics = trainer.score(rows, rollout)
+    exp = trainer.make_experience(rollout, scores, valid, metrics)
     data = {k: getattr(exp.rollout, k) for k in ROLLOUT}
     data["prompt_len"] = torch.tensor(exp.rollout.prompt_len)
     for k in ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns"):
@@ -76,7 +76,7 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_pa
     run(1, "update", experience, tmp_path / "config.json", tmp_path / "one.safetensors")
     run(2, "update", experience, tmp_path / "config.json", tmp_path / "two.safetensors")
     one, two = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
-    untrained = toy_trainer(**config).m.policy.state_dict()
+    untrained = toy_trainer(**config).models.policy.state_dict()
     assert any(not torch.equal(one[f"policy.{k}"], v) for k, v in untrained.items())  # the update moved them
     assert set(one) == set(two) and any(k.startswith("critic.") for k in one) == config["algorithm"].startswith("ppo")
     for name in one:  # equal to 1e-5 relative, in norm per tensor (AdamW's first steps amplify float

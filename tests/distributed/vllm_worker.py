@@ -10,13 +10,14 @@ import torch
 
 from rlhfkit import distributed
 from rlhfkit.models.policy import forward_response
+from rlhfkit.rollout.engines import engine_ready
 from rlhfkit.tasks.toy import toy_trainer
 
 
 def main(config_path, out_dir):
     config = json.loads(open(config_path).read())
     trainer = toy_trainer(**config)
-    sampled, versions, sample, generate = [], [], trainer._sample_prompts, trainer.engine.generate
+    sampled, versions, sample, generate = [], [], trainer.sample_prompts, trainer.engine.generate
 
     def recording_sample():
         sampled.append(sample())
@@ -26,14 +27,14 @@ def main(config_path, out_dir):
         versions.append([trainer.engine.synced_version, trainer.weights_version])
         return generate(*args, **kwargs)
 
-    trainer._sample_prompts, trainer.engine.generate = recording_sample, recording_generate
+    trainer.sample_prompts, trainer.engine.generate = recording_sample, recording_generate
     trainer.train()
     rows = sampled[-1]
-    with trainer._engine_ready({}):  # the last update is synced here
+    with engine_ready(trainer.engine, trainer.models, trainer.weights_version, {}):  # the last update is synced here
         rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 2, trainer.sampling, seed=99)
-    with torch.no_grad(), distributed.gathered(trainer.m.policy):
+    with torch.no_grad(), distributed.gathered(trainer.models.policy):
         T = rollout.response_mask.shape[1]
-        mine = forward_response(trainer.m.policy, rollout.input_ids, rollout.attention_mask, T,
+        mine = forward_response(trainer.models.policy, rollout.input_ids, rollout.attention_mask, T,
                                 trainer.args.temperature).logprobs
     gap = (mine - rollout.logprobs)[rollout.response_mask.bool()].abs().max().item()
     with open(f"{out_dir}/vllm-{distributed.rank()}.json", "w") as f:

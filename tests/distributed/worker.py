@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from rlhfkit import distributed
 from rlhfkit.rollout import Rollout
 from rlhfkit.tasks.toy import toy_trainer
-from rlhfkit.trainers.rl import Experience
+from rlhfkit.rl.experience import Experience
 
 FIELDS = ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns")
 ROLLOUT = ("input_ids", "attention_mask", "response_mask", "has_eos", "prompt_index")
@@ -30,9 +30,9 @@ def load_experience(path, rows):
 
 
 def full_weights(trainer) -> dict:
-    out = {f"policy.{k}": v for k, v in distributed.full_state_dict(trainer.m.policy).items()}
-    if trainer.m.critic_module is not None:
-        out.update({f"critic.{k}": v for k, v in distributed.full_state_dict(trainer.m.critic_module).items()})
+    out = {f"policy.{k}": v for k, v in distributed.full_state_dict(trainer.models.policy).items()}
+    if trainer.models.critic_module is not None:
+        out.update({f"critic.{k}": v for k, v in distributed.full_state_dict(trainer.models.critic_module).items()})
     return out
 
 
@@ -41,7 +41,7 @@ def update(experience, config, out):
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
     share = B // distributed.world()
     rows = torch.arange(distributed.rank() * share, (distributed.rank() + 1) * share)
-    trainer._update(load_experience(experience, rows))
+    trainer.update(load_experience(experience, rows))
     weights = full_weights(trainer)
     if distributed.is_main():
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
@@ -68,7 +68,7 @@ def _trainer(config: dict):
 def local_digests(trainer) -> dict[str, str]:
     """sha256 of the bytes of every trained parameter as this process holds it: no collective, so
     processes whose copies diverged give different digests."""
-    modules = {"policy": trainer.m.policy, "critic": trainer.m.critic_module}
+    modules = {"policy": trainer.models.policy, "critic": trainer.models.critic_module}
     out = {}
     for prefix, module in modules.items():
         for name, p in (distributed.unwrap(module).named_parameters() if module is not None else []):

@@ -120,7 +120,7 @@ def test_rl_skips_non_finite_updates_and_stops_after_three_in_a_row(tmp_path):
         rl(nan_reward).train()  # a NaN score never reaches the loss
 
     trainer = rl(lambda prompts, completions, **kw: [float(len(c)) for c in completions])
-    policy = trainer.m.policy
+    policy = trainer.models.policy
     policy.register_forward_hook(  # NaN in every forward pass that builds a gradient (the updates)
         lambda m, a, out: setattr(out, "logits", out.logits * float("nan")) if torch.is_grad_enabled() else None)
     with pytest.raises(ValueError, match="stopping: the gradient norm was not finite in 3 optimizer steps in a row"):

@@ -10,7 +10,7 @@ from rlhfkit.config import RLConfig
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import RLTrainer
-from rlhfkit.trainers.evaluate import evaluate_policy
+from rlhfkit.rl.evaluate import evaluate_policy
 
 
 def reward(prompts, completions, **kwargs):

@@ -63,7 +63,7 @@ def test_dpo_and_rl_do_not_advance_the_schedule_on_a_skipped_step(tmp_path):
                    RLConfig(algorithm="grpo", max_steps=4, max_new_tokens=4, prompts_per_step=2, log_every=0,
                             learning_rate=PEAK, warmup_steps=WARMUP),
                    train_dataset=[{"prompt": p} for p in ["ab", "cd", "ef"]], processing_class=tok)
-    nan_logits_when(rl.m.policy, lambda: rl.step == 1)  # counted after the step
+    nan_logits_when(rl.models.policy, lambda: rl.step == 1)  # counted after the step
     history = rl.train()
     assert [r["perf/skipped_steps"] for r in history] == [0, 1, 1, 1]
     assert [r["perf/lr"] / PEAK for r in history] == pytest.approx([0.5, 0.5, 0.75, 1.0])  # RL logs the rate after its step

@@ -144,7 +144,7 @@ def test_dpo_raises_the_oracle_score_of_the_sft_model(tmp_path):
 
     from rlhfkit.quickstart import DPO_SETTINGS, SAMPLING, sample_pairs
     from rlhfkit.tasks import shift
-    from rlhfkit.trainers.evaluate import evaluate_policy
+    from rlhfkit.rl.evaluate import evaluate_policy
     from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
 
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")

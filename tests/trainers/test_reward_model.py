@@ -158,10 +158,10 @@ def test_trained_reward_model_initialises_the_ppo_critic(tiny_model_dir, tmp_pat
                     log_every=0)
     rl = RLTrainer(tiny_model_dir, [fraction_of_a, rm_dir], args, train_dataset=PROMPTS)
     for name in ("weight", "bias"):
-        critic, rm = getattr(rl.m.critic.head, name), getattr(rm_trainer.model.head, name)
+        critic, rm = getattr(rl.models.critic.head, name), getattr(rm_trainer.model.head, name)
         torch.testing.assert_close(critic, rm, atol=0, rtol=0)
     backbone = dict(rm_trainer.model.backbone.named_parameters())
-    for name, p in rl.m.critic.backbone.named_parameters():
+    for name, p in rl.models.critic.backbone.named_parameters():
         torch.testing.assert_close(p, backbone[name], atol=0, rtol=0)
     row = rl.train()[0]
     assert "critic/loss" in row

@@ -52,10 +52,10 @@ def test_resume_gives_the_same_weights(tmp_path, algorithm, critic):
     resumed = make_trainer(algorithm, tmp_path / "resumed", resume_from=str(tmp_path / "half" / "ckpt"), **extra)
     assert resumed.step == 2
     resumed.train()
-    for (name, a), (_, b) in zip(full.m.policy.named_parameters(), resumed.m.policy.named_parameters()):
+    for (name, a), (_, b) in zip(full.models.policy.named_parameters(), resumed.models.policy.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
-    if full.m.critic_module is not None:
-        for a, b in zip(full.m.critic_module.parameters(), resumed.m.critic_module.parameters()):
+    if full.models.critic_module is not None:
+        for a, b in zip(full.models.critic_module.parameters(), resumed.models.critic_module.parameters()):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 def test_checkpoints_are_written_every_save_steps(tmp_path):
@@ -80,22 +80,22 @@ def test_lora_policy_uses_the_adapter_disabled_base_as_reference(tmp_path):
                     prompts_per_step=4, log_every=0, output_dir=str(tmp_path))
     trainer = RLTrainer(tiny_causal_lm(tok), [fraction_of_a], args, train_dataset=PROMPTS,
                         processing_class=tok, peft_config=lora)
-    assert trainer.m.reference is None  # no second copy of the model
+    assert trainer.models.reference is None  # no second copy of the model
     history = trainer.train()
     assert abs(history[0]["kl/k1"]) < 1e-5  # LoRA starts as the identity: policy == reference
     assert history[-1]["kl/k3"] > 0  # the adapter moved the policy away from the base
-    trainable = [n for n, p in trainer.m.policy.named_parameters() if p.requires_grad]
+    trainable = [n for n, p in trainer.models.policy.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # merged, loads without peft
 
 def test_single_on_policy_pass_does_not_recompute_old_logprobs():
     trainer = make_trainer("grpo", kl_coef=0.0)
-    rows = trainer._sample_prompts()
+    rows = trainer.sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
-    scores, valid, metrics = trainer._score(rows, rollout)
-    assert trainer._make_experience(rollout, scores, valid, metrics).old_logprobs is None
+    scores, valid, metrics = trainer.score(rows, rollout)
+    assert trainer.make_experience(rollout, scores, valid, metrics).old_logprobs is None
     multi = make_trainer("grpo", kl_coef=0.0, num_iterations=2)
-    assert multi._make_experience(rollout, scores, valid, metrics).old_logprobs is not None
+    assert multi.make_experience(rollout, scores, valid, metrics).old_logprobs is not None
 
 def test_dataset_formats_and_chat_prompts(tmp_path, tiny_model_dir):
     from datasets import Dataset
@@ -129,10 +129,10 @@ def test_samples_no_function_scores_are_masked_out():
     tok = char_tokenizer()
     args = RLConfig(algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0)
     trainer = RLTrainer(tiny_causal_lm(tok), [only_some], args, train_dataset=PROMPTS, processing_class=tok)
-    rows = trainer._sample_prompts()
+    rows = trainer.sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
-    scores, valid, metrics = trainer._score(rows, rollout)
-    exp = trainer._make_experience(rollout, scores, valid, metrics)
+    scores, valid, metrics = trainer.score(rows, rollout)
+    exp = trainer.make_experience(rollout, scores, valid, metrics)
     assert not exp.mask[1::2].any() and exp.mask[0::2].any()
 
 def test_a_failing_reward_function_is_named():
@@ -160,10 +160,10 @@ def test_bad_arguments_are_clear(tiny_model_dir):
 
 def test_bfloat16_autocast_and_gradient_checkpointing_keep_float32_weights():
     trainer = make_trainer("ppo", max_steps=2, autocast="bfloat16", gradient_checkpointing=True, critic="shared")
-    before = [p.detach().clone() for p in trainer.m.policy.parameters()]
+    before = [p.detach().clone() for p in trainer.models.policy.parameters()]
     history = trainer.train()
-    assert all(p.dtype == torch.float32 for p in trainer.m.policy.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.m.policy.parameters()))
+    assert all(p.dtype == torch.float32 for p in trainer.models.policy.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.models.policy.parameters()))
     assert all(torch.isfinite(torch.tensor(r["policy/loss"])) for r in history)
 
 
@@ -184,7 +184,7 @@ def test_sharing_the_prompt_pass_trains_the_same_weights(algorithm):
     assert [r["policy/clip_frac"] for r in histories[0]] == pytest.approx([r["policy/clip_frac"] for r in histories[1]])
     # AdamW divides by sqrt(v) + 1e-8: float-rounding differences of near-zero gradients reach ~1.5e-5
     # in a weight after 6 AdamW steps (measured), while rewards and clip fractions agree exactly
-    for (name, a), (_, b) in zip(runs[0].m.policy.named_parameters(), runs[1].m.policy.named_parameters()):
+    for (name, a), (_, b) in zip(runs[0].models.policy.named_parameters(), runs[1].models.policy.named_parameters()):
         torch.testing.assert_close(a, b, atol=5e-5, rtol=1e-4, msg=name)
 
 

@@ -1,13 +1,13 @@
 """Unscored samples (a reward function returned None for every function) are absent from every
 statistic: a batch with invalid rows gives its valid rows exactly the advantages of the same batch
-with those rows removed (trainers/rl_advantages.py)."""
+with those rows removed (rl/advantages.py)."""
 
 import pytest
 import torch
 
 from rlhfkit.algorithms import group_advantages, reinforce_advantages, rloo_advantages
 from rlhfkit.config import RLConfig
-from rlhfkit.trainers.rl_advantages import compute_advantages, shape_scores
+from rlhfkit.rl.advantages import compute_advantages, shape_scores
 
 
 def _batch(B, T=6, seed=0):

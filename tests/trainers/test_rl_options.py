@@ -18,7 +18,8 @@ from rlhfkit.rollout.base import build_rollout
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.trainers import RLTrainer
-from rlhfkit.trainers.rl import Experience
+from rlhfkit.rl.experience import Experience
+from rlhfkit.rl.update import loss as update_loss, minibatch_generator
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -40,7 +41,7 @@ def make_trainer(algorithm="grpo", reward=varied_reward, **overrides):
 
 
 def generate(trainer):
-    rows = trainer._sample_prompts()
+    rows = trainer.sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], trainer.args.group_size,
                                       trainer.sampling)
     return rows, rollout
@@ -48,14 +49,14 @@ def generate(trainer):
 
 def experience(trainer):
     rows, rollout = generate(trainer)
-    scores, valid, metrics = trainer._score(rows, rollout)
-    return trainer._make_experience(rollout, scores, valid, metrics)
+    scores, valid, metrics = trainer.score(rows, rollout)
+    return trainer.make_experience(rollout, scores, valid, metrics)
 
 
 def varied_experience(trainer):
     """An experience of hand-written responses of lengths 1 .. max_new_tokens (ending in EOS, or cut
     at the limit without it), so token and sequence weights of micro-batches differ."""
-    rows = trainer._sample_prompts()
+    rows = trainer.sample_prompts()
     tok, G, T = trainer.tokenizer, trainer.args.group_size, trainer.args.max_new_tokens
     gen = torch.Generator().manual_seed(7)
     responses = []
@@ -66,25 +67,25 @@ def varied_experience(trainer):
             ids[-1] = tok.eos_token_id
         responses.append(ids)
     rollout = build_rollout([trainer.prompt_ids[i] for i in rows], responses, G, tok.pad_token_id, tok.eos_token_id)
-    scores, valid, metrics = trainer._score(rows, rollout)
-    return trainer._make_experience(rollout, scores, valid, metrics)
+    scores, valid, metrics = trainer.score(rows, rollout)
+    return trainer.make_experience(rollout, scores, valid, metrics)
 
 
 def trained_params(trainer):
-    modules = [trainer.m.policy] + ([trainer.m.critic_module] if trainer.m.critic_module is not None else [])
+    modules = [trainer.models.policy] + ([trainer.models.critic_module] if trainer.models.critic_module is not None else [])
     return [(f"{i}.{n}", p) for i, m in enumerate(modules) for n, p in m.named_parameters() if p.requires_grad]
 
 
 def record_grads(trainer) -> list[list[torch.Tensor]]:
     """The accumulated gradients seen by each optimizer step (before clipping)."""
-    seen, step = [], trainer._optimizer_step
+    seen, step = [], trainer.optimizer_step
 
     def recording_step():
         seen.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
                      for _, p in trained_params(trainer)])
         return step()
 
-    trainer._optimizer_step = recording_step
+    trainer.optimizer_step = recording_step
     return seen
 
 
@@ -103,9 +104,14 @@ def handmade_rollout(trainer, responses, n):
     return build_rollout(prompts, ids, n, tok.pad_token_id, tok.eos_token_id)
 
 
+def micro_batch_loss(trainer, exp, rows):
+    """``(loss, metrics)`` of ``rows`` of ``exp`` as the trainer's update computes them (``rl.update.loss``)."""
+    return update_loss(trainer.models, trainer.args, exp, rows, trainer.kl_ctl.value)
+
+
 def current_logprobs(trainer, rollout):
     with torch.no_grad():
-        logprobs, _, entropy, _ = trainer.m.train_outputs(rollout, with_values=False, entropy_grad=False)
+        logprobs, _, entropy, _ = trainer.models.train_outputs(rollout, with_values=False, entropy_grad=False)
     return logprobs, entropy
 
 
@@ -146,8 +152,8 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
 
     initial = [p.detach().clone() for _, p in trained_params(reference)]
     # The gradient of the first minibatch's loss in one forward/backward, for the first step of each run.
-    first_rows = torch.randperm(B, generator=reference._minibatch_generator()).split(config.get("mini_batch_size") or B)[0]
-    reference._loss(exp, first_rows)[0].backward()
+    first_rows = torch.randperm(B, generator=minibatch_generator(reference.args, reference.step)).split(config.get("mini_batch_size") or B)[0]
+    micro_batch_loss(reference, exp, first_rows)[0].backward()
     direct = [p.grad.detach().clone() for _, p in trained_params(reference)]
     reference.run.optimizer.zero_grad(set_to_none=True)
     grads, params = {}, {}
@@ -155,7 +161,7 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
         comparable_adam(trainer)
         grads[micro] = record_grads(trainer)
         torch.manual_seed(123)  # the same minibatch order for every run
-        trainer._update(exp)
+        trainer.update(exp)
         params[micro] = [p.detach().clone() for _, p in trained_params(trainer)]
 
     steps = B // (config.get("mini_batch_size") or B)
@@ -182,7 +188,7 @@ def test_explicit_mini_batch_of_the_whole_batch_is_the_default():
     for trainer in trainers:
         comparable_adam(trainer)
         torch.manual_seed(0)
-        trainer._update(exp)
+        trainer.update(exp)
     for (name, a), (_, b) in zip(trained_params(trainers[0]), trained_params(trainers[1])):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
@@ -200,7 +206,7 @@ def test_micro_batches_with_unscored_rows_give_the_update_of_one_batch():
     for trainer in trainers.values():
         comparable_adam(trainer)
         torch.manual_seed(0)
-        trainer._update(exp)
+        trainer.update(exp)
     for (name, a), (_, b) in zip(trained_params(trainers[None]), trained_params(trainers[2])):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
@@ -230,7 +236,7 @@ def test_grpo_loss_of_a_handmade_experience_equals_the_hand_computation():
     advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]])
     exp = Experience(rollout, mask, logprobs - ratio.log(), logprobs + log_r, None, advantages, None)
 
-    loss, metrics = trainer._loss(exp, torch.arange(2))
+    loss, metrics = micro_batch_loss(trainer, exp, torch.arange(2))
 
     surrogate = ((-1.2 - 1.0 - 0.5) / 3 + (2.0 + 0.8) / 2) / 2
     k3 = lambda lr: math.exp(lr) - lr - 1  # noqa: E731
@@ -243,14 +249,14 @@ def test_grpo_loss_of_a_handmade_experience_equals_the_hand_computation():
 
 
 def test_grpo_loss_of_a_real_two_row_experience_equals_plain_torch():
-    """A generated 2-row group, after one update (so the ratio is no longer 1): ``_loss`` equals the
+    """A generated 2-row group, after one update (so the ratio is no longer 1): the loss equals the
     clipped surrogate + β·k3, seq-mean-token-mean, written out with plain torch ops."""
     trainer = make_trainer(kl_coef=0.05, group_size=2, prompts_per_step=1, num_iterations=2, learning_rate=1e-2)
     exp = experience(trainer)
     assert exp.old_logprobs is not None and exp.ref_logprobs is not None
     trainer.args = trainer.args.replace(num_iterations=1)
     torch.manual_seed(0)
-    trainer._update(exp)
+    trainer.update(exp)
 
     rows = torch.arange(2)
     logprobs, _ = current_logprobs(trainer, exp.rollout)
@@ -264,7 +270,7 @@ def test_grpo_loss_of_a_real_two_row_experience_equals_plain_torch():
     k3 = torch.exp(log_r) - log_r - 1
     per_row = lambda x: (x * m).sum(1) / m.sum(1)  # noqa: E731
     expected = per_row(token_loss).mean() + 0.05 * per_row(k3).mean()
-    loss, _ = trainer._loss(exp, rows)
+    loss, _ = micro_batch_loss(trainer, exp, rows)
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5, rel=1e-4)
 
 
@@ -279,7 +285,7 @@ def test_adaptive_kl_moves_beta_towards_the_target(target, direction):
                            group_size=4, prompts_per_step=2)
     with torch.no_grad():  # a reference away from the policy: KL is clearly > 0 from the first step
         gen = torch.Generator().manual_seed(0)
-        for p in trainer.m.reference.parameters():
+        for p in trainer.models.reference.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen))
     history = trainer.train()
     coefs = [r["kl/coef"] for r in history] + [trainer.kl_ctl.value]
@@ -295,14 +301,14 @@ def test_adaptive_kl_moves_beta_towards_the_target(target, direction):
 
 def test_the_kl_that_drives_the_adaptive_controller_does_not_depend_on_micro_batch_size():
     """GRPO puts the KL in the loss, so the kl/k1 logged (and read by the adaptive controller) comes
-    from _update. With responses of different lengths it must still be the batch's token-mean of
+    from the update. With responses of different lengths it must still be the batch's token-mean of
     log π - log π_ref, whatever the micro-batch size."""
     config = dict(algorithm="grpo", kl_coef=0.05, adaptive_kl=True, kl_target=0.5, kl_horizon=20.0)
     trainers = {micro: make_trainer(**config, micro_batch_size=micro) for micro in (None, 2)}
     for trainer in trainers.values():
         with torch.no_grad():
             gen = torch.Generator().manual_seed(0)
-            for p in trainer.m.reference.parameters():
+            for p in trainer.models.reference.parameters():
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
     exp = varied_experience(trainers[None])
     logprobs, _ = current_logprobs(trainers[None], exp.rollout)
@@ -310,7 +316,7 @@ def test_the_kl_that_drives_the_adaptive_controller_does_not_depend_on_micro_bat
     logged = {}
     for micro, trainer in trainers.items():
         torch.manual_seed(0)
-        logged[micro] = trainer._update(exp)["kl/k1"].item()
+        logged[micro] = trainer.update(exp)["kl/k1"].item()
     assert logged[None] == pytest.approx(batch_k1, rel=1e-5)
     assert logged[2] == pytest.approx(batch_k1, rel=1e-5)
 
@@ -322,7 +328,7 @@ def test_entropy_bonus_is_subtracted_from_the_loss_and_changes_the_gradient():
     results = {}
     for coef in (0.0, 0.3):
         trainer.args = trainer.args.replace(entropy_coef=coef)
-        loss, metrics = trainer._loss(exp, rows)
+        loss, metrics = micro_batch_loss(trainer, exp, rows)
         loss.backward()
         results[coef] = loss.detach(), [p.grad.clone() for _, p in trained_params(trainer)]
         trainer.run.optimizer.zero_grad(set_to_none=True)
@@ -347,7 +353,7 @@ def test_entropy_bonus_alone_raises_the_policy_entropy():
         before = [p.detach().clone() for _, p in trained_params(trainer)]
         entropy_before = current_logprobs(trainer, exp.rollout)[1][mask].mean()
         torch.manual_seed(0)
-        trainer._update(exp)
+        trainer.update(exp)
         entropy_after = current_logprobs(trainer, exp.rollout)[1][mask].mean()
         moved[coef] = max((p - b).abs().max().item() for (_, p), b in zip(trained_params(trainer), before))
         if coef > 0:
@@ -362,14 +368,14 @@ def large_rewards(prompts, completions, **kwargs):
 def test_reward_clip_bounds_scores_before_the_advantages():
     trainer = make_trainer(reward=large_rewards, reward_clip=1.0, kl_coef=0.0, group_size=4, prompts_per_step=2)
     rows, rollout = generate(trainer)
-    scores, valid, metrics = trainer._score(rows, rollout)
+    scores, valid, metrics = trainer.score(rows, rollout)
     trainer.args = trainer.args.replace(reward_clip=None)
-    raw, _, _ = trainer._score(rows, rollout)
+    raw, _, _ = trainer.score(rows, rollout)
     trainer.args = trainer.args.replace(reward_clip=1.0)
     assert raw.abs().max() == 5.0  # the raw rewards do exceed the clip
     assert scores.tolist() == pytest.approx([1.0, -1.0, 0.25, -0.5] * 2)
     assert metrics["reward/mean"].item() == pytest.approx(sum([1.0, -1.0, 0.25, -0.5]) / 4)
-    exp = trainer._make_experience(rollout, scores, valid, metrics)
+    exp = trainer.make_experience(rollout, scores, valid, metrics)
     grouped = torch.tensor([1.0, -1.0, 0.25, -0.5])
     expected = (grouped - grouped.mean()) / (grouped.std() + 1e-6)
     torch.testing.assert_close(exp.advantages[:, 0], expected.repeat(2))
@@ -379,7 +385,7 @@ def test_normalize_rewards_whitens_scores_over_the_batch():
     trainer = make_trainer(reward=large_rewards, normalize_rewards=True, kl_coef=0.0, group_size=4,
                            prompts_per_step=2)
     rows, rollout = generate(trainer)
-    scores, _, metrics = trainer._score(rows, rollout)
+    scores, _, metrics = trainer.score(rows, rollout)
     raw = torch.tensor([5.0, -5.0, 0.25, -0.5] * 2)
     assert scores.mean().item() == pytest.approx(0.0, abs=1e-6)
     assert scores.std().item() == pytest.approx(1.0, abs=1e-6)
@@ -403,11 +409,11 @@ def test_reinforce_plus_plus_advantages_are_whitened_discounted_token_returns():
     trainer = make_trainer("reinforce_plus_plus", gamma=0.9, prompts_per_step=6, kl_coef=0.1)
     with torch.no_grad():  # a reference away from the policy, so the KL part of the reward is not 0
         gen = torch.Generator().manual_seed(0)
-        for p in trainer.m.reference.parameters():
+        for p in trainer.models.reference.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen))
     rows, rollout = generate(trainer)
-    scores, valid, metrics = trainer._score(rows, rollout)
-    exp = trainer._make_experience(rollout, scores, valid, metrics)
+    scores, valid, metrics = trainer.score(rows, rollout)
+    exp = trainer.make_experience(rollout, scores, valid, metrics)
     mask = exp.mask
     B, T = mask.shape
     rewards = torch.where(mask, -0.1 * (exp.old_logprobs - exp.ref_logprobs), torch.zeros(()))
@@ -439,7 +445,7 @@ def test_dual_clip_changes_the_loss_only_for_negative_advantages_with_a_large_ra
     def loss(advantages, dual_clip):
         trainer.args = trainer.args.replace(dual_clip=dual_clip)
         exp = Experience(rollout, mask, logprobs - ratio.log(), None, None, advantages, None)
-        value, metrics = trainer._loss(exp, rows)
+        value, metrics = micro_batch_loss(trainer, exp, rows)
         return value.item(), metrics
 
     mixed = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]])
@@ -500,9 +506,9 @@ def test_missing_eos_penalty_replaces_truncated_scores_and_leaves_the_others_alo
     rows = [0, 1]  # handmade_rollout continues prompts 0 and 1
     rollout = handmade_rollout(trainer, responses, 2)
     assert rollout.has_eos.tolist() == [True, False, True, False]  # both kinds are present
-    scores, _, _ = trainer._score(rows, rollout)
+    scores, _, _ = trainer.score(rows, rollout)
     trainer.args = trainer.args.replace(missing_eos_penalty=None)
-    raw, _, _ = trainer._score(rows, rollout)
+    raw, _, _ = trainer.score(rows, rollout)
     assert raw.tolist() == pytest.approx([1.0, 2 / 3, 0.0, 1.0])
     truncated = ~rollout.has_eos
     assert (scores[truncated] == -0.75).all() and (raw[truncated] != -0.75).all()

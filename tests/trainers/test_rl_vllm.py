@@ -52,7 +52,7 @@ def test_evaluation_uses_the_synced_engine_and_matches_hf_greedy_scores():
     # The last step's update came after its generation: only the evaluation after it synced those weights.
     assert vl.engine.synced_version == vl.weights_version > 0
     hf = toy_trainer("grpo", model_kwargs=HEADS, max_steps=0)
-    hf.m.policy.load_state_dict(vl.m.policy.state_dict())
+    hf.models.policy.load_state_dict(vl.models.policy.state_dict())
     hf.eval_rows, hf.eval_prompt_ids = hf.rows, hf.prompt_ids
     a, b = history[-1], hf.evaluate()
     assert abs(a["eval/score_mean"] - b["eval/score_mean"]) <= 1.01 / len(vl.eval_rows)  # at most one near-tie

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-import rlhfkit.trainers.rl as rl_module
+import rlhfkit.rl.update as update_module
 from rlhfkit.algorithms import POLICY_LOSSES, rollout_is_weights
 from rlhfkit.models import forward_response
 from rlhfkit.rollout import HFEngine
@@ -36,7 +36,7 @@ class PerturbedEngine:
 
     def __init__(self, trainer, noise: float):
         self.trainer, self.synced_version = trainer, None
-        self.copy = copy.deepcopy(trainer.m.policy).eval()
+        self.copy = copy.deepcopy(trainer.models.policy).eval()
         head = self.copy.lm_head.weight
         self.offset = noise * torch.randn(head.shape, generator=torch.Generator().manual_seed(1))
         tok = trainer.tokenizer
@@ -56,7 +56,7 @@ class PerturbedEngine:
         with torch.no_grad():
             mine = forward_response(self.copy, rollout.input_ids, rollout.attention_mask, T, args.temperature,
                                     support=support)
-            old = forward_response(self.trainer.m.policy, rollout.input_ids, rollout.attention_mask, T,
+            old = forward_response(self.trainer.models.policy, rollout.input_ids, rollout.attention_mask, T,
                                    args.temperature, support=support)
         rollout.logprobs = mine.logprobs - mine.log_kept_mass
         self.steps.append((rollout, old.logprobs - old.log_kept_mass))
@@ -93,7 +93,7 @@ def test_every_preset_applies_the_correction_once_per_step(preset, mode, monkeyp
     trainer = toy_trainer(max_steps=2, rollout_is=mode, rollout_is_threshold=1.3, **PRESETS[preset])
     engine = trainer.engine = PerturbedEngine(trainer, noise=0.01)
     recorder = RecordingLosses(trainer)
-    monkeypatch.setattr(rl_module, "POLICY_LOSSES", recorder)
+    monkeypatch.setattr(update_module, "POLICY_LOSSES", recorder)
     history = trainer.train()
     assert len(engine.steps) == 2
     for step, (row, (rollout, old)) in enumerate(zip(history, engine.steps)):
@@ -126,7 +126,7 @@ def test_truncated_sampling_is_not_counted_as_mismatch(top_p, top_k):
         assert row["rollout/logprob_diff_max"] < 1e-5 and row["rollout/is_masked_frac"] == 0
     rollout, _ = engine.steps[0]
     with torch.no_grad():
-        full = forward_response(trainer.m.policy, rollout.input_ids, rollout.attention_mask,
+        full = forward_response(trainer.models.policy, rollout.input_ids, rollout.attention_mask,
                                 rollout.response_mask.shape[1], trainer.args.temperature).logprobs
     assert (full - rollout.logprobs)[rollout.response_mask.bool()].abs().max() > 0.01  # what it would be
 
@@ -135,7 +135,7 @@ def test_the_hf_engine_applies_no_weights_and_logs_no_mismatch(monkeypatch):
     """The HF engine samples from the trained weights: no weights reach the loss, the gap is 0."""
     trainer = toy_trainer("grpo", max_steps=2, rollout_is="token_truncate", prompts_per_step=4)
     recorder = RecordingLosses(trainer)
-    monkeypatch.setattr(rl_module, "POLICY_LOSSES", recorder)
+    monkeypatch.setattr(update_module, "POLICY_LOSSES", recorder)
     history = trainer.train()
     assert recorder.calls and all(w is None for _, w, _ in recorder.calls)
     for row in history:
@@ -149,15 +149,15 @@ def _experience_with_engine_logprobs(mode, threshold=2.0, num_iterations=2):
     computed with the old log-probs, before the update."""
     trainer = toy_trainer("grpo", prompts_per_step=2, rollout_is=mode, rollout_is_threshold=threshold, kl_coef=0.0,
                           num_iterations=num_iterations)
-    rows = trainer._sample_prompts()
+    rows = trainer.sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
-    old = trainer.m.policy_outputs(rollout, with_values=False)[0]
+    old = trainer.models.policy_outputs(rollout, with_values=False)[0]
     behaviour = old.clone()
     behaviour[0, 0] += math.log(0.5)
     behaviour[1, 0] += math.log(3.0)
     rollout.logprobs = behaviour
-    scores, valid, metrics = trainer._score(rows, rollout)
-    return trainer, trainer._make_experience(rollout, scores, valid, metrics), metrics
+    scores, valid, metrics = trainer.score(rows, rollout)
+    return trainer, trainer.make_experience(rollout, scores, valid, metrics), metrics
 
 
 def test_token_truncate_weights_each_token_by_its_capped_ratio():
@@ -198,9 +198,9 @@ def test_the_weights_reach_the_policy_loss():
     trainer, exp, _ = _experience_with_engine_logprobs("token_truncate")
     rows = torch.arange(exp.mask.shape[0])
     exp.advantages = torch.randn(exp.advantages.shape, generator=torch.Generator().manual_seed(0))  # not all 0
-    weighted, _ = trainer._loss(exp, rows)
+    weighted, _ = update_module.loss(trainer.models, trainer.args, exp, rows, trainer.kl_ctl.value)
     exp.is_weights = None
-    plain, _ = trainer._loss(exp, rows)
+    plain, _ = update_module.loss(trainer.models, trainer.args, exp, rows, trainer.kl_ctl.value)
     assert not torch.isclose(weighted, plain)
 
 
@@ -210,16 +210,16 @@ def test_one_on_policy_pass_corrects_in_the_loss_with_the_same_result():
     trainer, exp, _ = _experience_with_engine_logprobs("token_truncate")
     rows = torch.arange(exp.mask.shape[0])
     exp.advantages = torch.randn(exp.advantages.shape, generator=torch.Generator().manual_seed(0))
-    precomputed, _ = trainer._loss(exp, rows)
+    precomputed, _ = update_module.loss(trainer.models, trainer.args, exp, rows, trainer.kl_ctl.value)
     exp.old_logprobs, exp.is_weights, exp.correct_in_loss = None, None, True
-    in_loss, metrics = trainer._loss(exp, rows)
+    in_loss, metrics = update_module.loss(trainer.models, trainer.args, exp, rows, trainer.kl_ctl.value)
     torch.testing.assert_close(in_loss, precomputed, rtol=1e-6, atol=1e-7)
     assert metrics["rollout/logprob_diff_max"].item() == pytest.approx(math.log(3), abs=1e-5)
     single, single_exp, step_metrics = _experience_with_engine_logprobs("token_truncate", num_iterations=1)
     assert single_exp.old_logprobs is None and single_exp.is_weights is None  # no extra pass
     assert single_exp.correct_in_loss
     assert "rollout/logprob_diff_max" not in step_metrics
-    update = single._update(single_exp)
+    update = single.update(single_exp)
     assert update["rollout/logprob_diff_max"].item() == pytest.approx(math.log(3), abs=1e-5)
     n = single_exp.mask.sum().item()
     assert update["rollout/logprob_diff_mean"].item() == pytest.approx((math.log(2) + math.log(3)) / n, abs=1e-5)

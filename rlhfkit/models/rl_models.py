@@ -1,0 +1,184 @@
+"""The models of the RL loop: the policy, its critic and its reference, built from a path or an
+object and sharded under torchrun (``RLModels``, ``build_models``).
+
+The rollout a forward pass reads (``rlhfkit.rollout.Rollout``: ``input_ids``, ``attention_mask``,
+``response_mask``, ``prompt_index``, ``logprobs``, ``select``) is only duck-typed here: the models
+sit below the rollout engines, which generate with them, so this module never imports them.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from .. import distributed
+from ..config import RLConfig
+from .heads import ScalarModel
+from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
+from .lora import export_causal_lm, unsharded_template
+from .policy import forward_response
+
+
+class RLModels:
+    """The three models of the RL loop and the forward passes it runs on them.
+
+    - ``policy``: the causal LM being trained (a ``peft`` model when training a LoRA adapter).
+    - the critic (``args.use_critic``): a separate ``ScalarModel`` (``critic='separate'``: a copy
+      of the policy's backbone with a scalar head, or ``critic_init``) in ``critic``, or a value head
+      on the policy's own last hidden state (``critic='shared'``, zero-initialised) in
+      ``value_head``; ``critic_module`` is whichever there is.
+    - ``reference`` (``kl_coef > 0``): a frozen copy of the initial policy (or ``ref_model``); with a
+      LoRA policy and no ``ref_model`` it stays None and the reference is the policy with its
+      adapter disabled — no second copy.
+
+    Forward passes: ``policy_outputs`` (old log-probs and values before an update, no gradient),
+    ``train_outputs`` (log-probs, values and entropy of a micro-batch, with gradients) and
+    ``reference_logprobs``; under torchrun they run on the sharded modules (``train_policy``,
+    ``train_critic``). ``save_policy`` writes the policy as a Hugging Face directory.
+    """
+
+    def __init__(self, policy, tokenizer, args: RLConfig, ref_model=None):
+        self.policy, self.tokenizer, self.args = policy, tokenizer, args
+        self.device = next(policy.parameters()).device
+        self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
+        self.reference = None
+        if args.kl_coef > 0 and (ref_model is not None or not self.is_peft):
+            ref = ref_model if ref_model is not None else copy.deepcopy(policy)
+            self.reference = freeze(load_causal_lm(ref, args.dtype if ref_model is not None else None)).to(self.device)
+        self.critic = self.value_head = None
+        if args.use_critic and args.critic == "shared":
+            hidden = policy.config.hidden_size
+            # Zero init: every value starts at 0, so the first advantages are the plain returns.
+            self.value_head = torch.nn.Linear(hidden, 1).to(self.device, next(policy.parameters()).dtype)
+            torch.nn.init.zeros_(self.value_head.weight)
+            torch.nn.init.zeros_(self.value_head.bias)
+        elif args.use_critic:
+            self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
+                           else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
+        self._shard()
+
+    def _shard(self) -> None:
+        """Under torchrun, shard the policy, the critic and the frozen reference over the processes
+        (``distributed.shard``: FSDP2, or DDP for the trained ones). Training passes go through
+        ``train_policy`` / ``train_critic`` (the FSDP2 module itself, or a DDP wrapper); generation
+        uses the policy with its parameters gathered. A single process: the models as they are."""
+        args = self.args
+        # A LoRA policy is merged at save time into a full copy, which a sharded one no longer is.
+        self._peft_template = unsharded_template(self.policy)
+        mixed = args.autocast if args.parallelism == "fsdp" and self.device.type == "cuda" else None
+        self.train_policy = distributed.shard(self.policy, args.parallelism, mixed)
+        if self.reference is not None and args.parallelism == "fsdp":
+            distributed.shard(self.reference, "fsdp", mixed)
+        critic = self.critic_module
+        self.train_critic = distributed.shard(critic, args.parallelism, mixed) if critic is not None else None
+
+    def autocast(self):
+        """``torch.autocast`` when the config asks for mixed precision, else a no-op context."""
+        if self.args.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.args.autocast))
+
+    @property
+    def critic_module(self) -> torch.nn.Module | None:
+        return self.critic if self.critic is not None else self.value_head
+
+    def _forward(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
+        with self.autocast():
+            return self._forward_inner(rollout, with_values, with_entropy, entropy_grad)
+
+    def engine_support(self, rollout: Rollout) -> tuple[int, float] | None:
+        """``(top_k, top_p)`` when the rollout carries an engine's log-probs of a truncated sampler:
+        the trainer then also returns ``log_kept_mass`` so the importance ratio compares the
+        distribution the engine drew from (``algorithms.log_kept_mass``). None otherwise."""
+        args = self.args
+        truncates = args.top_k > 0 or args.top_p < 1.0
+        return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
+
+    def _forward_inner(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
+        T = rollout.response_mask.shape[1]
+        out = forward_response(self.train_policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
+                               with_entropy=with_entropy, entropy_grad=entropy_grad,
+                               with_hidden=with_values and self.value_head is not None,
+                               prompt_index=self._prompt_index(rollout), support=self.engine_support(rollout))
+        values = None
+        if with_values and self.value_head is not None:
+            values = self.train_critic(out.hidden).squeeze(-1).float()
+        elif with_values:
+            values = self.train_critic(rollout.input_ids, rollout.attention_mask, T)  # ScalarModel.values
+        return out.logprobs, values, out.entropy, out.log_kept_mass
+
+    @torch.no_grad()
+    def policy_outputs(self, rollout: Rollout, with_values: bool):
+        """Old log-probs, values (``with_values``) and ``log_kept_mass`` (None unless
+        ``engine_support``) before any update, in micro-batches."""
+        parts = [self._forward(r, with_values, False, False) for r in self._chunks(rollout)]
+        cat = lambda i: torch.cat([p[i] for p in parts]) if parts[0][i] is not None else None  # noqa: E731
+        return cat(0), cat(1), cat(3)
+
+    def train_outputs(self, rollout: Rollout, with_values: bool, entropy_grad: bool):
+        """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients."""
+        return self._forward(rollout, with_values, True, entropy_grad)
+
+    @torch.no_grad()
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        model = self.reference if self.reference is not None else self.train_policy
+        adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
+        T = rollout.response_mask.shape[1]
+        with adapter_off, self.autocast():
+            return torch.cat([forward_response(model, r.input_ids, r.attention_mask, T, self.args.temperature,
+                                               prompt_index=self._prompt_index(r)).logprobs
+                              for r in self._chunks(rollout)])
+
+    def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
+        # Under torchrun a sharded model's forward passes are collectives, and a shared prompt pass
+        # adds one where a micro-batch repeats a prompt: every process must run the same passes, so
+        # only generation (with gathered weights) shares the prompt there.
+        return rollout.prompt_index if self.args.share_prompt and distributed.world() == 1 else None
+
+    def _chunks(self, rollout: Rollout):
+        size = self.args.micro_batch_size or rollout.input_ids.shape[0]
+        for rows in torch.arange(rollout.input_ids.shape[0], device=self.device).split(size):
+            yield rollout.select(rows)
+
+    def save_policy(self, path: Path, tokenizer=None) -> None:
+        """The policy as a Hugging Face directory (LoRA: merged, or the adapter alone with
+        ``save_adapter``), written by the main process from the gathered full weights; every
+        process must call this."""
+        export_causal_lm(self.policy, path, tokenizer, self.args.save_adapter, self._peft_template)
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' → the GPU when torch sees one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _base_causal_lm(policy):
+    return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+
+
+def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_model=None) -> RLModels:
+    if processing_class is None and not isinstance(model, (str, os.PathLike)):
+        raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
+    distributed.check_device(args.device)  # before anything loads
+    tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
+                               "model" if processing_class is None else "processing_class")
+    policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
+    # The process group starts here, after every check that could fail the same way on every rank.
+    policy = policy.to(distributed.setup(args.device))
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        policy = disable_dropout(get_peft_model(policy, peft_config))
+    if args.gradient_checkpointing:
+        enable_activation_checkpointing(policy)
+        if peft_config is not None:
+            policy.enable_input_require_grads()
+    # Train mode (dropout is off, so forward passes are unchanged): activation checkpointing needs it.
+    policy.train()
+    return RLModels(policy, tokenizer, args, ref_model)

@@ -1,0 +1,77 @@
+"""Phases 4–5 of the RL loop (generate → score → **make experience** → update): what an update
+trains on, from a scored rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import distributed
+from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES
+from ..config import RLConfig
+from ..models.rl_models import RLModels
+from ..rollout import Rollout
+from .advantages import compute_advantages, kl_metrics, rollout_correction
+
+
+@dataclass
+class Experience:
+    """Everything phase 6 trains on; all (B, T) except ``rollout``."""
+
+    rollout: Rollout
+    mask: torch.Tensor
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    old_values: torch.Tensor | None
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    is_weights: torch.Tensor | None = None  # rollout correction (vLLM): per-token weights of the policy loss
+    correct_in_loss: bool = False  # the correction is computed in the loss (one on-policy pass, no old pass)
+
+
+def single_pass(args: RLConfig) -> bool:
+    """One on-policy pass: old log-probs equal the current ones, so they are not recomputed."""
+    mini = args.mini_batch_size or args.batch_size
+    return args.num_iterations == 1 and mini >= args.batch_size
+
+
+@torch.no_grad()
+def make_experience(models: RLModels, args: RLConfig, rollout: Rollout, scores, valid, kl_coef: float,
+                    metrics: dict) -> Experience:
+    """Phases 4–5, after the scores: old / reference log-probs and values, token rewards,
+    advantages, and the rollout correction when it is not left to the loss. ``kl_coef``: β of this
+    step (the KL controller's value); ``metrics`` gains ``kl/*`` (KL in the reward),
+    ``reward/token_reward_sum``, ``policy/advantages_mean`` and ``rollout/*``.
+
+    Formulas (through ``rl.advantages``): ``rlhfkit/algorithms/kl.py`` (the KL estimators),
+    ``algorithms/shaping.py`` (token rewards), ``algorithms/advantages.py`` and the
+    ``ADVANTAGE_ESTIMATORS`` of ``algorithms/registry.py`` (advantages, whitening),
+    ``algorithms/rollout_is.py`` (the rollout correction)."""
+    device = models.device
+    rollout = rollout.to(device)
+    mask, scores = rollout.response_mask.bool(), scores.to(device)
+    behaviour = rollout.logprobs  # the engine's own log-probs (vLLM); None: it sampled from the policy itself
+    # Old log-probs are computed when something else needs them (the KL in the reward, a critic,
+    # more than one pass) or a mask mode must know the kept tokens before the update; then the
+    # correction is computed here, else in the one on-policy pass of the loss — exactly once.
+    masks = behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"]
+    need_old = (args.kl_in_reward and args.kl_coef > 0) or not single_pass(args) or args.use_critic or masks
+    old_logprobs, old_values, kept_mass = (models.policy_outputs(rollout, with_values=args.use_critic)
+                                           if need_old else (None, None, None))
+    ref = models.reference_logprobs(rollout) if args.kl_coef > 0 else None
+    valid = valid.to(device)
+    kl = None
+    if ref is not None and old_logprobs is not None:
+        kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
+        metrics.update(kl_metrics(old_logprobs, ref, mask, distributed.global_mean))  # scored or not
+    advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
+                                                            kl_coef, reduce=distributed.reduce_sum)
+    metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
+    metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
+    correct_in_loss, is_weights = behaviour is not None and old_logprobs is None, None
+    if not correct_in_loss:
+        is_weights, mask, is_metrics = rollout_correction(args, old_logprobs, behaviour, mask, kept_mass)
+        metrics.update(is_metrics)
+    return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights,
+                      correct_in_loss)

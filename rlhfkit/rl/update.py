@@ -1,0 +1,128 @@
+"""Phase 6 of the RL loop (generate → score → make experience → **update**): K passes of
+minibatch updates on an experience, and the loss of one micro-batch."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+
+from .. import distributed
+from ..algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate, masked_mean, value_loss
+from ..config import RLConfig
+from ..models.rl_models import RLModels
+from .advantages import kl_metrics, rollout_correction
+from .experience import Experience
+
+
+def update(models: RLModels, args: RLConfig, exp: Experience, kl_coef: float, step: int,
+           optimizer_step: Callable[[], dict]) -> dict:
+    """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches.
+
+    Minibatches are drawn from the *global* batch (every process's rows, in process order) by one
+    permutation that every process draws alike, so one update of a batch gives the same weights
+    on any number of processes; each process trains on its own rows of each minibatch. A
+    micro-batch's loss is weighted by its share of the global minibatch (tokens for token-mean,
+    rows otherwise) times the number of processes (FSDP2 and DDP average gradients over them), so
+    accumulation gives the gradient of one batch. Its metrics are weighted the same way — the
+    losses by that share, the per-token means (KL, entropy, clip fraction) by its share of the
+    minibatch's tokens — and summed over processes: a logged metric (and the KL the adaptive
+    controller reads) is the minibatch's own, whatever the micro-batch size or process count.
+    Processes with fewer micro-batches run zero-weight ones, so every process runs the same
+    number of (collective) forward and backward passes.
+
+    ``kl_coef``: β of this step; ``step``: RL steps done (it seeds the minibatch order,
+    ``minibatch_generator``); ``optimizer_step``: clips, steps and zeroes the gradients, returning
+    ``{"perf/grad_norm": ...}`` (the trainer's, on its run's optimizer). The loss of each
+    micro-batch is ``loss``."""
+    B, world = exp.mask.shape[0], distributed.world()
+    first = distributed.rank() * B  # this process's rows are global rows first .. first + B - 1
+    mini = args.mini_batch_size or B * world
+    gen = minibatch_generator(args, step)
+    sums: dict[str, torch.Tensor] = {}
+    n_steps = 0
+    for _ in range(args.num_iterations):
+        for global_rows in torch.randperm(B * world, generator=gen).split(mini):
+            mb_rows = global_rows[(global_rows >= first) & (global_rows < first + B)] - first
+            mb_rows = group_by_prompt(args, exp, mb_rows)
+            weight = distributed.reduce_sum(loss_weights(args, exp.mask[mb_rows])).clamp(min=1)
+            tokens = distributed.reduce_sum(exp.mask[mb_rows].sum()).clamp(min=1)
+            chunks = list(mb_rows.split(args.micro_batch_size or mini)) if len(mb_rows) else []
+            n_micro = distributed.reduce_max(len(chunks))
+            for i in range(n_micro):
+                real = i < len(chunks)
+                rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
+                with distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext():
+                    loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef)
+                    share = loss_weights(args, exp.mask[rows]) / weight if real else torch.zeros(())
+                    (loss_value * share * world).backward()
+                token_share = exp.mask[rows].sum() / tokens if real else torch.zeros(())
+                for k, v in m.items():
+                    if k.endswith("_max"):  # a maximum over micro-batches, minibatches and processes
+                        sums[k] = torch.maximum(sums[k], v) if k in sums else v
+                    else:
+                        sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
+            sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + optimizer_step()["perf/grad_norm"] / world
+            n_steps += 1
+    return {k: distributed.reduce_tensor_max(v) if k.endswith("_max") else distributed.reduce_sum(v) / n_steps
+            for k, v in sums.items()}
+
+
+def minibatch_generator(args: RLConfig, step: int) -> torch.Generator:
+    """The generator of this step's minibatch order: the same on every process, fixed by
+    (seed, step) so a resumed run draws the same order and the rollout's RNG is untouched."""
+    return torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+
+
+def group_by_prompt(args: RLConfig, exp: Experience, rows: torch.Tensor) -> torch.Tensor:
+    """A minibatch's rows ordered by prompt, so micro-batches hold whole groups whose prompt
+    pass is shared (gradient accumulation over a minibatch does not depend on the order)."""
+    index = exp.rollout.prompt_index
+    if not args.share_prompt or index is None:
+        return rows
+    return rows[torch.sort(index[rows.to(index.device)].cpu(), stable=True).indices]
+
+
+def loss_weights(args: RLConfig, mask: torch.Tensor) -> torch.Tensor:
+    """The share of a micro-batch in its minibatch's loss: tokens for token-mean, else rows."""
+    if args.loss_agg == "token-mean":
+        return mask.sum().float()
+    return (mask.sum(-1) > 0).sum().float()
+
+
+def loss(models: RLModels, args: RLConfig, exp: Experience, rows: torch.Tensor, kl_coef: float):
+    """The loss of one micro-batch of phase 6 (``update``) and its metrics: the policy loss
+    ``args.policy_loss`` (weighted by the rollout correction), minus the entropy bonus, plus β·KL
+    to the reference when the KL is not in the reward, plus the critic's value loss. Returns
+    ``(loss, metrics)``, ``rows``: the experience's rows of the micro-batch.
+
+    Formulas: the ``POLICY_LOSSES`` and ``KL_ESTIMATORS`` of ``rlhfkit/algorithms/registry.py``
+    (``algorithms/losses.py``, ``algorithms/kl.py``), ``aggregate`` and ``value_loss`` in
+    ``algorithms/losses.py``, the correction in ``algorithms/rollout_is.py``."""
+    r = exp.rollout.select(rows)
+    mask, adv = exp.mask[rows], exp.advantages[rows]
+    horizon = args.loss_horizon or args.max_new_tokens
+    logprobs, values, entropy, kept_mass = models.train_outputs(r, with_values=args.use_critic,
+                                                                entropy_grad=args.entropy_coef > 0)
+    old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
+    weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
+    if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
+        weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
+    loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
+        logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
+        clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights)
+    metrics.update(is_metrics, **{"policy/loss": loss.detach()})
+    metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
+    if args.entropy_coef > 0:
+        loss = loss - args.entropy_coef * aggregate(entropy, mask, args.loss_agg, horizon)
+    if exp.ref_logprobs is not None and not args.kl_in_reward:
+        kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
+        loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
+        metrics.update(kl_metrics(logprobs, exp.ref_logprobs[rows], mask))
+    if args.use_critic:
+        v_loss, v_metrics = value_loss(values, exp.old_values[rows], exp.returns[rows], mask,
+                                       clip=args.value_clip, agg=args.loss_agg, horizon=horizon)
+        loss = loss + args.vf_coef * v_loss
+        metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
+    return loss, metrics

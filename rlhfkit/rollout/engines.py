@@ -1,0 +1,54 @@
+"""The RL loop's generation engine: built from the config (``build_engine``) and made ready to
+generate from the current policy before each rollout (``engine_ready``)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+from .. import distributed
+from ..config import RLConfig
+from ..models.rl_models import RLModels
+from .hf import HFEngine
+
+
+def build_engine(args: RLConfig, models: RLModels, prompt_ids: list[list[int]]):
+    """The rollout engine ``args.rollout_engine`` names: HF generate on the policy, or a vLLM engine
+    in this process sized for the longest prompt plus the longest completion the run asks for."""
+    tokenizer = models.tokenizer
+    if args.rollout_engine == "hf":
+        return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt)
+    from .vllm import VLLMEngine
+    from .weight_sync import check_engine_weights
+
+    check_engine_weights(models.policy)  # an adapter the engine cannot receive merged: one line, before training
+    longest = max((len(p) for p in prompt_ids), default=1)
+    new_tokens = max(args.max_new_tokens, args.eval_max_new_tokens or 0)
+    return VLLMEngine(models.policy, tokenizer, max_model_len=longest + new_tokens + 1,
+                      seed=args.seed + 1_000_003 * distributed.rank(), kv_cache_gb=args.vllm_kv_cache_gb,
+                      gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
+                      sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,
+                      multiprocess=distributed.world() > 1)
+
+
+@contextmanager
+def engine_ready(engine, models: RLModels, version: int, timings: dict):
+    """The engine ready to generate from the current policy. The HF engine generates with the
+    policy itself (its parameters gathered under FSDP2); a vLLM engine first receives the weights
+    when an update changed them since its last sync (``version``: optimizer steps so far). Every
+    process syncs at this point of the loop, gathering the way HF generation does, so no process
+    waits on a collective another never enters; the sync is timed as ``timings["weight_sync"]``."""
+    if not getattr(engine, "needs_sync", False):
+        with models.autocast(), distributed.gathered(models.policy):
+            yield
+        return
+    if engine.synced_version != version:
+        from .weight_sync import hf_weights
+
+        start = time.perf_counter()
+        with torch.no_grad(), distributed.gathered(models.policy):
+            engine.sync_weights(hf_weights(models.policy), version)
+        timings["weight_sync"] = time.perf_counter() - start
+    yield

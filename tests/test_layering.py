@@ -28,6 +28,8 @@ LAYERS = {
     # 4 — built on those, used by the run and the command line: the plots and HTML report of a run
     #     directory; the embedded demo tasks (data, oracle rewards, tiny models)
     "rlhfkit.report": 4, "rlhfkit.tasks": 4,
+    #     agents: multi-turn episodes with tools and environments on a rollout engine
+    "rlhfkit.agents": 4,
     # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers;
     #     beside it, the RL loop's phases as functions (score, experience, update, evaluate), without the run
     "rlhfkit.run": 5, "rlhfkit.rl": 5,

@@ -1,4 +1,4 @@
-"""The only place that knows how many processes there are (DESIGN.md, "Scale-out").
+"""The only place that knows how many processes there are (docs/architecture.md, "Scale-out").
 
 Every process is an SPMD peer launched by ``torchrun``, which describes the job in the environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT``). ``setup`` joins that

@@ -1,4 +1,4 @@
-"""Dependencies point downward only (DESIGN.md, "Layout"). Every import between rlhfkit's modules —
+"""Dependencies point downward only (docs/architecture.md, "Layers"). Every import between rlhfkit's modules —
 function-local ones included: they are import edges too, only later — goes to a lower layer of
 ``LAYERS``, or to the same layer without closing a circle; no modules import each other around a
 circle, and neither do the table's entries (packages)."""

@@ -1,7 +1,7 @@
 """Advantage estimators: GAE (per token), group-relative (GRPO / Dr.GRPO), leave-one-out (RLOO),
 REINFORCE baselines, and masked whitening.
 
-Shapes follow DESIGN.md: ``B`` sequences, ``T`` response positions, ``G`` = ``group_size``; rows
+Shapes follow docs/architecture.md ("Notation"): ``B`` sequences, ``T`` response positions, ``G`` = ``group_size``; rows
 ``g*G .. g*G+G-1`` share prompt ``g``. Sequence-level estimators return ``(B,)``; the caller
 broadcasts them over the response tokens.
 """

@@ -1,6 +1,6 @@
 """Checkpoints: trainable weights, optimizer, scheduler, RNG states and the loop's counters, so
 ``resume_from`` continues a run exactly where it stopped — on the same or a different number of
-processes (DESIGN.md, "Scale-out"). Every process takes part in saving and loading; a single
+processes (docs/architecture.md, "Checkpoint format"). Every process takes part in saving and loading; a single
 process writes the same format. A checkpoint directory holds
 
 - ``dcp/``: a ``torch.distributed.checkpoint`` (DCP) of the trainable weights (``<module>.<fqn>``,

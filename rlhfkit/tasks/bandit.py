@@ -23,7 +23,7 @@ from ..algorithms import (
     whiten,
 )
 
-# The four algorithms of DESIGN.md, trained with their RL-loop presets (config.PRESETS).
+# Four algorithms of docs/architecture.md ("Presets"), trained with their RL-loop presets (config.PRESETS).
 BANDIT_PRESETS = ("ppo", "grpo", "reinforce", "rloo")
 
 

@@ -13,7 +13,7 @@ depends on score differences only, so the shift costs nothing.
 ``final/`` loads with ``ScalarModel.from_pretrained``, serves as a reward function
 (``RLTrainer(reward_funcs=[dir])``) and initialises the PPO critic (``RLConfig(critic_init=dir)``).
 
-Under torchrun (DESIGN.md, "Scale-out") every process walks the same seeded order and scores the
+Under torchrun (docs/architecture.md, "Scale-out") every process walks the same seeded order and scores the
 r-th slice of each step's ``batch_size`` pairs; it backpropagates its sum of pair losses divided by
 the step's pair count times the number of processes (FSDP2 and DDP average gradients), so the
 gradient is that of the Bradley–Terry mean over the global batch. Metrics, eval and the centring

@@ -10,7 +10,7 @@ i.e. the mean over every completion token of the step, however the tokens fall i
 accumulation gives the same gradient as one large batch — the fix of the 2024 gradient-accumulation
 bug in transformers/TRL). Prompt tokens and padding never contribute.
 
-Under torchrun (DESIGN.md, "Scale-out") every process walks the same seeded data order and takes
+Under torchrun (docs/architecture.md, "Scale-out") every process walks the same seeded data order and takes
 the r-th slice of each step's ``batch_size * grad_accumulation`` units; ``|C|`` is all-reduced, and
 each process backpropagates its token sum divided by ``|C|`` times the number of processes (FSDP2
 and DDP average gradients), so N processes take the step one process takes. Metrics and the eval

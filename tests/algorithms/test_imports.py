@@ -1,4 +1,4 @@
-"""The algorithm core imports torch, the standard library and itself only (DESIGN.md: "pure tensor
+"""The algorithm core imports torch, the standard library and itself only (docs/architecture.md, "Layers": "pure tensor
 math; imports torch and the standard library only")."""
 
 import ast

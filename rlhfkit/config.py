@@ -25,7 +25,7 @@ PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 ROLLOUT_ENGINES = ("hf", "vllm")
 
-# The algorithms of DESIGN.md are presets of one config — never branches in the loop. Every preset
+# The algorithms of docs/architecture.md ("Presets") are presets of one config — never branches in the loop. Every preset
 # names every preset field (those defaulting to None); _TOKEN_PPO holds the values most share,
 # _GROUP_NO_KL those of the critic-free, KL-free group recipes (GSPO, CISPO, DAPO).
 _TOKEN_PPO = dict(clip_low=0.2, clip_high=0.2, importance_sampling_level="token", dynamic_sampling=False)
@@ -120,6 +120,20 @@ class RolloutConfig:
     """vLLM on GPUs: release the engine's memory during each update (weights offloaded to CPU memory, KV cache freed) and wake the weights before the sync, the KV cache before generating. vLLM has no sleep mode on CPU: refused there."""
     vllm_tensor_parallel_size: int = 1
     """vLLM: devices one engine spans. Only 1 is supported: each training process runs its own engine on its own device."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Multi-turn episodes with tools (``RLTrainer(tools=..., environment_factory=...)``; TRL's names)."""
+
+    max_tool_calling_iterations: int = 8
+    """Agents: the most tool-calling rounds of an episode; a turn that calls a tool after the last round ends the episode (the call is not run)."""
+    max_tool_response_tokens: int | None = 256
+    """Agents: a tool result longer than this many tokens is cut and marked ' [truncated]'. None: never cut (the episode's budget still holds)."""
+    tool_call_timeout: float = 30.0
+    """Agents: seconds the tool calls of one round may take together; a call still running then returns {"error": ...} to the model and counts in agent/tool_errors."""
+    chat_template: str | None = None
+    """The chat template prompts are rendered with: 'chatml_tools' (shipped: ChatML with tools, for SmolLM2-class models), a .jinja file, or the template inline. None: the tokenizer's own. Agents need one that ends an assistant turn with EOS and is prefix-preserving."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +275,7 @@ class RunConfig(RunBase):
 
 
 @dataclass(frozen=True)
-class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, RolloutConfig, ModelConfig):
+class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, AgentConfig, RolloutConfig, ModelConfig):
     """Everything an RL run reads. ``RLConfig(algorithm="rloo", kl_coef=0.1)``.
 
     The preset rule: a preset's values are defaults. A preset field you leave unset (None) takes

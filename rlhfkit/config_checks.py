@@ -27,6 +27,8 @@ RANGES: dict[str, str] = {
     "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "num_iterations": "[1, 1e4]",
     # the bound of a reward function's output (rewards.functions.MAX_ABS_REWARD)
     "missing_eos_penalty": "[-1e6, 1e6] or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
+    "max_tool_calling_iterations": "[0, 1e6]", "max_tool_response_tokens": "[1, 1e9] or None",
+    "tool_call_timeout": "(0, 1e6]",
     "overlong_penalty": "[0, 1e6]", "overlong_buffer_len": "[1, 1e7] or None", "max_sampling_rounds": "[1, 1e6]",
     # optimisation
     "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",

@@ -50,6 +50,10 @@ class RLSources(Sources):
     """One weight per reward source; None: 1 each."""
     ref_model: str | None = None
     """Reference policy directory for the KL penalty; None: a frozen copy of the initial policy."""
+    tools: tuple[str, ...] = ()
+    """Agents: tools the model may call, as 'module:function' import paths (typed functions with Google-style docstrings)."""
+    environment: str | None = None
+    """Agents: an environment class as 'module:Class', instantiated per episode (reset(**row), its public methods are tools, get_reward() an extra reward)."""
 
 
 @dataclass(frozen=True)

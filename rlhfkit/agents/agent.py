@@ -93,3 +93,14 @@ def _append_to_last_user(messages: list[dict], text: str) -> list[dict]:
             m["content"] = f"{m['content']}{text}"
             return messages
     return messages + [{"role": "user", "content": text}]
+
+
+def build_agent(tokenizer, tools, environment_factory, args, model, prompt_limit: int | None) -> Agent | None:
+    """The run's ``Agent`` from ``RLTrainer``'s ``tools`` / ``environment_factory`` and the config's
+    agent fields; None when neither is given (one completion per prompt, as before)."""
+    if not tools and environment_factory is None:
+        return None
+    name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else (
+        getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+    options = AgentOptions(args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout, name)
+    return Agent(tokenizer, list(tools or []), environment_factory, options, prompt_limit)

@@ -63,6 +63,23 @@ def make_tools(fns, where: str = "tools") -> dict[str, Tool]:
     return tools
 
 
+def import_object(path: str, field: str):
+    """``"package.module:name"`` imported (a YAML or command-line ``tools`` / ``environment`` entry);
+    anything else, or a missing module or name, is one line naming the field."""
+    import importlib
+
+    module_name, _, attr = str(path).partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{field}: {path!r} must be an import path 'package.module:name'")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{field}: cannot import {path!r}: {err}") from None
+    return obj
+
+
 def check_environment_factory(factory, where: str = "environment_factory") -> None:
     """One line for a factory that is not a class/callable or whose instances cannot ``reset``."""
     factories = factory.values() if isinstance(factory, dict) else [factory]

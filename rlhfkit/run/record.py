@@ -63,6 +63,14 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     if "ref_model" in sources:
         ref = sources.pop("ref_model")
         values["ref_model"] = None if ref is None else model_source(ref)
+    from ..rewards.functions import unrecorded_reward
+
+    tools, environment = sources.pop("tools", None), sources.pop("environment_factory", None)
+    if tools:  # agents: importable functions / classes by 'module:qualname'
+        values["tools"] = tuple(reward_source(t) for t in tools)
+    if environment is not None:
+        values["environment"] = (reward_source(environment) if not isinstance(environment, dict)
+                                 else unrecorded_reward("a dict of environment factories"))
     peft = sources.pop("peft_config", None)
     if peft is not None:
         values.update(_lora_fields(peft))

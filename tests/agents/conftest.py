@@ -1,31 +1,13 @@
 """A ChatML tokenizer with the shipped tool template, and an engine that replays scripted turns."""
 
-import string
-from pathlib import Path
-
 import pytest
 
-import rlhfkit
 from rlhfkit.rollout.base import build_rollout
 
-TEMPLATE = Path(rlhfkit.__file__).parent / "data" / "templates" / "chatml_tools.jinja"
-
-
 def make_chatml_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from rlhfkit.tasks.tiny import chatml_tokenizer
 
-    specials = ["<pad>", "<|im_end|>", "<unk>", "<|im_start|>"]
-    vocab = {t: i for i, t in enumerate(specials)}
-    for ch in string.ascii_letters + string.digits + " +-*/=?:.,!\n{}[]\"_<>()'":
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"<\|im_start\|>|<\|im_end\|>|[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
-                                   unk_token="<unk>", additional_special_tokens=["<|im_start|>"], padding_side="left")
-    fast.chat_template = TEMPLATE.read_text()
-    return fast
+    return chatml_tokenizer()
 
 
 @pytest.fixture

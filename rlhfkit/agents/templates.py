@@ -10,14 +10,11 @@ shorter one (not prefix-preserving) is refused in one line naming the model.
 
 from __future__ import annotations
 
+from ..data.chat_templates import render
+
 _PROBE = [{"role": "user", "content": "probe"},
           {"role": "assistant", "content": "probe",
            "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {}}}]}]
-
-
-def render(tokenizer, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(list(messages), tools=tools or None, tokenize=False,
-                                         add_generation_prompt=generation_prompt)
 
 
 def encode(tokenizer, text: str) -> list[int]:

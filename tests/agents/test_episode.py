@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlhfkit.agents import AgentOptions, make_tools, run_episodes, start_episode
-from rlhfkit.agents.templates import render, tool_suffix_ids
+from rlhfkit.agents.templates import tool_suffix_ids
+from rlhfkit.data.chat_templates import render
 from rlhfkit.rollout.base import SamplingParams
 
 from .conftest import ScriptedEngine

@@ -96,9 +96,14 @@ def _run_rl(job):
 
     require(job, "model", "train_dataset", "reward_funcs")
     train, evaluation = _datasets(job)
+    from .agents.tools import import_object
+
+    tools = [import_object(path, "tools") for path in job.tools]
+    environment = import_object(job.environment, "environment") if job.environment else None
     return RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), train, eval_dataset=evaluation,
                      reward_weights=list(job.reward_weights) if job.reward_weights else None,
-                     peft_config=lora_config(job), ref_model=job.ref_model)
+                     peft_config=lora_config(job), ref_model=job.ref_model, tools=tools or None,
+                     environment_factory=environment)
 
 
 def _eval(args) -> int:

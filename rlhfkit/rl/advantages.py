@@ -14,18 +14,33 @@ import torch
 from .. import distributed
 from ..algorithms import (
     ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var,
-    rollout_is_weights, token_level_rewards, whiten,
+    overlong_penalty, rollout_is_weights, token_level_rewards, whiten,
 )
 from ..config import RLConfig
 
 
-def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tensor, args: RLConfig, reduce=None):
-    """(B,) scores after the EOS trick, ``reward_clip`` and ``normalize_rewards`` (whitening over the
-    valid samples), 0 on invalid samples; plus ``reward/*`` metrics over the valid samples.
-    ``reduce`` (``distributed.reduce_sum``): the statistics are over every process's samples."""
+def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tensor, args: RLConfig, reduce=None,
+                 lengths: torch.Tensor | None = None):
+    """(B,) scores after the EOS trick, DAPO's soft overlong punishment, ``reward_clip`` and
+    ``normalize_rewards`` (whitening over the valid samples), 0 on invalid samples; plus
+    ``reward/*`` metrics over the valid samples. ``reduce`` (``distributed.reduce_sum``): the
+    statistics are over every process's samples. ``lengths`` (B,): the completions' lengths in
+    tokens (``response_mask.sum(-1)``, EOS included, as verl counts), needed with
+    ``args.overlong_buffer_len`` (then ``reward/overlong_penalty_mean`` is logged).
+
+    With ``args.dynamic_sampling`` the batch-level step (``normalize_scores``) is left to the
+    batch the step keeps (``rl.sampling.sample_batch``): the scores returned are per sample."""
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
+    metrics = {}
     if args.missing_eos_penalty is not None:
         scores = apply_missing_eos_penalty(scores, has_eos, args.missing_eos_penalty)
+    if args.overlong_buffer_len is not None:
+        if lengths is None:
+            raise ValueError("shape_scores needs the completions' lengths with overlong_buffer_len")
+        penalty = overlong_penalty(lengths.to(scores.device), args.max_new_tokens, args.overlong_buffer_len,
+                                   args.overlong_penalty).to(scores.dtype)
+        scores = scores + penalty
+        metrics["reward/overlong_penalty_mean"] = _mean(penalty, valid, reduce)
     if args.reward_clip is not None:
         scores = scores.clamp(-args.reward_clip, args.reward_clip)
     scores = torch.where(valid, scores, zero)
@@ -39,10 +54,27 @@ def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tenso
         mean = total[0] / n.clamp(min=1)
         squares = reduce(masked_sum((scores - mean).square(), valid))
         std = (squares / (n - 1).clamp(min=1)).sqrt()
-    metrics = {"reward/mean": mean, "reward/std": std, "reward/valid_frac": n / count}
-    if args.normalize_rewards and int(n) >= 2:
+    metrics.update({"reward/mean": mean, "reward/std": std, "reward/valid_frac": n / count})
+    if args.normalize_rewards and int(n) >= 2 and not args.dynamic_sampling:
         scores = whiten(scores, valid, reduce=reduce)
     return scores, metrics
+
+
+def normalize_scores(scores: torch.Tensor, valid: torch.Tensor, args: RLConfig, reduce=None) -> torch.Tensor:
+    """The batch-level step of ``shape_scores``: with ``args.normalize_rewards``, the scores whitened
+    over the valid samples (of every process with ``reduce``) when there are at least two."""
+    if not args.normalize_rewards:
+        return scores
+    n = valid.sum() if reduce is None else reduce(valid.sum().to(scores.dtype))
+    return whiten(scores, valid, reduce=reduce) if int(n) >= 2 else scores
+
+
+def _mean(x: torch.Tensor, valid: torch.Tensor, reduce=None) -> torch.Tensor:
+    """Mean of ``x`` over the valid samples (of every process with ``reduce``)."""
+    if reduce is None:
+        return masked_mean(x, valid)
+    total = reduce(torch.stack([masked_sum(x, valid), valid.sum().to(x.dtype)]))
+    return total[0] / total[1].clamp(min=1)
 
 
 def compute_advantages(args: RLConfig, scores: torch.Tensor, valid: torch.Tensor, response_mask: torch.Tensor,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES
+from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated
 from ..config import RLConfig
 from ..models.rl_models import RLModels
 from ..rollout import Rollout
@@ -45,7 +45,8 @@ def make_experience(models: RLModels, args: RLConfig, rollout: Rollout, scores, 
     ``reward/token_reward_sum``, ``policy/advantages_mean`` and ``rollout/*``.
 
     Formulas (through ``rl.advantages``): ``rlhfkit/algorithms/kl.py`` (the KL estimators),
-    ``algorithms/shaping.py`` (token rewards), ``algorithms/advantages.py`` and the
+    ``algorithms/shaping.py`` (token rewards; ``mask_truncated`` with
+    ``args.mask_truncated_completions``), ``algorithms/advantages.py`` and the
     ``ADVANTAGE_ESTIMATORS`` of ``algorithms/registry.py`` (advantages, whitening),
     ``algorithms/rollout_is.py`` (the rollout correction)."""
     device = models.device
@@ -67,6 +68,8 @@ def make_experience(models: RLModels, args: RLConfig, rollout: Rollout, scores, 
         metrics.update(kl_metrics(old_logprobs, ref, mask, distributed.global_mean))  # scored or not
     advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
                                                             kl_coef, reduce=distributed.reduce_sum)
+    if args.mask_truncated_completions:  # truncated completions keep their group statistics, leave the loss
+        mask = mask_truncated(mask, rollout.has_eos.to(device))
     metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
     metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
     correct_in_loss, is_weights = behaviour is not None and old_logprobs is None, None

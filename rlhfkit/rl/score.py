@@ -10,7 +10,7 @@ from ..rollout import Rollout, decode_completions
 from .advantages import shape_scores
 
 
-def score(rows: list[dict], rollout: Rollout, rewards: RewardFunctions, tokenizer, args: RLConfig):
+def score(rows: list[dict], rollout: Rollout, rewards: RewardFunctions, tokenizer, args: RLConfig, episodes=None):
     """Phase 3: reward functions / models on the decoded completions, then the EOS trick,
     clipping and normalisation. Samples no function scored are masked out (``valid``).
 
@@ -20,18 +20,25 @@ def score(rows: list[dict], rollout: Rollout, rewards: RewardFunctions, tokenize
     scores, which samples were scored, ``reward/*`` metrics over every process, the decoded
     completions and the sources' weighted total before shaping (what ``samples.jsonl`` records).
 
+    Agent ``episodes`` (``rlhfkit.agents``, one per row of the rollout): each completion is the
+    episode's conversation — its assistant and tool messages, as TRL passes conversational
+    completions — and the reward functions also receive ``environments=`` (None without an
+    environment factory).
+
     Formulas: ``rlhfkit/algorithms/shaping.py`` (the EOS trick) and ``algorithms/advantages.py``
     (whitening), through ``rl.advantages.shape_scores``; the weighted total in
     ``rewards/functions.py``."""
     G = args.group_size
     data = [row for row in rows for _ in range(G)]
-    completions = decode_completions(rollout, tokenizer)
+    completions = decode_completions(rollout, tokenizer) if episodes is None else [e.messages for e in episodes]
     columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
+    if episodes is not None:
+        columns["environments"] = [e.environment for e in episodes]
     out = rewards([d["prompt"] for d in data], completions, columns)
     metrics = {f"reward/{name}_mean": distributed.global_nanmean(v) for name, v in out.per_function.items()}
     valid = out.valid.to(rollout.has_eos.device)
     scores, score_metrics = shape_scores(out.scores.to(rollout.has_eos.device), valid, rollout.has_eos, args,
-                                         reduce=distributed.reduce_sum)
+                                         reduce=distributed.reduce_sum, lengths=rollout.response_mask.sum(-1))
     metrics.update(score_metrics)
     return scores, valid, metrics, completions, out.scores
 

@@ -98,8 +98,9 @@ def loss(models: RLModels, args: RLConfig, exp: Experience, rows: torch.Tensor, 
     ``(loss, metrics)``, ``rows``: the experience's rows of the micro-batch.
 
     Formulas: the ``POLICY_LOSSES`` and ``KL_ESTIMATORS`` of ``rlhfkit/algorithms/registry.py``
-    (``algorithms/losses.py``, ``algorithms/kl.py``), ``aggregate`` and ``value_loss`` in
-    ``algorithms/losses.py``, the correction in ``algorithms/rollout_is.py``."""
+    (``algorithms/policy_losses.py``, with the importance ratio at ``args.importance_sampling_level``;
+    ``algorithms/kl.py``), ``aggregate`` and ``value_loss`` in ``algorithms/losses.py``, the
+    correction in ``algorithms/rollout_is.py``."""
     r = exp.rollout.select(rows)
     mask, adv = exp.mask[rows], exp.advantages[rows]
     horizon = args.loss_horizon or args.max_new_tokens
@@ -111,7 +112,8 @@ def loss(models: RLModels, args: RLConfig, exp: Experience, rows: torch.Tensor, 
         weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
     loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
         logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
-        clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights)
+        clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights,
+        importance_sampling_level=args.importance_sampling_level)
     metrics.update(is_metrics, **{"policy/loss": loss.detach()})
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
     if args.entropy_coef > 0:

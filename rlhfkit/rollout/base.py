@@ -76,6 +76,42 @@ class Rollout:
                        self.has_eos.to(device), self.prompt_len, move(self.prompt_index), move(self.logprobs))
 
 
+def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
+    """The rows of ``rollouts`` one after another, as one ``Rollout``: the prompt regions
+    left-padded and the response regions right-padded to the widest (``pad_id`` in ``input_ids``,
+    0 in the masks and log-probs of the padding), so each row keeps its tokens, masks and
+    positions. ``prompt_index`` stays per prompt — each rollout's is offset past the previous
+    ones' — and is None when any rollout has none (agent episodes); ``logprobs`` likewise."""
+    if not rollouts:
+        raise ValueError("concat_rollouts needs at least one rollout")
+    P = max(r.prompt_len for r in rollouts)
+    T = max(r.response_mask.shape[1] for r in rollouts)
+    F = torch.nn.functional
+
+    def widen(t: torch.Tensor, r: Rollout, value: int) -> torch.Tensor:  # (B, P'+T') -> (B, P+T)
+        prompt, response = t[:, :r.prompt_len], t[:, r.prompt_len:]
+        return torch.cat([F.pad(prompt, (P - r.prompt_len, 0), value=value),
+                          F.pad(response, (0, T - response.shape[1]), value=value)], 1)
+
+    def right(t: torch.Tensor) -> torch.Tensor:  # (B, T') -> (B, T)
+        return F.pad(t, (0, T - t.shape[1]), value=0)
+
+    index, offset = [], 0
+    for r in rollouts:
+        if r.prompt_index is None:
+            index = None
+            break
+        index.append(r.prompt_index + offset)
+        offset += int(r.prompt_index.max()) + 1 if len(r.prompt_index) else 0
+    logprobs = None
+    if all(r.logprobs is not None for r in rollouts):
+        logprobs = torch.cat([right(r.logprobs) for r in rollouts])
+    return Rollout(torch.cat([widen(r.input_ids, r, pad_id) for r in rollouts]),
+                   torch.cat([widen(r.attention_mask, r, 0) for r in rollouts]),
+                   torch.cat([right(r.response_mask) for r in rollouts]), torch.cat([r.has_eos for r in rollouts]),
+                   P, torch.cat(index) if index is not None else None, logprobs)
+
+
 def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:
     """``prompt_index`` of the layout where rows ``g*n .. g*n+n-1`` continue prompt ``g``."""
     return torch.arange(n_prompts, device=device).repeat_interleave(n)

@@ -147,7 +147,8 @@ def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
 
 @contextmanager
 def timer(timings: dict, name: str):
-    """Wall time of the block in ``timings[name]`` (seconds)."""
+    """Wall time of the block added to ``timings[name]`` (seconds; a block timed twice in one
+    ``timings``, as the rounds of dynamic sampling, counts its total)."""
     start = time.perf_counter()
     yield
-    timings[name] = time.perf_counter() - start
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start

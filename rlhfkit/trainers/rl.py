@@ -1,4 +1,4 @@
-"""The one RL loop for every algorithm (DESIGN.md, "The RL loop").
+"""The one RL loop for every algorithm (docs/architecture.md, "The RL loop").
 
 Each step reads like the paper pseudocode: 1. sample prompts; 2. generate G completions each;
 3. score them; 4. old / reference log-probs and values; 5. token rewards and advantages through the
@@ -22,10 +22,12 @@ from .. import distributed
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..config import RLConfig
 from ..data import load_prompt_dataset
+from ..agents.agent import agent_metrics, build_agent, environment_reward
+from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models.rl_models import build_models
 from ..rewards.sources import build_rewards
-from ..rl import experience, score, update
+from ..rl import experience, sampling, score, update
 from ..rl.advantages import rollout_metrics
 from ..rl.evaluate import run_evaluation
 from ..rl.experience import Experience
@@ -46,10 +48,19 @@ class RLTrainer:
     ``peft_config``: a ``peft`` config to train a LoRA adapter (the reference is then the base model
     with the adapter disabled — no second copy); ``eval_dataset``: held-out prompts (same format)
     greedily evaluated before the first step, every ``eval_every`` steps and after the last.
+
+    Agents (TRL's interface): ``tools``: typed, documented Python functions the model may call;
+    ``environment_factory``: a class (or ``{name: class}`` chosen by an ``environment`` column)
+    instantiated per episode, ``reset(**row)`` first, its public methods as tools, its optional
+    ``get_reward()`` an extra reward source. Episodes run token in, token out
+    (``rlhfkit.agents``); the loss sees only the tokens the policy sampled.
     """
 
+    sampling_round = 0  # the round of dynamic sampling being generated (``_sampling_seed``)
+
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
-                 processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None):
+                 processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None,
+                 tools=None, environment_factory=None):
         args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
@@ -74,15 +85,23 @@ class RLTrainer:
         if distributed.world() > 1:  # then each process samples its own completions
             seed_everything(args.seed + 1_000_003 * distributed.rank())
         self.tokenizer = self.models.tokenizer
-        self.rewards = build_rewards(reward_funcs, reward_weights, self.tokenizer, self.models.device)
+        use_chat_template(self.tokenizer, args.chat_template)
         limit = prompt_limit(args.max_prompt_length, args.max_new_tokens, self.models.policy.config)
+        self.agent, self.episodes = build_agent(self.tokenizer, tools, environment_factory, args, model, limit), None
+        sources, weights = reward_funcs, reward_weights
+        if self.agent is not None and self.agent.has_environment_reward:  # get_reward(): one more source
+            sources, weights = sources + [environment_reward], list(weights) + [1.0] if weights is not None else None
+        self.rewards = build_rewards(sources, weights, self.tokenizer, self.models.device)
         cut = args.truncate_prompts
         self.rows, self.prompt_ids = train_rows, tokenize_prompts(train_rows, self.tokenizer, limit, cut)
         self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, self.tokenizer, limit, cut, "eval_dataset")
                                 if self.eval_rows is not None else None)
-        self.engine = build_engine(args, self.models, self.prompt_ids + (self.eval_prompt_ids or []))
+        # An agent's prompts carry the tools' schemas and environments' text: size the engine for the longest allowed.
+        longest = [[0] * limit] if self.agent is not None and limit else []
+        self.engine = build_engine(args, self.models, self.prompt_ids + (self.eval_prompt_ids or []) + longest)
         self.run.open(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
-                      reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config)
+                      reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config,
+                      tools=tools, environment_factory=environment_factory)
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
         self.sampling = SamplingParams.from_config(args)
         self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
@@ -103,12 +122,7 @@ class RLTrainer:
             self.run.log(0, self.evaluate())
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
-            rows = self.sample_prompts()                                           # 1
-            with timer(timings, "generate"):
-                rollout = self.generate(rows, timings)                              # 2
-            self.engine.sleep()  # a vLLM engine with vllm_sleep frees its memory for the update
-            with timer(timings, "reward"):
-                scores, valid, metrics = self.score(rows, rollout)                  # 3
+            rows, rollout, scores, valid, metrics = self.sample_batch(timings)     # 1, 2, 3
             with timer(timings, "logprobs"):
                 exp = self.make_experience(rollout, scores, valid, metrics)         # 4, 5
             with timer(timings, "update"):
@@ -122,6 +136,29 @@ class RLTrainer:
         return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     # ---------------------------------------------------------------- the phases (rlhfkit/rl/)
+    def sample_batch(self, timings: dict | None = None):
+        """Phases 1–3 (``rl.sampling.sample_batch``): one round of ``sample_prompts``, ``generate``
+        and ``score`` — or, with ``dynamic_sampling``, rounds until ``prompts_per_step`` groups with
+        reward variance are kept (at most ``max_sampling_rounds``; each round consumes the next
+        prompts of the data order). Returns ``(rows, rollout, scores, valid, metrics)`` of the
+        batch to train on; the rounds' times add up in ``timings``."""
+        timings = {} if timings is None else timings
+        try:
+            return sampling.sample_batch(lambda r: self._sampling_round(r, timings), self.args,
+                                         self.tokenizer.pad_token_id or 0)
+        finally:
+            self.sampling_round = 0
+
+    def _sampling_round(self, r: int, timings: dict):
+        self.sampling_round = r  # the engine's seed of this round
+        rows = self.sample_prompts()                                           # 1
+        with timer(timings, "generate"):
+            rollout = self.generate(rows, timings)                              # 2
+        self.engine.sleep()  # a vLLM engine with vllm_sleep frees its memory for the update
+        with timer(timings, "reward"):
+            scores, valid, metrics = self.score(rows, rollout)                  # 3
+        return rows, rollout, scores, valid, metrics
+
     def sample_prompts(self) -> list[int]:
         """Phase 1: this process's share of the next ``prompts_per_step`` prompts of a seeded
         per-epoch shuffle (every process walks the same order; process r takes the r-th slice).
@@ -141,6 +178,9 @@ class RLTrainer:
         to generate from the current policy first (``rollout.engines.engine_ready``: a vLLM engine
         receives the weights, timed as ``timings["weight_sync"]``), with this step's seed."""
         with self._engine_ready({} if timings is None else timings):
+            if self.agent is not None:  # multi-turn episodes: kept for the score phase and the metrics
+                self.episodes = self.agent.start(self.rows, rows, self.args.group_size)
+                return self.agent.run(self.engine, self.episodes, self.sampling, seed=self._sampling_seed())
             return self.engine.generate([self.prompt_ids[i] for i in rows], self.args.group_size, self.sampling,
                                         seed=self._sampling_seed())
 
@@ -149,7 +189,11 @@ class RLTrainer:
         normalisation, which samples were scored (``valid``) and the ``reward/*`` metrics; some
         steps' samples also go to ``samples.jsonl``."""
         data = [self.rows[i] for i in rows]
-        scores, valid, metrics, completions, raw = score.score(data, rollout, self.rewards, self.tokenizer, self.args)
+        episodes = self.episodes if self.agent is not None else None
+        scores, valid, metrics, completions, raw = score.score(data, rollout, self.rewards, self.tokenizer, self.args,
+                                                               episodes)
+        if episodes is not None:
+            metrics.update(agent_metrics(episodes))
         if self._sample_step():
             write_samples(self.out_dir, self.step + 1, [d["prompt"] for d in data for _ in range(self.args.group_size)],
                           completions, raw, self.args.num_logged_samples)
@@ -193,8 +237,10 @@ class RLTrainer:
     def _sampling_seed(self) -> int:
         """The seed of this step's sampling on this process (an engine that takes one: vLLM), fixed by
         (seed, step, rank) so a resumed run samples what the uninterrupted one did."""
-        # Below 2**62, so vLLM's per-request seeds (this + g·n) fit its 64-bit seed for any config seed.
-        return (((self.args.seed * 1_000_003 + self.step) * 4099 + distributed.rank()) * 100_003) % 2**62
+        # Below 2**62, so vLLM's per-request seeds (this + g·n) fit its 64-bit seed for any config seed;
+        # a further round of dynamic sampling in the step (sampling_round > 0) moves it far from the others.
+        seed = ((self.args.seed * 1_000_003 + self.step) * 4099 + distributed.rank()) * 100_003
+        return (seed + self.sampling_round * 1_000_000_007) % 2**62
 
     def _eval_due(self) -> bool:
         every = self.args.eval_every

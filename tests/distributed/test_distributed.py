@@ -60,19 +60,35 @@ CASES = {
     "grpo-token-mean": dict(algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", micro_batch_size=2),
     "ppo-separate-critic": dict(algorithm="ppo", prompts_per_step=8, mini_batch_size=4, micro_batch_size=2,
                                 num_iterations=1),
+    # issue 21's presets: the sequence ratio (its second pass off-policy), the capped ratio, DAPO's
+    # token-mean with truncated completions out of the loss
+    "gspo-minibatches-micro": dict(algorithm="gspo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=3,
+                                   num_iterations=2),
+    "cispo-minibatches": dict(algorithm="cispo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=2),
+    "dapo-mask-truncated": dict(algorithm="dapo", prompts_per_step=4, micro_batch_size=3, overlong_buffer_len=4,
+                                mask_truncated_completions=True),
 }
 
+
+# AdamW's step g/(sqrt(v) + eps) turns the float rounding of a near-zero gradient component into a
+# weight difference of up to ~lr·rounding/eps: GSPO's narrow clip (3e-4 / 4e-4) leaves enough such
+# components for one element of a tensor to differ by ~4e-5 (measured, one of 8192; 1.5e-5 relative in
+# norm) at eps=1e-8. These cases compare at eps=1e-5, as tests/trainers/test_rl_options.py does.
+COMPARABLE_ADAM = {"gspo-minibatches-micro": 1e-5}
 
 SLOW = pytest.mark.slow  # the default suite keeps a 10-minute budget: the rest runs in `make test-slow`
 
 
 @pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])
 @pytest.mark.parametrize("case", ["grpo-minibatches-micro", pytest.param("grpo-token-mean", marks=SLOW),
-                                  "ppo-separate-critic"])
+                                  "ppo-separate-critic", "gspo-minibatches-micro",
+                                  pytest.param("cispo-minibatches", marks=SLOW),
+                                  pytest.param("dapo-mask-truncated", marks=SLOW)])
 def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_path, case, parallelism):
     config = dict(CASES[case], parallelism=parallelism)
     experience = _experience(tmp_path, config)
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    eps = {"adam_eps": COMPARABLE_ADAM[case]} if case in COMPARABLE_ADAM else {}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **eps}))
     run(1, "update", experience, tmp_path / "config.json", tmp_path / "one.safetensors")
     run(2, "update", experience, tmp_path / "config.json", tmp_path / "two.safetensors")
     one, two = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
@@ -106,6 +122,22 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
     assert sorted(saved.values()) == sorted(rank0.values())  # the copies are the trained, saved weights
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
         [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
+
+
+def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(tmp_path):
+    """DAPO's dynamic sampling under DDP: the processes keep different numbers of groups, yet run
+    the same rounds (the stopping test is on summed counts) and the same update (a process short of
+    groups fills up with invalid ones), so their copies of the weights stay identical."""
+    config = dict(algorithm="dapo", prompts_per_step=4, max_steps=3, max_sampling_rounds=2, parallelism="ddp",
+                  output_dir=str(tmp_path / "run"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run(2, "train", tmp_path / "config.json", tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rollout/sampling_rounds"] in (1.0, 2.0) for r in rows)
+    assert any(r["rollout/kept_groups_frac"] < 1 for r in rows)  # some groups were dropped
+    rank0, rank1 = (json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in (0, 1))
+    assert rank0 and [k for k in rank0 if rank0[k] != rank1[k]] == []
 
 
 @pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])

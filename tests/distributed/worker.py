@@ -37,7 +37,11 @@ def full_weights(trainer) -> dict:
 
 
 def update(experience, config, out):
-    trainer = toy_trainer(**json.loads(open(config).read()))
+    config = json.loads(open(config).read())
+    eps = config.pop("adam_eps", None)
+    trainer = toy_trainer(**config)
+    for group in trainer.run.optimizer.param_groups if eps is not None else []:
+        group["eps"] = eps  # AdamW's eps: see COMPARABLE_ADAM in test_distributed.py
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
     share = B // distributed.world()
     rows = torch.arange(distributed.rank() * share, (distributed.rank() + 1) * share)

@@ -128,6 +128,14 @@ ACCUMULATION_CASES = {
     "grpo-minibatches": dict(algorithm="grpo", loss_agg="seq-mean-token-mean", kl_coef=0.05, mini_batch_size=4),
     "ppo-shared-minibatches": dict(algorithm="ppo", critic="shared", prompts_per_step=8, loss_agg="token-mean",
                                    mini_batch_size=4),
+    # The presets of issue 21, off-policy in their second minibatch: GSPO's sequence ratio (and
+    # GSPO-token's), CISPO's capped detached ratio, DAPO with its overlong punishment and
+    # truncated completions out of the loss.
+    "gspo-minibatches": dict(algorithm="gspo", mini_batch_size=4),
+    "gspo-token-minibatches": dict(algorithm="gspo", importance_sampling_level="sequence_token", mini_batch_size=4),
+    "cispo-minibatches": dict(algorithm="cispo", mini_batch_size=4),
+    "dapo-minibatches": dict(algorithm="dapo", mini_batch_size=4, overlong_buffer_len=2,
+                             mask_truncated_completions=True),
 }
 
 

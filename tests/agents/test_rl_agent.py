@@ -1,0 +1,109 @@
+"""Agents through RLTrainer's public API (TRL's tools= / environment_factory=): the loop runs
+multi-turn episodes, logs agent/* metrics, keeps the conversation in samples.jsonl, passes
+environments= and the conversation to reward functions, adds get_reward() as a source, and records
+the tools and environment so the run can be rerun from its config.yaml."""
+
+import json
+
+import pytest
+import yaml
+
+from rlhfkit import RLConfig, RLTrainer
+from rlhfkit.tasks.tiny import chatml_tokenizer, tiny_causal_lm
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# A compact tool template (the chat_template option, inline): tools listed by name only, so a
+# tiny model with 256 positions has room for the episode.
+COMPACT = (
+    "{%- if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<|im_end|>\n"
+    "{% endif %}{%- for m in messages %}{%- if m['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{{ m['content'] or '' }}{% for c in (m['tool_calls'] or []) %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+ROWS = [{"prompt": [{"role": "user", "content": f"{a}+{b}?"}], "answer": str(a + b)} for a, b in
+        [(1, 2), (3, 4), (5, 1), (2, 2)]]
+SEEN = {}
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+class Calculator:
+    """One per episode: remembers what it computed; rewarded when it was used."""
+
+    def reset(self, answer, **row):
+        self.answer, self.used = answer, False
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        self.used = True
+        return a + b
+
+    def get_reward(self) -> float:
+        return 1.0 if self.used else 0.0
+
+
+def sees_conversations(prompts, completions, environments=None, **columns):
+    SEEN["completions"], SEEN["environments"] = completions, environments
+    return [0.0] * len(completions)
+
+
+def trainer(tmp_path, **kwargs):
+    tok = chatml_tokenizer()
+    model = tiny_causal_lm(tok)
+    args = RLConfig(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=40, max_steps=2,
+                    output_dir=str(tmp_path / "run"), chat_template=COMPACT, kl_coef=0.0, save_steps=0,
+                    num_logged_samples=4, max_tool_calling_iterations=2)
+    return RLTrainer(model, [sees_conversations], args, ROWS, processing_class=tok, **kwargs)
+
+
+def test_tools_run_through_the_loop_and_are_logged_and_recorded(tmp_path):
+    t = trainer(tmp_path, tools=[add])
+    t.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {"agent/turns_mean", "agent/tool_calls_mean", "agent/tool_errors", "agent/truncated_episodes"} <= set(rows[-1])
+    assert rows[-1]["agent/turns_mean"] >= 1
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert all(isinstance(s["completion"], list) and s["completion"][0]["role"] == "assistant" for s in samples)
+    assert isinstance(SEEN["completions"][0], list) and SEEN["environments"] == [None] * 4
+    record = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert record["tools"] == ["test_rl_agent:add"] or record["tools"][0].endswith("test_rl_agent:add")
+    assert record["chat_template"] == COMPACT
+
+
+def test_an_environment_factory_gives_each_episode_an_environment_and_a_reward(tmp_path):
+    t = trainer(tmp_path, environment_factory=Calculator)
+    t.train()
+    assert len(SEEN["environments"]) == 4 and all(isinstance(e, Calculator) for e in SEEN["environments"])
+    assert len({id(e) for e in SEEN["environments"]}) == 4
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert "reward/environment_reward_mean" in row
+    record = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert record["environment"].endswith(":Calculator")
+
+
+def test_scripted_episode_trains_on_exactly_the_sampled_tokens(tmp_path):
+    """The experience of an agent step masks the tool suffix: the update's mask equals the
+    rollout's sampled-token mask (rows without a score excepted)."""
+    t = trainer(tmp_path, tools=[add])
+    rows = t.sample_prompts()
+    rollout = t.generate(rows)
+    scores, valid, metrics = t.score(rows, rollout)
+    exp = t.make_experience(rollout, scores, valid, metrics)
+    assert exp.mask.long().equal(rollout.response_mask.long())
+    assert "agent/turns_mean" in metrics

@@ -1,8 +1,18 @@
-"""A ChatML tokenizer with the shipped tool template, and an engine that replays scripted turns."""
+"""A ChatML tokenizer with the shipped tool template, a typed tool, and an engine that replays scripted turns."""
 
 import pytest
 
 from rlhfkit.rollout.base import build_rollout
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
 
 def make_chatml_tokenizer():
     from rlhfkit.tasks.tiny import chatml_tokenizer

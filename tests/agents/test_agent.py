@@ -10,17 +10,7 @@ from rlhfkit.agents import AgentOptions, parse_tool_calls
 from rlhfkit.agents.agent import Agent, agent_metrics, environment_reward
 from rlhfkit.rollout.base import SamplingParams
 
-from .conftest import ScriptedEngine
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
+from .conftest import ScriptedEngine, add
 
 
 class Counter:

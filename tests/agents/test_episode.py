@@ -14,20 +14,10 @@ from rlhfkit.agents.templates import tool_suffix_ids
 from rlhfkit.data.chat_templates import render
 from rlhfkit.rollout.base import SamplingParams
 
-from .conftest import ScriptedEngine
+from .conftest import ScriptedEngine, add
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
 USER = [{"role": "user", "content": "12+7?"}]
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
 
 
 def fails(x: int) -> int:

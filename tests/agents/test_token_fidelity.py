@@ -11,17 +11,9 @@ from rlhfkit.models import forward_response
 from rlhfkit.rollout import HFEngine
 from rlhfkit.rollout.base import SamplingParams
 
+from .conftest import add
+
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
 
 
 class Recording(HFEngine):

@@ -1,6 +1,6 @@
 """Phases 3 and 5 of the RL loop as plain functions of tensors and the config: the outcome scores
-after the EOS trick, clipping and normalisation, then token rewards and advantages through the
-registries. Samples that no reward function scored (``valid`` False) are absent from every
+after the EOS trick, DAPO's overlong punishment, clipping and normalisation, then token rewards and
+advantages through the registries. Samples that no reward function scored (``valid`` False) are absent from every
 statistic — reward normalisation, group mean and std, the batch-mean baseline, whitening — so a
 batch with unscored samples gives its scored samples exactly the advantages of the batch without
 them; the unscored ones get advantage 0 and no gradient. Also the rollout correction (engine vs

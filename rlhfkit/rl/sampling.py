@@ -26,8 +26,9 @@ from .. import distributed
 from ..algorithms import group_has_variance
 from ..config import RLConfig
 from ..data.encode import warn_once
-from ..rollout import Rollout, concat_rollouts
+from ..rollout import concat_rollouts
 from .advantages import normalize_scores
+
 
 def sample_batch(sample_round: Callable[[int], tuple], args: RLConfig, pad_id: int = 0) -> tuple:
     """Phases 1–3 of one step: ``sample_round(r)`` once without ``args.dynamic_sampling``; with it,
@@ -68,7 +69,7 @@ def sample_batch(sample_round: Callable[[int], tuple], args: RLConfig, pad_id: i
                   f"reward variance after max_sampling_rounds={args.max_sampling_rounds} rounds; the step trains on those")
     picks = _pick(rounds, n_kept, width - n_kept)
     rows = [rounds[i][0][g] for i, g, _ in picks]
-    rollout = concat_rollouts([_groups(rounds[i][1], [g], G) for i, g, _ in picks], pad_id)
+    rollout = concat_rollouts([rounds[i][1].select(torch.arange(g * G, (g + 1) * G)) for i, g, _ in picks], pad_id)
     scores = torch.cat([rounds[i][2][g * G:(g + 1) * G] for i, g, _ in picks])
     valid = torch.cat([rounds[i][3][g * G:(g + 1) * G] & ok for i, g, ok in picks])
     scores = normalize_scores(torch.where(valid, scores, torch.zeros_like(scores)), valid, args,
@@ -84,8 +85,3 @@ def _pick(rounds: list, n_kept: int, n_fill: int) -> list[tuple[int, int, bool]]
     kept = [(i, g, True) for i, rnd in enumerate(rounds) for g in torch.nonzero(rnd[4]).flatten().tolist()]
     dropped = [(i, g, False) for i, rnd in enumerate(rounds) for g in torch.nonzero(~rnd[4]).flatten().tolist()]
     return kept[:n_kept] + dropped[:n_fill]
-
-
-def _groups(rollout: Rollout, groups: list[int], G: int) -> Rollout:
-    rows = torch.cat([torch.arange(g * G, (g + 1) * G) for g in groups])
-    return rollout.select(rows)

@@ -33,7 +33,7 @@ def toy_trainer(algorithm: str, model_kwargs: dict | None = None, **overrides):
                      processing_class=tok)
 
 
-ALGORITHMS = ("ppo", "grpo", "reinforce", "rloo", "dr_grpo", "reinforce_plus_plus")
+ALGORITHMS = ("ppo", "grpo", "reinforce", "rloo", "dr_grpo", "reinforce_plus_plus", "gspo", "cispo", "dapo")
 
 
 def reward_curves(algorithms=ALGORITHMS, window: int = 5) -> None:

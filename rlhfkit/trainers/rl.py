@@ -6,8 +6,9 @@ registries; 6. K passes of minibatch updates; 7. log and checkpoint. Algorithms 
 their config preset (``config.PRESETS``) — there is no ``if algorithm == ...`` below.
 
 The trainer holds the loop, its state (data order, step, β, the run) and the engine; the phases
-are public methods (``sample_prompts``, ``generate``, ``score``, ``make_experience``, ``update``)
-that delegate to the functions of ``rlhfkit/rl/`` (score, experience, update), whose formulas are
+are public methods (``sample_prompts``, ``generate``, ``score`` — run in rounds by ``sample_batch``
+under dynamic sampling — ``make_experience``, ``update``) that delegate to the functions of
+``rlhfkit/rl/`` (sampling, score, experience, update), whose formulas are
 in ``rlhfkit/algorithms/``. The models are ``models.rl_models.RLModels``.
 """
 

@@ -125,17 +125,36 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
 
 
 def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(tmp_path):
-    """DAPO's dynamic sampling under DDP: the processes keep different numbers of groups, yet run
-    the same rounds (the stopping test is on summed counts) and the same update (a process short of
-    groups fills up with invalid ones), so their copies of the weights stay identical."""
-    config = dict(algorithm="dapo", prompts_per_step=4, max_steps=3, max_sampling_rounds=2, parallelism="ddp",
-                  output_dir=str(tmp_path / "run"))
+    """DAPO's dynamic sampling under DDP, with rewards that vary only for two of the eight prompts
+    (worker.some_prompts_vary): the processes keep different numbers of groups, yet run the same
+    rounds (the stopping test is on counts summed over them) and the same update (a process short
+    of groups fills up with invalid ones: with minibatches of one group, unequal batches would give
+    the processes different numbers of optimizer steps), so their copies of the weights stay
+    identical. The rounds and kept fractions are those the data order implies."""
+    from rlhfkit.run.training import epoch_order
+    from rlhfkit.tasks.toy import PROMPTS
+
+    config = dict(algorithm="dapo", prompts_per_step=4, max_steps=4, max_sampling_rounds=2, parallelism="ddp",
+                  mini_batch_size=4, reward="some_prompts_vary", output_dir=str(tmp_path / "run"))
     (tmp_path / "config.json").write_text(json.dumps(config))
-    run(2, "train", tmp_path / "config.json", tmp_path)
+    out = run(2, "train", tmp_path / "config.json", tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert all(r["rollout/sampling_rounds"] in (1.0, 2.0) for r in rows)
-    assert any(r["rollout/kept_groups_frac"] < 1 for r in rows)  # some groups were dropped
+    # Each round gives each process the next 2 prompts of the order (process 0 the first two).
+    order = [i for epoch in range(5) for i in epoch_order(0, epoch, len(PROMPTS))]
+    varies = [PROMPTS[i]["prompt"] in ("xyz 12", "hello") for i in order]  # worker.VARYING
+    expected, uneven, pos = [], 0, 0
+    for _ in rows:
+        kept, generated = [0, 0], 0
+        for n in range(1, 3):
+            kept = [kept[r] + sum(varies[pos + 2 * r:pos + 2 * r + 2]) for r in (0, 1)]
+            pos, generated = pos + 4, generated + 4
+            if sum(min(k, 2) for k in kept) >= 4:
+                break
+        expected.append((float(n), sum(kept) / generated))
+        uneven += min(kept[0], 2) != min(kept[1], 2)
+    assert [(r["rollout/sampling_rounds"], r["rollout/kept_groups_frac"]) for r in rows] == expected
+    assert uneven  # a step where one process kept fewer groups than the other (filler rows)
+    assert out.stderr.count("dynamic sampling:") == sum(n == 2 for n, _ in expected)  # once a step, rank 0
     rank0, rank1 = (json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in (0, 1))
     assert rank0 and [k for k in rank0 if rank0[k] != rank1[k]] == []
 

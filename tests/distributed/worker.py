@@ -51,8 +51,28 @@ def update(experience, config, out):
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
 
 
+VARYING = ("xyz 12", "hello")
+
+
+def some_prompts_vary(prompts, completions, **kwargs):
+    """Scores 0, 1/4, 2/4, 3/4 for the completions of a group of 4 of a VARYING prompt, whatever they
+    are (variance guaranteed), 0 for every other prompt (groups dynamic sampling drops)."""
+    return [(i % 4) / 4 if p in VARYING else 0.0 for i, p in enumerate(prompts)]
+
+
 def _trainer(config: dict):
-    """The toy trainer; ``lora_r`` in the config trains a LoRA adapter of that rank."""
+    """The toy trainer; ``lora_r`` in the config trains a LoRA adapter of that rank, ``reward``
+    names a reward function of this module to use instead of the toy task's."""
+    reward = config.pop("reward", None)
+    if reward is not None:
+        from rlhfkit import RLConfig, RLTrainer
+        from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+        from rlhfkit.tasks.toy import PROMPTS
+
+        tok = char_tokenizer()
+        args = RLConfig(**{"learning_rate": 3e-3, "max_new_tokens": 8, "log_every": 0, "seed": 0, **config})
+        return RLTrainer(tiny_causal_lm(tok, seed=0), [globals()[reward]], args, train_dataset=PROMPTS,
+                         processing_class=tok)
     lora_r = config.pop("lora_r", 0)
     if not lora_r:
         return toy_trainer(**config)

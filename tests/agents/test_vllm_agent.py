@@ -1,0 +1,66 @@
+"""Token in, token out on vLLM (CPU build): over multi-turn episodes with tool calls, the ids the
+trainer trains on are the ids the engine sampled, turn by turn, and the trainer's log-prob of
+every sampled token equals the engine's, with the tool suffixes attended and masked.
+
+Run by ``make test-vllm`` (its own environment, .venv-vllm); deselected from ``make test``."""
+
+import pytest
+import torch
+
+import rlhfkit.agents.episode as episode_module
+from rlhfkit.agents import AgentOptions, make_tools, run_episodes, start_episode
+from rlhfkit.models import forward_response
+from rlhfkit.rollout import SamplingParams
+from rlhfkit.tasks.tiny import chatml_tokenizer
+
+from .conftest import add
+
+pytestmark = pytest.mark.vllm
+
+LOGPROB_TOL = 1e-4
+
+
+def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhfkit.rollout.vllm import VLLMEngine, hf_weights
+
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    tok = chatml_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    policy = LlamaForCausalLM(config).float().eval()  # head size 32: vLLM's CPU attention needs >= 32
+    with torch.no_grad():  # a random model that ends its turns often, so episodes have several turns
+        policy.lm_head.weight[tok.eos_token_id] = policy.lm_head.weight.mean(0) + 0.02
+    monkeypatch.setattr(episode_module, "parse_tool_calls", lambda text, t, tools: (
+        text, [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": len(text)}}}]))
+    engine = VLLMEngine(policy, tok, max_model_len=1536, seed=0, kv_cache_gb=0.25)
+    engine.sync_weights(hf_weights(policy), version=0)
+    returned, generate = [], engine.generate
+
+    def recording(prompts, n, sampling, seed=None):  # what the engine itself returned, per context
+        out = generate(prompts, n, sampling, seed)
+        returned.append([out.response_ids[i, : int(out.response_mask[i].sum())].tolist() for i in range(len(prompts))])
+        return out
+
+    engine.generate = recording
+    tools = make_tools([add])
+    episodes = [start_episode(tok, [{"role": "user", "content": f"{i}+1?"}], tools) for i in range(6)]
+    rollout = run_episodes(engine, tok, episodes, SamplingParams(max_new_tokens=200), AgentOptions(max_tool_calling_iterations=2),
+                           seed=5)
+    assert max(e.turns for e in episodes) >= 2 and sum(e.tool_calls for e in episodes) >= 2
+    mask = rollout.response_mask.bool()
+    turns = iter(returned)
+    sampled = [[] for _ in episodes]
+    for turn in range(3):  # turn by turn, the episodes still running took the engine's next outputs
+        out = iter(next(turns, []))
+        for i in [i for i, e in enumerate(episodes) if e.turns > turn]:
+            sampled[i] += next(out)
+    for i in range(len(episodes)):  # byte for byte (the last turn may be cut at the budget)
+        assert rollout.response_ids[i][mask[i]].tolist() == sampled[i][: int(mask[i].sum())]
+    assert (rollout.attention_mask[:, rollout.prompt_len:].bool() & ~mask).sum() > 0  # tool suffixes attended
+    trainer = forward_response(policy, rollout.input_ids, rollout.attention_mask, mask.shape[1], 1.0).logprobs
+    assert (trainer - rollout.logprobs)[mask].abs().max() < LOGPROB_TOL
+    assert rollout.logprobs[~mask].abs().sum() == 0

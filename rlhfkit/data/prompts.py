@@ -140,7 +140,8 @@ def _datasets_class() -> type | None:
     return datasets.Dataset
 
 
-def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = "train_dataset") -> list[dict]:
+def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = "train_dataset",
+                        train_rows: list[dict] | None = None) -> list[dict]:
     """Load and check a prompt dataset; returns one dict per row with all of its columns.
 
     Args:
@@ -154,9 +155,10 @@ def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = 
     is missing or malformed.
 
     A ``"reasoning_gym:<task>"`` string or a ``{"reasoning_gym": ...}`` mapping generates the rows of
-    reasoning-gym tasks (``data/reasoning_gym.py``; an eval set when ``name`` starts with "eval").
+    reasoning-gym tasks (``data/reasoning_gym.py``; an eval set when ``name`` starts with "eval",
+    less every question of ``train_rows``, the loaded training rows).
     """
-    source = prompt_rows(source, name)  # reasoning-gym sources as rows; any other source unchanged
+    source = prompt_rows(source, name, train_rows)  # reasoning-gym sources as rows; any other source unchanged
 
     def problem(row: dict) -> str | None:
         if prompt_column not in row:

@@ -54,10 +54,6 @@ MAX_SIZE = 10**6
 KEYS = ("reasoning_gym", "size", "seed", "config", "system_prompt")
 COLUMNS = ("reasoning_gym_task", "reasoning_gym_entry", "reasoning_gym_config")
 
-# question -> task, for every row of the last training set that load_prompt_dataset read
-_training_questions: dict[str, str] = {}
-
-
 def is_reasoning_gym_source(source: Any) -> bool:
     """A ``"reasoning_gym:<task>"`` string or a mapping (a plain dict is no other kind of source)."""
     if isinstance(source, str):
@@ -65,21 +61,16 @@ def is_reasoning_gym_source(source: Any) -> bool:
     return isinstance(source, dict) and type(source).__name__ != "DatasetDict"
 
 
-def prompt_rows(source: Any, name: str) -> Any:
+def prompt_rows(source: Any, name: str, train_rows: list[dict] | None = None) -> Any:
     """``load_prompt_dataset``'s hook: the rows of a reasoning-gym source (a training or, when
-    ``name`` starts with "eval", an eval set), or any other source unchanged."""
-    evaluating = name.startswith("eval")
+    ``name`` starts with "eval", an eval set less every question of ``train_rows``, the training
+    set's rows), or any other source unchanged."""
     if not is_reasoning_gym_source(source):
-        if not evaluating:
-            _training_questions.clear()
         return source
     spec = parse_source(source, name)
+    evaluating = name.startswith("eval")
     rows = generate(spec, evaluating)
-    if evaluating:
-        return _without_training_questions(rows, spec["label"])
-    _training_questions.clear()
-    _training_questions.update((row["reasoning_gym_entry"]["question"], row["reasoning_gym_task"]) for row in rows)
-    return rows
+    return _without_training_questions(rows, spec["label"], train_rows or []) if evaluating else rows
 
 
 def import_reasoning_gym(what: str):
@@ -205,9 +196,10 @@ def generate(spec: dict, evaluating: bool = False) -> list[dict]:
     return rows
 
 
-def _without_training_questions(rows: list[dict], label: str) -> list[dict]:
-    """An eval set less the questions of the last training set (a one-line warning says how many)."""
-    seen = [i for i, row in enumerate(rows) if row["reasoning_gym_entry"]["question"] in _training_questions]
+def _without_training_questions(rows: list[dict], label: str, train_rows: list[dict]) -> list[dict]:
+    """An eval set less the questions of the training rows (a one-line warning says how many)."""
+    questions = {r["reasoning_gym_entry"]["question"] for r in train_rows if isinstance(r.get("reasoning_gym_entry"), dict)}
+    seen = [i for i, row in enumerate(rows) if row["reasoning_gym_entry"]["question"] in questions]
     if not seen:
         return rows
     tasks = ", ".join(sorted({rows[i]["reasoning_gym_task"] for i in seen}))

@@ -66,7 +66,8 @@ class RLTrainer:
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_rows = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
-        self.eval_rows = load_prompt_dataset(eval_dataset, name="eval dataset") if eval_dataset is not None else None
+        self.eval_rows = (load_prompt_dataset(eval_dataset, name="eval dataset", train_rows=train_rows)
+                          if eval_dataset is not None else None)
         if reward_funcs is None:
             raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]

@@ -33,9 +33,9 @@ def questions(rows):
     return [row["reasoning_gym_entry"]["question"] for row in rows]
 
 
-def one_line_error(source, name="train_dataset"):
+def one_line_error(source, name="train_dataset", train_rows=None):
     with pytest.raises(ValueError) as err:
-        load_prompt_dataset(source, name=name)
+        load_prompt_dataset(source, name=name, train_rows=train_rows)
     message = str(err.value)
     assert "\n" not in message
     return message
@@ -176,7 +176,7 @@ def test_the_reward_by_name_in_a_combination_and_without_its_columns():
 def test_the_same_source_as_train_and_eval_gives_disjoint_sets():
     source = {"reasoning_gym": "basic_arithmetic", "size": 50, "seed": 4}
     train = load_prompt_dataset(source)
-    evaluation = load_prompt_dataset(source, name="eval dataset")
+    evaluation = load_prompt_dataset(source, name="eval dataset", train_rows=train)
     assert not set(questions(train)) & set(questions(evaluation))
     import reasoning_gym
 
@@ -189,15 +189,14 @@ def test_questions_of_the_training_set_are_dropped_from_a_small_eval_set():
     train = load_prompt_dataset(source)
     dropped = r"^eval dataset reasoning_gym:basic_arithmetic: dropped \d+ of its 100 .*task basic_arithmetic"
     with pytest.warns(UserWarning, match=dropped):
-        evaluation = load_prompt_dataset({**source, "size": 100}, name="eval dataset")
+        evaluation = load_prompt_dataset({**source, "size": 100}, name="eval dataset", train_rows=train)
     assert 0 < len(evaluation) < 100 and not set(questions(train)) & set(questions(evaluation))
-    load_prompt_dataset("reasoning_gym:leg_counting")  # another training set: nothing of the first is dropped
+    other = load_prompt_dataset("reasoning_gym:leg_counting")  # another training set: nothing of the first is dropped
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert len(load_prompt_dataset({**source, "size": 100}, name="eval dataset")) == 100
+        assert len(load_prompt_dataset({**source, "size": 100}, name="eval dataset", train_rows=other)) == 100
     tiny = {"reasoning_gym": "count_bits", "size": 50, "config": {"min_n": 1, "max_n": 4}}  # 4 questions in all
-    load_prompt_dataset(tiny)
-    message = one_line_error({**tiny, "size": 5}, name="eval dataset")
+    message = one_line_error({**tiny, "size": 5}, name="eval dataset", train_rows=load_prompt_dataset(tiny))
     assert "every one of its 5 questions is also in the training set (task count_bits)" in message
 
 

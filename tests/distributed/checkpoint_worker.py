@@ -81,6 +81,7 @@ def main(config_file: str, out_dir: str) -> None:
     trainer.run.save_checkpoint = save_and_dump
     trainer.train()
     dump(trainer, f"{out_dir}/final.safetensors")
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
 if __name__ == "__main__":

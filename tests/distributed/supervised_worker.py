@@ -40,6 +40,7 @@ def main(spec_path, out_dir):
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, f"{out_dir}/weights.safetensors")
     with open(f"{out_dir}/history-{distributed.rank()}.json", "w") as f:
         json.dump(history, f)
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ def main(config_path, out_dir):
     gap = (mine - rollout.logprobs)[rollout.response_mask.bool()].abs().max().item()
     with open(f"{out_dir}/vllm-{distributed.rank()}.json", "w") as f:
         json.dump({"rows": sampled, "versions": versions, "gap": gap, "world": distributed.world()}, f)
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
 if __name__ == "__main__":

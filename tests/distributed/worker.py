@@ -49,6 +49,7 @@ def update(experience, config, out):
     weights = full_weights(trainer)
     if distributed.is_main():
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
 VARYING = ("xyz 12", "hello")

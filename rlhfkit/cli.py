@@ -122,9 +122,15 @@ def _eval(args) -> int:
         flag = next(f"--{k.replace('_', '-')}" for k in given if f"'{k}'" in str(err))
         raise ValueError(f"{flag} must {str(err).split(' must ', 1)[1]}") from None
     load_prompt_dataset(args.dataset, name="eval dataset")  # data errors before any model is loaded
+    from .agents.tools import import_object
+
+    tools = [import_object(path, "--tool") for path in args.tool]
+    environment = import_object(args.environment, "--environment") if args.environment else None
     model, tokenizer = checkpoint_policy(args.model) or (args.model, None)
     result = evaluate_policy(model, args.reward, args.dataset, tokenizer=tokenizer, reference=args.reference,
-                             samples_per_prompt=args.samples, sampling=sampling, batch_size=args.batch_size)
+                             samples_per_prompt=args.samples, sampling=sampling, batch_size=args.batch_size,
+                             tools=tools, environment_factory=environment, chat_template=args.chat_template,
+                             max_tool_calling_iterations=args.max_tool_calling_iterations)
     for key, value in result["metrics"].items():
         print(f"{key:<32} {value:10.4f}")
     if args.output:
@@ -154,7 +160,7 @@ def _report(args) -> int:
 
 
 def _data(args) -> int:
-    from .tasks import arithmetic, shift
+    from .tasks import arithmetic, calculator, shift
 
     existing = [p for p in ("sft.jsonl", "pairs.jsonl", "prompts.jsonl", "eval_prompts.jsonl", "model",
                             "train.jsonl", "eval.jsonl") if (Path(args.out_dir) / p).exists()]
@@ -165,6 +171,17 @@ def _data(args) -> int:
         train_digits = [int(d) for d in args.train_digits.split(",")] if args.train_digits else None
         paths = arithmetic.write_task_files(args.out_dir, args.seed, n_train=args.n_train, digits=args.digits,
                                             operators=args.operators, train_digits=train_digits)
+    elif args.task == "calculator":
+        try:
+            digits = tuple(int(d) for d in args.factor_digits.split(","))
+        except ValueError:
+            digits = ()
+        if len(digits) != 2 or min(digits) < 1:
+            raise ValueError(f"--factor-digits must be two positive integers like '3,2', got {args.factor_digits!r}")
+        if not 0.0 <= args.wrong_share <= 1.0:
+            raise ValueError(f"--wrong-share must be in [0, 1], got {args.wrong_share}")
+        paths = calculator.write_task_files(args.out_dir, args.seed, n_train=args.n_train, digits=digits,
+                                            wrong_share=args.wrong_share)
     else:
         paths = shift.write_task_files(args.out_dir, args.seed)
     for name, path in paths.items():
@@ -226,18 +243,27 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     e.add_argument("--batch-size", type=int, default=64, help="completions generated at once (default 64)")
     e.add_argument("--output", help="write metrics and samples to this JSON file")
+    e.add_argument("--tool", action="append", default=[],
+                   help="agents: a tool the model may call, as module:function (repeatable)")
+    e.add_argument("--environment", help="agents: an environment class as module:Class, one per sample")
+    e.add_argument("--chat-template", help="a chat template: a file, inline Jinja or a shipped name (chatml_tools)")
+    e.add_argument("--max-tool-calling-iterations", type=int, default=8, help="agents: tool rounds per episode")
     e.set_defaults(func=_eval)
     r = sub.add_parser("report", help="regenerate a run directory's plots and report.html")
     r.add_argument("run_dir")
     r.set_defaults(func=_report)
     d = sub.add_parser("data", help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
-                                    "arithmetic: train/eval questions)")
+                                    "arithmetic: train/eval questions; calculator: products, with tool-use SFT "
+                                    "conversations)")
     d.add_argument("out_dir")
-    d.add_argument("--task", choices=["shift", "arithmetic"], default="shift")
+    d.add_argument("--task", choices=["shift", "arithmetic", "calculator"], default="shift")
     d.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
     d.add_argument("--operators", default="+", help="arithmetic: operators to use, e.g. '+-'")
     d.add_argument("--n-train", type=int, default=2000, help="arithmetic: questions in the training split")
     d.add_argument("--train-digits", help="arithmetic: digits mix of the training split, e.g. '1,2' (default: --digits)")
+    d.add_argument("--factor-digits", default="2,2", help="calculator: digits of the two factors, e.g. '3,2'")
+    d.add_argument("--wrong-share", type=float, default=0.0,
+                   help="calculator: share of SFT conversations that end with a wrong answer (default 0)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace the task's files if they exist")
     d.set_defaults(func=_data)

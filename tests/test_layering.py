@@ -27,7 +27,7 @@ LAYERS = {
     "rlhfkit.data": 3, "rlhfkit.rewards": 3, "rlhfkit.rollout": 3,
     # 4 — built on those, used by the run and the command line: the plots and HTML report of a run
     #     directory; the embedded demo tasks (data, oracle rewards, tiny models)
-    "rlhfkit.report": 4, "rlhfkit.tasks": 4,
+    "rlhfkit.report": 4, "rlhfkit.tasks": 4, "rlhfkit.tasks.calculator_demo": 7,
     #     agents: multi-turn episodes with tools and environments on a rollout engine
     "rlhfkit.agents": 4,
     # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers;

@@ -9,9 +9,12 @@ from contextlib import contextmanager
 
 import torch
 
+from ..agents.agent import Agent
+from ..agents.episode import AgentOptions
 from ..algorithms import kl_penalty
 from ..algorithms import masked_sum
 from ..data import load_prompt_dataset
+from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.rl_models import resolve_device
@@ -38,25 +41,37 @@ def check_eval_sizes(samples_per_prompt, batch_size, names=("samples_per_prompt"
 @torch.no_grad()
 def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None, samples_per_prompt: int = 1,
                     sampling: SamplingParams | None = None, batch_size: int = 64, reward_weights=None,
-                    device: str = "auto") -> dict:
+                    device: str = "auto", tools=None, environment_factory=None, chat_template: str | None = None,
+                    max_tool_calling_iterations: int = 8) -> dict:
     """Returns ``{"metrics": {...}, "samples": [{prompt, completion, score}, ...]}``.
 
     Metrics: ``eval/<source>_mean`` per reward source, ``eval/score_mean`` (weighted total),
     ``eval/kl_to_reference`` (k1 summed over each completion's tokens, averaged — the sequence KL),
     ``eval/response_length_mean`` and ``eval/truncated_frac``.
+
+    ``tools`` / ``environment_factory`` (as ``RLTrainer``'s): each sample is an agent episode of
+    at most ``max_tool_calling_iterations`` tool rounds within ``max_new_tokens`` (see
+    ``rlhfkit.agents.episode``), scored on its conversation; ``chat_template`` (a file, inline
+    Jinja or a shipped name such as ``chatml_tools``) replaces the tokenizer's.
     """
     check_eval_sizes(samples_per_prompt, batch_size)
     distributed.check_device(device)
     rows = load_prompt_dataset(dataset, name="eval dataset")  # data errors before any model load
     tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model,
                                "model" if tokenizer is None else "tokenizer")
+    use_chat_template(tokenizer, chat_template)
     policy, ref = _load(model, device), _load(reference, device) if reference is not None else None
     rewards = build_rewards(reward_funcs, reward_weights, tokenizer, next(policy.parameters()).device)
     limit = prompt_limit(None, (sampling or SamplingParams()).max_new_tokens, getattr(policy, "config", None))
-    prompt_ids = tokenize_prompts(rows, tokenizer, limit, name="eval dataset")  # too long: refused, naming the row
+    agent, prompt_ids = None, None
+    if tools or environment_factory is not None:
+        options = AgentOptions(max_tool_calling_iterations, model_name=str(model) if isinstance(model, str) else "model")
+        agent = Agent(tokenizer, list(tools or []), environment_factory, options, limit)
+    else:
+        prompt_ids = tokenize_prompts(rows, tokenizer, limit, name="eval dataset")  # too long: refused, naming the row
     with _eval_mode(policy, ref):
         return run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt,
-                         sampling or SamplingParams(), batch_size)
+                              sampling or SamplingParams(), batch_size, agent=agent)
 
 
 @contextmanager
@@ -74,20 +89,34 @@ def _eval_mode(*models):
 
 
 def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size,
-                   engine=None) -> dict:
+                   engine=None, agent=None) -> dict:
     """``evaluate_policy`` on models, reward sources and tokenized prompts already set up (the RL
     trainer's periodic evaluation calls it with its live policy and its engine, ready to generate
-    from it). ``engine`` None: HF generate on ``policy``."""
+    from it). ``engine`` None: HF generate on ``policy``.
+
+    ``agent`` (``rlhfkit.agents.agent.Agent``): each sample is a multi-turn episode with the
+    agent's tools and a fresh environment per sample, scored as in training (the conversation as
+    the completion, ``environments=`` to the reward functions); ``eval/turns_mean`` and
+    ``eval/tool_calls_mean`` are added. ``prompt_ids`` is then unused: the agent renders each row
+    with the tools' schemas."""
     engine = engine or HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
     per_source: dict[str, list] = {}
-    totals, kls, lengths, truncated, samples = [], [], [], [], []
+    totals, kls, lengths, truncated, samples, turns, calls = [], [], [], [], [], [], []
     step = max(1, batch_size // samples_per_prompt)
     for start in range(0, len(rows), step):
         batch = rows[start : start + step]
-        rollout = engine.generate(prompt_ids[start : start + step], samples_per_prompt, sampling)
-        completions = decode_completions(rollout, tokenizer)
         data = [r for r in batch for _ in range(samples_per_prompt)]
         columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
+        if agent is None:
+            rollout = engine.generate(prompt_ids[start : start + step], samples_per_prompt, sampling)
+            completions = decode_completions(rollout, tokenizer)
+        else:
+            episodes = agent.start(rows, range(start, start + len(batch)), samples_per_prompt, name="eval_dataset")
+            rollout = agent.run(engine, episodes, sampling)
+            completions = [e.messages for e in episodes]
+            columns["environments"] = [e.environment for e in episodes]
+            turns += [e.turns for e in episodes]
+            calls += [e.tool_calls for e in episodes]
         out = rewards([d["prompt"] for d in data], completions, columns)
         for name, values in out.per_function.items():
             per_source.setdefault(name, []).append(values)
@@ -107,6 +136,9 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
     metrics["eval/truncated_frac"] = float(torch.cat(truncated).mean())
     if kls:
         metrics["eval/kl_to_reference"] = float(torch.cat(kls).mean())
+    if agent is not None:
+        metrics["eval/turns_mean"] = sum(turns) / len(turns)
+        metrics["eval/tool_calls_mean"] = sum(calls) / len(calls)
     return {"metrics": metrics, "samples": samples}
 
 

@@ -220,7 +220,9 @@ class RLTrainer:
 
     def evaluate(self) -> dict:
         """Greedy completions of the eval prompts scored by the training reward sources:
-        ``eval/<source>_mean``, ``eval/score_mean``, length and truncation (as ``rlhfkit eval``)."""
+        ``eval/<source>_mean``, ``eval/score_mean``, length and truncation (as ``rlhfkit eval``);
+        with tools or an environment factory, greedy agent episodes (``eval/turns_mean``,
+        ``eval/tool_calls_mean``)."""
         if self.eval_rows is None:
             raise ValueError("evaluate() needs an eval_dataset")
         args = self.args
@@ -229,7 +231,7 @@ class RLTrainer:
         # Every process evaluates the whole set with the current weights (greedy: the same numbers).
         with self._engine_ready({}):
             result = run_evaluation(self.models.policy, None, self.tokenizer, self.rewards, self.eval_rows,
-                                    self.eval_prompt_ids, 1, sampling, batch_size=64, engine=self.engine)
+                                    self.eval_prompt_ids, 1, sampling, batch_size=64, engine=self.engine, agent=self.agent)
         self.engine.sleep()
         return result["metrics"]
 

@@ -124,3 +124,23 @@ def test_hermes_tool_calls_parse():
                                               {"name": "add", "arguments": {"b": 2}}]
     assert parse_tool_calls("just text") == ("just text", [])
     assert json.dumps(calls[0]["function"]["arguments"]) == '{"a": 1}'
+
+
+def test_evaluation_runs_agent_episodes_and_scores_their_conversations(chatml):
+    """run_evaluation with an agent (RLTrainer.evaluate and `rlhfkit eval --tool`): each sample is
+    an episode with a fresh environment, scored on its conversation with environments=."""
+    from rlhfkit.rewards import RewardFunctions
+    from rlhfkit.rl.evaluate import run_evaluation
+
+    agent = Agent(chatml, environment_factory=Counter)
+    call = '<tool_call>\n{"name": "step", "arguments": {"by": 3}}\n</tool_call><|im_end|>'
+    engine = ScriptedEngine(chatml, [[call, "five<|im_end|>"], ["done<|im_end|>"]])
+    rewards = RewardFunctions([environment_reward])
+    result = run_evaluation(None, None, chatml, rewards, ROWS, None, 1, SamplingParams(max_new_tokens=300, greedy=True),
+                            64, engine=engine, agent=agent)
+    m = result["metrics"]
+    assert m["eval/turns_mean"] == 1.5 and m["eval/tool_calls_mean"] == 0.5
+    assert m["eval/environment_reward_mean"] == 0.5  # row 0 reached its target 3, row 1 never moved
+    first = result["samples"][0]["completion"]
+    assert [x["role"] for x in first] == ["assistant", "tool", "assistant"] and first[1]["content"] == "3"
+    assert len(engine.contexts[0]) == 2 and len(engine.contexts[1]) == 1  # the finished episode is not continued

@@ -6,22 +6,21 @@ the tools and environment so the run can be rerun from its config.yaml."""
 import json
 
 import pytest
+import torch
 import yaml
 
 from rlhfkit import RLConfig, RLTrainer
+from rlhfkit.algorithms import gae
+from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
 from rlhfkit.tasks.tiny import chatml_tokenizer, tiny_causal_lm
+
+from .conftest import ScriptedEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # A compact tool template (the chat_template option, inline): tools listed by name only, so a
 # tiny model with 256 positions has room for the episode.
-COMPACT = (
-    "{%- if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<|im_end|>\n"
-    "{% endif %}{%- for m in messages %}{%- if m['role'] == 'assistant' %}<|im_start|>assistant\n"
-    "{{ m['content'] or '' }}{% for c in (m['tool_calls'] or []) %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
-    "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
-    "{%- else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+COMPACT = TINY_TOOLS_TEMPLATE
 
 ROWS = [{"prompt": [{"role": "user", "content": f"{a}+{b}?"}], "answer": str(a + b)} for a, b in
         [(1, 2), (3, 4), (5, 1), (2, 2)]]
@@ -63,12 +62,12 @@ def sees_conversations(prompts, completions, environments=None, **columns):
     return [0.0] * len(completions)
 
 
-def trainer(tmp_path, **kwargs):
+def trainer(tmp_path, config=None, **kwargs):
     tok = chatml_tokenizer()
     model = tiny_causal_lm(tok)
-    args = RLConfig(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=40, max_steps=2,
-                    output_dir=str(tmp_path / "run"), chat_template=COMPACT, kl_coef=0.0, save_steps=0,
-                    num_logged_samples=4, max_tool_calling_iterations=2)
+    args = RLConfig(**{**dict(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=40, max_steps=2,
+                              output_dir=str(tmp_path / "run"), chat_template=COMPACT, kl_coef=0.0, save_steps=0,
+                              num_logged_samples=4, max_tool_calling_iterations=2), **(config or {})})
     return RLTrainer(model, [sees_conversations], args, ROWS, processing_class=tok, **kwargs)
 
 
@@ -107,3 +106,28 @@ def test_scripted_episode_trains_on_exactly_the_sampled_tokens(tmp_path):
     exp = t.make_experience(rollout, scores, valid, metrics)
     assert exp.mask.long().equal(rollout.response_mask.long())
     assert "agent/turns_mean" in metrics
+
+
+def test_ppo_runs_gae_across_the_tool_suffix_gap(tmp_path):
+    """PPO's critic and GAE over an episode: advantages and returns live on the sampled tokens
+    only, and GAE over the episode with its tool-suffix gap equals GAE over its sampled tokens
+    alone — the gap is skipped, not a step."""
+    t = trainer(tmp_path, {"algorithm": "ppo", "group_size": 1, "prompts_per_step": 4, "whiten_advantages": False,
+                           "max_new_tokens": 120}, tools=[add])
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
+    t.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>", "x<|im_end|>", "3<|im_end|>", "4<|im_end|>"]])
+    rows = t.sample_prompts()
+    rollout = t.generate(rows)
+    scores, valid, metrics = t.score(rows, rollout)
+    exp = t.make_experience(rollout, scores, valid, metrics)
+    mask = rollout.response_mask.bool()
+    for i in range(mask.shape[0]):
+        sampled = mask[i].nonzero().flatten()
+        assert (sampled.diff() > 1).any()  # the tool suffix sits between the two turns
+        rewards = torch.zeros(1, len(sampled))
+        rewards[0, -1] = scores[i]  # kl_coef 0: the outcome on the last sampled token
+        adv, ret = gae(rewards, exp.old_values[i, sampled][None], torch.ones(1, len(sampled)), t.args.gamma, t.args.lam)
+        torch.testing.assert_close(exp.advantages[i, sampled], adv[0])
+        torch.testing.assert_close(exp.returns[i, sampled], ret[0])
+    assert (exp.advantages[~mask] == 0).all() and (exp.returns[~mask] == 0).all()
+    assert t.update(exp)["critic/loss"] >= 0  # the critic trains on the episode

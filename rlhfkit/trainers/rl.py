@@ -189,14 +189,14 @@ class RLTrainer:
     def score(self, rows: list[int], rollout: Rollout):
         """Phase 3 (``rl.score.score``): the rollout's scores after the EOS trick, clipping and
         normalisation, which samples were scored (``valid``) and the ``reward/*`` metrics; some
-        steps' samples also go to ``samples.jsonl``."""
+        steps' samples also go to ``samples.jsonl`` (under dynamic sampling, the first round's)."""
         data = [self.rows[i] for i in rows]
         episodes = self.episodes if self.agent is not None else None
         scores, valid, metrics, completions, raw = score.score(data, rollout, self.rewards, self.tokenizer, self.args,
                                                                episodes)
         if episodes is not None:
             metrics.update(agent_metrics(episodes))
-        if self._sample_step():
+        if self._sample_step() and self.sampling_round == 0:  # one round's samples per step
             write_samples(self.out_dir, self.step + 1, [d["prompt"] for d in data for _ in range(self.args.group_size)],
                           completions, raw, self.args.num_logged_samples)
         return scores, valid, metrics

@@ -5,6 +5,7 @@ The formulas themselves are tested in tests/algorithms/test_objectives.py."""
 
 from __future__ import annotations
 
+import json
 import pytest
 import torch
 
@@ -162,6 +163,15 @@ def test_dynamic_sampling_trains_only_on_groups_with_reward_variance():
     assert trainer.data_epoch * len(PROMPTS) + trainer.data_pos == used
     kept = [r["rollout/kept_groups_frac"] for r in history]
     assert all(0 < k <= 1 for k in kept) and min(kept) < 1
+
+
+def test_dynamic_sampling_logs_one_rounds_samples_per_step(tmp_path):
+    trainer = make_trainer("dapo", reward=half_constant_reward, max_steps=4, max_sampling_rounds=10,
+                           output_dir=str(tmp_path / "run"), num_logged_samples=4)
+    history = trainer.train()
+    assert max(r["rollout/sampling_rounds"] for r in history) > 1
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert steps == [1] * 4 + [2] * 4 + [3] * 4 + [4] * 4
 
 
 def test_dynamic_sampling_stops_at_max_sampling_rounds_and_warns(capsys):

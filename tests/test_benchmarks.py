@@ -20,3 +20,16 @@ def test_rl_step_benchmark_runs(tiny_model_dir, extra):
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["peak_rss_gb"] > 0
+
+
+@pytest.mark.slow
+def test_objectives_benchmark_runs_each_preset_and_tabulates(tiny_model_dir, tmp_path):
+    script = SCRIPT.with_name("objectives.py")
+    out = subprocess.run([sys.executable, str(script), "--model", tiny_model_dir, "--steps", "2",
+                          "--algorithms", "grpo,dapo", "--out", str(tmp_path / "obj")], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "obj" / "results.json").read_text())
+    assert set(results) == {"grpo", "dapo"}
+    assert all(r["cpu_s"] > 0 and len(r["reward_by_quarter"]) >= 1 and r["kl_to_start"] >= -1e-6 for r in results.values())
+    assert "| dapo |" in out.stdout

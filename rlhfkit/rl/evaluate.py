@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..agents.agent import Agent
+from ..agents.agent import Agent, reward_inputs
 from ..agents.episode import AgentOptions
 from ..algorithms import kl_penalty
 from ..algorithms import masked_sum
@@ -113,8 +113,7 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
         else:
             episodes = agent.start(rows, range(start, start + len(batch)), samples_per_prompt, name="eval_dataset")
             rollout = agent.run(engine, episodes, sampling)
-            completions = [e.messages for e in episodes]
-            columns["environments"] = [e.environment for e in episodes]
+            completions, columns["environments"] = reward_inputs(episodes)
             turns += [e.turns for e in episodes]
             calls += [e.tool_calls for e in episodes]
         out = rewards([d["prompt"] for d in data], completions, columns)

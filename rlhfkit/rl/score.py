@@ -4,6 +4,7 @@ the decoded completions, then the outcome scores shaped for the advantages."""
 from __future__ import annotations
 
 from .. import distributed
+from ..agents.agent import reward_inputs
 from ..config import RLConfig
 from ..rewards import RewardFunctions
 from ..rollout import Rollout, decode_completions
@@ -30,10 +31,11 @@ def score(rows: list[dict], rollout: Rollout, rewards: RewardFunctions, tokenize
     ``rewards/functions.py``."""
     G = args.group_size
     data = [row for row in rows for _ in range(G)]
-    completions = decode_completions(rollout, tokenizer) if episodes is None else [e.messages for e in episodes]
     columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
-    if episodes is not None:
-        columns["environments"] = [e.environment for e in episodes]
+    if episodes is None:
+        completions = decode_completions(rollout, tokenizer)
+    else:
+        completions, columns["environments"] = reward_inputs(episodes)
     out = rewards([d["prompt"] for d in data], completions, columns)
     metrics = {f"reward/{name}_mean": distributed.global_nanmean(v) for name, v in out.per_function.items()}
     valid = out.valid.to(rollout.has_eos.device)

@@ -27,7 +27,6 @@ import argparse
 import json
 from pathlib import Path
 
-
 from . import calculator
 from .tiny import chatml_tokenizer, tiny_causal_lm
 
@@ -92,12 +91,11 @@ def train_agent(model_dir: str, paths: dict, out_dir, use: str = "environment", 
     from ..trainers import RLTrainer
 
     job = rl_job(model_dir, paths, out_dir, use, seed, **overrides)
-    data = {k: job.pop(k) for k in ("model", "train_dataset", "eval_dataset", "reward_funcs")}
-    agent = ({"environment_factory": calculator.Calculator} if job.pop("environment", None)
-             else {"tools": [calculator.multiply]})
-    job.pop("tools", None)
-    trainer = RLTrainer(data["model"], data["reward_funcs"], RLConfig(**job), data["train_dataset"],
-                        eval_dataset=data["eval_dataset"], **agent)
+    agent = {"environment_factory": calculator.Calculator} if use == "environment" else {"tools": [calculator.multiply]}
+    given = ("model", "train_dataset", "eval_dataset", "reward_funcs", "environment", "tools")  # not RLConfig fields
+    config = RLConfig(**{k: v for k, v in job.items() if k not in given})
+    trainer = RLTrainer(job["model"], job["reward_funcs"], config, job["train_dataset"],
+                        eval_dataset=job["eval_dataset"], **agent)
     return trainer.train()
 
 

@@ -28,6 +28,8 @@ def _train(job_cls, args, run) -> int:
     if args.overwrite:
         overrides.append("overwrite=true")
     job = load_config(job_cls, args.config, overrides)  # config errors before any process starts
+    if hasattr(job, "check_processes") and "WORLD_SIZE" not in os.environ:
+        job.check_processes(args.nproc_per_node)  # e.g. rollout_workers that leave no trainer
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
         return _torchrun(args.nproc_per_node, args.argv)
     run(job).train()  # the trainer records the whole job in the run directory (run.record.record_run)

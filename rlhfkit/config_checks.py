@@ -18,6 +18,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 # tests/test_config_rules.py checks that every numeric field of every config is listed.
 RANGES: dict[str, str] = {
     # rollout
+    "rollout_workers": "[0, 1e6]", "max_staleness": "[0, 1e6]",
     "prompts_per_step": "[1, 1e6]", "group_size": "[1, 1e6]", "max_new_tokens": "[1, 1e7]",
     "max_prompt_length": "[1, 1e7] or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": "[0, 1e7]",
     "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": "[1, 1024]",

@@ -8,8 +8,15 @@ others waiting for ever. Without torchrun nothing is initialised and every helpe
 identity: single-process code pays nothing.
 
 Models are sharded with FSDP2 (``torch.distributed.fsdp.fully_shard`` on each transformer block,
-then on the whole model) or wrapped in DDP (``shard``). Only this module calls
-``torch.distributed``; the algorithm core receives already-reduced numbers through ``reduce_sum``.
+then on the whole model) or wrapped in DDP (``shard``). Only this module (and the rollout transport
+of ``rollout/remote.py``) calls ``torch.distributed``; the algorithm core receives already-reduced
+numbers through ``reduce_sum``.
+
+Roles (``rollout_workers: K``): the last K ranks generate and the others train. Each process then
+lives in its role's group — ``world``, ``rank``, the reductions, ``barrier``, ``shard`` and the
+checkpoints see its role's processes only (a trainer's ``world()`` counts trainers) — while
+``is_main`` stays global rank 0 (a trainer: the one that writes the run) and ``finished`` waits for
+every process. ``sync_group`` (global rank 0 and the generators) carries the weights and the start.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import torch.distributed as dist
 from .config import PARALLELISMS
 TIMEOUT_ENV = "RLHFKIT_DIST_TIMEOUT"
 _DEVICE = [torch.device("cpu")]  # this process's device, set by setup: where collectives run
+# With rollout_workers: this process's role group (trainers or generators), and rank 0 + generators.
+_GROUPS: dict = {"role": None, "sync": None, "objects": None, "workers": 0}
 
 
 def launched() -> bool:
@@ -32,20 +41,64 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def _initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
 def active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """More than one process shares this process's role (its collectives are not the identity)."""
+    return _initialized() and dist.get_world_size(_GROUPS["role"]) > 1
 
 
 def world() -> int:
-    return dist.get_world_size() if active() else 1
+    """Processes of this process's role (every process without ``rollout_workers``)."""
+    return dist.get_world_size(_GROUPS["role"]) if active() else 1
 
 
 def rank() -> int:
-    return dist.get_rank() if active() else 0
+    """This process's rank among its role's processes."""
+    return dist.get_rank(_GROUPS["role"]) if active() else 0
+
+
+def group():
+    """The process group of this process's role (None: every process, torch's default group)."""
+    return _GROUPS["role"]
 
 
 def is_main() -> bool:
-    return rank() == 0
+    """Global rank 0: the process that writes the run (a trainer)."""
+    return dist.get_rank() == 0 if _initialized() else True
+
+
+def rollout_workers() -> int:
+    """Generator ranks of this job (0: every process trains and generates its share)."""
+    return _GROUPS["workers"]
+
+
+def is_generator() -> bool:
+    """Whether this process is one of the job's ``rollout_workers`` generator ranks (the last ones)."""
+    return _GROUPS["workers"] > 0 and dist.get_rank() >= dist.get_world_size() - _GROUPS["workers"]
+
+
+def sync_group():
+    """The group of global rank 0 and the generator ranks (weights and the start go through it)."""
+    return _GROUPS["sync"]
+
+
+def object_group():
+    """A gloo group of every process: the pickled objects trainers and generators exchange."""
+    return _GROUPS["objects"]
+
+
+def trainer_ranks() -> list[int]:
+    """The global ranks that train (all of them without ``rollout_workers``)."""
+    return list(range(dist.get_world_size() - _GROUPS["workers"])) if _initialized() else [0]
+
+
+def generator_ranks() -> list[int]:
+    """The global ranks that generate (none without ``rollout_workers``)."""
+    n = dist.get_world_size() if _initialized() else 1
+    return list(range(n - _GROUPS["workers"], n))
 
 
 def local_rank() -> int:
@@ -90,9 +143,10 @@ def check_device(device: str, field: str = "device") -> None:
                          f"CUDA device(s), numbered from 0")
 
 
-def setup(device: str = "auto") -> torch.device:
+def setup(device: str = "auto", rollout_workers: int = 0) -> torch.device:
     """This process's device ('auto': the GPU of its local rank when torch sees one, else the CPU);
-    under torchrun also the process group, once (NCCL on GPUs, gloo on CPUs)."""
+    under torchrun also the process group, once (NCCL on GPUs, gloo on CPUs), and with
+    ``rollout_workers = K`` the role groups: the last K ranks generate, the others train."""
     check_device(device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -107,7 +161,22 @@ def setup(device: str = "auto") -> torch.device:
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s()))
         atexit.register(_teardown)
+        if rollout_workers:
+            _split_roles(rollout_workers)
     return dev
+
+
+def _split_roles(k: int) -> None:
+    """Every process creates the three groups, in the same order (``new_group`` is collective)."""
+    n = dist.get_world_size()
+    if not 0 < k < n:
+        raise ValueError(f"rollout_workers={k} must leave at least one of the {n} processes to train")
+    timeout = datetime.timedelta(seconds=timeout_s())
+    trainers = dist.new_group(list(range(n - k)), timeout=timeout)
+    generators = dist.new_group(list(range(n - k, n)), timeout=timeout)
+    sync = dist.new_group([0, *range(n - k, n)], timeout=timeout)
+    objects = dist.new_group(list(range(n)), timeout=timeout, backend="gloo")  # CPU objects, even beside NCCL
+    _GROUPS.update(workers=k, sync=sync, objects=objects, role=generators if dist.get_rank() >= n - k else trainers)
 
 
 def _teardown() -> None:
@@ -165,7 +234,7 @@ def _all_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
     if not active():
         return x
     out = x.detach().to(_DEVICE[0]).clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=_GROUPS["role"])
     return out.to(x.device)
 
 
@@ -179,21 +248,32 @@ def broadcast_object(obj, src: int = 0):
     if not active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, group_src=src, group=_GROUPS["role"])
     return box[0]
 
 
-def barrier() -> None:
+def dcp_options() -> dict:
+    """The keyword arguments that keep a ``torch.distributed.checkpoint`` save or load within this
+    process's role (a lone trainer beside generator ranks reads and writes alone)."""
     if active():
-        dist.barrier()
+        return {"process_group": _GROUPS["role"]}
+    return {"no_dist": True} if _initialized() else {}
+
+
+def barrier() -> None:
+    """Every process of this process's role has got here."""
+    if active():
+        dist.barrier(group=_GROUPS["role"])
 
 
 def finished() -> None:
-    """Every process has reached the end of its run (a barrier; nothing without torchrun). Called
-    on the normal path only, after the final save: a process that left at once would tear its gloo
-    group down while rank 0 still writes, which aborted it now and then ("terminate called without
-    an active exception"). A process that fails never gets here; torchrun ends the others."""
-    barrier()
+    """Every process has reached the end of its run (a barrier over every process, whatever its role;
+    nothing without torchrun). Called on the normal path only, after the final save: a process that
+    left at once would tear its gloo group down while rank 0 still writes, which aborted it now and
+    then ("terminate called without an active exception"). A process that fails never gets here;
+    torchrun ends the others."""
+    if _initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -226,10 +306,14 @@ def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: st
         # broadcast_buffers=False: forward passes must not be collectives (ranks generate
         # completions of different lengths, so they run different numbers of forward passes).
         return DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
-                                       broadcast_buffers=False)
+                                       broadcast_buffers=False, process_group=_GROUPS["role"])
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
+    if _GROUPS["role"] is not None:  # FSDP2 over this role's processes only
+        from torch.distributed.device_mesh import DeviceMesh
+
+        kwargs["mesh"] = DeviceMesh.from_group(_GROUPS["role"], _DEVICE[0].type)
     if mixed_precision is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision),
                                                    reduce_dtype=torch.float32)

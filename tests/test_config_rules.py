@@ -41,6 +41,7 @@ TABLE = {
     "max_tool_calling_iterations": ([-1, 1.5, 10**6 + 1], 0),
     "max_tool_response_tokens": ([0, -1, 2.5, 10**9 + 1], 1),
     "tool_call_timeout": ([0, -1, 10**6 + 1], 0.5),
+    "rollout_workers": ([-1, 1.5, 10**6 + 1], 1), "max_staleness": ([-1, 0.5, 10**6 + 1], 2),
 }
 CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
 

@@ -41,15 +41,17 @@ class RLModels:
     ``train_critic``). ``save_policy`` writes the policy as a Hugging Face directory.
     """
 
-    def __init__(self, policy, tokenizer, args: RLConfig, ref_model=None):
+    def __init__(self, policy, tokenizer, args: RLConfig, ref_model=None, generation_only: bool = False):
         self.policy, self.tokenizer, self.args = policy, tokenizer, args
         self.device = next(policy.parameters()).device
         self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
-        self.reference = None
+        self.reference = self.critic = self.value_head = None
+        if generation_only:  # a generator rank: the policy alone, unsharded, given the trainers' weights
+            self.train_policy, self.train_critic, self._peft_template = policy, None, None
+            return
         if args.kl_coef > 0 and (ref_model is not None or not self.is_peft):
             ref = ref_model if ref_model is not None else copy.deepcopy(policy)
             self.reference = freeze(load_causal_lm(ref, args.dtype if ref_model is not None else None)).to(self.device)
-        self.critic = self.value_head = None
         if args.use_critic and args.critic == "shared":
             hidden = policy.config.hidden_size
             # Zero init: every value starts at 0, so the first advantages are the plain returns.
@@ -170,7 +172,9 @@ def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_
                                "model" if processing_class is None else "processing_class")
     policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
     # The process group starts here, after every check that could fail the same way on every rank.
-    policy = policy.to(distributed.setup(args.device))
+    policy = policy.to(distributed.setup(args.device, args.rollout_workers))
+    if distributed.is_generator():  # generates from the trainers' (merged) weights: no adapter, no critic
+        return RLModels(freeze(disable_dropout(policy)).eval(), tokenizer, args, generation_only=True)
     if peft_config is not None:
         from peft import get_peft_model
 

@@ -16,10 +16,16 @@ from .hf import HFEngine
 
 def build_engine(args: RLConfig, models: RLModels, prompt_ids: list[list[int]]):
     """The rollout engine ``args.rollout_engine`` names: HF generate on the policy, or a vLLM engine
-    in this process sized for the longest prompt plus the longest completion the run asks for."""
+    in this process sized for the longest prompt plus the longest completion the run asks for.
+
+    With ``rollout_workers``: a generator rank's HF engine also returns its log-probs (it samples
+    from received weights, the behaviour policy of the correction); a trainer rank only evaluates,
+    always with HF generate on its policy (no second engine beside the training models)."""
     tokenizer = models.tokenizer
-    if args.rollout_engine == "hf":
-        return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt)
+    generator = distributed.is_generator()
+    if args.rollout_engine == "hf" or (args.rollout_workers and not generator):
+        return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt,
+                        logprobs=generator)
     from .vllm import VLLMEngine
     from .weight_sync import check_engine_weights
 

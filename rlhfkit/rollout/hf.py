@@ -25,7 +25,9 @@ class HFEngine:
 
     def __init__(self, model, pad_id: int, eos_id: int, share_prompt: bool = True, logprobs: bool = False):
         self.model, self.pad_id, self.eos_id, self.share_prompt = model, pad_id, eos_id, share_prompt
-        self.logprobs = logprobs  # also report the sampler's log-prob of each token (a check; the trainer needs none)
+        # Also report the sampler's log-prob of each token: needed where the engine's weights are not the
+        # trained ones (a generator rank, rollout_workers: the behaviour policy of the correction).
+        self.logprobs = logprobs
 
     def generation_config(self, sampling: SamplingParams):
         """Every field that shapes the sampled distribution, set explicitly from ``sampling``.
@@ -56,8 +58,17 @@ class HFEngine:
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
                  seed: int | None = None) -> Rollout:
-        """``seed`` is not used: ``generate`` draws from torch's generator, seeded with the run."""
+        """``seed`` fixes the sampling: ``generate`` draws from torch's generator seeded with it (the
+        global one, forked for the call, so nothing else's random stream moves); a call with the same
+        prompts, weights and seed samples the same tokens on any process. None: the global stream."""
         device = next(self.model.parameters()).device
+        if seed is None:
+            return self._generate(prompts, n, sampling, device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            return self._generate(prompts, n, sampling, device)
+
+    def _generate(self, prompts, n: int, sampling: SamplingParams, device) -> Rollout:
         prompt_ids, prompt_mask = pad(prompts, self.pad_id, "left", device=device)
         ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
         was_training = self.model.training
@@ -65,9 +76,10 @@ class HFEngine:
         try:
             cache = self._prompt_cache(prompt_ids, prompt_mask, n)
             with _neutral_model_defaults(self.model):
+                config = self.generation_config(sampling)
+                config.output_scores = config.return_dict_in_generate = self.logprobs
                 out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                                          generation_config=self.generation_config(sampling),
-                                          output_scores=self.logprobs, return_dict_in_generate=self.logprobs)
+                                          generation_config=config)
         finally:
             self.model.train(was_training)
         sequences = out.sequences if self.logprobs else out

@@ -150,7 +150,7 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
         distributed.barrier()
         partial.mkdir(parents=True, exist_ok=True)
         with _single_process_quiet():
-            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR))
+            dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR), **distributed.dcp_options())
         _save_tree(partial, f"rng-{distributed.rank()}", rng_state(), format=FORMAT)
         if distributed.is_main():
             _save_tree(partial, "training_state", {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
@@ -241,7 +241,7 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     reader, planner = _dcp_reader_and_planner(path / DCP_DIR)
     try:
         with _single_process_quiet():
-            dcp.load(tensors, storage_reader=reader, planner=planner)
+            dcp.load(tensors, storage_reader=reader, planner=planner, **distributed.dcp_options())
     except (OSError, RuntimeError, CheckpointException) as err:  # a truncated or missing shard file
         raise ValueError(f"checkpoint {path / DCP_DIR} is damaged: {_first_line(err)}") from None
     optim_state = {"state": tensors.pop("optimizer")["state"], "param_groups": state["param_groups"]}

@@ -32,6 +32,7 @@ from ..rl import experience, sampling, score, update
 from ..rl.advantages import rollout_metrics
 from ..rl.evaluate import run_evaluation
 from ..rl.experience import Experience
+from ..rl.pipeline import TrainerLink, run_generator
 from ..rollout import Rollout, SamplingParams
 from ..rollout.engines import build_engine, engine_ready
 from ..run.lifecycle import Run
@@ -75,10 +76,7 @@ class RLTrainer:
             from ..rollout.vllm import import_vllm
 
             import_vllm()  # not installed: one line now, before any model loads
-        world = distributed.planned_world()
-        if args.prompts_per_step % world:
-            raise ValueError(f"prompts_per_step={args.prompts_per_step} must be divisible by the number of "
-                             f"processes ({world}): each process samples its share, and a group never spans two")
+        args.check_processes(distributed.planned_world())
         self.run = Run(args)  # the run lifecycle; nothing is written before everything has loaded
         self.args = args = self.run.args
         self.out_dir = self.run.out_dir
@@ -110,6 +108,11 @@ class RLTrainer:
                        else FixedKLController(args.kl_coef))
         self.step, self.data_epoch, self.data_pos = 0, 0, 0
         self.order = self._epoch_order(0)
+        self.samples = None  # this step's samples.jsonl lines (a generator rank sends them to rank 0)
+        # rollout_workers: a generator rank only runs phases 1-3 (rl.pipeline.run_generator); no optimizer.
+        self.link = TrainerLink(args, self.tokenizer.pad_token_id or 0) if args.rollout_workers else None
+        if distributed.is_generator():
+            return
         mini = args.mini_batch_size or args.batch_size  # the schedule counts optimizer steps: K passes x minibatches
         counters = self.run.start(self._modules(), args.max_steps, param_groups=self._param_groups(),
                                   schedule_steps=max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini)))
@@ -120,17 +123,25 @@ class RLTrainer:
     def train(self) -> list[dict]:
         """The loop, until ``max_steps``: each step samples prompts, generates, scores, makes the
         experience and updates the policy (and critic), then logs, evaluates and checkpoints."""
+        if distributed.is_generator():  # rollout_workers: this rank generates the batches, phases 1-3
+            run_generator(self)
+            distributed.finished()
+            return []
+        if self.link is not None:
+            self.link.start(self._counters(), self.models)  # the generators start on the first batches
         if self.eval_rows is not None and self.step == 0:
             self.run.log(0, self.evaluate())
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
-            rows, rollout, scores, valid, metrics = self.sample_batch(timings)     # 1, 2, 3
+            rows, rollout, scores, valid, metrics = self.next_batch(timings)       # 1, 2, 3
             with timer(timings, "logprobs"):
                 exp = self.make_experience(rollout, scores, valid, metrics)         # 4, 5
             with timer(timings, "update"):
                 if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
                     metrics.update(self.update(exp))                                # 6
             self.step += 1
+            if self.link is not None:
+                self.link.publish(self.step, self.models)  # the generators go on with the new weights
             if self._eval_due():
                 metrics.update(self.evaluate())
             self._log(metrics, exp, timings)                                        # 7
@@ -138,6 +149,17 @@ class RLTrainer:
         return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     # ---------------------------------------------------------------- the phases (rlhfkit/rl/)
+    def next_batch(self, timings: dict) -> tuple:
+        """Phases 1–3 of this step: ``sample_batch`` here, or, with ``rollout_workers``, this
+        trainer's share of the batch the generator ranks made (``rl.pipeline.TrainerLink``)."""
+        if self.link is None:
+            return self.sample_batch(timings)
+        batch, position, samples = self.link.receive(self.step, timings)
+        self.restore_position({"data_epoch": position[0], "data_pos": position[1]})
+        if samples is not None:
+            write_samples(self.out_dir, self.step + 1, *samples, self.args.num_logged_samples)
+        return batch
+
     def sample_batch(self, timings: dict | None = None):
         """Phases 1–3 (``rl.sampling.sample_batch``): one round of ``sample_prompts``, ``generate``
         and ``score`` — or, with ``dynamic_sampling``, rounds until ``prompts_per_step`` groups with
@@ -197,8 +219,8 @@ class RLTrainer:
         if episodes is not None:
             metrics.update(agent_metrics(episodes))
         if self._sample_step() and self.sampling_round == 0:  # one round's samples per step
-            write_samples(self.out_dir, self.step + 1, [d["prompt"] for d in data for _ in range(self.args.group_size)],
-                          completions, raw, self.args.num_logged_samples)
+            self.samples = ([d["prompt"] for d in data for _ in range(self.args.group_size)], completions, raw)
+            write_samples(self.out_dir, self.step + 1, *self.samples, self.args.num_logged_samples)
         return scores, valid, metrics
 
     def make_experience(self, rollout: Rollout, scores, valid, metrics: dict) -> Experience:
@@ -294,9 +316,18 @@ class RLTrainer:
     def _counters(self) -> dict:
         return {"step": self.step, "data_epoch": self.data_epoch, "data_pos": self.data_pos, "kl_coef": self.kl_ctl.value}
 
-    def _restore(self, counters: dict) -> None:
-        self.step, self.data_epoch, self.data_pos = counters["step"], counters["data_epoch"], counters["data_pos"]
+    def position(self) -> tuple[int, int]:
+        """Where the data order stands: ``(data_epoch, data_pos)``."""
+        return self.data_epoch, self.data_pos
+
+    def restore_position(self, counters: dict) -> None:
+        """The step (when ``counters`` has one) and data position of ``counters``."""
+        self.step = counters.get("step", self.step)
+        self.data_epoch, self.data_pos = counters["data_epoch"], counters["data_pos"]
         self.order = self._epoch_order(self.data_epoch)
+
+    def _restore(self, counters: dict) -> None:
+        self.restore_position(counters)
         self.kl_ctl.value = counters["kl_coef"] if self.args.adaptive_kl else self.kl_ctl.value  # fixed β: the config's
 
     def save_model(self, path: Path) -> None:

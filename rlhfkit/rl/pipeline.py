@@ -1,0 +1,189 @@
+"""Asynchronous rollouts: generator ranks beside trainer ranks (``rollout_workers: K``), with a
+staleness bound (``max_staleness: S``).
+
+Under torchrun the last K ranks generate and the others train. A generator runs phases 1–3 of the
+loop exactly as a synchronous process does (``RLTrainer.sample_batch``: prompts, its own engine —
+HF or vLLM —, its own reward functions, reward models and environments, dynamic sampling among the
+generators); a trainer runs phases 4–7 (make experience, update, log, evaluate, checkpoint) on the
+batches it receives. The transport is ``rollout/remote.py``.
+
+**The schedule** (prime-rl's ``async_level``, verl's one-step-off generalised to S steps): the
+batch of step ``s`` is generated with the policy version ``max(start, s - S)`` — version ``v``
+being the weights after ``v`` updates, ``start`` the step the run starts (or resumes) at. So:
+
+- S = 0 is the synchronous algorithm: step ``s`` waits for the weights of update ``s - 1``; with the
+  same seed the run is the single-process run (the sampling seeds depend on (seed, step, rank), not
+  on which process samples), which ``tests/distributed/test_async.py`` checks weight for weight.
+- S ≥ 1 lets a generator produce the next S batches while the trainers update on the current one.
+  A sample is never more than S versions old *by construction*: a generator does not start batch
+  ``s`` before it holds version ``s - S`` (it blocks on the next broadcast — ``perf/generator_wait_s``),
+  so nothing stale is ever generated and nothing needs dropping; the trainer still checks each
+  batch's version and refuses one past the bound (a protocol error, never a silent use). Logged:
+  ``rollout/staleness_mean`` / ``_max`` (steps between the weights that sampled and those that
+  train), ``perf/trainer_wait_s`` (the trainer blocked on the batch).
+
+**The off-policy correction**: a generator's engine reports the log-probs it sampled with (μ, the
+behaviour policy; the HF engine returns them on a generator rank). The trainer computes the
+log-probs of the current weights before the update — the *proximal* policy π_prox, its usual "old"
+log-probs —, weights each token's loss by the rollout correction ``rollout_is`` of π_prox/μ
+(truncated or masked, ``algorithms/rollout_is.py``) and clips the ratio π/π_prox around π_prox.
+This is the decoupled PPO objective (Hilton et al. 2021, "Batch size-invariance for policy
+optimization", arXiv:2110.00431, eq. 3; AReaL, Fu et al. 2025, arXiv:2505.24298, §5.2) with the
+behaviour weight truncated as in TIS: the clip bounds how far one update moves from π_prox,
+whatever the age of the sample, and the weight corrects for the sample's age.
+
+**Deadlock freedom**: weights go trainer rank 0 → generators by broadcasts in one order on every
+member; batches go generator → trainers by posted sends (``isend``) the receiver takes in step
+order. A generator never waits on a send before it has received the weights the trainer broadcast
+first, so neither side can wait on the other in a circle. A process that fails ends the job:
+torchrun stops the others (and every collective has ``RLHFKIT_DIST_TIMEOUT``).
+
+**Checkpoints**: trainers save as without generators; the batches in flight (generated, not yet
+trained on) are not saved — a resumed run starts its generators at the checkpoint's step with its
+weights (so with S = 0 a resumed run is the uninterrupted one).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .. import distributed
+from ..rollout import concat_rollouts
+from ..rollout.remote import (broadcast_start, manifest, receive_object, receive_weights, send_object, send_weights,
+                              wait_all)
+
+
+def version_for(step: int, start: int, staleness: int) -> int:
+    """The policy version (updates done) that generates the batch of ``step``."""
+    return max(start, step - staleness)
+
+
+def last_version(max_steps: int, staleness: int) -> int:
+    """The newest version any batch of a run of ``max_steps`` steps is generated with."""
+    return max_steps - 1 - staleness
+
+
+class TrainerLink:
+    """A trainer rank's end: ``start`` (rank 0 tells the generators where the run starts and sends
+    the first weights), ``receive`` (the batch of a step, this trainer's share), ``publish`` (the
+    weights of a new version, when a batch still to come will use them)."""
+
+    def __init__(self, args, pad_id: int):
+        self.args, self.pad_id, self.start_step = args, pad_id, 0
+
+    def start(self, counters: dict, models) -> None:
+        """Every trainer calls this before its first step (under FSDP2 gathering the weights is
+        collective); ``counters``: the trainer's step and data position (resumed or fresh)."""
+        self.start_step = counters["step"]
+        with torch.no_grad(), distributed.gathered(models.policy):
+            weights = _weights(models.policy) if distributed.is_main() else None
+            if distributed.is_main():
+                broadcast_start({"counters": counters, "manifest": manifest(weights)})
+                send_weights(weights, models.device)
+
+    def publish(self, version: int, models) -> None:
+        """After an update: send the weights of ``version`` if a batch still to be generated uses it."""
+        if version > last_version(self.args.max_steps, self.args.max_staleness):
+            return
+        with torch.no_grad(), distributed.gathered(models.policy):
+            if distributed.is_main():
+                send_weights(_weights(models.policy), models.device)
+
+    def receive(self, step: int, timings: dict) -> tuple:
+        """The batch of ``step`` from every generator — ``(rows, rollout, scores, valid, metrics)``
+        of this trainer's share, as ``RLTrainer.sample_batch`` returns them — and the generators'
+        ``position`` (their data epoch and position after it) and ``samples`` (for samples.jsonl)."""
+        begin = time.perf_counter()
+        parts = [receive_object(src) for src in distributed.generator_ranks()]
+        timings["wait"] = wait = time.perf_counter() - begin
+        S = self.args.max_staleness
+        for part in parts:
+            if part["step"] != step:
+                raise RuntimeError(f"generator sent the batch of step {part['step']} where step {step} was due")
+            if step - part["version"] > S:
+                raise RuntimeError(f"the batch of step {step} comes from version {part['version']}, more than "
+                                   f"max_staleness={S} behind")
+        rows, rollout, scores, valid = self._share(parts)
+        staleness = torch.tensor([float(step - p["version"]) for p in parts])
+        metrics = {**parts[0]["metrics"], "rollout/staleness_mean": float(staleness.mean()),
+                   "rollout/staleness_max": float(staleness.max()), "perf/trainer_wait_s": wait,
+                   "perf/generator_wait_s": max(p["wait_s"] for p in parts),
+                   **{f"perf/generator_time_{k}": v for k, v in parts[0]["timings"].items()}}
+        return (rows, rollout, scores, valid, metrics), parts[0]["position"], parts[0]["samples"]
+
+    def _share(self, parts: list[dict]) -> tuple:
+        """This trainer's groups of the generators' batches (in generator order): the groups are
+        split evenly over the trainers, topped up with invalid copies of the first group when they
+        do not divide (dynamic sampling that ran out of rounds)."""
+        G, T, me = self.args.group_size, distributed.world(), distributed.rank()
+        rollout = concat_rollouts([p["rollout"] for p in parts], self.pad_id)
+        scores = torch.cat([p["scores"] for p in parts])
+        valid = torch.cat([p["valid"] for p in parts])
+        rows = [r for p in parts for r in p["rows"]]
+        n = len(rows)
+        per = math.ceil(n / T)
+        groups = list(range(n)) + [0] * (per * T - n)
+        mine = groups[me * per:(me + 1) * per]
+        index = torch.tensor([g * G + j for g in mine for j in range(G)])
+        filler = torch.tensor([me * per + i >= n for i in range(per) for _ in range(G)])
+        return ([rows[g] for g in mine], rollout.select(index), scores[index], valid[index] & ~filler)
+
+
+def run_generator(trainer) -> None:
+    """A generator rank's loop: for each step from the run's start, hold the version the schedule
+    asks for (receiving broadcasts), generate and score the step's batch (``trainer.sample_batch``,
+    with the trainer's step set so the seeds are the synchronous run's), post it to every trainer."""
+    args, models = trainer.args, trainer.models
+    start = broadcast_start()
+    counters, entries = start["counters"], start["manifest"]
+    trainer.restore_position(counters)
+    have = counters["step"]
+    _load(trainer, receive_weights(entries, models.device), have, entries)
+    works: list[list] = []
+    for step in range(counters["step"], args.max_steps):
+        begin = time.perf_counter()
+        while have < version_for(step, counters["step"], args.max_staleness):
+            have += 1
+            _load(trainer, receive_weights(entries, models.device), have, entries)
+        wait = time.perf_counter() - begin
+        trainer.step, trainer.samples, timings = step, None, {}
+        rows, rollout, scores, valid, metrics = trainer.sample_batch(timings)
+        if have == step and not getattr(trainer.engine, "needs_sync", False):
+            # HF generate on the very weights the trainers hold: the sampler *is* π_old, as in the
+            # synchronous run, whose HF engine reports no log-probs (ρ = 1 exactly, not 1 ± rounding).
+            rollout.logprobs = None
+        message = {"step": step, "version": have, "rows": rows, "rollout": rollout.to("cpu"),
+                   "scores": scores.cpu(), "valid": valid.cpu(), "metrics": {k: float(v) for k, v in metrics.items()},
+                   "position": trainer.position(), "wait_s": wait, "timings": timings, "samples": trainer.samples}
+        works.append([w for dst in distributed.trainer_ranks() for w in send_object(message, dst)])
+        if len(works) > args.max_staleness + 1:  # received by now (the trainers took the weights after it)
+            wait_all(works.pop(0))
+    for w in works:
+        wait_all(w)
+
+
+def _weights(policy) -> list[tuple[str, torch.Tensor]]:
+    from ..rollout.weight_sync import hf_weights
+
+    return list(hf_weights(policy))
+
+
+def _load(trainer, weights, version: int, entries) -> None:
+    """Version ``version`` into the generator's engine: a vLLM engine loads it itself; the HF
+    engine's model (the generator's policy, without adapter) copies it by name."""
+    engine = trainer.engine
+    if getattr(engine, "needs_sync", False):
+        engine.sync_weights(weights, version)
+    else:
+        model = trainer.models.policy
+        named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name not in named or tuple(named[name].shape) != tuple(tensor.shape):
+                    raise RuntimeError(f"generator rank: the trainers sent weight {name!r} {tuple(tensor.shape)}, "
+                                       "which its copy of the model does not have in that shape")
+                named[name].copy_(tensor)
+    trainer.weights_version = version

@@ -1,0 +1,32 @@
+"""Run by the asynchronous-rollout tests (test_async.py), under torchrun or as one plain process:
+
+    async_worker.py train <config.json> <out_dir>
+        a toy-task run (``toy_trainer`` with the config's fields; ``"fail_generator": true`` makes the
+        generator ranks' reward function raise); global rank 0 writes the policy's full weights to
+        <out_dir>/weights.safetensors and the logged rows to <out_dir>/history.json
+"""
+
+import json
+import sys
+
+from safetensors.torch import save_file
+
+from rlhfkit import distributed
+from rlhfkit.tasks.toy import toy_trainer
+
+
+def train(config, out_dir):
+    config = json.loads(open(config).read())
+    trainer = toy_trainer(**config)
+    history = trainer.train()
+    if distributed.is_generator():
+        return
+    weights = distributed.full_state_dict(trainer.models.policy)  # collective over the trainers
+    if distributed.is_main():
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, f"{out_dir}/weights.safetensors")
+        with open(f"{out_dir}/history.json", "w") as f:
+            json.dump(history, f)
+
+
+if __name__ == "__main__":
+    {"train": train}[sys.argv[1]](*sys.argv[2:])

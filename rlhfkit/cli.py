@@ -307,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
             where = err.filename or ""
             err = f"{where}: {err.strerror or err}" if where else (err.strerror or str(err))
 
-        if distributed.active():  # raised after the processes joined: possibly on this rank alone
-            print(f"rlhfkit {args.command}: error: [rank {distributed.rank()}] {err}", file=sys.stderr)
+        if distributed.joined():  # raised after the processes joined: possibly on this rank alone
+            print(f"rlhfkit {args.command}: error: [rank {distributed.global_rank()}] {err}", file=sys.stderr)
         elif os.environ.get("RANK", "0") == "0":  # before: every rank raised it, rank 0 says it
             print(f"rlhfkit {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -60,6 +60,16 @@ def rank() -> int:
     return dist.get_rank(_GROUPS["role"]) if active() else 0
 
 
+def joined() -> bool:
+    """This process has joined a process group of several processes (whatever its role's size)."""
+    return _initialized() and dist.get_world_size() > 1
+
+
+def global_rank() -> int:
+    """This process's rank among every process of the job (its ``RANK``), whatever its role."""
+    return dist.get_rank() if _initialized() else 0
+
+
 def group():
     """The process group of this process's role (None: every process, torch's default group)."""
     return _GROUPS["role"]
@@ -67,7 +77,7 @@ def group():
 
 def is_main() -> bool:
     """Global rank 0: the process that writes the run (a trainer)."""
-    return dist.get_rank() == 0 if _initialized() else True
+    return global_rank() == 0
 
 
 def rollout_workers() -> int:
@@ -272,7 +282,7 @@ def finished() -> None:
     left at once would tear its gloo group down while rank 0 still writes, which aborted it now and
     then ("terminate called without an active exception"). A process that fails never gets here;
     torchrun ends the others."""
-    if _initialized() and dist.get_world_size() > 1:
+    if joined():
         dist.barrier()
 
 

@@ -140,8 +140,9 @@ class RLTrainer:
                 if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
                     metrics.update(self.update(exp))                                # 6
             self.step += 1
-            if self.link is not None:
-                self.link.publish(self.step, self.models)  # the generators go on with the new weights
+            if self.link is not None:  # the generators go on with the new weights
+                with timer(timings, "weight_sync"):
+                    self.link.publish(self.step, self.models)
             if self._eval_due():
                 metrics.update(self.evaluate())
             self._log(metrics, exp, timings)                                        # 7

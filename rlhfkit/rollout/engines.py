@@ -40,7 +40,7 @@ def build_engine(args: RLConfig, models: RLModels, prompt_ids: list[list[int]]):
                       seed=args.seed + 1_000_003 * distributed.rank(), kv_cache_gb=args.vllm_kv_cache_gb,
                       gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
                       sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,
-                      multiprocess=distributed.world() > 1)
+                      multiprocess=distributed.world() > 1, isolated=generator)
 
 
 @contextmanager

@@ -15,12 +15,21 @@ size 1) and generates that rank's prompts; every rank syncs at the same point of
 weights gathered the way generation with the HF engine gathers them (``distributed.gathered``), so
 no rank can wait on a collective another rank never enters.
 
+On a generator rank (``rollout_workers``; ``isolated``): only some ranks run an engine, and vLLM
+under an initialised process group builds its groups over *every* rank (the trainers would have to
+join), so the engine core runs in a process of its own (``VLLM_ENABLE_V1_MULTIPROCESSING=1``,
+spawned: it starts without the job's process group and makes its own of one rank); the weights
+reach it as bytes (``torch.save``) through ``collective_rpc`` of ``_reload_serialized``, which
+vLLM pickles by reference (``VLLM_ALLOW_INSECURE_SERIALIZATION``: between this process and the
+engine process it started, nothing else).
+
 Only a GPU exercises: sleep mode (``vllm_sleep``), ``gpu_memory_utilization``, CUDA graphs
 (``vllm_enforce_eager=False`` on a GPU), NCCL. They sit behind ``on_gpu`` below.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -86,8 +95,13 @@ class VLLMEngine:
 
     def __init__(self, policy, tokenizer, *, max_model_len: int, seed: int = 0, kv_cache_gb: float | None = None,
                  gpu_memory_utilization: float = 0.3, enforce_eager: bool = True, sleep: bool = False,
-                 tensor_parallel_size: int = 1, multiprocess: bool = False):
+                 tensor_parallel_size: int = 1, multiprocess: bool = False, isolated: bool = False):
         vllm = import_vllm()
+        self.isolated = isolated
+        if isolated:  # read by vLLM when the engine starts
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         param = next(policy.parameters())
         self.on_gpu = param.device.type == "cuda"
         if sleep and not self.on_gpu:
@@ -115,7 +129,7 @@ class VLLMEngine:
                 logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=True,
                 # Chunked prefill with per-request seeds fails on vLLM's CPU generator (0.32).
                 enable_chunked_prefill=self.on_gpu, enable_sleep_mode=sleep,
-                distributed_executor_backend="external_launcher" if multiprocess else "uni",
+                distributed_executor_backend="external_launcher" if multiprocess and not isolated else "uni",
                 **memory,
             )
         except Exception:
@@ -134,8 +148,13 @@ class VLLMEngine:
         """Load ``weights`` ((HF name, tensor) pairs, e.g. ``hf_weights(policy)``) into the engine
         and drop its prefix cache. ``version`` is remembered as ``synced_version``."""
         self.wake_up("weights")
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
-                                                          "is_checkpoint_format": True})
+        if self.isolated:  # the engine core is another process: the weights travel as bytes
+            buffer = io.BytesIO()
+            torch.save([(name, t.detach().cpu()) for name, t in weights], buffer)
+            self.llm.collective_rpc(_reload_serialized, args=(buffer.getvalue(),))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
+                                                              "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
         self.synced_version = version
 
@@ -211,3 +230,9 @@ class VLLMEngine:
             shutil.rmtree(self._dir, ignore_errors=True)
         except Exception:
             pass
+
+
+def _reload_serialized(worker, data: bytes) -> None:
+    """In an isolated engine's worker process: load the weights ``sync_weights`` serialised."""
+    weights = torch.load(io.BytesIO(data), weights_only=True)
+    worker.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)

@@ -110,3 +110,22 @@ def test_an_adapter_the_engine_cannot_take_merged_is_refused_at_construction_in_
                   peft_config=lora_on_tied_embedding)
     assert "\n" not in str(err.value) and "lm_head.weight are one tied weight" in str(err.value)
     assert not (tmp_path / "run").exists()  # before anything was written
+
+
+def test_a_vllm_generator_rank_and_a_trainer_rank_learn_the_toy_task(tmp_path):
+    """rollout_workers=1: the last rank generates with vLLM (its engine core in a process of its own)
+    and receives the weights after every update; S = 1, so each batch is one version old."""
+    config = dict(algorithm="grpo", max_steps=30, rollout_workers=1, max_staleness=1, output_dir=None,
+                  model_kwargs=HEADS, **VLLM)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "300"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+           "--master-port", str(_free_port()), str(WORKER.parent / "async_worker.py"), "train",
+           str(tmp_path / "config.json"), str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert _mean(history[-5:], "reward/mean") - _mean(history[:5], "reward/mean") > 0.2
+    assert [r["rollout/staleness_max"] for r in history] == [0.0] + [1.0] * 29
+    # The engine's log-probs are the behaviour policy's: one update behind the trainer's, so they differ.
+    assert max(r["rollout/logprob_diff_max"] for r in history[1:]) > 1e-2

@@ -1,8 +1,8 @@
 """Run by the asynchronous-rollout tests (test_async.py), under torchrun or as one plain process:
 
     async_worker.py train <config.json> <out_dir>
-        a toy-task run (``toy_trainer`` with the config's fields; ``"fail_generator": true`` makes the
-        generator ranks' reward function raise); global rank 0 writes the policy's full weights to
+        a toy-task run (worker.py's trainer: ``toy_trainer`` with the config's fields, ``lora_r`` for a
+        LoRA adapter); global rank 0 writes the policy's full weights (LoRA merged) to
         <out_dir>/weights.safetensors and the logged rows to <out_dir>/history.json
 """
 
@@ -12,16 +12,22 @@ import sys
 from safetensors.torch import save_file
 
 from rlhfkit import distributed
-from rlhfkit.tasks.toy import toy_trainer
+from worker import _trainer
 
 
 def train(config, out_dir):
     config = json.loads(open(config).read())
-    trainer = toy_trainer(**config)
+    trainer = _trainer(config)
     history = trainer.train()
     if distributed.is_generator():
         return
-    weights = distributed.full_state_dict(trainer.models.policy)  # collective over the trainers
+    policy = trainer.models.policy
+    if hasattr(policy, "merge_and_unload"):  # LoRA: the weights the adapter gives
+        from rlhfkit.rollout.weight_sync import hf_weights
+
+        weights = {k: v.detach().clone() for k, v in hf_weights(policy)}
+    else:
+        weights = distributed.full_state_dict(policy)  # collective over the trainers
     if distributed.is_main():
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, f"{out_dir}/weights.safetensors")
         with open(f"{out_dir}/history.json", "w") as f:

@@ -46,9 +46,11 @@ def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "dapo", "grpo-lora"])
 def test_staleness_0_with_one_generator_is_the_single_process_run(tmp_path, algorithm):
-    config = {"algorithm": algorithm, "max_steps": 6, "output_dir": None}
+    # dapo: dynamic sampling's rounds run on the generator; grpo-lora: the generator receives merged weights
+    config = {"algorithm": algorithm.removesuffix("-lora"), "max_steps": 6, "output_dir": None,
+              **({"lora_r": 4} if algorithm.endswith("-lora") else {})}
     sync, sync_rows = _run(tmp_path, "sync", config)
     split, split_rows = _run(tmp_path, "split", {**config, "rollout_workers": 1}, nproc=2)
     assert _max_diff(sync, split) <= 1e-5
@@ -132,3 +134,27 @@ def test_weight_buckets_keep_one_dtype_and_the_size_limit():
     assert entries[2] == ("c", (2,), "bfloat16")
     assert buckets(entries, limit=32) == [[0, 1], [2], [3], [4]]  # d (40 bytes) alone, past the limit
     assert buckets(entries, limit=1 << 20) == [[0, 1], [2], [3, 4]]
+
+
+def test_agent_episodes_on_a_generator_rank_are_the_single_process_run(tmp_path):
+    """Environments live on the generator (one per episode, its reward in the score); at S = 0 the
+    run is the single-process one, through the command line and YAML."""
+    import yaml
+
+    from rlhfkit.tasks.calculator_demo import demo_files, rl_job
+    from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
+
+    paths = demo_files(tmp_path / "data", n_train=64, n_eval=8)
+    model = save_tiny_model(tmp_path / "model", chatml_tokenizer(), hidden_size=32, heads=2)
+    weights = {}
+    for name, extra in (("sync", []), ("split", ["rollout_workers=1", "--nproc-per-node", "2"])):
+        job = rl_job(model, paths, tmp_path / name, max_steps=3, eval_every=3, prompts_per_step=2, group_size=4,
+                     max_new_tokens=24)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
+        out = subprocess.run([sys.executable, "-m", "rlhfkit", "rl", "--config", str(tmp_path / f"{name}.yaml"),
+                              "--quiet", *extra], capture_output=True, text=True, env=_env(), timeout=600)
+        assert out.returncode == 0, out.stderr[-4000:]
+        weights[name] = load_file(str(tmp_path / name / "final" / "model.safetensors"))
+        rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert "agent/turns_mean" in rows[1], rows[1]  # the generator's episode metrics reach the log
+    assert _max_diff(weights["sync"], weights["split"]) <= 1e-5

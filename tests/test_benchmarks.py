@@ -33,3 +33,15 @@ def test_objectives_benchmark_runs_each_preset_and_tabulates(tiny_model_dir, tmp
     assert set(results) == {"grpo", "dapo"}
     assert all(r["cpu_s"] > 0 and len(r["reward_by_quarter"]) >= 1 and r["kl_to_start"] >= -1e-6 for r in results.values())
     assert "| dapo |" in out.stdout
+
+
+@pytest.mark.slow
+def test_async_rollouts_benchmark_runs_both_ways_and_compares(tiny_model_dir, tmp_path):
+    script = SCRIPT.with_name("async_rollouts.py")
+    out = subprocess.run([sys.executable, str(script), "--model", tiny_model_dir, "--steps", "3",
+                          "--out", str(tmp_path / "async")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads((tmp_path / "async" / "results.json").read_text())
+    assert results["sync"]["steps_per_min"] > 0 and results["async"]["steps_per_min"] > 0
+    assert results["async"]["rollout/staleness_mean"] > 0 and "rollout/staleness_mean" not in results["sync"]
+    assert results["speedup_steps_per_min"] > 0

@@ -78,8 +78,12 @@ class HFEngine:
             with _neutral_model_defaults(self.model):
                 config = self.generation_config(sampling)
                 config.output_scores = config.return_dict_in_generate = self.logprobs
+                # synced_gpus=False: the policy is gathered (``distributed.gathered``), so a forward pass is no
+                # collective. transformers would otherwise turn it on for an FSDP model under torchrun and
+                # all-reduce a "finished" flag every token: a process whose agent episodes end a turn earlier
+                # than another's makes one ``generate`` call fewer, and the other waits on it forever.
                 out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                                          generation_config=config)
+                                          generation_config=config, synced_gpus=False)
         finally:
             self.model.train(was_training)
         sequences = out.sequences if self.logprobs else out

@@ -5,6 +5,10 @@
     worker.py train <config.json> <out_dir>
         a toy-task run; every process writes, before any gathering, a sha256 of each parameter as it
         holds it (its own replica under DDP, its shard under FSDP) to <out_dir>/weights-<rank>.json
+    worker.py generate <config.json> <out_dir>
+        process r samples r + 1 times from the policy (FSDP2 gathered, as the agent loop does when
+        one process's episodes end a turn before another's), then all meet at a barrier; each writes
+        what it sampled to <out_dir>/generated-<rank>.json
 """
 
 import hashlib
@@ -41,7 +45,7 @@ def update(experience, config, out):
     eps = config.pop("adam_eps", None)
     trainer = toy_trainer(**config)
     for group in trainer.run.optimizer.param_groups if eps is not None else []:
-        group["eps"] = eps  # AdamW's eps: see COMPARABLE_ADAM in test_distributed.py
+        group["eps"] = eps  # AdamW's eps: see COMPARABLE_ADAM_EPS in test_distributed.py
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
     share = B // distributed.world()
     rows = torch.arange(distributed.rank() * share, (distributed.rank() + 1) * share)
@@ -111,5 +115,17 @@ def train(config, out_dir):
         json.dump(local_digests(trainer), f)
 
 
+def generate(config, out_dir):
+    trainer = _trainer(json.loads(open(config).read()))
+    prompts = [trainer.prompt_ids[0]]
+    sampled = []
+    with distributed.gathered(trainer.models.policy):
+        for _ in range(distributed.rank() + 1):  # a different number of generate calls on each process
+            sampled.append(trainer.engine.generate(prompts, 2, trainer.sampling).response_ids.tolist())
+    distributed.barrier()
+    with open(f"{out_dir}/generated-{distributed.rank()}.json", "w") as f:
+        json.dump(sampled, f)
+
+
 if __name__ == "__main__":
-    {"update": update, "train": train}[sys.argv[1]](*sys.argv[2:])
+    {"update": update, "train": train, "generate": generate}[sys.argv[1]](*sys.argv[2:])

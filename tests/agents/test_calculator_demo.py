@@ -15,7 +15,10 @@ from rlhfkit.tasks.calculator_demo import accuracy_curve, demo_files, rl_job, tr
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
-MARGIN = 0.25  # measured (README, agents): 0.14 -> 0.75 in 40 steps through environment_factory=
+# Measured (README, agents): 0.45 -> 0.73 in 40 steps through environment_factory=. GRPO's gain is the
+# share of answers that echo the first factor (~40% after SFT) times how often the model copies the
+# tool's result right (~80%); held-out evaluations move by up to 8 points from one to the next.
+MARGIN = 0.2
 
 
 @pytest.fixture(scope="module")

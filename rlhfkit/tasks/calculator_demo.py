@@ -15,7 +15,7 @@ use a calculator.
 that an episode fits the tiny model's 256 positions; its tool calls are the Hermes form that the
 shipped ``chatml_tools`` template also renders.
 
-    python -m rlhfkit.tasks.calculator_demo OUT_DIR   # measured: SFT 469 s (machine shared), GRPO ~2 min per run
+    python -m rlhfkit.tasks.calculator_demo OUT_DIR   # measured: SFT 664 s (one thread), GRPO ~2 min per run
 
 The same run from YAML, on 2 processes: ``rl_job`` writes the config that ``rlhfkit rl --config``
 takes.
@@ -43,7 +43,7 @@ MAX_NEW_TOKENS = 128
 # Settings measured to learn (the README's agents section). SFT is the fragile part: the model learns
 # to copy (the factors into the call, the tool's result into the answer) in a sudden drop of the loss
 # whose step moved from ~1,100 to past 1,500 between machines and package versions with 4 heads
-# (1,500 steps then left 3 of 64 calls right and GRPO nothing to reinforce); 8 heads and 2,500 steps
+# (1,500 steps then left 3 of 64 calls with the right factors: nothing for GRPO to reinforce); 8 heads and 2,500 steps
 # put it at ~1,300 with room to spare. GRPO at 1e-3 breaks the call format.
 MODEL = {"hidden_size": 128, "layers": 4, "heads": 8}
 SFT = {"learning_rate": 2e-3, "max_steps": 2500, "batch_size": 16}

@@ -41,10 +41,11 @@ TINY_TOOLS_TEMPLATE = (
 # An episode: the call (~70 tokens) and its EOS, the tool suffix (~20), the answer (~5).
 MAX_NEW_TOKENS = 128
 # Settings measured to learn (the README's agents section). SFT is the fragile part: the model learns
-# to copy (the factors into the call, the tool's result into the answer) in a sudden drop of the loss
-# whose step moved from ~1,100 to past 1,500 between machines and package versions with 4 heads
-# (1,500 steps then left 3 of 64 calls with the right factors: nothing for GRPO to reinforce); 8 heads and 2,500 steps
-# put it at ~1,300 with room to spare. GRPO at 1e-3 breaks the call format.
+# to copy (the factors into the call, the tool's result into the answer) in a sudden drop of the loss.
+# With 4 heads that drop moved from ~1,100 to past step 1,500 between machines and package versions
+# (1,500 steps then left 3 of 64 calls with the right factors: nothing for GRPO to reinforce); with 8
+# heads and 2,500 steps it came at ~1,300 (one setting, measured here and in CI). GRPO at 1e-3 breaks
+# the call format.
 MODEL = {"hidden_size": 128, "layers": 4, "heads": 8}
 SFT = {"learning_rate": 2e-3, "max_steps": 2500, "batch_size": 16}
 RL = {"algorithm": "grpo", "learning_rate": 2e-4, "prompts_per_step": 8, "group_size": 8, "kl_coef": 0.0,

@@ -58,8 +58,8 @@ class Agent:
                 episodes.append(episode)
         return episodes
 
-    def run(self, engine, episodes: list[Episode], sampling, seed: int | None = None):
-        """The episodes to their end (``run_episodes``), as one ``Rollout``."""
+    def run(self, engine, episodes: list[Episode], sampling, seed=None):
+        """The episodes to their end (``run_episodes``; ``seed``: one per episode), as one ``Rollout``."""
         return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed)
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..rollout.base import Rollout, SamplingParams
+from ..rollout.base import Rollout, SamplingParams, Seed, row_seeds, sampling_seed
 from ..data.padding import pad
 from .parsing import MalformedToolCall, parse_tool_calls
 from .templates import encode, prompt_ids, tool_suffix_ids
@@ -76,18 +76,26 @@ def start_episode(tokenizer, messages: list[dict], tools: dict[str, Tool], envir
 
 
 def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingParams, options: AgentOptions,
-                 seed: int | None = None) -> Rollout:
+                 seed: Seed = None) -> Rollout:
     """Run ``episodes`` to their end with ``engine`` and return them as one ``Rollout`` (rows in
-    the order of ``episodes``, ``prompt_index`` None: episodes do not share a prompt pass)."""
+    the order of ``episodes``, ``prompt_index`` None: episodes do not share a prompt pass).
+
+    ``seed``: one per episode (or an int ``s``: episode ``i`` gets ``s + i``; None: the engine's
+    stream). An episode's first turn samples with its seed, turn ``t`` with ``sampling_seed(seed,
+    t)``: its tokens never depend on which other episodes are still running."""
     budget, eos = sampling.max_new_tokens, tokenizer.eos_token_id
+    seeds = row_seeds(seed, len(episodes), 1)
     with_logprobs = True
     for turn in range(options.max_tool_calling_iterations + 1):
-        active = [e for e in episodes if not e.done]
+        active = [k for k, e in enumerate(episodes) if not e.done]
         if not active:
             break
+        turn_seeds = None if seeds is None else [seeds[k] if turn == 0 else sampling_seed(seeds[k], turn)
+                                                 for k in active]
+        active = [episodes[k] for k in active]
         left = max(budget - len(e.ids) for e in active)
         out = engine.generate([e.prompt_ids + e.ids for e in active], 1, replace(sampling, max_new_tokens=left),
-                              seed=None if seed is None else seed + turn * 1_000_003)
+                              seed=turn_seeds)
         with_logprobs = out.logprobs is not None
         pending = []
         for i, e in enumerate(active):

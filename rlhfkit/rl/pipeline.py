@@ -12,8 +12,9 @@ batch of step ``s`` is generated with the policy version ``max(start, s - S)`` �
 being the weights after ``v`` updates, ``start`` the step the run starts (or resumes) at. So:
 
 - S = 0 is the synchronous algorithm: step ``s`` waits for the weights of update ``s - 1``; with the
-  same seed the run is the single-process run (the sampling seeds depend on (seed, step, rank), not
-  on which process samples), which ``tests/distributed/test_async.py`` checks weight for weight.
+  same seed the run is the single-process run (the sampling seeds depend on (seed, step, round,
+  prompt), not on which process samples), which ``tests/distributed/test_async.py`` checks weight
+  for weight — for any number of generators.
 - S ≥ 1 lets a generator produce the next S batches while the trainers update on the current one.
   A sample is never more than S versions old *by construction*: a generator does not start batch
   ``s`` before it holds version ``s - S`` (it blocks on the next broadcast — ``perf/generator_wait_s``),

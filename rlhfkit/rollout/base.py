@@ -6,6 +6,7 @@ into the batch layout every other part uses, so a vLLM engine plugs in unchanged
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, fields
 from typing import Protocol, Sequence
 
@@ -117,15 +118,52 @@ def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:
     return torch.arange(n_prompts, device=device).repeat_interleave(n)
 
 
+Seed = int | Sequence[int] | None
+
+
+def sampling_seed(*key: int) -> int:
+    """A seed in [0, 2**62) fixed by ``key`` (e.g. the run's seed, the step, the sampling round and
+    the prompt's place in the step): a hash, so neighbouring keys give unrelated seeds and each
+    prompt's ``s .. s + n - 1`` row seeds (``row_seeds``) never meet another prompt's."""
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
+
+
+def prompt_seeds(seed: Seed, n_prompts: int, n: int) -> list[int] | None:
+    """One seed per prompt from ``seed`` as ``generate`` takes it: None (the engine's own random
+    stream), a sequence of one seed per prompt, or one int ``s`` (prompt ``g`` then draws with
+    ``s + g·n``)."""
+    if seed is None:
+        return None
+    if isinstance(seed, int):
+        return [seed + g * n for g in range(n_prompts)]
+    seeds = [int(s) for s in seed]
+    if len(seeds) != n_prompts:
+        raise ValueError(f"generate: {len(seeds)} seeds for {n_prompts} prompts (one per prompt)")
+    return seeds
+
+
+def row_seeds(seed: Seed, n_prompts: int, n: int) -> list[int] | None:
+    """The seed of each row: completion ``j`` of prompt ``g`` (row ``g·n + j``) draws with prompt
+    ``g``'s seed + ``j`` — vLLM's own rule for the ``n`` completions of a seeded request."""
+    seeds = prompt_seeds(seed, n_prompts, n)
+    return None if seeds is None else [s + j for s in seeds for j in range(n)]
+
+
 class RolloutEngine(Protocol):
     """``needs_sync``: the engine holds its own copy of the weights (``sync_weights(weights,
     version)`` and ``synced_version``, as ``VLLMEngine``); ``sleep()`` releases what it can during
-    the update (a no-op for most engines); ``seed`` fixes the step's sampling where the engine takes one."""
+    the update (a no-op for most engines).
+
+    ``seed`` fixes the sampling per prompt (``prompt_seeds``): each row draws from a stream of its
+    own (``row_seeds``), so a row's tokens depend on its prompt, the weights and its seed, never on
+    which other prompts share the call — the same prompts split over N processes, or generator
+    ranks, sample what one process samples."""
 
     needs_sync: bool
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
-                 seed: int | None = None) -> Rollout: ...
+                 seed: Seed = None) -> Rollout: ...
 
     def sleep(self) -> None: ...
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Sequence
 
 import torch
 
 from ..models.policy import position_ids_from_mask
 from ..data.padding import pad
-from .base import Rollout, SamplingParams, group_index, response_mask_from_ids
+from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
 
 
 class HFEngine:
@@ -57,43 +58,37 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
-                 seed: int | None = None) -> Rollout:
-        """``seed`` fixes the sampling: ``generate`` draws from torch's generator seeded with it (the
-        global one, forked for the call, so nothing else's random stream moves); a call with the same
-        prompts, weights and seed samples the same tokens on any process. None: the global stream."""
+                 seed: Seed = None) -> Rollout:
+        """``n`` completions per prompt. ``seed`` (``rollout.base.prompt_seeds``: one per prompt, or
+        an int) fixes the sampling row by row: each row draws from a ``torch.Generator`` of its own
+        seeded with its ``row_seeds`` entry, so a row samples the same tokens whatever else is in the
+        batch. None: torch's global random stream."""
         device = next(self.model.parameters()).device
-        if seed is None:
-            return self._generate(prompts, n, sampling, device)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            return self._generate(prompts, n, sampling, device)
-
-    def _generate(self, prompts, n: int, sampling: SamplingParams, device) -> Rollout:
         prompt_ids, prompt_mask = pad(prompts, self.pad_id, "left", device=device)
         ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+        sampler = TokenSampler(sampling, row_seeds(seed, len(prompts), n))
         was_training = self.model.training
         self.model.eval()
         try:
             cache = self._prompt_cache(prompt_ids, prompt_mask, n)
             with _neutral_model_defaults(self.model):
-                config = self.generation_config(sampling)
-                config.output_scores = config.return_dict_in_generate = self.logprobs
+                # Decoding picks the token the sampler drew: ``generate`` runs greedy over its output.
+                config = self.generation_config(replace(sampling, greedy=True))
                 # synced_gpus=False: the policy is gathered (``distributed.gathered``), so a forward pass is no
                 # collective. transformers would otherwise turn it on for an FSDP model under torchrun and
                 # all-reduce a "finished" flag every token: a process whose agent episodes end a turn earlier
                 # than another's makes one ``generate`` call fewer, and the other waits on it forever.
-                out = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
-                                          generation_config=config, synced_gpus=False)
+                sequences = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                                                generation_config=config, logits_processor=sampler.as_processors(),
+                                                synced_gpus=False)
         finally:
             self.model.train(was_training)
-        sequences = out.sequences if self.logprobs else out
         responses = sequences[:, ids.shape[1] :]
         response_mask, has_eos = response_mask_from_ids(responses, self.eos_id)
         rollout = Rollout(sequences, torch.cat([mask, response_mask], 1), response_mask, has_eos, ids.shape[1],
                           group_index(len(prompts), n, device))
-        if self.logprobs:  # the processed scores (after temperature, top-k, top-p) the sampler drew from
-            scores = torch.stack(out.scores, 1).float().log_softmax(-1)
-            rollout.logprobs = scores.gather(-1, responses[:, : scores.shape[1], None]).squeeze(-1) * response_mask
+        if self.logprobs:  # the log-prob of each drawn token under the distribution it was drawn from
+            rollout.logprobs = sampler.token_logprobs(responses.shape[1]) * response_mask
         return rollout
 
     def sleep(self) -> None:
@@ -109,6 +104,60 @@ class HFEngine:
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)
         return cache
+
+
+class TokenSampler:
+    """The next token of every row, as ``generate`` calls its logits processors: the raw logits
+    warped as transformers warps them when it samples (temperature, then top-k, then top-p), one
+    draw per row from the softmax, or the argmax when ``sampling.greedy``. It returns scores that
+    are 0 at the chosen token and -inf elsewhere, so ``generate``'s greedy step takes it, and keeps
+    the chosen token's log-prob under the warped distribution (``token_logprobs``).
+
+    With ``seeds`` (one per row) each row draws one uniform per token from a CPU ``torch.Generator``
+    of its own and takes the token where it falls in the row's cumulative distribution (inverse-CDF
+    sampling, in float64; one batched search, whatever the device); without, ``torch.multinomial``
+    on torch's global stream, as ``generate`` itself samples."""
+
+    def __init__(self, sampling: SamplingParams, seeds: list[int] | None):
+        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
+                                                            TopPLogitsWarper)
+
+        self.greedy, self.warpers, self.logprobs = sampling.greedy, [], []
+        if not sampling.greedy:
+            if sampling.temperature != 1.0:
+                self.warpers.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k > 0:
+                self.warpers.append(TopKLogitsWarper(sampling.top_k))
+            if sampling.top_p < 1.0:
+                self.warpers.append(TopPLogitsWarper(sampling.top_p))
+        self.generators = None if seeds is None or sampling.greedy else [torch.Generator().manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        for warp in self.warpers:
+            scores = warp(input_ids, scores)
+        if self.greedy:
+            tokens = scores.argmax(-1, keepdim=True)
+        elif self.generators is None:
+            tokens = torch.multinomial(scores.softmax(-1), 1)
+        else:
+            if len(self.generators) != scores.shape[0]:
+                raise RuntimeError(f"{len(self.generators)} row seeds for {scores.shape[0]} rows")
+            cdf = scores.double().softmax(-1).cumsum(-1)
+            u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
+            tokens = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True)
+            tokens = tokens.clamp_(max=scores.shape[-1] - 1)
+        self.logprobs.append(scores.float().log_softmax(-1).gather(-1, tokens))
+        return torch.full_like(scores, float("-inf")).scatter_(-1, tokens, 0.0)
+
+    def as_processors(self):
+        from transformers import LogitsProcessorList
+
+        return LogitsProcessorList([self])
+
+    def token_logprobs(self, width: int) -> torch.Tensor:
+        """(B, ``width``): the drawn tokens' log-probs, 0 past the steps ``generate`` ran."""
+        drawn = torch.cat(self.logprobs, 1)[:, :width]
+        return torch.nn.functional.pad(drawn, (0, width - drawn.shape[1]))
 
 
 @contextmanager

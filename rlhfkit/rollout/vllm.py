@@ -38,7 +38,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .base import Rollout, SamplingParams, build_rollout
+from .base import Rollout, SamplingParams, Seed, build_rollout, prompt_seeds
 from .weight_sync import hf_weights  # noqa: F401  (the engine's weights: rollout.weight_sync)
 
 INSTALL_HINT = ("rollout_engine='vllm' needs vLLM, which is not installed: on GPU machines "
@@ -197,11 +197,13 @@ class VLLMEngine:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
-                 seed: int | None = None) -> Rollout:
-        """``n`` completions per prompt. ``seed`` fixes the sampling (prompt ``g`` draws with
-        ``seed + g·n``, its completions with the next ``n`` seeds); None: the engine's own stream."""
+                 seed: Seed = None) -> Rollout:
+        """``n`` completions per prompt. ``seed`` fixes the sampling per prompt (``prompt_seeds``:
+        one per prompt, or an int ``s`` for ``s + g·n``); vLLM draws completion ``j`` of a request
+        with its seed + ``j`` (the HF engine's ``row_seeds``). None: the engine's own stream."""
         self.wake_up()
-        params = [self.sampling_params(sampling, n, None if seed is None else seed + g * n) for g in range(len(prompts))]
+        seeds = prompt_seeds(seed, len(prompts), n) or [None] * len(prompts)
+        params = [self.sampling_params(sampling, n, s) for s in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         responses, logprobs = [], []
         for out in outputs:

@@ -34,6 +34,7 @@ from ..rl.evaluate import run_evaluation
 from ..rl.experience import Experience
 from ..rl.pipeline import TrainerLink, run_generator
 from ..rollout import Rollout, SamplingParams
+from ..rollout.base import row_seeds, sampling_seed
 from ..rollout.engines import build_engine, engine_ready
 from ..run.lifecycle import Run
 from ..run.metrics import write_samples
@@ -58,7 +59,7 @@ class RLTrainer:
     (``rlhfkit.agents``); the loss sees only the tokens the policy sampled.
     """
 
-    sampling_round = 0  # the round of dynamic sampling being generated (``_sampling_seed``)
+    sampling_round = 0  # the round of dynamic sampling being generated (``_sampling_seeds``)
 
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
                  processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None,
@@ -175,7 +176,7 @@ class RLTrainer:
             self.sampling_round = 0
 
     def _sampling_round(self, r: int, timings: dict):
-        self.sampling_round = r  # the engine's seed of this round
+        self.sampling_round = r  # in the sampling seeds of this round
         rows = self.sample_prompts()                                           # 1
         with timer(timings, "generate"):
             rollout = self.generate(rows, timings)                              # 2
@@ -203,11 +204,13 @@ class RLTrainer:
         to generate from the current policy first (``rollout.engines.engine_ready``: a vLLM engine
         receives the weights, timed as ``timings["weight_sync"]``), with this step's seed."""
         with self._engine_ready({} if timings is None else timings):
+            seeds = self._sampling_seeds(len(rows))
             if self.agent is not None:  # multi-turn episodes: kept for the score phase and the metrics
                 self.episodes = self.agent.start(self.rows, rows, self.args.group_size)
-                return self.agent.run(self.engine, self.episodes, self.sampling, seed=self._sampling_seed())
+                return self.agent.run(self.engine, self.episodes, self.sampling,
+                                      seed=row_seeds(seeds, len(rows), self.args.group_size))
             return self.engine.generate([self.prompt_ids[i] for i in rows], self.args.group_size, self.sampling,
-                                        seed=self._sampling_seed())
+                                        seed=seeds)
 
     def score(self, rows: list[int], rollout: Rollout):
         """Phase 3 (``rl.score.score``): the rollout's scores after the EOS trick, clipping and
@@ -261,13 +264,13 @@ class RLTrainer:
     def _engine_ready(self, timings: dict):
         return engine_ready(self.engine, self.models, self.weights_version, timings)
 
-    def _sampling_seed(self) -> int:
-        """The seed of this step's sampling on this process (an engine that takes one: vLLM), fixed by
-        (seed, step, rank) so a resumed run samples what the uninterrupted one did."""
-        # Below 2**62, so vLLM's per-request seeds (this + g·n) fit its 64-bit seed for any config seed;
-        # a further round of dynamic sampling in the step (sampling_round > 0) moves it far from the others.
-        seed = ((self.args.seed * 1_000_003 + self.step) * 4099 + distributed.rank()) * 100_003
-        return (seed + self.sampling_round * 1_000_000_007) % 2**62
+    def _sampling_seeds(self, count: int) -> list[int]:
+        """The sampling seed of each of this process's ``count`` prompts: fixed by (seed, step,
+        sampling round, the prompt's place among the step's prompts), never by which process samples
+        it — one process, N processes and generator ranks sample the same tokens for the same prompt
+        and weights, and a resumed run samples what the uninterrupted one did."""
+        first = distributed.rank() * count  # process r holds the r-th slice (``sample_prompts``)
+        return [sampling_seed(self.args.seed, self.step, self.sampling_round, first + i) for i in range(count)]
 
     def _eval_due(self) -> bool:
         every = self.args.eval_every

@@ -24,8 +24,7 @@ class Recording(HFEngine):
         return out
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_trainer_logprobs_and_ids_match_the_sampler_over_tool_turns(chatml, monkeypatch, temperature):
+def _turn_ending_model(chatml):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -36,9 +35,19 @@ def test_trainer_logprobs_and_ids_match_the_sampler_over_tool_turns(chatml, monk
     with torch.no_grad():  # a random model that ends its turns often, so episodes have several turns
         model.lm_head.weight[chatml.eos_token_id] *= 0
         model.lm_head.weight[chatml.eos_token_id] += model.lm_head.weight.mean(0) + 0.02
+    return model
+
+
+def _always_call_the_tool(monkeypatch):
     # Whatever a turn says, it calls the tool: the turns are sampled, the calls are forced.
     monkeypatch.setattr(episode_module, "parse_tool_calls", lambda text, tok, tools: (
         text, [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": len(text)}}}]))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_trainer_logprobs_and_ids_match_the_sampler_over_tool_turns(chatml, monkeypatch, temperature):
+    model = _turn_ending_model(chatml)
+    _always_call_the_tool(monkeypatch)
     engine = Recording(model, chatml.pad_token_id, chatml.eos_token_id, logprobs=True)
     tools = make_tools([add])
     episodes = [start_episode(chatml, [{"role": "user", "content": f"{i}+1?"}], tools) for i in range(6)]
@@ -59,3 +68,24 @@ def test_trainer_logprobs_and_ids_match_the_sampler_over_tool_turns(chatml, monk
     assert gaps.sum() > 0
     trainer = forward_response(model, rollout.input_ids, rollout.attention_mask, mask.shape[1], temperature).logprobs
     assert (trainer - rollout.logprobs)[mask].abs().max() < 1e-4
+
+
+def test_a_seeded_episode_samples_the_same_whatever_episodes_run_beside_it(chatml, monkeypatch):
+    """Per-episode seeds: an episode's turns are the same tokens when it runs among six episodes
+    (which end at other turns, so each turn's batch holds other rows) and when it runs alone."""
+    model = _turn_ending_model(chatml)
+    _always_call_the_tool(monkeypatch)
+    engine = HFEngine(model, chatml.pad_token_id, chatml.eos_token_id)
+    tools = make_tools([add])
+    sampling, options = SamplingParams(max_new_tokens=200), AgentOptions(max_tool_calling_iterations=2)
+
+    def episodes(indices):
+        return [start_episode(chatml, [{"role": "user", "content": f"{i}+1?"}], tools) for i in indices]
+
+    together = episodes(range(6))
+    run_episodes(engine, chatml, together, sampling, options, seed=[7 * i for i in range(6)])
+    assert len({e.turns for e in together}) > 1  # some episodes ended before others
+    for i in (2, 5):
+        alone = episodes([i])
+        run_episodes(engine, chatml, alone, sampling, options, seed=[7 * i])
+        assert alone[0].ids == together[i].ids and alone[0].turns == together[i].turns

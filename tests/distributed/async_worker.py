@@ -2,7 +2,7 @@
 
     async_worker.py train <config.json> <out_dir>
         a toy-task run (worker.py's trainer: ``toy_trainer`` with the config's fields, ``lora_r`` for a
-        LoRA adapter); global rank 0 writes the policy's full weights (LoRA merged) to
+        LoRA adapter, ``adam_eps`` for AdamW's eps); global rank 0 writes the policy's full weights (LoRA merged) to
         <out_dir>/weights.safetensors and the logged rows to <out_dir>/history.json
 """
 
@@ -17,7 +17,10 @@ from worker import _trainer
 
 def train(config, out_dir):
     config = json.loads(open(config).read())
+    eps = config.pop("adam_eps", None)
     trainer = _trainer(config)
+    for group in trainer.run.optimizer.param_groups if eps is not None and not distributed.is_generator() else []:
+        group["eps"] = eps  # AdamW's eps: see COMPARABLE_ADAM_EPS in test_distributed.py
     history = trainer.train()
     if distributed.is_generator():
         return

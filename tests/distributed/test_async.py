@@ -2,8 +2,9 @@
 torchrun processes over gloo on the CPU, generator ranks beside trainer ranks.
 
 The equivalences: with S = 0 one generator + one trainer ends on the very weights of the
-single-process run, and two generators + two trainers on those of two synchronous processes; a run
-resumed at S = 0 ends where the uninterrupted one does. Then S = 1 learns (GRPO and PPO) with
+single-process run; two synchronous processes, or two generators beside one or two trainers, sample
+the very tokens one process samples (per-prompt seeds); a run resumed at S = 0 ends where the
+uninterrupted one does. Then S = 1 learns (GRPO and PPO) with
 staleness at most 1, most batches one version old; a generator that raises ends the job with its
 error printed once; a split that leaves no trainer is refused before any process starts."""
 
@@ -59,13 +60,25 @@ def test_staleness_0_with_one_generator_is_the_single_process_run(tmp_path, algo
     assert all(r["perf/trainer_wait_s"] >= 0 and "perf/generator_wait_s" in r for r in split_rows)
 
 
+def _max_rel_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
+
+
 @pytest.mark.slow
-def test_two_generators_and_two_trainers_are_two_synchronous_processes(tmp_path):
-    # Generator g samples with the seed of synchronous rank g, trainer t trains synchronous rank t's rows.
-    config = {"algorithm": "grpo", "max_steps": 4, "output_dir": None, "parallelism": "ddp"}
-    sync, _ = _run(tmp_path, "sync", config, nproc=2)
-    split, _ = _run(tmp_path, "split", {**config, "rollout_workers": 2}, nproc=4)
-    assert _max_diff(sync, split) <= 1e-5
+@pytest.mark.parametrize("split", ["ddp-2", "generators-2-trainer-1", "generators-2-trainers-2"])
+def test_how_the_prompts_are_split_over_processes_changes_no_sample(tmp_path, split):
+    # The sampling seeds are per prompt (seed, step, round, its place in the step), so two
+    # synchronous processes, or two generators beside one or two trainers, sample the tokens one
+    # process samples: the same rewards step for step, and the same weights up to the rounding of
+    # another reduction (AdamW eps 1e-5, as test_distributed's COMPARABLE_ADAM_EPS).
+    config = {"algorithm": "grpo", "max_steps": 4, "output_dir": None, "parallelism": "ddp", "adam_eps": 1e-5}
+    nproc, workers = {"ddp-2": (2, 0), "generators-2-trainer-1": (3, 2), "generators-2-trainers-2": (4, 2)}[split]
+    one, one_rows = _run(tmp_path, "one", config)
+    many, rows = _run(tmp_path, split, {**config, "rollout_workers": workers}, nproc=nproc)
+    assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in one_rows]
+    assert len({r["reward/mean"] for r in rows}) > 1  # the samples changed from step to step
+    assert _max_rel_diff(one, many) <= 1e-5
 
 
 def test_resumed_at_staleness_0_is_the_uninterrupted_run(tmp_path):

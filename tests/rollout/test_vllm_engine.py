@@ -155,6 +155,22 @@ def test_the_same_seed_samples_the_same_completions_and_sampling_follows_the_con
     assert top1.logprobs[top1.response_mask.bool()].abs().max() < 1e-5
 
 
+def test_a_seeded_prompt_samples_the_same_whatever_shares_the_call():
+    """Per-prompt seeds (one per prompt, as the trainer passes them): a prompt's completions are the
+    same with three other prompts in the call or alone — the trainer's prompts split over N
+    processes or generator ranks sample what one process samples."""
+    policy, tok = tiny_policy(seed=2)
+    engine = make_engine(policy, tok)
+    prompts, seeds = encode(tok, ["abc", "hello", "xyz 12", "the cat"]), [101, 202, 303, 404]
+    sampling = SamplingParams(max_new_tokens=10, temperature=1.0)
+    together = engine.generate(prompts, 3, sampling, seed=seeds)
+    alone = engine.generate(prompts[2:3], 3, sampling, seed=seeds[2:3])
+    rows = together.select(torch.arange(6, 9))
+    ids = lambda r: [r.response_ids[i, : int(r.response_mask[i].sum())].tolist() for i in range(3)]  # noqa: E731
+    assert ids(rows) == ids(alone)
+    assert len({tuple(x) for x in ids(rows)}) > 1  # each completion draws from a stream of its own
+
+
 def test_sleep_mode_tensor_parallelism_and_unsupported_head_sizes_are_refused_on_cpu_in_one_line():
     from rlhfkit.rollout.vllm import VLLMEngine
     from rlhfkit.tasks.tiny import tiny_causal_lm

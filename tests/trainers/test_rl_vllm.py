@@ -129,3 +129,34 @@ def test_a_vllm_generator_rank_and_a_trainer_rank_learn_the_toy_task(tmp_path):
     assert [r["rollout/staleness_max"] for r in history] == [0.0] + [1.0] * 29
     # The engine's log-probs are the behaviour policy's: one update behind the trainer's, so they differ.
     assert max(r["rollout/logprob_diff_max"] for r in history[1:]) > 1e-2
+
+
+def _async_worker(tmp_path, name: str, config: dict, nproc: int):
+    """The toy run of ``async_worker.py train`` on ``nproc`` processes (1: no torchrun): its final
+    weights and logged rows."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / name
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "300",
+           "PYTHONPATH": os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")])}
+    launcher = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr", "127.0.0.1",
+        "--master-port", str(_free_port())]
+    done = subprocess.run([*launcher, str(WORKER.parent / "async_worker.py"), "train", str(out / "config.json"),
+                           str(out)], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return load_file(str(out / "weights.safetensors")), json.loads((out / "history.json").read_text())
+
+
+def test_staleness_0_with_a_vllm_generator_is_the_single_process_vllm_run(tmp_path):
+    """S = 0: a vLLM generator (its engine core in a process of its own, the weights received
+    serialised) samples with the same per-prompt seeds as the single process's in-process vLLM
+    engine, so the trainer beside it logs the same rewards and ends on the same weights."""
+    config = dict(algorithm="grpo", max_steps=4, output_dir=None, model_kwargs=HEADS, **VLLM)
+    one, one_rows = _async_worker(tmp_path, "one", config, 1)
+    split, rows = _async_worker(tmp_path, "split", {**config, "rollout_workers": 1}, 2)
+    assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in one_rows]
+    assert len({r["reward/mean"] for r in rows}) > 1
+    assert max(float((one[k] - split[k]).abs().max()) for k in one) <= 1e-5

@@ -65,15 +65,19 @@ def _max_rel_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
 
 
+SPLITS = {"ddp-2": (2, 0, "ddp"), "generators-2-trainer-1": (3, 2, "ddp"), "generators-2-trainers-2": (4, 2, "ddp"),
+          "generator-1-fsdp-trainers-2": (3, 1, "fsdp")}  # processes, rollout_workers, parallelism
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("split", ["ddp-2", "generators-2-trainer-1", "generators-2-trainers-2"])
+@pytest.mark.parametrize("split", SPLITS)
 def test_how_the_prompts_are_split_over_processes_changes_no_sample(tmp_path, split):
     # The sampling seeds are per prompt (seed, step, round, its place in the step), so two
-    # synchronous processes, or two generators beside one or two trainers, sample the tokens one
+    # synchronous processes, or generators beside DDP or FSDP2 trainers, sample the tokens one
     # process samples: the same rewards step for step, and the same weights up to the rounding of
     # another reduction (AdamW eps 1e-5, as test_distributed's COMPARABLE_ADAM_EPS).
-    config = {"algorithm": "grpo", "max_steps": 4, "output_dir": None, "parallelism": "ddp", "adam_eps": 1e-5}
-    nproc, workers = {"ddp-2": (2, 0), "generators-2-trainer-1": (3, 2), "generators-2-trainers-2": (4, 2)}[split]
+    nproc, workers, parallelism = SPLITS[split]
+    config = {"algorithm": "grpo", "max_steps": 4, "output_dir": None, "parallelism": parallelism, "adam_eps": 1e-5}
     one, one_rows = _run(tmp_path, "one", config)
     many, rows = _run(tmp_path, split, {**config, "rollout_workers": workers}, nproc=nproc)
     assert [r["reward/mean"] for r in rows] == [r["reward/mean"] for r in one_rows]

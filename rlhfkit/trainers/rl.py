@@ -202,7 +202,7 @@ class RLTrainer:
     def generate(self, rows: list[int], timings: dict | None = None) -> Rollout:
         """Phase 2: ``group_size`` completions of each prompt of ``rows`` from the engine, made ready
         to generate from the current policy first (``rollout.engines.engine_ready``: a vLLM engine
-        receives the weights, timed as ``timings["weight_sync"]``), with this step's seed."""
+        receives the weights, timed as ``timings["weight_sync"]``), with its per-prompt seeds (``_sampling_seeds``)."""
         with self._engine_ready({} if timings is None else timings):
             seeds = self._sampling_seeds(len(rows))
             if self.agent is not None:  # multi-turn episodes: kept for the score phase and the metrics

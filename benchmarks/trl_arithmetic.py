@@ -63,9 +63,6 @@ def main() -> None:
     class HeldOut(TrainerCallback):
         """rlhfkit's in-run evaluation of the live model every ``--eval-every`` steps."""
 
-        def __init__(self):
-            self.tokenizer = None
-
         def on_step_end(self, args, state, control, model=None, processing_class=None, **kw):
             step = state.global_step
             if step % a.eval_every and step != a.steps:

@@ -12,15 +12,13 @@ import sys
 from safetensors.torch import save_file
 
 from rlhfkit import distributed
-from worker import _trainer
+from worker import _trainer, set_adam_eps
 
 
 def train(config, out_dir):
     config = json.loads(open(config).read())
     eps = config.pop("adam_eps", None)
-    trainer = _trainer(config)
-    for group in trainer.run.optimizer.param_groups if eps is not None and not distributed.is_generator() else []:
-        group["eps"] = eps  # AdamW's eps: see COMPARABLE_ADAM_EPS in test_distributed.py
+    trainer = set_adam_eps(_trainer(config), eps)
     history = trainer.train()
     if distributed.is_generator():
         return

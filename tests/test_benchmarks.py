@@ -23,15 +23,17 @@ def test_rl_step_benchmark_runs(tiny_model_dir, extra):
 
 
 @pytest.mark.slow
-def test_objectives_benchmark_runs_each_preset_and_tabulates(tiny_model_dir, tmp_path):
+def test_objectives_benchmark_stops_each_preset_at_the_cpu_budget_and_tabulates(tiny_model_dir, tmp_path):
     script = SCRIPT.with_name("objectives.py")
-    out = subprocess.run([sys.executable, str(script), "--model", tiny_model_dir, "--steps", "2",
+    out = subprocess.run([sys.executable, str(script), "--model", tiny_model_dir, "--steps", "60", "--cpu-budget", "2",
                           "--algorithms", "grpo,dapo", "--out", str(tmp_path / "obj")], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "obj" / "results.json").read_text())
-    assert set(results) == {"grpo", "dapo"}
-    assert all(r["cpu_s"] > 0 and len(r["reward_by_quarter"]) >= 1 and r["kl_to_start"] >= -1e-6 for r in results.values())
+    assert set(results) == {"grpo-seed0", "dapo-seed0"}
+    for r in results.values():  # stopped by the budget, well before the 60-step cap
+        assert 2 <= r["train_cpu_s"] and 1 <= r["steps"] < 60, r
+        assert len(r["reward_by_quarter"]) >= 1 and r["kl_to_start"] >= -1e-6
     assert "| dapo |" in out.stdout
 
 

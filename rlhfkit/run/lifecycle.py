@@ -13,11 +13,15 @@ all four trainers:
    schedule, every process's RNG, the trainer's counters; a checkpoint past ``total_steps``, of
    another seed or another base model is refused in one line) and the metrics logger with its
    trackers;
-4. ``optimizer_step(loss)`` per update (clip, the guard, the schedule: ``training.optimizer_step``),
-   ``log(step, metrics)`` per step, ``step_done(step, counters)`` per step (a checkpoint every
-   ``save_steps``, pruned to ``save_total_limit``);
-5. ``finish(save_final)`` — ``final/``, the plots, the trackers closed, every process waiting for
-   the others.
+4. ``step_begin()`` / ``step_end(step)`` around each step (the callbacks' events; ``step_end`` says
+   whether a callback stopped the run), ``optimizer_step(loss)`` per update (clip, the guard, the
+   schedule: ``training.optimizer_step``), ``log(step, metrics)`` per step, ``step_done(step,
+   counters)`` per step (a checkpoint every ``save_steps``, pruned to ``save_total_limit``);
+5. ``finish(save_final)`` — ``final/``, the plots, the trackers closed, ``on_train_end``, every
+   process waiting for the others.
+
+The callbacks (``callbacks=[...]``: transformers' ``TrainerCallback`` interface) are
+``run/callbacks.py``'s.
 
 A checkpoint's counters are the trainer's own (its position in the data, an RL controller's β …)
 plus ``skipped_steps``, which the run keeps: a resumed run reports the skips of the whole run.
@@ -34,6 +38,7 @@ import torch
 from .. import distributed
 from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
+from .callbacks import Callbacks
 from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
@@ -47,15 +52,16 @@ class Run:
     progress_bar, report_to, seed, device, learning_rate, weight_decay, lr_scheduler,
     warmup_steps, max_grad_norm, max_consecutive_skips); after construction ``run.args`` is the
     config with ``resume_from='latest'`` resolved. ``main_metric``: the metric the progress line
-    shows."""
+    shows; ``callbacks``: ``TrainerCallback`` objects (``run/callbacks.py``)."""
 
-    def __init__(self, args, main_metric: str = "reward/mean"):
+    def __init__(self, args, main_metric: str = "reward/mean", callbacks=None):
         distributed.check_device(args.device)
         if args.resume_from == "latest":
             args = args.replace(resume_from=latest_checkpoint(args.output_dir))
         self.args, self.main_metric = args, main_metric
         self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
         check_run_dir(self.out_dir, args.overwrite, args.resume_from)
+        self.callbacks = Callbacks(callbacks, args)
         self.optimizer = self.scheduler = self.guard = self.logger = None
         self.total_steps, self.modules, self.base_model = 0, {}, None
 
@@ -90,9 +96,22 @@ class Run:
                                     progress_bar=args.progress_bar and main, total_steps=total_steps,
                                     initial_step=int(counters["step"]) if counters else 0,
                                     config=args if main else None)
+        model = modules.get("policy", next(iter(modules.values()), None))
+        self.callbacks.begin(total_steps, int(counters["step"]) if counters else 0, model=model,
+                             optimizer=self.optimizer, lr_scheduler=self.scheduler)
         return counters
 
     # ---------------------------------------------------------------- each step
+    def step_begin(self) -> None:
+        """Before a trainer step: the callbacks' ``on_step_begin``."""
+        self.callbacks.fire("on_step_begin")
+
+    def step_end(self, step: int) -> bool:
+        """After trainer step ``step`` (before its evaluation, log and checkpoint): ``on_step_end``;
+        True when a callback set ``control.should_training_stop`` (on any process): the trainer
+        ends the run after this step as after its last."""
+        return self.callbacks.step_end(step) if self.callbacks else False
+
     def optimizer_step(self, loss: torch.Tensor | None = None) -> dict:
         """Clip, step (unless the loss or the gradient norm is not finite: ``NonFiniteGuard``; the
         schedule then does not advance either), check the new weights; the update's ``perf/*``
@@ -101,8 +120,12 @@ class Run:
         return {"perf/lr": lr, "perf/grad_norm": grad_norm, "perf/skipped_steps": float(self.guard.skipped)}
 
     def log(self, step: int, metrics: dict) -> dict:
-        """One row of ``metrics.jsonl`` (rank 0 writes it, every process gets it back as floats)."""
-        return self.logger.log(step, metrics, self.total_steps)
+        """One row of ``metrics.jsonl`` (rank 0 writes it, every process gets it back as floats);
+        the callbacks' ``on_evaluate`` and ``on_log``."""
+        row = self.logger.log(step, metrics, self.total_steps)
+        if self.callbacks:
+            self.callbacks.logged(row)
+        return row
 
     @property
     def history(self) -> list[dict]:
@@ -147,6 +170,7 @@ class Run:
             save_final(Path(self.args.output_dir) / "final")
             finish_run(self.out_dir)
         self.logger.close()
+        self.callbacks.fire("on_train_end")
         distributed.finished()
         return self.logger.history
 

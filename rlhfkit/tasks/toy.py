@@ -18,9 +18,10 @@ def fraction_of_a(prompts, completions, **columns):
     return [c.count("a") / max(1, len(c)) for c in completions]
 
 
-def toy_trainer(algorithm: str, model_kwargs: dict | None = None, **overrides):
+def toy_trainer(algorithm: str, model_kwargs: dict | None = None, callbacks=None, **overrides):
     """An ``RLTrainer`` on the toy task with settings that learn in ~30 steps; ``model_kwargs`` go to
-    ``tiny_causal_lm`` (vLLM's CPU attention wants a head size of 32 or more: ``{"heads": 2}``)."""
+    ``tiny_causal_lm`` (vLLM's CPU attention wants a head size of 32 or more: ``{"heads": 2}``),
+    ``callbacks`` to the trainer."""
     from ..trainers import RLTrainer
     from .tiny import char_tokenizer, tiny_causal_lm
 
@@ -30,7 +31,7 @@ def toy_trainer(algorithm: str, model_kwargs: dict | None = None, **overrides):
                 prompts_per_step=4 if group_based else 16)
     args.update(overrides)
     return RLTrainer(tiny_causal_lm(tok, seed=0, **(model_kwargs or {})), [fraction_of_a], RLConfig(**args), train_dataset=PROMPTS,
-                     processing_class=tok)
+                     processing_class=tok, callbacks=callbacks)
 
 
 ALGORITHMS = ("ppo", "grpo", "reinforce", "rloo", "dr_grpo", "reinforce_plus_plus", "gspo", "cispo", "dapo")

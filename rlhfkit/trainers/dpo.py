@@ -63,12 +63,13 @@ class DPOTrainer(SupervisedTrainer):
     Datasets: preference pairs (``data.preferences``); every pair is read, checked and tokenised
     before any model is loaded. Dropout is off in the policy and the reference (as TRL's
     ``disable_dropout``): the implicit rewards must not be noise.
+    ``callbacks``: ``transformers.TrainerCallback`` objects (``rlhfkit/run/callbacks.py``).
     """
 
     main_metric = "rewards/accuracies"
 
     def __init__(self, model, args: DPOConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, ref_model=None, peft_config=None):
+                 processing_class=None, ref_model=None, peft_config=None, callbacks=None):
         self.args = args = args or DPOConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
@@ -82,7 +83,7 @@ class DPOTrainer(SupervisedTrainer):
                              "each process scores an equal share of every step's pairs")
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._check_run()
+        self._check_run(callbacks)
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                         "model" if processing_class is None else "processing_class")
         self.train_pairs = self._encode(train_rows, "train_dataset")
@@ -191,14 +192,18 @@ class DPOTrainer(SupervisedTrainer):
         """Train; returns one dict of metrics per step (as in metrics.jsonl)."""
         args = self.args
         while self.step < self.total_steps:
+            self.run.step_begin()
             self.step += 1
             metrics = self._step(self._batch(self.step))
             metrics["dpo/epoch"] = self.step / self.steps_per_epoch
-            last = self.step == self.total_steps
+            stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
+            last = stop or self.step == self.total_steps
             if self.eval_pairs is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics.update(self.evaluate())
             self.run.log(self.step, metrics)
             self._step_done()
+            if stop:
+                break
         if self.total_steps == 0 and self.eval_pairs is not None:
             self.run.log(0, self.evaluate())
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers

@@ -65,12 +65,13 @@ class RewardModelTrainer(SupervisedTrainer):
     saved with the adapter merged, or with ``save_adapter`` as the adapter plus the head
     (``scalar_head.safetensors``, ``rlhfkit_scalar.json``: ``ScalarModel.from_pretrained`` loads it
     on the base model its ``adapter_config.json`` names).
+    ``callbacks``: ``transformers.TrainerCallback`` objects (``rlhfkit/run/callbacks.py``).
     """
 
     main_metric = "rm/accuracy"
 
     def __init__(self, model, args: RewardModelConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, center_dataset=None, peft_config=None):
+                 processing_class=None, center_dataset=None, peft_config=None, callbacks=None):
         self.args = args = args or RewardModelConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
@@ -83,7 +84,7 @@ class RewardModelTrainer(SupervisedTrainer):
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
-        self._check_run()
+        self._check_run(callbacks)
         is_path = isinstance(model, (str, os.PathLike))
         if is_path:
             _check_dir(model, "model")
@@ -159,17 +160,21 @@ class RewardModelTrainer(SupervisedTrainer):
     def train(self) -> list[dict]:
         """Train, evaluate and centre; returns one dict of metrics per step (as in metrics.jsonl)."""
         while self.step < self.total_steps:
+            self.run.step_begin()
             self.step += 1
             step = self.step
             metrics = self._step([self.train_pairs[i] for i in self._batch(step)])
             metrics["rm/epoch"] = step / self.steps_per_epoch
-            last = step == self.total_steps
+            stop = self.run.step_end(step)  # a callback's should_training_stop: this step is the last
+            last = stop or step == self.total_steps
             if self.eval_pairs is not None and (last or (self.args.eval_every and step % self.args.eval_every == 0)):
                 metrics.update(self.evaluate())
             if last and self.args.center:
                 metrics["rm/offset"] = self.center()
             self.run.log(step, metrics)
             self._step_done()
+            if stop:
+                break
         if self.total_steps == 0 and self.args.center:
             self.run.log(0, {"rm/offset": self.center()})
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers

@@ -57,13 +57,17 @@ class RLTrainer:
     instantiated per episode, ``reset(**row)`` first, its public methods as tools, its optional
     ``get_reward()`` an extra reward source. Episodes run token in, token out
     (``rlhfkit.agents``); the loss sees only the tokens the policy sampled.
+
+    ``callbacks``: ``transformers.TrainerCallback`` objects (``rlhfkit/run/callbacks.py``); one that
+    sets ``control.should_training_stop`` ends the run after that step, evaluated and saved as a
+    last step (not with ``rollout_workers``).
     """
 
     sampling_round = 0  # the round of dynamic sampling being generated (``_sampling_seeds``)
 
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
                  processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None,
-                 tools=None, environment_factory=None):
+                 tools=None, environment_factory=None, callbacks=None):
         args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
@@ -77,8 +81,11 @@ class RLTrainer:
             from ..rollout.vllm import import_vllm
 
             import_vllm()  # not installed: one line now, before any model loads
+        if callbacks and args.rollout_workers:
+            raise ValueError("callbacks are not supported with rollout_workers (a generator rank cannot end the run "
+                             "early)")
         args.check_processes(distributed.planned_world())
-        self.run = Run(args)  # the run lifecycle; nothing is written before everything has loaded
+        self.run = Run(args, callbacks=callbacks)  # the run lifecycle; nothing is written before everything has loaded
         self.args = args = self.run.args
         self.out_dir = self.run.out_dir
         seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
@@ -134,6 +141,7 @@ class RLTrainer:
             self.run.log(0, self.evaluate())
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
+            self.run.step_begin()
             rows, rollout, scores, valid, metrics = self.next_batch(timings)       # 1, 2, 3
             with timer(timings, "logprobs"):
                 exp = self.make_experience(rollout, scores, valid, metrics)         # 4, 5
@@ -144,10 +152,13 @@ class RLTrainer:
             if self.link is not None:  # the generators go on with the new weights
                 with timer(timings, "weight_sync"):
                     self.link.publish(self.step, self.models)
-            if self._eval_due():
+            stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
+            if self._eval_due(last=stop):
                 metrics.update(self.evaluate())
             self._log(metrics, exp, timings)                                        # 7
             self.run.step_done(self.step, self._counters)                           # checkpoint
+            if stop:
+                break
         return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     # ---------------------------------------------------------------- the phases (rlhfkit/rl/)
@@ -272,9 +283,10 @@ class RLTrainer:
         first = distributed.rank() * count  # process r holds the r-th slice (``sample_prompts``)
         return [sampling_seed(self.args.seed, self.step, self.sampling_round, first + i) for i in range(count)]
 
-    def _eval_due(self) -> bool:
+    def _eval_due(self, last: bool = False) -> bool:
         every = self.args.eval_every
-        return self.eval_rows is not None and ((every and self.step % every == 0) or self.step == self.args.max_steps)
+        last = last or self.step == self.args.max_steps
+        return self.eval_rows is not None and (last or bool(every and self.step % every == 0))
 
     def _sample_step(self) -> bool:
         every = max(1, self.args.max_steps // 10)

@@ -49,12 +49,13 @@ class SFTTrainer(SupervisedTrainer):
     tokenised before the model is loaded, so a bad row fails fast. Dropout stays as the model has it.
     ``peft_config``: a ``peft`` config (e.g. ``LoraConfig``) to train an adapter instead of every
     weight; ``final/`` is then merged, or the adapter alone with ``save_adapter=True``.
+    ``callbacks``: ``transformers.TrainerCallback`` objects (``rlhfkit/run/callbacks.py``).
     """
 
     main_metric = "sft/loss"
 
     def __init__(self, model, args: SFTConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, peft_config=None):
+                 processing_class=None, peft_config=None, callbacks=None):
         self.args = args = args or SFTConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
@@ -66,7 +67,7 @@ class SFTTrainer(SupervisedTrainer):
         resolve_chat_template(args.chat_template)  # a bad value is one line before anything is loaded
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._check_run()
+        self._check_run(callbacks)
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                         "model" if processing_class is None else "processing_class")
         use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
@@ -101,13 +102,17 @@ class SFTTrainer(SupervisedTrainer):
         args = self.args
         self.train_model.train()
         while self.step < self.total_steps:
+            self.run.step_begin()
             metrics = self._train_step(self._next_units(args.batch_size * args.grad_accumulation))
             self.step += 1
-            last = self.step == self.total_steps
+            stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
+            last = stop or self.step == self.total_steps
             if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics["eval/loss"] = self.evaluate()
             self.run.log(self.step, metrics)
             self._step_done()
+            if stop:
+                break
         if self.total_steps == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
             self.run.log(0, {"eval/loss": self.evaluate()})
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers

@@ -28,10 +28,10 @@ class SupervisedTrainer:
 
     main_metric = "loss"
 
-    def _check_run(self) -> None:
+    def _check_run(self, callbacks=None) -> None:
         """Before anything loads: the ``Run`` (device, ``resume_from='latest'``, the run
-        directory's refusals) — nothing is written yet."""
-        self.run = Run(self.args, self.main_metric)
+        directory's refusals, the ``callbacks``) — nothing is written yet."""
+        self.run = Run(self.args, self.main_metric, callbacks)
         self.args, self.out_dir = self.run.args, self.run.out_dir
 
     def _open_run(self, model, datasets: dict, peft_config=None, **sources) -> None:

@@ -135,6 +135,22 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
         [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
 
 
+@pytest.mark.slow
+def test_a_callback_that_stops_one_process_stops_every_process(tmp_path):
+    """``control.should_training_stop`` set on rank 1 alone (worker.StopOnOneRank): both processes
+    end after that step — no process waits for a collective the other never joins — and the run
+    saves ``final/``."""
+    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=6, parallelism="ddp", stop=[1, 2],
+                  output_dir=str(tmp_path / "run"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    run(2, "train", tmp_path / "config.json", tmp_path, timeout=300)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    rank0, rank1 = (json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in (0, 1))
+    assert rank0 == rank1
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
 def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(tmp_path):
     """DAPO's dynamic sampling under DDP, with rewards that vary only for two of the eight prompts
     (worker.some_prompts_vary): the processes keep different numbers of groups, yet run the same

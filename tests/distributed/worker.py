@@ -71,9 +71,24 @@ def some_prompts_vary(prompts, completions, **kwargs):
     return [(i % 4) / 4 if p in VARYING else 0.0 for i, p in enumerate(prompts)]
 
 
+class StopOnOneRank:
+    """A ``TrainerCallback`` that asks to stop at ``step`` on process ``rank`` only."""
+
+    def __init__(self, rank: int, step: int):
+        self.rank, self.step = rank, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if distributed.rank() == self.rank and state.global_step == self.step:
+            control.should_training_stop = True
+
+
 def _trainer(config: dict):
     """The toy trainer; ``lora_r`` in the config trains a LoRA adapter of that rank, ``reward``
-    names a reward function of this module to use instead of the toy task's."""
+    names a reward function of this module to use instead of the toy task's, ``stop: [rank, step]``
+    adds a callback that stops the run at that step on that process only."""
+    stop = config.pop("stop", None)
+    if stop is not None:
+        return toy_trainer(callbacks=[StopOnOneRank(*stop)], **config)
     reward = config.pop("reward", None)
     if reward is not None:
         from rlhfkit import RLConfig, RLTrainer

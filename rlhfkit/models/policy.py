@@ -9,6 +9,7 @@ occupying the last ``T`` columns, so the logits that predict response token ``t`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,25 @@ class ResponseForward:
     entropy: torch.Tensor | None  # (B, T) float32, when asked for
     hidden: torch.Tensor | None  # (B, T, H) last hidden states at the predicting positions
     log_kept_mass: torch.Tensor | None = None  # (B, T) float32, log of the mass top-k/top-p keep, when asked for
+
+
+@functools.cache
+def cache_name() -> str:
+    """The KV cache's name in this transformers' model calls and outputs: ``cache`` (the newer name;
+    ``past_key_values`` is deprecated there) or ``past_key_values`` (older 5.x)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def with_cache(cache) -> dict:
+    """The keyword argument that passes ``cache`` to a model's forward or ``generate``."""
+    return {cache_name(): cache}
+
+
+def output_cache(out):
+    """The KV cache of a model output (``use_cache=True``)."""
+    return getattr(out, cache_name())
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -111,10 +131,10 @@ def _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inver
     head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
                  position_ids=positions[first, :P], logits_to_keep=1, output_hidden_states=with_hidden,
                  use_cache=True)
-    cache = head.past_key_values
+    cache = output_cache(head)
     cache.batch_select_indices(inverse)  # differentiable gather: row i reads its prompt's keys/values
     tail = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
-                 past_key_values=cache, logits_to_keep=T, output_hidden_states=with_hidden, use_cache=True)
+                 **with_cache(cache), logits_to_keep=T, output_hidden_states=with_hidden, use_cache=True)
     logits = torch.cat([head.logits[inverse], tail.logits[:, :-1]], 1)
     hidden = (torch.cat([head.hidden_states[-1][inverse, -1:], tail.hidden_states[-1][:, :-1]], 1)
               if with_hidden else None)

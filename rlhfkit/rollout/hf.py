@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from ..models.policy import position_ids_from_mask
+from ..models.policy import output_cache, position_ids_from_mask, with_cache
 from ..data.padding import pad
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
 
@@ -78,7 +78,7 @@ class HFEngine:
                 # collective. transformers would otherwise turn it on for an FSDP model under torchrun and
                 # all-reduce a "finished" flag every token: a process whose agent episodes end a turn earlier
                 # than another's makes one ``generate`` call fewer, and the other waits on it forever.
-                sequences = self.model.generate(input_ids=ids, attention_mask=mask, past_key_values=cache,
+                sequences = self.model.generate(input_ids=ids, attention_mask=mask, **with_cache(cache),
                                                 generation_config=config, logits_processor=sampler.as_processors(),
                                                 synced_gpus=False)
         finally:
@@ -101,7 +101,7 @@ class HFEngine:
             return None
         out = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
                          position_ids=position_ids_from_mask(mask[:, :-1]), use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        cache = output_cache(out)
         cache.batch_repeat_interleave(n)
         return cache
 

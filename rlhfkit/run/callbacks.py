@@ -23,8 +23,6 @@ evaluating follow ``save_steps`` and ``eval_every``.
 
 from __future__ import annotations
 
-import torch
-
 from .. import distributed
 
 
@@ -67,8 +65,7 @@ class Callbacks:
         agrees: one process asking is enough)."""
         self.state.global_step = step
         self.fire("on_step_end")
-        stop = torch.tensor([1.0 if self.control.should_training_stop else 0.0])
-        return bool(distributed.reduce_sum(stop).item() > 0)
+        return bool(distributed.reduce_max(int(self.control.should_training_stop)))
 
     def logged(self, row: dict) -> None:
         """``on_evaluate`` (for a row with ``eval/*`` metrics) and ``on_log`` for one metrics row."""

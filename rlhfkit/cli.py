@@ -7,11 +7,14 @@ key with its documentation. Bad input is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
-import json
+import difflib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
+
+from .run import interrupts
 
 
 def _train(job_cls, args, run) -> int:
@@ -28,6 +31,7 @@ def _train(job_cls, args, run) -> int:
     if args.overwrite:
         overrides.append("overwrite=true")
     job = load_config(job_cls, args.config, overrides)  # config errors before any process starts
+    args.job_config = job  # what an interrupt's line names (run/interrupts.py)
     if hasattr(job, "check_processes") and "WORLD_SIZE" not in os.environ:
         job.check_processes(args.nproc_per_node)  # e.g. rollout_workers that leave no trainer
     if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
@@ -38,9 +42,8 @@ def _train(job_cls, args, run) -> int:
 
 def _torchrun(nproc: int, argv: list[str]) -> int:
     """This very command again under ``torchrun --standalone --nproc-per-node N`` (one machine; for
-    several, run torchrun yourself with --nnodes/--node-rank/--rdzv-endpoint: see the README)."""
-    import subprocess
-
+    several, run torchrun yourself with --nnodes/--node-rank/--rdzv-endpoint: see the README), in
+    its own process group: Ctrl-C and SIGTERM reach it through this command (``interrupts.supervise``)."""
     kept, skip = [], False
     for arg in argv:  # drop --nproc-per-node N / --nproc-per-node=N
         if skip:
@@ -51,7 +54,7 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
             kept.append(arg)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                "-m", "rlhfkit", *kept]
-    return subprocess.run(command).returncode
+    return interrupts.supervise(command, argv)
 
 
 def _datasets(job) -> tuple:
@@ -110,11 +113,14 @@ def _run_rl(job):
 
 def _eval(args) -> int:
     from .data import load_prompt_dataset
-    from .jobs import checkpoint_policy
+    from .jobs import check_eval_output, checkpoint_policy, write_eval_output
     from .rollout import SamplingParams
     from .rl.evaluate import check_eval_sizes, evaluate_policy
 
     check_eval_sizes(args.samples, args.batch_size, ("--samples", "--batch-size"))
+    if args.output:
+        check_eval_output(args.output, args.overwrite, {"--dataset": args.dataset, "--model": args.model,
+                                                        "--reference": args.reference})
     if not args.reward:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
     given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
@@ -136,8 +142,7 @@ def _eval(args) -> int:
     for key, value in result["metrics"].items():
         print(f"{key:<32} {value:10.4f}")
     if args.output:
-        with open(args.output, "w") as f:
-            json.dump(result, f, indent=1)
+        write_eval_output(args.output, result)
     return 0
 
 
@@ -211,9 +216,13 @@ def _check_count(flag: str, value: int, low: int, high: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlhfkit", description="RL post-training of language models.")
+    # allow_abbrev=False everywhere: no option is ever taken from a prefix (`--over` is not
+    # --overwrite); main refuses an unknown one in one line with a suggestion (_unknown_options).
+    parser = argparse.ArgumentParser(prog="rlhfkit", description="RL post-training of language models.",
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quickstart", help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU")
+    q = sub.add_parser("quickstart", allow_abbrev=False,
+                       help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU")
     q.add_argument("--output-dir", default="runs/quickstart", help="run directory (default runs/quickstart)")
     q.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data (default 1)")
     q.add_argument("--no-grpo", action="store_true", help="skip the GRPO comparison")
@@ -224,7 +233,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--overwrite", action="store_true", help="reuse an existing output directory")
     q.set_defaults(func=_quickstart)
     for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("rl", "RLJob")):
-        t = sub.add_parser(name, add_help=False, help=f"train ({name}); --help lists every config key")
+        t = sub.add_parser(name, add_help=False, allow_abbrev=False,
+                           help=f"train ({name}); --help lists every config key")
         t.add_argument("--config", help="YAML file of config keys")
         t.add_argument("overrides", nargs="*", help="key=value overrides")
         t.add_argument("--quiet", action="store_true", help="log lines only, no progress bar")
@@ -233,7 +243,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="processes on this machine: starts torchrun with this many (CPU: gloo; GPU: one per GPU)")
         t.add_argument("-h", "--help", action="store_true")
         t.set_defaults(func=None, job=job)
-    e = sub.add_parser("eval", help="score a policy on a prompt set with reward functions / reward models")
+    e = sub.add_parser("eval", allow_abbrev=False,
+                       help="score a policy on a prompt set with reward functions / reward models")
     e.add_argument("--model", required=True,
                    help="policy: a model directory, .gguf file, package:NAME/file, or an `rlhfkit rl` checkpoint-N directory")
     e.add_argument("--dataset", required=True, help="prompts file (.jsonl/.json/.parquet, 'prompt' column)")
@@ -250,13 +261,15 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--environment", help="agents: an environment class as module:Class, one per sample")
     e.add_argument("--chat-template", help="a chat template: a file, inline Jinja or a shipped name (chatml_tools)")
     e.add_argument("--max-tool-calling-iterations", type=int, default=8, help="agents: tool rounds per episode")
+    e.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output file that is not an earlier eval result")
     e.set_defaults(func=_eval)
-    r = sub.add_parser("report", help="regenerate a run directory's plots and report.html")
+    r = sub.add_parser("report", allow_abbrev=False, help="regenerate a run directory's plots and report.html")
     r.add_argument("run_dir")
     r.set_defaults(func=_report)
-    d = sub.add_parser("data", help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
-                                    "arithmetic: train/eval questions; calculator: products, with tool-use SFT "
-                                    "conversations)")
+    d = sub.add_parser("data", allow_abbrev=False,
+                       help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
+                            "arithmetic: train/eval questions; calculator: products, with tool-use SFT conversations)")
     d.add_argument("out_dir")
     d.add_argument("--task", choices=["shift", "arithmetic", "calculator"], default="shift")
     d.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
@@ -269,7 +282,8 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace the task's files if they exist")
     d.set_defaults(func=_data)
-    demo = sub.add_parser("demo", help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")
+    demo = sub.add_parser("demo", allow_abbrev=False,
+                          help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")
     demo.add_argument("--steps", type=int, default=60, help="training steps per algorithm (default 60)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
@@ -279,13 +293,29 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE") and argv is None:  # `rlhfkit ... | head` ends quietly, like other CLIs
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    tokens = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and getattr(args, "overrides", None) is not None and all("=" in e for e in extra):
+    refused = _unknown_options(parser, tokens)  # before anything is read or written
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    args, extra = parser.parse_known_args(tokens)
+    if extra and getattr(args, "overrides", None) is not None and all("=" in e and not e.startswith("-")
+                                                                      for e in extra):
         args.overrides = [*args.overrides, *extra]  # key=value after an option: `rl --quiet kl_coef=0.1 ...`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.argv, args.job_config = tokens, None
+    with interrupts.handlers():  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (run/interrupts.py)
+        try:
+            return _run(args)
+        except BaseException:
+            if interrupts.received() is None:
+                raise
+        return interrupts.report(args.command, args.argv, args.job_config)
+
+
+def _run(args) -> int:
     try:
         import transformers
 
@@ -303,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:  # OSError: disk full, read-only, not a directory, ... (its path named)
         from . import distributed
 
+        if interrupts.received() is not None:  # a failure the interrupt caused: its one line instead
+            raise
         if isinstance(err, OSError) and not isinstance(err, ValueError):
             where = err.filename or ""
             err = f"{where}: {err.strerror or err}" if where else (err.strerror or str(err))
@@ -317,6 +349,38 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(ERROR_GRACE_S)
             print(f"rlhfkit {args.command}: error: [rank {os.environ['RANK']}] {err}", file=sys.stderr)
         return 2
+
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse takes these for values, not options
+
+
+def _unknown_options(parser: argparse.ArgumentParser, tokens: list[str]) -> str | None:
+    """The one-line refusal of every option that is not one of its command's, exactly as spelt
+    (``--overwrit``, ``--over``, ``--overwrit=true``: never a prefix of a real one), with the real
+    one it may mean; None when there is none. Tokens are read as argparse reads them: a token
+    starting with '-' is an option unless it is '-', a negative number or holds a space; after
+    '--' none is."""
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    current, prog, unknown = parser, parser.prog, []
+    for token in tokens:
+        if token == "--":
+            break
+        if current is parser and token in commands:
+            current, prog = commands[token], f"{parser.prog} {token}"
+        elif token.startswith("-") and token != "-" and not _NUMBER.match(token) and " " not in token:
+            flag = token.split("=", 1)[0]
+            if flag not in current._option_string_actions and flag not in unknown:
+                unknown.append(flag)
+    if not unknown:
+        return None
+    known = sorted(current._option_string_actions)
+    named = [flag + _did_you_mean(flag, known) for flag in unknown]
+    return f"{prog}: error: unrecognized option{'s' if len(named) > 1 else ''} {', '.join(named)}"
+
+
+def _did_you_mean(flag: str, known: list[str]) -> str:
+    close = [k for k in known if k.startswith(flag) and len(flag) > 2] or difflib.get_close_matches(flag, known, n=1)
+    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
 
 
 ERROR_GRACE_S = float(os.environ.get("RLHFKIT_ERROR_GRACE_S", "10"))

@@ -84,3 +84,49 @@ def checkpoint_policy(path):
     if peft is not None:
         model = model.merge_and_unload()
     return model, job.model
+
+
+def check_eval_output(output: str, overwrite: bool, inputs: dict) -> None:
+    """``eval --output``, before any model is loaded: a file in an existing directory, never one of
+    the command's ``inputs`` (flag -> path) nor inside one, and an existing file replaced only when
+    it is an earlier ``eval`` result or with ``--overwrite``."""
+    out = Path(output)
+    if out.is_dir():
+        raise ValueError(f"--output {output!r} is a directory: name a file")
+    if not out.resolve().parent.is_dir():
+        raise ValueError(f"--output {output!r}: no directory {str(out.parent)!r}")
+    for flag, value in inputs.items():
+        given = Path(value).resolve() if value and Path(value).exists() else None
+        if given is not None and (given == out.resolve() or given in out.resolve().parents):
+            raise ValueError(f"--output {output!r} would overwrite {flag} {value!r}: name another file")
+    if out.exists() and not overwrite and not _eval_result(out):
+        raise ValueError(f"--output {output!r} exists and is not an rlhfkit eval result: name another file, "
+                         "or --overwrite to replace it")
+
+
+def _eval_result(path: Path) -> bool:
+    """Whether ``path`` holds what ``eval --output`` writes (a JSON object with metrics and samples)."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("metrics"), dict) and "samples" in data
+
+
+def write_eval_output(output: str, result: dict) -> None:
+    """``result`` as JSON, whole or not at all: a temporary file beside it, renamed over it."""
+    import json
+    import os
+
+    from .files import writing
+
+    tmp = Path(f"{output}.tmp{os.getpid()}")
+    try:
+        with writing(tmp), open(tmp, "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)

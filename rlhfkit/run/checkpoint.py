@@ -55,6 +55,7 @@ TENSORS_FILE = "training_state.safetensors"
 META_FILE = "training_state.json"
 LEGACY_FILE = "training_state.pt"
 FORMAT = 2  # training_state.json's "format": 1 = single-process safetensors, 2 = DCP
+NEWEST: list[Path] = []  # the newest complete checkpoint this process saved (rank 0) or resumed from: interrupts.py
 
 try:  # numpy >= 2 moved numpy.core to numpy._core
     from numpy._core.multiarray import _reconstruct
@@ -171,14 +172,14 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
             shutil.rmtree(partial, ignore_errors=True)
             raise ValueError(f"cannot write checkpoint {path}: {_first_line(err)}; the previous checkpoints are "
                              "intact") from None
-        if path.exists():  # an earlier checkpoint of this step, or an empty directory (checked above)
-            shutil.rmtree(path)
+        if path.exists() or path.is_symlink():  # an earlier checkpoint of this step, or an empty directory
+            _remove_checkpoint(path)
         partial.rename(path)
+        NEWEST[:] = [path]
     distributed.barrier()
 
 
-def _read_counters(path: Path) -> dict:
-    """``trainer_state.json``: the loop's counters, with an integer ``step``; damaged: one line."""
+def _read_counters(path: Path) -> dict:  # trainer_state.json: the counters, an integer step; else one line
     counters = read_json(path / STATE_FILE)
     if not isinstance(counters.get("step"), int):
         raise ValueError(f"checkpoint file {path / STATE_FILE} is damaged: no integer 'step'")
@@ -377,12 +378,22 @@ def complete_checkpoints(output_dir) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
 
 
-def prune_checkpoints(output_dir, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints this trainer wrote in ``output_dir``
-    (``complete_checkpoints``); anything else is left alone. Returns the deleted paths. The main
-    process alone calls it."""
-    ours = complete_checkpoints(output_dir)
+def prune_checkpoints(output_dir, keep: int, newest_step: int | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (directories, never a symbolic link) in
+    ``output_dir`` up to ``newest_step`` (the step just saved: later ones are of a continuation abandoned
+    by resuming from an earlier one, replaced as the run reaches them); nothing else (main process)."""
+    ours = [p for p in complete_checkpoints(output_dir) if not p.is_symlink()
+            and (newest_step is None or int(p.name.split("-", 1)[1]) <= newest_step)]
     doomed = ours[: max(0, len(ours) - keep)]
     for path in doomed:
-        shutil.rmtree(path)
+        _remove_checkpoint(path)
     return doomed
+
+
+def _remove_checkpoint(path: Path) -> None:
+    """Never half-removed yet complete-looking: ``STATE_FILE`` first; a symbolic link: unlinked only."""
+    if path.is_symlink():
+        path.unlink()
+        return
+    (path / STATE_FILE).unlink(missing_ok=True)
+    shutil.rmtree(path)

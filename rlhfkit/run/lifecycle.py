@@ -39,7 +39,7 @@ from .. import distributed
 from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
 from .callbacks import Callbacks
-from .checkpoint import load_checkpoint, prune_checkpoints, save_checkpoint
+from .checkpoint import NEWEST, load_checkpoint, prune_checkpoints, save_checkpoint
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
 from .record import open_run
@@ -138,7 +138,7 @@ class Run:
         if args.output_dir and args.save_steps and step % args.save_steps == 0:
             self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{step}", counters())
             if args.save_total_limit and self.out_dir:
-                prune_checkpoints(self.out_dir, args.save_total_limit)
+                prune_checkpoints(self.out_dir, args.save_total_limit, newest_step=step)
 
     # ---------------------------------------------------------------- checkpoints
     def settings(self) -> dict:
@@ -159,6 +159,7 @@ class Run:
             raise ValueError(f"resume_from={str(path)!r} is at step {counters['step']}, past this run's "
                              f"{self.total_steps} steps")
         self.guard.skipped = int(counters.get("skipped_steps", 0))
+        NEWEST[:] = [Path(path)]  # what an interrupt's line names (interrupts.py) until this run saves one
         return counters
 
     # ---------------------------------------------------------------- end

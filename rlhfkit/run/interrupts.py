@@ -164,8 +164,8 @@ def supervise(command: list[str], argv: list[str]) -> int:
                                 preexec_fn=_die_with_parent())
     finally:
         _STATE["deferred"] = False
-    filtering = threading.Event()
-    pump = threading.Thread(target=_pump, args=(proc.stderr, filtering), daemon=True)
+    filtering, passed = threading.Event(), []
+    pump = threading.Thread(target=_pump, args=(proc.stderr, filtering, passed), daemon=True)
     pump.start()
     forwarded = None
     while True:
@@ -183,12 +183,15 @@ def supervise(command: list[str], argv: list[str]) -> int:
     pump.join()
     if forwarded is None or proc.returncode == 0:
         return proc.returncode
+    if not passed:  # rank 0 had not installed its handlers yet (still starting): say it here
+        _write(None, f"rlhfkit {argv[0]}: interrupted ({signal.Signals(forwarded).name})\n".encode())
     return 128 + forwarded
 
 
-def _pump(stream, filtering: threading.Event) -> None:
+def _pump(stream, filtering: threading.Event, passed: list) -> None:
     """torchrun's stderr to ours: as it comes (progress bars redraw without newlines) until
-    ``filtering``, then only whole lines that rlhfkit prints (``rlhfkit <command>: ...``)."""
+    ``filtering``, then only whole lines that rlhfkit prints (``rlhfkit <command>: ...``), each
+    also appended to ``passed``."""
     out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
     fd, pending = stream.fileno(), b""
     while True:
@@ -203,6 +206,7 @@ def _pump(stream, filtering: threading.Event) -> None:
         for line in lines:
             if line.startswith(b"rlhfkit "):
                 _write(out, line + b"\n")
+                passed.append(line)
     stream.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from pathlib import Path
 
 import yaml
@@ -224,9 +225,13 @@ pre.completion { background: #f7f7f7; padding: 0.3em; }
 
 
 def write_report(run_dir) -> Path:
-    """Regenerate the plots and write ``run_dir/report.html``: config, summary, plots, samples."""
+    """Regenerate the plots and write ``run_dir/report.html``: config, summary, plots, samples. A
+    ``report.html`` there that rlhfkit did not write (its title says so) is refused, never replaced."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
+    path = run_dir / "report.html"
+    if path.exists() and (path.is_dir() or "— rlhfkit run</title>" not in path.read_text(errors="replace")[:2000]):
+        raise ValueError(f"{path} exists and is not a report rlhfkit wrote: move it away first")
     plots = _plot_rows(rows, run_dir / "plots")
     name = html.escape(run_dir.resolve().name)
     last = _fmt(max(r["step"] for r in rows)) if rows else "–"
@@ -240,6 +245,10 @@ def write_report(run_dir) -> Path:
         f"<h2>Config</h2>{_config_section(run_dir)}"
         "</body></html>\n"
     )
-    path = run_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
+    tmp = path.with_name(f"report.html.tmp{os.getpid()}")  # whole or not at all
+    try:
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

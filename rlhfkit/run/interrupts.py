@@ -160,8 +160,7 @@ def supervise(command: list[str], argv: list[str]) -> int:
         env.setdefault("LINES", str(size.lines))
     _STATE["deferred"] = True  # a signal during the start is forwarded once the process exists
     try:
-        proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env, process_group=0,
-                                preexec_fn=_die_with_parent())
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env, preexec_fn=_own_group())
     finally:
         _STATE["deferred"] = False
     filtering, passed = threading.Event(), []
@@ -222,18 +221,25 @@ def _write(out, data: bytes) -> None:
         pass
 
 
-def _die_with_parent():
-    """Linux: torchrun gets SIGTERM when this command dies, even by SIGKILL (its own process group
-    no longer shares the command's fate), and stops its workers; elsewhere nothing."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
+def _own_group():
+    """In the child before it runs torchrun: its own process group (``process_group=0`` needs Python
+    3.11), and on Linux SIGTERM when this command dies, even by SIGKILL (its own group no longer
+    shares the command's fate), so that torchrun stops its workers."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
 
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
+
+    def setup():
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+    return setup
 
 
 __all__ = ["Interrupted", "handlers", "received", "report", "supervise"]

@@ -18,6 +18,7 @@ from rlhfkit.tasks.toy import toy_trainer
 
 WORKER = Path(__file__).with_name("worker.py")
 ROLLOUT = ("input_ids", "attention_mask", "response_mask", "has_eos", "prompt_index")
+pytestmark = pytest.mark.usefixtures("one_thread")  # this process builds toy trainers too (tests/conftest.py)
 
 
 def _free_port() -> int:
@@ -37,8 +38,9 @@ def run(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
     return out
 
 
-def _experience(tmp_path, config) -> Path:
-    """One batch of experience from the toy trainer, saved as plain tensors."""
+def _experience(path: Path, config) -> dict:
+    """One batch of experience from the toy trainer, saved as plain tensors to ``path``; returns the
+    trainer's policy weights before any update."""
     trainer = toy_trainer(**config)
     rows = trainer.sample_prompts()
     rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampling)
@@ -49,9 +51,8 @@ def _experience(tmp_path, config) -> Path:
     for k in ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns"):
         if getattr(exp, k) is not None:
             data[k] = getattr(exp, k)
-    path = tmp_path / "experience.pt"
     torch.save(data, path)
-    return path
+    return {k: v.detach().clone() for k, v in trainer.models.policy.state_dict().items()}
 
 
 CASES = {
@@ -79,22 +80,39 @@ CASES = {
 # processes still moves whole tensors by far more.
 COMPARABLE_ADAM_EPS = 1e-5
 
-SLOW = pytest.mark.slow  # the default suite keeps a 10-minute budget: the rest runs in `make test-slow`
+PARALLELISMS = ("fsdp", "ddp")
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])
-@pytest.mark.parametrize("case", ["grpo-minibatches-micro", pytest.param("grpo-token-mean", marks=SLOW),
-                                  "ppo-separate-critic", "gspo-minibatches-micro",
-                                  pytest.param("cispo-minibatches", marks=SLOW),
-                                  pytest.param("dapo-mask-truncated", marks=SLOW)])
-def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_path, case, parallelism):
-    config = dict(CASES[case], parallelism=parallelism)
-    experience = _experience(tmp_path, config)
-    (tmp_path / "config.json").write_text(json.dumps({**config, "adam_eps": COMPARABLE_ADAM_EPS}))
-    run(1, "update", experience, tmp_path / "config.json", tmp_path / "one.safetensors")
-    run(2, "update", experience, tmp_path / "config.json", tmp_path / "two.safetensors")
-    one, two = load_file(tmp_path / "one.safetensors"), load_file(tmp_path / "two.safetensors")
-    untrained = toy_trainer(**config).models.policy.state_dict()
+@pytest.fixture(scope="module")
+def one_updates(tmp_path_factory):
+    """Every case under both parallelisms, updated on one process and on two: one launch each, the
+    worker taking the cases in turn (a launch costs seconds of imports per process, an update of the
+    toy model a fraction of one). Returns {(case, parallelism): (config, untrained policy, out dir)}."""
+    root = tmp_path_factory.mktemp("one-update")
+    runs, cases = {}, {1: [], 2: []}
+    for case in CASES:
+        # made in this (unlaunched) process, where the parallelism wraps nothing: one batch per case
+        experience = root / f"{case}.pt"
+        untrained = _experience(experience, CASES[case])
+        for parallelism in PARALLELISMS:
+            config, out = dict(CASES[case], parallelism=parallelism), root / f"{case}-{parallelism}"
+            out.mkdir()
+            (out / "config.json").write_text(json.dumps({**config, "adam_eps": COMPARABLE_ADAM_EPS}))
+            runs[case, parallelism] = config, untrained, out
+            for n, name in ((1, "one"), (2, "two")):
+                cases[n].append([str(experience), str(out / "config.json"), str(out / f"{name}.safetensors")])
+    for nproc in (1, 2):
+        (root / f"cases-{nproc}.json").write_text(json.dumps(cases[nproc]))
+        run(nproc, "update", root / f"cases-{nproc}.json")
+    return runs
+
+
+# Every case, both parallelisms, in the default suite: the two launches of the fixture serve them all.
+@pytest.mark.parametrize("parallelism", PARALLELISMS)
+@pytest.mark.parametrize("case", CASES)
+def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(one_updates, case, parallelism):
+    config, untrained, out = one_updates[case, parallelism]
+    one, two = load_file(out / "one.safetensors"), load_file(out / "two.safetensors")
     assert any(not torch.equal(one[f"policy.{k}"], v) for k, v in untrained.items())  # the update moved them
     assert set(one) == set(two) and any(k.startswith("critic.") for k in one) == config["algorithm"].startswith("ppo")
     for name in one:  # equal to 1e-5 relative, in norm per tensor (AdamW's first steps amplify float
@@ -102,12 +120,39 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(tmp_pa
         assert (two[name] - one[name]).norm() <= 1e-5 * one[name].norm(), name
 
 
-def test_sampling_from_a_gathered_fsdp_policy_is_no_collective(tmp_path):
+# The short 2-process runs of this file's tests: (command, config), each writing to <root>/<name>.
+SHORT_RUNS = {
+    "generate": ("generate", dict(algorithm="grpo", parallelism="fsdp")),
+    "stop": ("train", dict(algorithm="grpo", prompts_per_step=4, max_steps=6, parallelism="ddp", stop=[1, 2])),
+    "dynamic": ("train", dict(algorithm="dapo", prompts_per_step=4, max_steps=4, max_sampling_rounds=2,
+                              parallelism="ddp", mini_batch_size=4, reward="some_prompts_vary")),
+    **{f"lora-{p}": ("train", dict(algorithm="grpo", prompts_per_step=4, max_steps=3, kl_coef=0.1, lora_r=4,
+                                   parallelism=p)) for p in PARALLELISMS},
+}
+
+
+@pytest.fixture(scope="module")
+def short_runs(tmp_path_factory) -> tuple[Path, str]:
+    """Every SHORT_RUNS run in turn in ONE 2-process launch (a launch costs seconds of imports per
+    process, these runs a few steps of the toy model; so the DDP LoRA run and the stopping callback
+    are in the default suite too). Each run's files go to <root>/<name>, its run directory is
+    <root>/<name>/run. Returns (root, the launch's stderr)."""
+    root = tmp_path_factory.mktemp("short-runs")
+    jobs = []
+    for name, (command, config) in SHORT_RUNS.items():
+        (root / name).mkdir()
+        config = {**config, "output_dir": str(root / name / "run")} if command == "train" else config
+        (root / name / "config.json").write_text(json.dumps(config))
+        jobs.append([command, str(root / name / "config.json"), str(root / name)])
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    return root, run(2, "jobs", root / "jobs.json", timeout=600).stderr
+
+
+def test_sampling_from_a_gathered_fsdp_policy_is_no_collective(short_runs):
     # Agent episodes end a turn earlier on one process than on another: the HF engine's generate
     # must not wait on the other processes (transformers' synced_gpus, on by default for FSDP).
-    (tmp_path / "config.json").write_text(json.dumps({"algorithm": "grpo", "parallelism": "fsdp"}))
-    run(2, "generate", tmp_path / "config.json", tmp_path, timeout=240)
-    calls = [json.loads((tmp_path / f"generated-{r}.json").read_text()) for r in range(2)]
+    out = short_runs[0] / "generate"
+    calls = [json.loads((out / f"generated-{r}.json").read_text()) for r in range(2)]
     assert [len(c) for c in calls] == [1, 2]
 
 
@@ -135,23 +180,19 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
         [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl"])
 
 
-@pytest.mark.slow
-def test_a_callback_that_stops_one_process_stops_every_process(tmp_path):
+def test_a_callback_that_stops_one_process_stops_every_process(short_runs):
     """``control.should_training_stop`` set on rank 1 alone (worker.StopOnOneRank): both processes
     end after that step — no process waits for a collective the other never joins — and the run
     saves ``final/``."""
-    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=6, parallelism="ddp", stop=[1, 2],
-                  output_dir=str(tmp_path / "run"))
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    run(2, "train", tmp_path / "config.json", tmp_path, timeout=300)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    out = short_runs[0] / "stop"
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    rank0, rank1 = (json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in (0, 1))
+    rank0, rank1 = (json.loads((out / f"weights-{r}.json").read_text()) for r in (0, 1))
     assert rank0 == rank1
-    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+    assert (out / "run" / "final" / "model.safetensors").is_file()
 
 
-def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(tmp_path):
+def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(short_runs):
     """DAPO's dynamic sampling under DDP, with rewards that vary only for two of the eight prompts
     (worker.some_prompts_vary): the processes keep different numbers of groups, yet run the same
     rounds (the stopping test is on counts summed over them) and the same update (a process short
@@ -161,11 +202,8 @@ def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(tmp_path):
     from rlhfkit.run.training import epoch_order
     from rlhfkit.tasks.toy import PROMPTS
 
-    config = dict(algorithm="dapo", prompts_per_step=4, max_steps=4, max_sampling_rounds=2, parallelism="ddp",
-                  mini_batch_size=4, reward="some_prompts_vary", output_dir=str(tmp_path / "run"))
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    out = run(2, "train", tmp_path / "config.json", tmp_path)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    out, stderr = short_runs[0] / "dynamic", short_runs[1]
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     # Each round gives each process the next 2 prompts of the order (process 0 the first two).
     order = [i for epoch in range(5) for i in epoch_order(0, epoch, len(PROMPTS))]
     varies = [PROMPTS[i]["prompt"] in ("xyz 12", "hello") for i in order]  # worker.VARYING
@@ -181,22 +219,20 @@ def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(tmp_path):
         uneven += min(kept[0], 2) != min(kept[1], 2)
     assert [(r["rollout/sampling_rounds"], r["rollout/kept_groups_frac"]) for r in rows] == expected
     assert uneven  # a step where one process kept fewer groups than the other (filler rows)
-    assert out.stderr.count("dynamic sampling:") == sum(n == 2 for n, _ in expected)  # once a step, rank 0
-    rank0, rank1 = (json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in (0, 1))
+    # once a step, rank 0 (no other run of the launch samples dynamically)
+    assert stderr.count("dynamic sampling:") == sum(n == 2 for n, _ in expected)
+    rank0, rank1 = (json.loads((out / f"weights-{r}.json").read_text()) for r in (0, 1))
     assert rank0 and [k for k in rank0 if rank0[k] != rank1[k]] == []
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=SLOW)])
-def test_a_lora_policy_trains_sharded_and_saves_a_merged_model(tmp_path, parallelism):
+@pytest.mark.parametrize("parallelism", PARALLELISMS)
+def test_a_lora_policy_trains_sharded_and_saves_a_merged_model(short_runs, parallelism):
     from transformers import AutoModelForCausalLM
 
-    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=3, kl_coef=0.1, lora_r=4, parallelism=parallelism,
-                  output_dir=str(tmp_path / "run"))
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    run(2, "train", tmp_path / "config.json", tmp_path)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    out = short_runs[0] / f"lora-{parallelism}"
+    rows = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["kl/k1"] == pytest.approx(0.0, abs=1e-5) and rows[-1]["kl/k3"] > 0  # the adapter moved
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final")
+    merged = AutoModelForCausalLM.from_pretrained(out / "run" / "final")
     assert not any("lora" in name for name, _ in merged.named_parameters())
     from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 

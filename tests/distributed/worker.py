@@ -1,7 +1,9 @@
 """Run by the distributed tests, under torchrun or as one plain process:
 
-    worker.py update <experience.pt> <config.json> <out.safetensors>
-        one RL update of a fixed batch of experience; this process trains on its share of the rows
+    worker.py update <cases.json>
+        for each [experience.pt, config.json, out.safetensors] of the list, in turn (one launch, one
+        import, serves every case): one RL update of that fixed batch of experience by a fresh trainer
+        with that config; this process trains on its share of the rows, rank 0 writes the full weights
     worker.py train <config.json> <out_dir>
         a toy-task run; every process writes, before any gathering, a sha256 of each parameter as it
         holds it (its own replica under DDP, its shard under FSDP) to <out_dir>/weights-<rank>.json
@@ -9,6 +11,8 @@
         process r samples r + 1 times from the policy (FSDP2 gathered, as the agent loop does when
         one process's episodes end a turn before another's), then all meet at a barrier; each writes
         what it sampled to <out_dir>/generated-<rank>.json
+    worker.py jobs <jobs.json>
+        each [command, *args] of the list (train or generate), in turn, in this one launch
 """
 
 import hashlib
@@ -48,7 +52,13 @@ def set_adam_eps(trainer, eps: float | None):
     return trainer
 
 
-def update(experience, config, out):
+def update(cases):
+    for experience, config, out in json.loads(open(cases).read()):
+        update_one(experience, config, out)
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
+
+
+def update_one(experience, config, out):
     config = json.loads(open(config).read())
     eps = config.pop("adam_eps", None)
     trainer = set_adam_eps(toy_trainer(**config), eps)
@@ -59,7 +69,6 @@ def update(experience, config, out):
     weights = full_weights(trainer)
     if distributed.is_main():
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
-    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
 VARYING = ("xyz 12", "hello")
@@ -148,5 +157,13 @@ def generate(config, out_dir):
         json.dump(sampled, f)
 
 
+def jobs(path):
+    for command, *args in json.loads(open(path).read()):
+        COMMANDS[command](*args)
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
+
+
+COMMANDS = {"update": update, "train": train, "generate": generate, "jobs": jobs}
+
 if __name__ == "__main__":
-    {"update": update, "train": train, "generate": generate}[sys.argv[1]](*sys.argv[2:])
+    COMMANDS[sys.argv[1]](*sys.argv[2:])

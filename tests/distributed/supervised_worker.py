@@ -1,7 +1,8 @@
 """Run by tests/distributed/test_supervised.py, under torchrun or as one plain process:
 
-    supervised_worker.py <spec.json> <out_dir>
+    supervised_worker.py <jobs.json>
 
+``jobs``: a list of [spec, out_dir], trained in turn in this one launch (one import serves them all).
 ``spec``: ``{"trainer": "sft" | "rm" | "dpo", "model": <dir>, "args": {config fields}, "train": rows,
 "eval": rows or null, "lora": LoraConfig kwargs (dpo) or absent}``. Trains, then rank 0 writes the full weights to
 ``<out_dir>/weights.safetensors`` and every process its metrics to ``<out_dir>/history-<rank>.json``.
@@ -18,8 +19,12 @@ from rlhfkit.trainers.reward_model import RewardModelConfig, RewardModelTrainer
 from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
 
 
-def main(spec_path, out_dir):
-    spec = json.loads(open(spec_path).read())
+def main(jobs):
+    for spec, out_dir in json.loads(open(jobs).read()):
+        train(spec, out_dir)
+
+
+def train(spec, out_dir):
     if spec["trainer"] == "sft":
         trainer = SFTTrainer(spec["model"], SFTConfig(**spec["args"]), spec["train"], spec.get("eval"))
         module = trainer.model

@@ -38,17 +38,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(nproc: int, spec: dict, out: Path) -> list[dict]:
-    """``supervised_worker.py`` on ``spec`` with ``nproc`` processes (plain python for 1); returns
-    rank 0's metrics after checking that every process logged the same global ones."""
-    out.mkdir(parents=True)
-    (out / "spec.json").write_text(json.dumps(spec))
+def launch(nproc: int, jobs: list[tuple[dict, Path]]) -> None:
+    """``supervised_worker.py`` on every (spec, out) of ``jobs``, in turn, in one launch of ``nproc``
+    processes (plain python for 1; a launch costs seconds of imports per process, a tiny run less)."""
+    for _, out in jobs:
+        out.mkdir(parents=True)
+    jobs_file = jobs[0][1].parent / f"jobs-{nproc}.json"
+    jobs_file.write_text(json.dumps([[spec, str(out)] for spec, out in jobs]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                  "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if nproc > 1 else [sys.executable])
-    done = subprocess.run(launcher + [str(WORKER), str(out / "spec.json"), str(out)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run(launcher + [str(WORKER), str(jobs_file)], capture_output=True, text=True, env=env,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
+
+
+def history(out: Path, nproc: int) -> list[dict]:
+    """Rank 0's metrics of the run written to ``out``, after checking that every process logged the
+    same global ones."""
     histories = [json.loads((out / f"history-{r}.json").read_text()) for r in range(nproc)]
     assert all(h == histories[0] for h in histories)  # global metrics, on every process
     return histories[0]
@@ -72,8 +79,7 @@ def files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
-def test_sft_steps_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, parallelism):
+def sft_spec(model: str, run_dir: Path, parallelism: str) -> dict:
     # 8 rows per step over 2 micro-batches: each process takes 4, in 2 micro-batches of 2 (DDP
     # synchronises the last only); the eval set of 5 splits 2 / 3 (the short process pads a pass).
     # lr 1e-3: AdamW's normalised step turns the relative rounding error of a nearly cancelling
@@ -81,79 +87,104 @@ def test_sft_steps_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_di
     # already differs by 5e-5 relative at lr 1e-2, by 2e-6 at 1e-3).
     args = dict(learning_rate=1e-3, batch_size=4, grad_accumulation=2, max_steps=2, log_every=0, seed=0,
                 lr_scheduler="constant", parallelism=parallelism, max_length=64)
-    spec = dict(trainer="sft", model=tiny_model_dir, args=args, train=SFT_ROWS, eval=SFT_EVAL)
-    one, two = run(1, spec, tmp_path / "one"), run(2, spec, tmp_path / "two")
+    return dict(trainer="sft", model=model, args=args, train=SFT_ROWS, eval=SFT_EVAL)
+
+
+def rm_spec(model: str, run_dir: Path, parallelism: str) -> dict:
+    # lr 3e-4: an element whose gradient nearly cancels (4e-7 against a median of 1e-2) carries a
+    # relative rounding error of ~1e-2, which AdamW's normalised step turns into ~lr x 1e-2.
+    args = dict(learning_rate=3e-4, batch_size=8, max_steps=2, log_every=0, seed=0, parallelism=parallelism,
+                max_length=64, output_dir=str(run_dir))
+    return dict(trainer="rm", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
+
+
+def dpo_spec(model: str, run_dir: Path, lora: bool) -> dict:
+    # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
+    # stand-in of weight 0). full: the reference (a frozen copy) is sharded too. lora: the reference
+    # is the adapter-disabled base, precomputed by slices; final/ is merged from rank 0's copy.
+    args = dict(learning_rate=1e-3, batch_size=8, max_steps=2, log_every=0, seed=0, max_length=64, beta=0.5,
+                precompute_ref_logprobs=lora, output_dir=str(run_dir))
+    spec = dict(trainer="dpo", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
+    if lora:
+        spec["lora"] = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    return spec
+
+
+def run_directory_spec(model: str, run_dir: Path) -> dict:
+    args = dict(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64,
+                output_dir=str(run_dir))
+    return dict(trainer="sft", model=model, args=args, train=SFT_ROWS, eval=SFT_EVAL)
+
+
+SPECS = {"sft-fsdp": lambda m, d: sft_spec(m, d, "fsdp"), "sft-ddp": lambda m, d: sft_spec(m, d, "ddp"),
+         "rm-fsdp": lambda m, d: rm_spec(m, d, "fsdp"), "rm-ddp": lambda m, d: rm_spec(m, d, "ddp"),
+         "dpo-full": lambda m, d: dpo_spec(m, d, False), "dpo-lora-precomputed": lambda m, d: dpo_spec(m, d, True),
+         "run-directory": run_directory_spec}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory) -> Path:
+    """Every equivalence run of this file on one process and on two: one launch each, the worker
+    training the specs in turn (<root>/<spec>/one and .../two, run directories .../run). With the
+    launches shared, every parallelism and variant is in the default suite."""
+    root = tmp_path_factory.mktemp("supervised")
+    for nproc, label in ((1, "one"), (2, "two")):
+        launch(nproc, [(spec(tiny_model_dir, root / name / label / "run"), root / name / label)
+                       for name, spec in SPECS.items()])
+    return root
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_sft_steps_are_the_same_on_one_and_two_processes(runs, tiny_model_dir, parallelism):
+    out = runs / f"sft-{parallelism}"
+    one, two = history(out / "one", 1), history(out / "two", 2)
     assert_same_metrics(one, two)
     assert "eval/loss" in one[-1]
-    w1, w2 = load_file(tmp_path / "one" / "weights.safetensors"), load_file(tmp_path / "two" / "weights.safetensors")
+    w1, w2 = load_file(out / "one" / "weights.safetensors"), load_file(out / "two" / "weights.safetensors")
     untrained = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert any(not torch.equal(w1[k], v) for k, v in untrained.items())  # the steps moved them
     assert_same_weights(w1, w2)
 
 
-@pytest.mark.parametrize("parallelism", ["fsdp", pytest.param("ddp", marks=pytest.mark.slow)])
-def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, parallelism):
-    # lr 3e-4: an element whose gradient nearly cancels (4e-7 against a median of 1e-2) carries a
-    # relative rounding error of ~1e-2, which AdamW's normalised step turns into ~lr x 1e-2.
-    args = dict(learning_rate=3e-4, batch_size=8, max_steps=2, log_every=0, seed=0, parallelism=parallelism,
-                max_length=64)
-    spec = dict(trainer="rm", model=tiny_model_dir, args=args, train=RM_ROWS, eval=RM_EVAL)
-    runs = {}
-    for n, name in ((1, "one"), (2, "two")):
-        spec["args"]["output_dir"] = str(tmp_path / name / "run")
-        runs[name] = run(n, spec, tmp_path / name)
-    assert_same_metrics(runs["one"], runs["two"])
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(runs, tiny_model_dir, parallelism):
+    out = runs / f"rm-{parallelism}"
+    histories = {"one": history(out / "one", 1), "two": history(out / "two", 2)}
+    assert_same_metrics(histories["one"], histories["two"])
     assert {"rm/loss", "rm/accuracy", "rm/reward_std", "eval/loss", "eval/accuracy", "rm/offset"} <= set(
-        runs["one"][-1])
-    w1, w2 = (load_file(tmp_path / name / "weights.safetensors") for name in ("one", "two"))
+        histories["one"][-1])
+    w1, w2 = (load_file(out / name / "weights.safetensors") for name in ("one", "two"))
     assert_same_weights(w1, w2)
     untrained = ScalarModel.from_pretrained(tiny_model_dir).state_dict()
     assert any(not torch.equal(w1["model." + k], v) for k, v in untrained.items() if "head" not in k)  # moved
     # final/: written by rank 0 from the gathered weights, equal to the one-process model
-    final = {name: ScalarModel.from_pretrained(tmp_path / name / "run" / "final") for name in ("one", "two")}
+    final = {name: ScalarModel.from_pretrained(out / name / "run" / "final") for name in ("one", "two")}
     assert float(final["two"].offset) == pytest.approx(float(final["one"].offset), rel=1e-5, abs=1e-6)
-    assert float(final["one"].offset) == pytest.approx(runs["one"][-1]["rm/offset"], rel=1e-6)
+    assert float(final["one"].offset) == pytest.approx(histories["one"][-1]["rm/offset"], rel=1e-6)
     assert_same_weights(final["one"].state_dict(), final["two"].state_dict())
     assert_same_weights({k.removeprefix("model."): v for k, v in w2.items()}, final["two"].state_dict())
-    assert files(tmp_path / "one" / "run") == files(tmp_path / "two" / "run")
+    assert files(out / "one" / "run") == files(out / "two" / "run")
 
 
-@pytest.mark.parametrize("lora", [pytest.param(False, marks=pytest.mark.slow), True], ids=["full", "lora-precomputed"])
-def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(tmp_path, tiny_model_dir, lora):
-    # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
-    # stand-in of weight 0). full: the reference (a frozen copy) is sharded too. lora: the reference
-    # is the adapter-disabled base, precomputed by slices; final/ is merged from rank 0's copy.
-    args = dict(learning_rate=1e-3, batch_size=8, max_steps=2, log_every=0, seed=0, max_length=64, beta=0.5,
-                precompute_ref_logprobs=lora)
-    spec = dict(trainer="dpo", model=tiny_model_dir, args=args, train=RM_ROWS, eval=RM_EVAL)
-    if lora:
-        spec["lora"] = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-    runs = {}
-    for n, name in ((1, "one"), (2, "two")):
-        spec["args"]["output_dir"] = str(tmp_path / name / "run")
-        runs[name] = run(n, spec, tmp_path / name)
-    assert_same_metrics(runs["one"], runs["two"])
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-precomputed"])
+def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(runs, lora):
+    out = runs / ("dpo-lora-precomputed" if lora else "dpo-full")
+    assert_same_metrics(history(out / "one", 1), history(out / "two", 2))
     assert {"dpo/loss", "rewards/accuracies", "rewards/margins", "eval/loss", "eval/rewards/chosen"} <= set(
-        runs["one"][-1])
-    w1, w2 = (load_file(tmp_path / name / "weights.safetensors") for name in ("one", "two"))
+        history(out / "one", 1)[-1])
+    w1, w2 = (load_file(out / name / "weights.safetensors") for name in ("one", "two"))
     assert_same_weights(w1, w2)
-    final = [AutoModelForCausalLM.from_pretrained(tmp_path / name / "run" / "final") for name in ("one", "two")]
+    final = [AutoModelForCausalLM.from_pretrained(out / name / "run" / "final") for name in ("one", "two")]
     assert_same_weights(final[0].state_dict(), final[1].state_dict())
 
 
-@pytest.mark.slow  # the SFT and RM equivalence tests above cover the two-process run directory too
-def test_a_two_process_sft_run_writes_the_run_directory_of_one_process(tmp_path, tiny_model_dir):
-    args = dict(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64)
-    spec = dict(trainer="sft", model=tiny_model_dir, args=args, train=SFT_ROWS, eval=SFT_EVAL)
-    history = {}
-    for n, name in ((1, "one"), (2, "two")):
-        spec["args"]["output_dir"] = str(tmp_path / name / "run")
-        history[name] = run(n, spec, tmp_path / name)
-    one, two = tmp_path / "one" / "run", tmp_path / "two" / "run"
+def test_a_two_process_sft_run_writes_the_run_directory_of_one_process(runs):
+    out = runs / "run-directory"
+    one, two = out / "one" / "run", out / "two" / "run"
     assert files(one) == files(two) and {"config.yaml", "metrics.jsonl", "plots", "final", "data"} <= set(files(two))
     logged = [json.loads(line) for line in (two / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3]  # rank 0 alone writes
-    assert_same_metrics(history["one"], logged)
+    assert_same_metrics(history(out / "one", 1), logged)
     models = [AutoModelForCausalLM.from_pretrained(run_dir / "final") for run_dir in (one, two)]
     assert_same_weights(models[0].state_dict(), models[1].state_dict())
 
@@ -174,19 +205,35 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(t
     assert "\n" not in str(err.value) and not out.exists()  # before any data, directory or model
 
 
+def checkpoint_args(trainer: str) -> tuple[list[dict], dict]:
+    rows, extra = (SFT_ROWS, {}) if trainer == "sft" else (RM_ROWS, {"beta": 0.5})
+    return rows, dict(learning_rate=1e-3, batch_size=4, max_steps=4, log_every=0, seed=0, max_length=64, save_steps=2,
+                      lr_scheduler="constant", **extra)
+
+
+@pytest.fixture(scope="module")
+def resumed_runs(tiny_model_dir, tmp_path_factory) -> Path:
+    """For SFT and DPO (<root>/<trainer>): a 2-process run of 4 steps that checkpoints at 2 (two/),
+    then that checkpoint resumed on 1 process (one/); one launch each for both trainers."""
+    root, jobs = tmp_path_factory.mktemp("resumed"), {2: [], 1: []}
+    for trainer in ("sft", "dpo"):
+        rows, args = checkpoint_args(trainer)
+        two, one = root / trainer / "two", root / trainer / "one"
+        jobs[2].append((dict(trainer=trainer, model=tiny_model_dir, args={**args, "output_dir": str(two / "run")},
+                             train=rows), two))
+        resume = {**args, "output_dir": str(one / "run"), "resume_from": str(two / "run" / "checkpoint-2")}
+        jobs[1].append((dict(trainer=trainer, model=tiny_model_dir, args=resume, train=rows), one))
+    launch(2, jobs[2])
+    launch(1, jobs[1])
+    return root
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trainer", ["sft", "dpo"])
-def test_a_two_process_checkpoint_resumes_on_one_process_to_the_same_weights(tmp_path, tiny_model_dir, trainer):
+def test_a_two_process_checkpoint_resumes_on_one_process_to_the_same_weights(resumed_runs, trainer):
     """Saved by 2 processes (FSDP2 shards), resumed by 1: the weights of the uninterrupted 2-process run."""
-    rows, extra = (SFT_ROWS, {}) if trainer == "sft" else (RM_ROWS, {"beta": 0.5})
-    args = dict(learning_rate=1e-3, batch_size=4, max_steps=4, log_every=0, seed=0, max_length=64, save_steps=2,
-                lr_scheduler="constant", **extra)
-    spec = dict(trainer=trainer, model=tiny_model_dir, args={**args, "output_dir": str(tmp_path / "two" / "run")},
-                train=rows)
-    run(2, spec, tmp_path / "two")
-    spec["args"] = {**args, "output_dir": str(tmp_path / "one" / "run"),
-                    "resume_from": str(tmp_path / "two" / "run" / "checkpoint-2")}
-    resumed = run(1, spec, tmp_path / "one")
+    out = resumed_runs / trainer
+    history(out / "two", 2)
+    resumed = history(out / "one", 1)
     assert [r["step"] for r in resumed] == [3, 4]
-    assert_same_weights(load_file(tmp_path / "two" / "weights.safetensors"),
-                        load_file(tmp_path / "one" / "weights.safetensors"))
+    assert_same_weights(load_file(out / "two" / "weights.safetensors"), load_file(out / "one" / "weights.safetensors"))

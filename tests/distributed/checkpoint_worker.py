@@ -1,6 +1,7 @@
 """Run by the checkpoint tests, under torchrun or as one plain process:
 
-    checkpoint_worker.py <config.json> <out_dir>
+    checkpoint_worker.py <jobs.json>
+        for each [config, out_dir] of the list, in turn (one launch, one import, serves every run):
         a toy-task run (``resume_from`` in the config resumes it; ``lora_r`` trains a LoRA adapter).
         Rank 0 writes to <out_dir> the full weights and optimizer state (gathered from every process)
         right after each checkpoint (``saved-<step>.safetensors``), right after resuming
@@ -65,8 +66,13 @@ def dump(trainer, file: str) -> None:
         save_file(state, file)
 
 
-def main(config_file: str, out_dir: str) -> None:
-    config = json.loads(open(config_file).read())
+def main(jobs: str) -> None:
+    for config, out_dir in json.loads(open(jobs).read()):
+        train(config, out_dir)
+    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
+
+
+def train(config: dict, out_dir: str) -> None:
     trainer = make_trainer(config)
     if config.get("resume_from"):
         with open(f"{out_dir}/loaded-{distributed.rank()}.json", "w") as f:
@@ -81,7 +87,6 @@ def main(config_file: str, out_dir: str) -> None:
     trainer.run.save_checkpoint = save_and_dump
     trainer.train()
     dump(trainer, f"{out_dir}/final.safetensors")
-    distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
 if __name__ == "__main__":

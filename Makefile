@@ -16,13 +16,17 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
-.PHONY: quickstart demo test test-slow test-vllm smollm2 bench bench-vllm clean
+.PHONY: setup setup-vllm quickstart demo test test-slow test-vllm smollm2 bench bench-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
 	$(BIN)/pip install -q -e ".[test]"
 	touch $(STAMP)
+
+## The environments alone (.ci/run times them apart from the tests).
+setup: $(STAMP)
+setup-vllm: $(VLLM_STAMP)
 
 ## The main job: set up, then SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task (~3 min on a 2-core CPU).
 ## Each run gets its own directory under runs/, so nothing is overwritten.

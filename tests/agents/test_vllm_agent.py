@@ -21,6 +21,11 @@ LOGPROB_TOL = 1e-4
 
 
 def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkeypatch):
+    """Six episodes of a random model made to end its turns often, every turn answered by a tool
+    call: the ids the trainer trains on are the ids the engine returned, turn by turn, byte for
+    byte; the tool suffixes are attended but masked; the trainer's log-probs of the sampled tokens
+    are the engine's. 120 new tokens per episode (was 200: the decode steps were this test's cost)
+    still give multi-turn episodes and several tool calls (both asserted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rlhfkit.rollout.vllm import VLLMEngine, hf_weights
@@ -48,8 +53,8 @@ def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkey
     engine.generate = recording
     tools = make_tools([add])
     episodes = [start_episode(tok, [{"role": "user", "content": f"{i}+1?"}], tools) for i in range(6)]
-    rollout = run_episodes(engine, tok, episodes, SamplingParams(max_new_tokens=200), AgentOptions(max_tool_calling_iterations=2),
-                           seed=5)
+    rollout = run_episodes(engine, tok, episodes, SamplingParams(max_new_tokens=120),
+                           AgentOptions(max_tool_calling_iterations=2), seed=5)
     assert max(e.turns for e in episodes) >= 2 and sum(e.tool_calls for e in episodes) >= 2
     mask = rollout.response_mask.bool()
     turns = iter(returned)
@@ -68,7 +73,9 @@ def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkey
 
 def test_rl_steps_with_an_environment_on_the_vllm_engine(tmp_path):
     """The loop on vLLM with environment_factory=: the engine receives the weights after each
-    update, runs the episodes and reports its log-probs; the IS correction sees only sampled tokens."""
+    update, runs the episodes and reports its log-probs; the IS correction sees only sampled tokens.
+    Two steps (the second generates after a sync), 48 new tokens (was 120: a random model's episodes,
+    their length only costs decode steps)."""
     from rlhfkit import RLConfig, RLTrainer
     from rlhfkit.tasks.calculator import Calculator
     from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
@@ -77,7 +84,7 @@ def test_rl_steps_with_an_environment_on_the_vllm_engine(tmp_path):
     tok = chatml_tokenizer()
     rows = [{"prompt": f"What is {a} * {b}?", "answer": str(a * b)} for a, b in [(12, 3), (4, 25), (7, 8), (9, 9)]]
     args = RLConfig(algorithm="grpo", rollout_engine="vllm", vllm_kv_cache_gb=0.25, prompts_per_step=2, group_size=2,
-                    max_new_tokens=120, max_steps=2, chat_template=TINY_TOOLS_TEMPLATE, log_every=0,
+                    max_new_tokens=48, max_steps=2, chat_template=TINY_TOOLS_TEMPLATE, log_every=0,
                     output_dir=str(tmp_path / "run"), rollout_is="token_truncate", learning_rate=1e-3)
     history = RLTrainer(tiny_causal_lm(tok, heads=2), ["strict_math_answer"], args, rows, processing_class=tok,
                         environment_factory=Calculator).train()

@@ -1,12 +1,23 @@
-"""Run by tests/trainers/test_rl_vllm.py under torchrun: a short toy-task GRPO run with the vLLM
-engine, then each process checks its own engine and writes ``<out_dir>/vllm-<rank>.json``:
-the prompt rows it generated for at each step, whether its engine holds the latest weights, and
-the largest gap between its engine's log-probs and the trainer's on a fresh sample."""
+"""Run by tests/trainers/test_rl_vllm.py, under torchrun or as one plain process:
+
+    vllm_worker.py check <config.json> <out_dir>
+        a short toy-task run with the vLLM engine (``toy_trainer`` with the config's fields), then
+        each process checks its own engine and writes ``<out_dir>/vllm-<rank>.json``: the prompt rows
+        it generated for at each step, which weights its engine held at each generation, and the
+        largest gap between its engine's log-probs and the trainer's on a fresh sample
+    vllm_worker.py train <jobs.json>
+        for each [config, out_dir] of the list, in turn (one launch, one import, serves every run;
+        the role groups are made once per process, so every run of one launch has the same
+        rollout_workers): a toy-task run (``toy_trainer`` with the config's fields); global rank 0
+        writes the policy's full weights to <out_dir>/weights.safetensors and the logged rows to
+        <out_dir>/history.json
+"""
 
 import json
 import sys
 
 import torch
+from safetensors.torch import save_file
 
 from rlhfkit import distributed
 from rlhfkit.models.policy import forward_response
@@ -14,7 +25,7 @@ from rlhfkit.rollout.engines import engine_ready
 from rlhfkit.tasks.toy import toy_trainer
 
 
-def main(config_path, out_dir):
+def check(config_path, out_dir):
     config = json.loads(open(config_path).read())
     trainer = toy_trainer(**config)
     sampled, versions, sample, generate = [], [], trainer.sample_prompts, trainer.engine.generate
@@ -42,5 +53,24 @@ def main(config_path, out_dir):
     distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
+def train(jobs):
+    for config, out_dir in json.loads(open(jobs).read()):
+        train_one(config, out_dir)
+
+
+def train_one(config, out_dir):
+    trainer = toy_trainer(**config)
+    history = trainer.train()
+    if hasattr(trainer.engine, "close"):  # a vLLM engine: gone before the next run builds its own
+        trainer.engine.close()
+    if distributed.is_generator():
+        return
+    weights = distributed.full_state_dict(trainer.models.policy)  # collective over the trainers
+    if distributed.is_main():
+        save_file({k: v.contiguous().clone() for k, v in weights.items()}, f"{out_dir}/weights.safetensors")
+        with open(f"{out_dir}/history.json", "w") as f:
+            json.dump(history, f)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    {"check": check, "train": train}[sys.argv[1]](*sys.argv[2:])

@@ -21,13 +21,20 @@ def _threads():
     torch.set_num_threads(2)
 
 
-@pytest.mark.parametrize("preset", [dict(algorithm="ppo", num_iterations=1), dict(algorithm="ppo"),
-                                    dict(algorithm="grpo"), dict(algorithm="dr_grpo"), dict(algorithm="reinforce"),
-                                    dict(algorithm="reinforce_plus_plus"), dict(algorithm="rloo")],
-                         ids=["ppo-1", "ppo-4", "grpo", "dr_grpo", "reinforce", "reinforce_plus_plus", "rloo"])
+STEPS = 2  # the first generates from the weights synced at build, the second after an update's sync
+
+
+# GRPO and PPO (4 iterations, its default): test_rl_vllm.py's few-step runs of those presets check
+# the same per step (and more).
+@pytest.mark.parametrize("preset", [dict(algorithm="ppo", num_iterations=1), dict(algorithm="dr_grpo"),
+                                    dict(algorithm="reinforce"), dict(algorithm="reinforce_plus_plus"),
+                                    dict(algorithm="rloo")],
+                         ids=["ppo-1", "dr_grpo", "reinforce", "reinforce_plus_plus", "rloo"])
 def test_every_preset_logs_the_correction_every_step(preset):
-    history = toy_trainer(model_kwargs=HEADS, max_steps=3, **preset, **VLLM).train()
-    assert len(history) == 3
+    """Each preset's run logs the engine/trainer log-prob gap, the IS weight and the masked share
+    at every step, and the gap is float32 kernel noise (synced before every generation)."""
+    history = toy_trainer(model_kwargs=HEADS, max_steps=STEPS, **preset, **VLLM).train()
+    assert len(history) == STEPS
     for row in history:
         assert all(k in row for k in ROLLOUT_METRICS), sorted(row)
         assert row["rollout/logprob_diff_max"] < 1e-3  # synced before every generation: kernel noise only
@@ -35,8 +42,11 @@ def test_every_preset_logs_the_correction_every_step(preset):
 
 @pytest.mark.parametrize("top_p, top_k", [(0.7, 5), (1.0, 1)])
 def test_truncated_sampling_gap_after_a_sync_is_float32_noise(top_p, top_k):
-    history = toy_trainer("grpo", model_kwargs=HEADS, max_steps=3, top_p=top_p, top_k=top_k,
+    """With top-p / top-k both sides renormalise over the same kept tokens: right after a sync the
+    gap is float32 noise, no token is masked and the IS weights are 1."""
+    history = toy_trainer("grpo", model_kwargs=HEADS, max_steps=STEPS, top_p=top_p, top_k=top_k,
                           rollout_is="token_mask", **VLLM).train()
+    assert len(history) == STEPS
     for row in history:
         assert row["rollout/logprob_diff_max"] < 1e-4, row["rollout/logprob_diff_max"]
         assert row["rollout/is_masked_frac"] == 0

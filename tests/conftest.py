@@ -30,3 +30,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def engine_threads():
+    """Tests of a real engine (vLLM) compute with the machine's two cores when they run alone, and
+    with one thread in each of `make`'s two pytest-xdist workers (two threads each would make four
+    on two cores)."""
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.vllm
 LOGPROB_TOL = 1e-4
 
 
-def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkeypatch):
+def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkeypatch, engine_threads):
     """Six episodes of a random model made to end its turns often, every turn answered by a tool
     call: the ids the trainer trains on are the ids the engine returned, turn by turn, byte for
     byte; the tool suffixes are attended but masked; the trainer's log-probs of the sampled tokens
@@ -30,7 +30,6 @@ def test_vllm_episodes_train_on_the_sampled_ids_with_the_engines_logprobs(monkey
 
     from rlhfkit.rollout.vllm import VLLMEngine, hf_weights
 
-    torch.set_num_threads(2)
     torch.manual_seed(0)
     tok = chatml_tokenizer()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

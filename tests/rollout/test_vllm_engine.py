@@ -16,8 +16,8 @@ SMOLLM2_LOGPROB_TOL = 1e-3  # 30 float32 layers in two kernel orders (measured: 
 
 
 @pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(2)
+def _threads(engine_threads):
+    """Two threads alone, one per pytest-xdist worker (tests/conftest.py)."""
 
 
 def tiny_policy(seed=0):

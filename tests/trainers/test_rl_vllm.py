@@ -27,8 +27,8 @@ WORKER = Path(__file__).parents[1] / "distributed" / "vllm_worker.py"
 
 
 @pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(2)
+def _threads(engine_threads):
+    """Two threads alone, one per pytest-xdist worker (tests/conftest.py)."""
 
 
 def p_a(policy) -> float:

@@ -4,7 +4,6 @@ like — right after a weight sync the measured gap is float32 noise and no toke
 ``make test-vllm``; deselected from ``make test``."""
 
 import pytest
-import torch
 
 from rlhfkit.tasks.toy import toy_trainer
 
@@ -17,8 +16,8 @@ ROLLOUT_METRICS = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rol
 
 
 @pytest.fixture(autouse=True)
-def _threads():
-    torch.set_num_threads(2)
+def _threads(engine_threads):
+    """Two threads alone, one per pytest-xdist worker (tests/conftest.py)."""
 
 
 STEPS = 2  # the first generates from the weights synced at build, the second after an update's sync

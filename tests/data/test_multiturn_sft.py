@@ -188,6 +188,7 @@ def _weather(rng, city: str) -> list[dict]:
             {"role": "assistant", "content": f"it is {temp} c in {city}."}]
 
 
+@pytest.mark.slow  # moved out of the default suite for its 5-minute budget (issue 31); CI runs it in make test-slow
 def test_after_sft_on_tool_conversations_the_first_turn_calls_the_tool():
     """40 two-turn conversations (tool call, then the answer), 100 steps of a tiny Llama; greedy
     first turns of 12 held-out prompts (unseen cities) are well-formed get_weather calls (11 of 12

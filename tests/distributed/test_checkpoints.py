@@ -18,6 +18,10 @@ from safetensors.torch import load_file
 
 from rlhfkit.run.checkpoint import _load_tree, _read_metadata, load_module_weights
 
+# The whole file runs in make test-slow (issue 31: the default suite's 5-minute budget); its runs share
+# three launches (module fixtures), so splitting it between the suites would pay for them twice.
+pytestmark = pytest.mark.slow
+
 WORKER = Path(__file__).with_name("checkpoint_worker.py")
 BASE = dict(algorithm="grpo", prompts_per_step=4, max_steps=4, kl_coef=0.05, mini_batch_size=8, num_iterations=2)
 

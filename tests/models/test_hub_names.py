@@ -127,6 +127,7 @@ def run_cli(args, tmp_path):
                           cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.slow  # moved out of the default suite for its 5-minute budget (issue 31); CI runs it in make test-slow
 def test_the_cli_treats_hub_names_as_hub_ids_in_one_line(tmp_path, tiny_model_dir):
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"prompt": "a", "completion": "b"}) + "\n")

@@ -136,6 +136,7 @@ def test_bad_inputs_are_one_line():
         DPOTrainer(tiny_causal_lm(char_tokenizer(), hidden_size=32), DPOConfig(), oracle_pairs(4, 0))
 
 
+@pytest.mark.slow  # moved out of the default suite for its 5-minute budget (issue 31); CI runs it in make test-slow
 def test_dpo_raises_the_oracle_score_of_the_sft_model(tmp_path):
     """The quickstart's DPO stage, shortened: SFT on noisy demonstrations, pairs of SFT samples
     labelled by the oracle (plus the quickstart's synthetic pairs), DPO with the quickstart's

@@ -24,3 +24,17 @@ def writing(path):
         if not code.isdigit():
             raise
         raise OSError(int(code), os.strerror(int(code)), str(path)) from None
+
+
+def write_text_atomic(path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: written to a temporary file beside it and renamed
+    over it, so an interrupted or failed write never leaves half a file (an OS error names ``path``)."""
+    path = str(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with writing(path), open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

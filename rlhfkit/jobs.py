@@ -117,16 +117,9 @@ def _eval_result(path: Path) -> bool:
 
 
 def write_eval_output(output: str, result: dict) -> None:
-    """``result`` as JSON, whole or not at all: a temporary file beside it, renamed over it."""
+    """``result`` as JSON, whole or not at all (``files.write_text_atomic``)."""
     import json
-    import os
 
-    from .files import writing
+    from .files import write_text_atomic
 
-    tmp = Path(f"{output}.tmp{os.getpid()}")
-    try:
-        with writing(tmp), open(tmp, "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(tmp, output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(output, json.dumps(result, indent=1))

@@ -8,12 +8,12 @@ from __future__ import annotations
 import base64
 import html
 import json
-import os
 from pathlib import Path
 
 import yaml
 
 from .data.prompts import _read_jsonl_numbered as read_numbered_jsonl
+from .files import write_text_atomic
 
 # One figure per group: (file stem, title, metrics drawn, metric drawn as a ± band around the first).
 PLOT_GROUPS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
@@ -245,10 +245,5 @@ def write_report(run_dir) -> Path:
         f"<h2>Config</h2>{_config_section(run_dir)}"
         "</body></html>\n"
     )
-    tmp = path.with_name(f"report.html.tmp{os.getpid()}")  # whole or not at all
-    try:
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, page)  # whole or not at all
     return path

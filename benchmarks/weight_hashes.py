@@ -1,6 +1,8 @@
 """Final-weight fingerprints of a fixed set of short runs, to show that a change of structure
-changes no number: SFT, reward model and DPO on the shift task, GRPO / PPO / RLOO on the toy task
-(HF engine), 30 steps each, and a 2-process GRPO run (gloo). Each line is ``<run> <sha256>`` of the
+changes no number: SFT, reward model and DPO on the shift task, GRPO / PPO / RLOO / DAPO (dynamic
+sampling) on the toy task (HF engine), 30 steps each, a 2-process GRPO run (gloo), a 2-process GRPO
+run with one generator rank (``rollout_workers: 1, max_staleness: 1``), and the calculator agent
+(a 40-step warm start, then 4 GRPO steps of tool episodes). Each line is ``<run> <sha256>`` of the
 final weights (every tensor, sorted by name, as float32 bytes). Compare two revisions with
 
     python benchmarks/weight_hashes.py > before.txt   # on the old revision
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-RUNS = ("sft", "rm", "dpo", "grpo", "ppo", "rloo", "grpo-2proc")
+RUNS = ("sft", "rm", "dpo", "grpo", "ppo", "rloo", "dapo", "grpo-2proc", "grpo-async", "agent")
 
 
 def digest(state: dict) -> str:
@@ -82,21 +84,34 @@ def rl(algorithm: str, steps: int) -> str:
     return digest(state)
 
 
-def two_processes(root: Path, steps: int) -> str:
+def agent(root: Path) -> str:
+    from rlhfkit.tasks.calculator_demo import demo_files, train_agent, warm_start
+
+    paths = demo_files(root / "calculator", n_train=64, n_eval=4)
+    model_dir = warm_start(paths, root / "calculator-sft", max_steps=40, batch_size=8)
+    train_agent(model_dir, paths, root / "agent", "environment", max_steps=4, eval_every=0, prompts_per_step=2,
+                group_size=4, max_new_tokens=96, save_steps=0, learning_rate=1e-3, log_every=0)
+    return saved_digest(root / "agent" / "final")
+
+
+def two_processes(root: Path, steps: int, name: str = "grpo-2proc") -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), __file__, "--worker", str(root / "grpo-2proc"), "--steps", str(steps)]
+           "--master-port", str(port), __file__, "--worker", str(root / name), "--steps", str(steps)]
+    if name == "grpo-async":
+        cmd.append("--async")
     subprocess.run(cmd, check=True, env=env, capture_output=True)
-    return saved_digest(root / "grpo-2proc" / "final")
+    return saved_digest(root / name / "final")
 
 
-def worker(out_dir: str, steps: int) -> None:
+def worker(out_dir: str, steps: int, generator: bool) -> None:
     from rlhfkit.tasks.toy import toy_trainer
 
-    toy_trainer("grpo", max_steps=steps, output_dir=out_dir).train()
+    extra = dict(rollout_workers=1, max_staleness=1) if generator else {}
+    toy_trainer("grpo", max_steps=steps, output_dir=out_dir, **extra).train()
 
 
 def main() -> None:
@@ -104,9 +119,10 @@ def main() -> None:
     parser.add_argument("--only", choices=RUNS)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--async", dest="generator", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return worker(args.worker, args.steps)
+        return worker(args.worker, args.steps, args.generator)
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
@@ -116,8 +132,10 @@ def main() -> None:
         for name in [args.only] if args.only else RUNS:
             if name in ("sft", "rm", "dpo"):
                 value = supervised(name, root, args.steps)
-            elif name == "grpo-2proc":
-                value = two_processes(root, args.steps)
+            elif name in ("grpo-2proc", "grpo-async"):
+                value = two_processes(root, args.steps, name)
+            elif name == "agent":
+                value = agent(root)
             else:
                 value = rl(name, args.steps)
             print(f"{name:<11} {value}", flush=True)

@@ -58,7 +58,7 @@ def train_child(run_dir: str, budget: float | None, overrides: list[str]) -> Non
     """In the child process: the recipe with ``overrides`` through the Python API, with ``CPUBudget``;
     writes ``cpu.json`` (training CPU seconds, steps) into the run directory."""
     from rlhfkit.config import RLConfig
-    from rlhfkit.config_io import load_config
+    from rlhfkit.config.io import load_config
     from rlhfkit.jobs import RLJob, trainer_config
     from rlhfkit.trainers import RLTrainer
 

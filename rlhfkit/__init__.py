@@ -16,15 +16,15 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "RLConfig": "rlhfkit.config",
     "RLTrainer": "rlhfkit.trainers.rl",
-    "SFTConfig": "rlhfkit.config_supervised",
+    "SFTConfig": "rlhfkit.config.supervised",
     "SFTTrainer": "rlhfkit.trainers.sft",
-    "RewardModelConfig": "rlhfkit.config_supervised",
+    "RewardModelConfig": "rlhfkit.config.supervised",
     "RewardModelTrainer": "rlhfkit.trainers.reward_model",
-    "DPOConfig": "rlhfkit.config_supervised",
+    "DPOConfig": "rlhfkit.config.supervised",
     "DPOTrainer": "rlhfkit.trainers.dpo",
     "RewardFunctions": "rlhfkit.rewards",
     "register_reward_function": "rlhfkit.rewards",
-    "load_config": "rlhfkit.config_io",
+    "load_config": "rlhfkit.config.io",
 }
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

@@ -18,7 +18,7 @@ from .run import interrupts
 
 
 def _train(job_cls, args, run) -> int:
-    from .config_io import format_help, load_config
+    from .config.io import format_help, load_config
 
     if args.help:
         print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite] "

@@ -1,4 +1,4 @@
-"""The command line's side of the jobs (``config_jobs.py``: a trainer config plus its model and
+"""The command line's side of the jobs (``config/jobs.py``: a trainer config plus its model and
 data paths): the trainer config of a job, the required keys, the job's LoRA config, and the policy
 of a checkpoint for ``rlhfkit eval``. The command line's layer: it imports only downward (the config
 layer, the run's checkpoints, models)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
-from .config_io import config_values
+from .config.io import config_values
 # The job classes live in the config layer (the run record writes them too); the command line
 # finds them here by name (``rlhfkit <command>``).
-from .config_jobs import DPOJob, DPOSources, RLJob, RLSources, RMJob, RMSources, SFTJob, Sources  # noqa: F401
+from .config.jobs import DPOJob, DPOSources, RLJob, RLSources, RMJob, RMSources, SFTJob, Sources  # noqa: F401
 
 
 def trainer_config(job, cls):
@@ -44,7 +44,7 @@ def checkpoint_policy(path):
     tokenizer — or None when ``path`` is not such a checkpoint. The run's ``config.yaml`` names the
     base model and the LoRA settings; the checkpoint holds the trained weights (all of them, or the
     adapter's) under the module name ``policy`` (RL) or ``model`` (SFT, DPO)."""
-    from .config_io import load_config
+    from .config.io import load_config
     from .run.checkpoint import DCP_DIR, STATE_FILE, _read_metadata, has_module_weights, load_module_weights
 
     path = Path(path)

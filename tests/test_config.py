@@ -1,4 +1,4 @@
-"""Field docs, help text, YAML files and key=value overrides (rlhfkit/config.py)."""
+"""Field docs, help text, YAML files and key=value overrides (rlhfkit/config/io.py)."""
 
 from __future__ import annotations
 

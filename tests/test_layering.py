@@ -19,8 +19,7 @@ LAYERS = {
     "rlhfkit.algorithms": 0, "rlhfkit": 0,
     # 1 — foundations: every config and job dataclass (RL, supervised, the command line's jobs), their
     #     checks and YAML files; atomic file writes; the process group
-    "rlhfkit.config": 1, "rlhfkit.config_checks": 1, "rlhfkit.config_io": 1, "rlhfkit.config_supervised": 1,
-    "rlhfkit.config_jobs": 1, "rlhfkit.files": 1, "rlhfkit.distributed": 1,
+    "rlhfkit.config": 1, "rlhfkit.files": 1, "rlhfkit.distributed": 1,
     # 2 — models: sources (directories, GGUF, the Hub), loading, policy forward, scalar heads, LoRA
     "rlhfkit.models": 2,
     # 3 — what a run consumes: datasets (Hub ids through models.sources), reward sources, generation engines

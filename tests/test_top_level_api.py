@@ -7,11 +7,11 @@ import sys
 # The top-level names and where each is defined (the README's and the package docstring's imports).
 EXPECTED = {
     "RLConfig": "rlhfkit.config", "RLTrainer": "rlhfkit.trainers.rl",
-    "SFTConfig": "rlhfkit.config_supervised", "SFTTrainer": "rlhfkit.trainers.sft",
-    "RewardModelConfig": "rlhfkit.config_supervised", "RewardModelTrainer": "rlhfkit.trainers.reward_model",
-    "DPOConfig": "rlhfkit.config_supervised", "DPOTrainer": "rlhfkit.trainers.dpo",
+    "SFTConfig": "rlhfkit.config.supervised", "SFTTrainer": "rlhfkit.trainers.sft",
+    "RewardModelConfig": "rlhfkit.config.supervised", "RewardModelTrainer": "rlhfkit.trainers.reward_model",
+    "DPOConfig": "rlhfkit.config.supervised", "DPOTrainer": "rlhfkit.trainers.dpo",
     "RewardFunctions": "rlhfkit.rewards", "register_reward_function": "rlhfkit.rewards",
-    "load_config": "rlhfkit.config_io",
+    "load_config": "rlhfkit.config.io",
 }
 
 
@@ -49,7 +49,7 @@ def test_the_trainer_modules_still_export_their_configs():
     """The configs live in the config layer; ``rlhfkit.trainers`` and each trainer module re-export
     the same classes (``from rlhfkit.trainers.sft import SFTConfig`` keeps working)."""
     import rlhfkit.trainers as trainers
-    from rlhfkit.config_supervised import DPOConfig, RewardModelConfig, SFTConfig
+    from rlhfkit.config.supervised import DPOConfig, RewardModelConfig, SFTConfig
     from rlhfkit.trainers import dpo, reward_model, sft
 
     assert (sft.SFTConfig, reward_model.RewardModelConfig, dpo.DPOConfig) == (SFTConfig, RewardModelConfig, DPOConfig)
@@ -58,7 +58,7 @@ def test_the_trainer_modules_still_export_their_configs():
 
 
 def test_the_configs_and_jobs_import_without_torch():
-    code = ("import sys; from rlhfkit import RLConfig, SFTConfig, RewardModelConfig; import rlhfkit.config_jobs; "
+    code = ("import sys; from rlhfkit import RLConfig, SFTConfig, RewardModelConfig; import rlhfkit.config.jobs; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -107,7 +107,7 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
         with writing(marker):
             marker.write_text(json.dumps({"rlhfkit": __version__}) + "\n")
     if config is not None:
-        from ..config_io import save_config
+        from ..config.io import save_config
 
         target = run_config_path(path, resume_from)
         with writing(target):

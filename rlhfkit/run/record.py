@@ -1,6 +1,6 @@
 """The run's record: ``open_run`` creates the run directory once everything has loaded and
 ``record_run`` writes ``config.yaml`` — the trainer config plus its model, data and rewards, as
-the job of the matching command (``config_jobs.py``), so ``rlhfkit <command> --config
+the job of the matching command (``config/jobs.py``), so ``rlhfkit <command> --config
 <run>/config.yaml`` reruns a run started from Python exactly as one started from the command
 line. Every trainer records its run here; the one writer of the record."""
 
@@ -10,8 +10,8 @@ import json
 import os
 from pathlib import Path
 
-from ..config_io import config_values, save_config
-from ..config_jobs import JOBS
+from ..config.io import config_values, save_config
+from ..config.jobs import JOBS
 from ..files import writing
 from ..models.sources import model_source
 from .directory import check_inputs_outside, prepare_run_dir, run_config_path

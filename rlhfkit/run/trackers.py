@@ -115,7 +115,7 @@ class Trackers:
     sends each row, ``close()`` ends their runs (idempotent)."""
 
     def __init__(self, config, output_dir):
-        from ..config_io import config_values
+        from ..config.io import config_values
 
         names = tuple(getattr(config, "report_to", ()) or ())
         check_installed(names)

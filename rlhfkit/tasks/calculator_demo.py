@@ -63,7 +63,7 @@ def demo_files(out_dir, seed: int = 0, n_train: int = 2000, n_eval: int = 64, wr
 
 def warm_start(paths: dict, out_dir, seed: int = 0, **sft) -> str:
     """SFT of a fresh tiny ChatML model on ``paths["sft.jsonl"]``; returns its final directory."""
-    from ..config_supervised import SFTConfig
+    from ..config.supervised import SFTConfig
     from ..trainers import SFTTrainer
 
     tokenizer = chatml_tokenizer()

@@ -35,7 +35,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES, dpo_loss
-from ..config_supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.DPOConfig
+from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.DPOConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset

@@ -38,7 +38,7 @@ from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
 from ..models.loading import _check_dir
 from ..models.lora import apply_lora, is_peft, merged_backbone
-from ..config_supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
+from ..config.supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
 from ..run.metrics import to_floats

@@ -31,7 +31,7 @@ from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.loading import load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
-from ..config_supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
+from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
 

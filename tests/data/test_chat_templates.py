@@ -4,7 +4,7 @@ templates multi-turn training cannot use, and the assistant spans every turn is 
 
 import pytest
 
-from rlhfkit.config_supervised import SFTConfig
+from rlhfkit.config.supervised import SFTConfig
 from rlhfkit.data.chat_templates import (PROBE, PROBE_TOOLS, assistant_spans, check_prefix_preserving, render,
                                          resolve_chat_template, use_chat_template)
 from rlhfkit.tasks.tiny import char_tokenizer, chatml_tokenizer

@@ -1,28 +1,20 @@
-"""Configuration: dataclasses split by concern, each field documented right under it (that
-docstring is the only source of help text). ``RLConfig`` joins them into one flat object, as
-TRL's ``GRPOConfig`` is, and fills the algorithm fields the user left unset from the chosen
-algorithm's preset. Configs are frozen: nothing changes them at run time. The supervised trainers'
-configs (``TrainConfig``, ``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``) build on
-``RunBase`` and ``OptimBase`` in ``config_supervised.py``; the command line's jobs in ``config_jobs.py``.
-
-Every numeric field has its allowed range in ``RANGES`` (``config_checks.py``) and every fixed list of choices is named
-once (``DTYPES``, ``SCHEDULERS``, ...): ``check_ranges`` enforces both at construction, for every
-config class, with a one-line error naming the config, the field, the value and the range.
-"""
+"""The RL run's config: ``RLConfig``, joined from dataclasses split by concern (model, rollout,
+agents, algorithm, optimiser, run), each field documented right under it (that docstring is the
+only source of help text), into one flat object, as TRL's ``GRPOConfig`` is. ``PRESETS`` fills
+the algorithm fields the user left unset from the chosen algorithm's preset; ``_validate`` checks
+the combinations, reading the registries' traits (no algorithm is named here). Configs are
+frozen: nothing changes them at run time."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from .config_checks import RANGES, TRACKERS, check_fields, check_ranges, check_run_fields, in_range  # noqa: F401
+from .base import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
+from .checks import check_fields, check_ranges, check_run_fields
 
-DTYPES = ("float32", "bfloat16", "float16")
 AUTOCAST_DTYPES = ("bfloat16", "float16")
-SCHEDULERS = ("constant", "linear", "cosine")
 CRITICS = ("separate", "shared")
-PARALLELISMS = ("fsdp", "ddp")
-DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 ROLLOUT_ENGINES = ("hf", "vllm")
 
 # The algorithms of docs/architecture.md ("Presets") are presets of one config — never branches in the loop. Every preset
@@ -211,52 +203,6 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True)
-class OptimBase:
-    """Optimiser fields every trainer shares."""
-
-    learning_rate: float = 1e-5
-    """AdamW peak learning rate (of the policy, in RL)."""
-    weight_decay: float = 0.0
-    """AdamW decoupled weight decay on every trainable parameter (norms and biases too)."""
-    max_grad_norm: float | None = 1.0
-    """Clip the global gradient norm to this; None: off."""
-    warmup_steps: int = 0
-    """Linear learning-rate warmup, in applied optimizer steps (a step skipped for a non-finite loss or gradient does not advance the schedule)."""
-    lr_scheduler: str = "constant"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
-    max_consecutive_skips: int = 3
-    """An optimizer step whose loss or gradient norm is not finite is skipped (weights untouched, counted in perf/skipped_steps); this many in a row stop the run with an error."""
-
-
-@dataclass(frozen=True)
-class RunBase:
-    """Run fields every trainer shares."""
-
-    seed: int = 0
-    """Seed of torch, numpy and Python's random, and of the data order."""
-    output_dir: str | None = None
-    """Run directory (config.yaml, metrics.jsonl, plots/, checkpoints, final/); None: nothing is written."""
-    log_every: int = 1
-    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
-    progress_bar: bool = True
-    """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
-    overwrite: bool = False
-    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
-    save_steps: int = 0
-    """Write a checkpoint (output_dir/checkpoint-<step>) every this many optimizer steps (0: only the final model)."""
-    save_total_limit: int | None = None
-    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
-    resume_from: str | None = None
-    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position), or 'latest' (the newest complete checkpoint in output_dir): the resumed run ends with the weights of an uninterrupted one; resumed inside its run, metrics.jsonl and samples.jsonl drop the rows after the checkpoint's step."""
-    save_adapter: bool = False
-    """With LoRA: False writes final/ with the adapter merged into the base weights (a plain model directory); True writes the adapter alone (adapter_config.json + adapter_model.safetensors, which peft and transformers load on top of the base model)."""
-    report_to: tuple[str, ...] = ()
-    """Experiment trackers that get every logged metric, the run name and the config, besides metrics.jsonl (always written): any of tensorboard (event files in output_dir/runs), wandb, mlflow, trackio; each is an optional extra (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
-    run_name: str | None = None
-    """The run's name in the trackers; None: the output_dir's last component (or 'rlhfkit')."""
-
-
-@dataclass(frozen=True)
 class OptimConfig(OptimBase):
     critic_learning_rate: float | None = None
     """AdamW learning rate of the critic; None: learning_rate."""
@@ -330,7 +276,7 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, AgentConfig, RolloutConf
 
 
 def _validate(c: RLConfig) -> None:
-    from .algorithms import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS,
+    from ..algorithms import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS,
                              POLICY_LOSSES, ROLLOUT_IS_MODES)
 
     check_ranges(c)
@@ -371,6 +317,3 @@ def _validate(c: RLConfig) -> None:
          "False when group_size is 1 (a group of one sample never has reward variance: every group would be dropped)"),
     ])
 
-
-# Re-exported: config files and help text live in config_io.py.
-from .config_io import field_docs, format_help, load_config, save_config  # noqa: E402,F401

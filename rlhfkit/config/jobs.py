@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import RLConfig
-from .config_supervised import DPOConfig, RewardModelConfig, SFTConfig
+from .rl import RLConfig
+from .supervised import DPOConfig, RewardModelConfig, SFTConfig
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def _parse_overrides(overrides) -> dict:
 
 
 def _unknown_key_message(key, value, fields, source: str) -> str:
-    from .algorithms.registry import did_you_mean  # torch is loaded on this error's path only
+    from ..algorithms.registry import did_you_mean  # torch is loaded on this error's path only
 
     sections = " (sections are not supported: write fields at the top level)" if isinstance(value, dict) else ""
     return f"unknown config key {key!r} from {source}{sections}.{did_you_mean(key, fields)}"

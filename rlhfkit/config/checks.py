@@ -1,6 +1,6 @@
 """The allowed values of every config field and the checks that enforce them at construction:
 ``RANGES`` (every numeric field, by name), ``check_ranges``, ``check_fields`` (choices and rules),
-``check_run_fields`` (the fields every trainer shares). ``config.py`` re-exports them."""
+``check_run_fields`` (the fields every trainer shares). ``rlhfkit.config`` re-exports them."""
 
 from __future__ import annotations
 

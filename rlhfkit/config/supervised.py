@@ -1,8 +1,8 @@
 """The supervised trainers' configs: ``TrainConfig``, the fields SFT, the reward model and DPO
 share, and one subclass per trainer (``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``) that
 adds its own fields or re-declares a shared one to change its default. Like ``RLConfig``
-(``config.py``) they sit below the trainers, so the run record (``run/record.py``) and the
-command line's jobs (``config_jobs.py``) read them without importing a trainer; the trainer
+(``rl.py``) they sit below the trainers, on the shared ``OptimBase`` and ``RunBase`` (``base.py``),
+so the run record (``run/record.py``) and the command line's jobs (``jobs.py``) read them without importing a trainer; the trainer
 modules re-export them (``from rlhfkit.trainers import SFTConfig``)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .config import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
-from .config_checks import check_fields, check_ranges, check_run_fields
+from .base import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
+from .checks import check_fields, check_ranges, check_run_fields
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class DPOConfig(TrainConfig):
     """Score every training pair under the reference once, before training, and free the reference: no second model in memory during training (the same loss: the reference is frozen)."""
 
     def __post_init__(self):
-        from .algorithms import DPO_LOSS_TYPES as DPO_LOSSES  # torch only when a DPO config is built
+        from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES  # torch only when a DPO config is built
 
         super().__post_init__()
         check_fields(self, [(self.loss_type in DPO_LOSSES, "loss_type", f"one of {', '.join(DPO_LOSSES)}"),

@@ -1,0 +1,59 @@
+"""What every trainer's config shares: the fixed lists of choices of the shared fields (each named
+once; ``check_fields`` refuses any other value) and the optimiser and run fields
+(``OptimBase``, ``RunBase``) that ``RLConfig`` (``rl.py``) and the supervised configs
+(``supervised.py``) both build on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("float32", "bfloat16", "float16")
+SCHEDULERS = ("constant", "linear", "cosine")
+PARALLELISMS = ("fsdp", "ddp")
+DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+
+
+@dataclass(frozen=True)
+class OptimBase:
+    """Optimiser fields every trainer shares."""
+
+    learning_rate: float = 1e-5
+    """AdamW peak learning rate (of the policy, in RL)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay on every trainable parameter (norms and biases too)."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None: off."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup, in applied optimizer steps (a step skipped for a non-finite loss or gradient does not advance the schedule)."""
+    lr_scheduler: str = "constant"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+    max_consecutive_skips: int = 3
+    """An optimizer step whose loss or gradient norm is not finite is skipped (weights untouched, counted in perf/skipped_steps); this many in a row stop the run with an error."""
+
+
+@dataclass(frozen=True)
+class RunBase:
+    """Run fields every trainer shares."""
+
+    seed: int = 0
+    """Seed of torch, numpy and Python's random, and of the data order."""
+    output_dir: str | None = None
+    """Run directory (config.yaml, metrics.jsonl, plots/, checkpoints, final/); None: nothing is written."""
+    log_every: int = 1
+    """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
+    progress_bar: bool = True
+    """On a terminal, show a progress bar with ETA and the main metric; False (--quiet): log lines only."""
+    overwrite: bool = False
+    """Allow output_dir to exist and hold files already (they may be replaced). False: refuse, so no run is lost."""
+    save_steps: int = 0
+    """Write a checkpoint (output_dir/checkpoint-<step>) every this many optimizer steps (0: only the final model)."""
+    save_total_limit: int | None = None
+    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
+    resume_from: str | None = None
+    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position), or 'latest' (the newest complete checkpoint in output_dir): the resumed run ends with the weights of an uninterrupted one; resumed inside its run, metrics.jsonl and samples.jsonl drop the rows after the checkpoint's step."""
+    save_adapter: bool = False
+    """With LoRA: False writes final/ with the adapter merged into the base weights (a plain model directory); True writes the adapter alone (adapter_config.json + adapter_model.safetensors, which peft and transformers load on top of the base model)."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers that get every logged metric, the run name and the config, besides metrics.jsonl (always written): any of tensorboard (event files in output_dir/runs), wandb, mlflow, trackio; each is an optional extra (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
+    run_name: str | None = None
+    """The run's name in the trackers; None: the output_dir's last component (or 'rlhfkit')."""

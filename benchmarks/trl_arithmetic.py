@@ -1,5 +1,5 @@
 """TRL 1.16's ``GRPOTrainer`` on rlhfkit's arithmetic recipe, with the recipe's held-out evaluation:
-TRL's row beside ours in the README's seed table.
+TRL's row beside ours in the seed table of docs/results/smollm2-arithmetic.md.
 
     pip install torch==2.13.0 trl==1.16.0 math-verify   # in an environment of its own (TRL is not a dependency)
     rlhfkit data data/arithmetic --task arithmetic --train-digits 1,2 --n-train 400

@@ -1,4 +1,4 @@
-"""The benchmark scripts run (on a tiny model here; the README's numbers come from SmolLM2)."""
+"""The benchmark scripts run (on a tiny model here; the numbers of docs/results/speed.md come from SmolLM2)."""
 
 import json
 import subprocess

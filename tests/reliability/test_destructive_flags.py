@@ -1,4 +1,4 @@
-"""The flags and keys that write, move or delete (issue 30, part 3; README "Reliability"): what the
+"""The flags and keys that write, move or delete (issue 30, part 3; docs/guides/reliability.md): what the
 audit changed. ``eval --output`` never replaces a file that is not an earlier eval result (nor an
 input) without ``--overwrite``, and writes whole or not at all; ``report`` never replaces a
 ``report.html`` it did not write; ``save_total_limit`` never follows a symbolic link and never

@@ -40,12 +40,12 @@ def worker(a) -> None:
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
     params = sum(local(p).numel() for p in trainer.models.policy.parameters() if p.requires_grad)
     mean = lambda key: sum(r[key] for r in history) / len(history)  # noqa: E731
-    result = {"world": distributed.world(), "rank": distributed.rank(), "parallelism": a.parallelism,
+    result = {"world": distributed.role_size(), "rank": distributed.role_rank(), "parallelism": a.parallelism,
               "step_s": sum(mean(f"perf/time_{k}") for k in ("generate", "reward", "logprobs", "update")),
               **{f"{k}_s": mean(f"perf/time_{k}") for k in ("generate", "update")},
               "state_mb": params * 4 * 4 / 1e6, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
     print("RESULT " + json.dumps(result), flush=True)
-    torch.distributed.destroy_process_group() if distributed.active() else None
+    torch.distributed.destroy_process_group() if distributed.role_active() else None
 
 
 def main() -> None:

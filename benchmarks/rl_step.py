@@ -78,7 +78,7 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     if trainer.args.rollout_engine == "vllm":  # the engine's own floor: the same rows, no loop around it
         from vllm import SamplingParams
 
-        engine = trainer.engine
+        engine = trainer.sampler.engine
         params = SamplingParams(n=1, temperature=1.0, max_tokens=new_tokens, min_tokens=new_tokens, seed=0)
         start = time.perf_counter()
         engine.llm.generate([{"prompt_token_ids": p} for p in prompt_ids for _ in range(rows // len(prompt_ids))],
@@ -104,7 +104,7 @@ def run_one(a) -> dict:
               "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
               "peak_rss_gb": peak_rss_gb()}
     T = int(max(r["rollout/response_length_max"] for r in history))
-    prompt_ids = [trainer.prompt_ids[i] for i in range(a.prompts)]
+    prompt_ids = [trainer.sampler.prompt_ids[i] for i in range(a.prompts)]
     f = floor(trainer, a.prompts * trainer.args.group_size, prompt_ids, T)
     result.update(f, floor_s=f["floor_generate"] + f["floor_update"])
     result["step_over_floor"] = step / result["floor_s"]

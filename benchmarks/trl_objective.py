@@ -29,9 +29,9 @@ def _ours(seed: int):
     from rlhfkit.tasks.toy import toy_trainer
 
     trainer = toy_trainer("grpo", group_size=8, prompts_per_step=4, kl_coef=0.0, seed=seed)
-    rows = trainer.sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 8, trainer.sampling)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 8, trainer.sampler.sampling)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     return trainer, trainer.make_experience(rollout, scores, valid, metrics)
 
 

@@ -13,10 +13,13 @@ of ``rollout/remote.py``) calls ``torch.distributed``; the algorithm core receiv
 numbers through ``reduce_sum``.
 
 Roles (``rollout_workers: K``): the last K ranks generate and the others train. Each process then
-lives in its role's group — ``world``, ``rank``, the reductions, ``barrier``, ``shard`` and the
-checkpoints see its role's processes only (a trainer's ``world()`` counts trainers) — while
-``is_main`` stays global rank 0 (a trainer: the one that writes the run) and ``finished`` waits for
-every process. ``sync_group`` (global rank 0 and the generators) carries the weights and the start.
+lives in its role's group, and what acts on the role says so by name: ``role_size``,
+``role_rank``, ``role_active``, ``role_barrier``; the reductions (``reduce_sum``, ``global_mean``,
+...), ``shard`` and the checkpoints (``dcp_options``) also run over the role's processes only,
+as their docstrings say. Without ``rollout_workers`` the role is every process. What spans the
+whole job is named for it: ``global_rank``, ``is_main`` (global rank 0, a trainer: the one that
+writes the run), ``joined``, ``finished`` (waits for every process). ``sync_group`` (global rank 0
+and the generators) carries the weights and the start.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from .config import PARALLELISMS
 TIMEOUT_ENV = "RLHFKIT_DIST_TIMEOUT"
 _DEVICE = [torch.device("cpu")]  # this process's device, set by setup: where collectives run
 # With rollout_workers: this process's role group (trainers or generators), and rank 0 + generators.
@@ -45,19 +47,20 @@ def _initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def active() -> bool:
+def role_active() -> bool:
     """More than one process shares this process's role (its collectives are not the identity)."""
     return _initialized() and dist.get_world_size(_GROUPS["role"]) > 1
 
 
-def world() -> int:
-    """Processes of this process's role (every process without ``rollout_workers``)."""
-    return dist.get_world_size(_GROUPS["role"]) if active() else 1
+def role_size() -> int:
+    """Processes of this process's role: the trainers or the generator ranks with
+    ``rollout_workers``, every process without (then the job's world size)."""
+    return dist.get_world_size(_GROUPS["role"]) if role_active() else 1
 
 
-def rank() -> int:
-    """This process's rank among its role's processes."""
-    return dist.get_rank(_GROUPS["role"]) if active() else 0
+def role_rank() -> int:
+    """This process's rank among its role's processes (its global rank without ``rollout_workers``)."""
+    return dist.get_rank(_GROUPS["role"]) if role_active() else 0
 
 
 def joined() -> bool:
@@ -206,13 +209,13 @@ def planned_world() -> int:
 
 
 def reduce_sum(x: torch.Tensor) -> torch.Tensor:
-    """The sum of ``x`` over every process (a new tensor; ``x`` itself in a single process). The
+    """The sum of ``x`` over every process of this role (a new tensor; ``x`` itself alone). The
     algorithm core takes this as its ``reduce`` argument for batch statistics."""
     return _all_reduce(x, "sum")
 
 
 def global_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``x`` over ``mask`` and over every process's rows (0 where nothing is masked in)."""
+    """Mean of ``x`` over ``mask`` and over the rows of every process of this role (0 where nothing is masked in)."""
     mask = mask.bool()
     part = torch.stack([torch.where(mask, x.float(), 0.0).sum(), mask.sum().float()])
     total = reduce_sum(part)
@@ -220,20 +223,20 @@ def global_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def global_nanmean(x: torch.Tensor) -> torch.Tensor:
-    """``torch.nanmean`` over every process's rows (NaN where nothing is a number)."""
+    """``torch.nanmean`` over the rows of every process of this role (NaN where nothing is a number)."""
     ok = ~torch.isnan(x)
     total = reduce_sum(torch.stack([torch.where(ok, x, 0.0).sum(), ok.sum().float()]))
     return total[0] / total[1] if bool(total[1] > 0) else torch.tensor(float("nan"))
 
 
 def reduce_tensor_max(x: torch.Tensor) -> torch.Tensor:
-    """The elementwise maximum of ``x`` over every process."""
+    """The elementwise maximum of ``x`` over every process of this role."""
     return _all_reduce(x, "max")
 
 
 def sum_floats(values: list[float]) -> list[float]:
-    """Python numbers summed over every process (in float64)."""
-    if not active():
+    """Python numbers summed over every process of this role (in float64)."""
+    if not role_active():
         return list(values)
     return reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist()
 
@@ -241,7 +244,7 @@ def sum_floats(values: list[float]) -> list[float]:
 def _all_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
     """A reduced copy of ``x``; the collective runs on this process's device (NCCL reduces GPU
     tensors only), the result comes back where ``x`` was."""
-    if not active():
+    if not role_active():
         return x
     out = x.detach().to(_DEVICE[0]).clone()
     dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX, group=_GROUPS["role"])
@@ -249,30 +252,21 @@ def _all_reduce(x: torch.Tensor, op: str) -> torch.Tensor:
 
 
 def reduce_max(value: int) -> int:
-    """The largest ``value`` over every process."""
-    return int(_all_reduce(torch.tensor([value], dtype=torch.long), "max").item()) if active() else value
-
-
-def broadcast_object(obj, src: int = 0):
-    """``obj`` of rank ``src`` on every process."""
-    if not active():
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, group_src=src, group=_GROUPS["role"])
-    return box[0]
+    """The largest ``value`` over every process of this role."""
+    return int(_all_reduce(torch.tensor([value], dtype=torch.long), "max").item()) if role_active() else value
 
 
 def dcp_options() -> dict:
     """The keyword arguments that keep a ``torch.distributed.checkpoint`` save or load within this
     process's role (a lone trainer beside generator ranks reads and writes alone)."""
-    if active():
+    if role_active():
         return {"process_group": _GROUPS["role"]}
     return {"no_dist": True} if _initialized() else {}
 
 
-def barrier() -> None:
+def role_barrier() -> None:
     """Every process of this process's role has got here."""
-    if active():
+    if role_active():
         dist.barrier(group=_GROUPS["role"])
 
 
@@ -295,7 +289,7 @@ def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: str | None = None):
-    """``model`` ready for data-parallel training on every process: FSDP2 (each transformer block,
+    """``model`` ready for data-parallel training on every process of this role: FSDP2 (each transformer block,
     then the whole model, sharded in place; parameters become DTensors) or DDP (a wrapper whose
     ``module`` is ``model``). Returns the module to call for training forward passes. A single
     process gets ``model`` back unchanged.
@@ -303,10 +297,10 @@ def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: st
     ``mixed_precision`` ('bfloat16'): FSDP2 computes in it while parameters, gradients and
     optimizer states stay in their own dtype (the GPU default).
     """
-    if not active():
+    if not role_active():
         return model
-    if parallelism not in PARALLELISMS:
-        raise ValueError(f"parallelism must be one of {', '.join(PARALLELISMS)}, got {parallelism!r}")
+    if parallelism not in ("fsdp", "ddp"):  # the configs refuse any other value first (config.PARALLELISMS)
+        raise ValueError(f"parallelism must be 'fsdp' or 'ddp', got {parallelism!r}")
     if parallelism == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -345,7 +339,7 @@ def gathered(model: torch.nn.Module):
     to rank (completions end at different lengths). Nothing happens for unsharded models."""
     from torch.distributed.fsdp import FSDPModule
 
-    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if active() else []
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)] if role_active() else []
     for m in sharded:
         m.unshard()
         m.set_reshard_after_forward(False)
@@ -358,8 +352,8 @@ def gathered(model: torch.nn.Module):
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict on the CPU — gathered on every process (a collective)."""
-    if not active():
+    """The full (unsharded) state dict on the CPU — gathered on every process of this role (a collective)."""
+    if not role_active():
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -33,7 +33,7 @@ def model_fingerprint(modules: dict[str, torch.nn.Module]) -> dict:
             is_sharded = hasattr(p, "to_local")
             part = p.to_local() if is_sharded else p
             (sharded if is_sharded else local).add_(_sums(part.detach()))
-    if distributed.active():
+    if distributed.role_active():
         sharded = torch.tensor(distributed.sum_floats(sharded.tolist()), dtype=torch.float64)
     return {"layout": layout.hexdigest()[:16], "sums": (local + sharded).tolist(), "source": source}
 

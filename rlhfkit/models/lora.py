@@ -44,7 +44,7 @@ def apply_lora(model: torch.nn.Module, peft_config, task_type: str | None = "CAU
 def unsharded_template(model: torch.nn.Module) -> torch.nn.Module | None:
     """An unsharded CPU copy of a LoRA ``model`` on the main process of a multi-process run (taken
     before sharding), which ``export_causal_lm`` fills with the gathered weights; else None."""
-    if is_peft(model) and distributed.active() and distributed.is_main():
+    if is_peft(model) and distributed.role_active() and distributed.is_main():
         return copy.deepcopy(model).cpu()
     return None
 
@@ -56,7 +56,7 @@ def export_causal_lm(model: torch.nn.Module, path, tokenizer=None, adapter: bool
     process must call this under torchrun: the full weights are gathered, the main process writes.
     The trained model is left as it is (merging happens on a copy)."""
     check_finite_weights(model, f"saving {path}")  # every process: a shard each, the verdict shared
-    state = distributed.full_state_dict(model) if distributed.world() > 1 else None  # a collective
+    state = distributed.full_state_dict(model) if distributed.role_size() > 1 else None  # a collective
     if distributed.is_main():
         path = Path(path)
         with writing(path):  # a full disk: one line naming the directory
@@ -72,7 +72,7 @@ def export_causal_lm(model: torch.nn.Module, path, tokenizer=None, adapter: bool
                 model.save_pretrained(path, state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
-    distributed.barrier()
+    distributed.role_barrier()
 
 
 def merged_backbone(backbone: torch.nn.Module) -> torch.nn.Module:

@@ -9,6 +9,8 @@ trainer log-probs) and the rollout's own statistics.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .. import distributed
@@ -19,7 +21,21 @@ from ..algorithms import (
 from ..config import RLConfig
 
 
-def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tensor, args: RLConfig, reduce=None,
+@dataclass(frozen=True)
+class ScoreShaping:
+    """The fields of ``RLConfig`` that phase 3's score shaping reads (``shape_scores``,
+    ``normalize_scores``); same names, same meaning."""
+
+    max_new_tokens: int
+    missing_eos_penalty: float | None
+    overlong_buffer_len: int | None
+    overlong_penalty: float
+    reward_clip: float | None
+    normalize_rewards: bool
+    dynamic_sampling: bool
+
+
+def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tensor, args: ScoreShaping, reduce=None,
                  lengths: torch.Tensor | None = None):
     """(B,) scores after the EOS trick, DAPO's soft overlong punishment, ``reward_clip`` and
     ``normalize_rewards`` (whitening over the valid samples), 0 on invalid samples; plus
@@ -60,7 +76,7 @@ def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tenso
     return scores, metrics
 
 
-def normalize_scores(scores: torch.Tensor, valid: torch.Tensor, args: RLConfig, reduce=None) -> torch.Tensor:
+def normalize_scores(scores: torch.Tensor, valid: torch.Tensor, args: ScoreShaping, reduce=None) -> torch.Tensor:
     """The batch-level step of ``shape_scores``: with ``args.normalize_rewards``, the scores whitened
     over the valid samples (of every process with ``reduce``) when there are at least two."""
     if not args.normalize_rewards:

@@ -2,10 +2,13 @@
 staleness bound (``max_staleness: S``).
 
 Under torchrun the last K ranks generate and the others train. A generator runs phases 1–3 of the
-loop exactly as a synchronous process does (``RLTrainer.sample_batch``: prompts, its own engine —
-HF or vLLM —, its own reward functions, reward models and environments, dynamic sampling among the
-generators); a trainer runs phases 4–7 (make experience, update, log, evaluate, checkpoint) on the
-batches it receives. The transport is ``rollout/remote.py``.
+loop exactly as a synchronous process does — ``run_generator`` drives its ``rl.sampler.Sampler``:
+prompts, its own engine (HF or vLLM), its own reward functions, reward models and environments,
+dynamic sampling among the generators; a trainer runs phases 4–7 (make experience, update, log,
+evaluate, checkpoint) on the batches its ``RemoteSampler`` receives — the same ``batch`` method
+the synchronous loop calls. The transport is ``rollout/remote.py``; the weights a generator
+receives go into its policy (``rollout.weight_sync.load_weights``), from which its engine is made
+ready as in a synchronous process (``rollout.engines.engine_ready``).
 
 **The schedule** (prime-rl's ``async_level``, verl's one-step-off generalised to S steps): the
 batch of step ``s`` is generated with the policy version ``max(start, s - S)`` — version ``v``
@@ -55,6 +58,9 @@ from .. import distributed
 from ..rollout import concat_rollouts
 from ..rollout.remote import (broadcast_start, manifest, receive_object, receive_weights, send_object, send_weights,
                               wait_all)
+from ..rollout.weight_sync import hf_weights, load_weights
+from ..run.training import timer
+from .sampler import Batch, Sampler
 
 
 def version_for(step: int, start: int, staleness: int) -> int:
@@ -67,40 +73,46 @@ def last_version(max_steps: int, staleness: int) -> int:
     return max_steps - 1 - staleness
 
 
-class TrainerLink:
-    """A trainer rank's end: ``start`` (rank 0 tells the generators where the run starts and sends
-    the first weights), ``receive`` (the batch of a step, this trainer's share), ``publish`` (the
-    weights of a new version, when a batch still to come will use them)."""
+class RemoteSampler(Sampler):
+    """A trainer rank's sampler under ``rollout_workers``: ``batch`` receives this trainer's share of
+    the batch the generator ranks made; ``start`` (rank 0 tells the generators where the run starts
+    and sends the first weights) and ``publish`` (the weights of a new version, when a batch still
+    to come uses it) keep them fed. Its own engine (HF generate on the policy) and reward sources
+    serve ``evaluate``. ``max_staleness``: the config's bound."""
 
-    def __init__(self, args, pad_id: int):
-        self.args, self.pad_id, self.start_step = args, pad_id, 0
+    def __init__(self, *args, max_staleness: int = 0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_staleness, self.start_step = max_staleness, 0
 
-    def start(self, counters: dict, models) -> None:
+    def start(self, counters: dict) -> None:
         """Every trainer calls this before its first step (under FSDP2 gathering the weights is
         collective); ``counters``: the trainer's step and data position (resumed or fresh)."""
         self.start_step = counters["step"]
-        with torch.no_grad(), distributed.gathered(models.policy):
-            weights = _weights(models.policy) if distributed.is_main() else None
+        with torch.no_grad(), distributed.gathered(self.models.policy):
             if distributed.is_main():
+                weights = list(hf_weights(self.models.policy))
                 broadcast_start({"counters": counters, "manifest": manifest(weights)})
-                send_weights(weights, models.device)
+                send_weights(weights, self.models.device)
 
-    def publish(self, version: int, models) -> None:
-        """After an update: send the weights of ``version`` if a batch still to be generated uses it."""
-        if version > last_version(self.args.max_steps, self.args.max_staleness):
+    def publish(self, version: int, timings: dict) -> None:
+        """After an update: send the weights of ``version`` if a batch still to be generated uses it
+        (timed as ``timings["weight_sync"]``)."""
+        if version > last_version(self.config.max_steps, self.max_staleness):
             return
-        with torch.no_grad(), distributed.gathered(models.policy):
+        with timer(timings, "weight_sync"), torch.no_grad(), distributed.gathered(self.models.policy):
             if distributed.is_main():
-                send_weights(_weights(models.policy), models.device)
+                send_weights(list(hf_weights(self.models.policy)), self.models.device)
 
-    def receive(self, step: int, timings: dict) -> tuple:
-        """The batch of ``step`` from every generator — ``(rows, rollout, scores, valid, metrics)``
-        of this trainer's share, as ``RLTrainer.sample_batch`` returns them — and the generators'
-        ``position`` (their data epoch and position after it) and ``samples`` (for samples.jsonl)."""
+    def batch(self, step: int, version: int, timings: dict | None = None) -> Batch:
+        """The batch of ``step`` from every generator — this trainer's share — with the generators'
+        ``rollout/staleness_*`` and ``perf/generator_*`` metrics; the data position moves to the
+        generators' (what a checkpoint saves). ``version`` (the trainer's) is not needed: each
+        batch says which version made it, checked against ``max_staleness``."""
+        timings = {} if timings is None else timings
         begin = time.perf_counter()
         parts = [receive_object(src) for src in distributed.generator_ranks()]
         timings["wait"] = wait = time.perf_counter() - begin
-        S = self.args.max_staleness
+        S = self.max_staleness
         for part in parts:
             if part["step"] != step:
                 raise RuntimeError(f"generator sent the batch of step {part['step']} where step {step} was due")
@@ -113,13 +125,14 @@ class TrainerLink:
                    "rollout/staleness_max": float(staleness.max()), "perf/trainer_wait_s": wait,
                    "perf/generator_wait_s": max(p["wait_s"] for p in parts),
                    **{f"perf/generator_time_{k}": v for k, v in parts[0]["timings"].items()}}
-        return (rows, rollout, scores, valid, metrics), parts[0]["position"], parts[0]["samples"]
+        self.restore(parts[0]["position"])
+        return Batch(rows, rollout, scores, valid, metrics, parts[0]["samples"])
 
     def _share(self, parts: list[dict]) -> tuple:
         """This trainer's groups of the generators' batches (in generator order): the groups are
         split evenly over the trainers, topped up with invalid copies of the first group when they
         do not divide (dynamic sampling that ran out of rounds)."""
-        G, T, me = self.args.group_size, distributed.world(), distributed.rank()
+        G, T, me = self.config.group_size, distributed.role_size(), distributed.role_rank()
         rollout = concat_rollouts([p["rollout"] for p in parts], self.pad_id)
         scores = torch.cat([p["scores"] for p in parts])
         valid = torch.cat([p["valid"] for p in parts])
@@ -133,58 +146,34 @@ class TrainerLink:
         return ([rows[g] for g in mine], rollout.select(index), scores[index], valid[index] & ~filler)
 
 
-def run_generator(trainer) -> None:
+def run_generator(sampler: Sampler, max_staleness: int) -> None:
     """A generator rank's loop: for each step from the run's start, hold the version the schedule
-    asks for (receiving broadcasts), generate and score the step's batch (``trainer.sample_batch``,
-    with the trainer's step set so the seeds are the synchronous run's), post it to every trainer."""
-    args, models = trainer.args, trainer.models
+    asks for (receiving broadcasts into ``sampler``'s policy), make the step's batch
+    (``sampler.batch``, with the step's seeds as in the synchronous run), post it to every trainer."""
+    models = sampler.models
     start = broadcast_start()
     counters, entries = start["counters"], start["manifest"]
-    trainer.restore_position(counters)
+    sampler.restore((counters["data_epoch"], counters["data_pos"]))
     have = counters["step"]
-    _load(trainer, receive_weights(entries, models.device), have, entries)
+    load_weights(models.policy, receive_weights(entries, models.device))
     works: list[list] = []
-    for step in range(counters["step"], args.max_steps):
+    for step in range(counters["step"], sampler.config.max_steps):
         begin = time.perf_counter()
-        while have < version_for(step, counters["step"], args.max_staleness):
+        while have < version_for(step, counters["step"], max_staleness):
             have += 1
-            _load(trainer, receive_weights(entries, models.device), have, entries)
-        wait = time.perf_counter() - begin
-        trainer.step, trainer.samples, timings = step, None, {}
-        rows, rollout, scores, valid, metrics = trainer.sample_batch(timings)
-        if have == step and not getattr(trainer.engine, "needs_sync", False):
+            load_weights(models.policy, receive_weights(entries, models.device))
+        wait, timings = time.perf_counter() - begin, {}
+        batch = sampler.batch(step, have, timings)
+        if have == step and not sampler.engine.needs_sync:
             # HF generate on the very weights the trainers hold: the sampler *is* π_old, as in the
             # synchronous run, whose HF engine reports no log-probs (ρ = 1 exactly, not 1 ± rounding).
-            rollout.logprobs = None
-        message = {"step": step, "version": have, "rows": rows, "rollout": rollout.to("cpu"),
-                   "scores": scores.cpu(), "valid": valid.cpu(), "metrics": {k: float(v) for k, v in metrics.items()},
-                   "position": trainer.position(), "wait_s": wait, "timings": timings, "samples": trainer.samples}
+            batch.rollout.logprobs = None
+        message = {"step": step, "version": have, "rows": batch.rows, "rollout": batch.rollout.to("cpu"),
+                   "scores": batch.scores.cpu(), "valid": batch.valid.cpu(),
+                   "metrics": {k: float(v) for k, v in batch.metrics.items()}, "position": sampler.position(),
+                   "wait_s": wait, "timings": timings, "samples": batch.samples}
         works.append([w for dst in distributed.trainer_ranks() for w in send_object(message, dst)])
-        if len(works) > args.max_staleness + 1:  # received by now (the trainers took the weights after it)
+        if len(works) > max_staleness + 1:  # received by now (the trainers took the weights after it)
             wait_all(works.pop(0))
     for w in works:
         wait_all(w)
-
-
-def _weights(policy) -> list[tuple[str, torch.Tensor]]:
-    from ..rollout.weight_sync import hf_weights
-
-    return list(hf_weights(policy))
-
-
-def _load(trainer, weights, version: int, entries) -> None:
-    """Version ``version`` into the generator's engine: a vLLM engine loads it itself; the HF
-    engine's model (the generator's policy, without adapter) copies it by name."""
-    engine = trainer.engine
-    if getattr(engine, "needs_sync", False):
-        engine.sync_weights(weights, version)
-    else:
-        model = trainer.models.policy
-        named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
-        with torch.no_grad():
-            for name, tensor in weights:
-                if name not in named or tuple(named[name].shape) != tuple(tensor.shape):
-                    raise RuntimeError(f"generator rank: the trainers sent weight {name!r} {tuple(tensor.shape)}, "
-                                       "which its copy of the model does not have in that shape")
-                named[name].copy_(tensor)
-    trainer.weights_version = version

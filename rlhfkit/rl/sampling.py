@@ -24,16 +24,17 @@ import torch
 
 from .. import distributed
 from ..algorithms import group_has_variance
-from ..config import RLConfig
 from ..data.encode import warn_once
 from ..rollout import concat_rollouts
-from .advantages import normalize_scores
+from .advantages import ScoreShaping, normalize_scores
 
 
-def sample_batch(sample_round: Callable[[int], tuple], args: RLConfig, pad_id: int = 0) -> tuple:
-    """Phases 1–3 of one step: ``sample_round(r)`` once without ``args.dynamic_sampling``; with it,
-    rounds ``r = 0, 1, …`` until every process holds its share (``prompts_per_step / world``) of
-    groups with reward variance, or ``args.max_sampling_rounds`` rounds are spent.
+def sample_batch(sample_round: Callable[[int], tuple], config, shaping: ScoreShaping, pad_id: int = 0) -> tuple:
+    """Phases 1–3 of one step: ``sample_round(r)`` once without ``config.dynamic_sampling``; with it,
+    rounds ``r = 0, 1, …`` until every process of the role holds its share (``prompts_per_step /
+    role_size``) of groups with reward variance, or ``config.max_sampling_rounds`` rounds are spent.
+    ``config``: ``rl.sampler.SamplerConfig`` (``group_size``, ``prompts_per_step``,
+    ``dynamic_sampling``, ``max_sampling_rounds``); ``shaping``: the kept batch's ``normalize_rewards``.
 
     ``sample_round(r)``: the next ``prompts_per_step`` prompts (this process's share of their row
     indices), their ``group_size`` completions each and their scores — ``(rows, rollout, scores,
@@ -48,31 +49,31 @@ def sample_batch(sample_round: Callable[[int], tuple], args: RLConfig, pad_id: i
     no process kept any, the step is one invalid group per process (the trainer skips its update).
     ``metrics``: the first round's, plus ``rollout/sampling_rounds`` and ``rollout/kept_groups_frac``
     (groups with variance among those generated, every process, every round)."""
-    if not args.dynamic_sampling:
+    if not config.dynamic_sampling:
         return sample_round(0)
-    G, share = args.group_size, args.prompts_per_step // distributed.world()
+    G, share = config.group_size, config.prompts_per_step // distributed.role_size()
     rounds, first = [], None
     kept = generated = 0
-    for r in range(args.max_sampling_rounds):
+    for r in range(config.max_sampling_rounds):
         rows, rollout, scores, valid, metrics = sample_round(r)
         first = metrics if first is None else first
         keep = group_has_variance(scores, valid, G).cpu()
         rounds.append((rows, rollout, scores, valid, keep))
         kept, generated = kept + int(keep.sum()), generated + len(keep)
         totals = distributed.reduce_sum(torch.tensor([min(kept, share), kept, generated], dtype=torch.float64))
-        if int(totals[0]) >= args.prompts_per_step:
+        if int(totals[0]) >= config.prompts_per_step:
             break
     n_kept = min(kept, share)
     width = max(distributed.reduce_max(n_kept), 1)  # groups per process: equal on every process
-    if int(totals[0]) < args.prompts_per_step:
-        warn_once(f"dynamic sampling: {int(totals[0])} of prompts_per_step={args.prompts_per_step} groups with "
-                  f"reward variance after max_sampling_rounds={args.max_sampling_rounds} rounds; the step trains on those")
+    if int(totals[0]) < config.prompts_per_step:
+        warn_once(f"dynamic sampling: {int(totals[0])} of prompts_per_step={config.prompts_per_step} groups with "
+                  f"reward variance after max_sampling_rounds={config.max_sampling_rounds} rounds; the step trains on those")
     picks = _pick(rounds, n_kept, width - n_kept)
     rows = [rounds[i][0][g] for i, g, _ in picks]
     rollout = concat_rollouts([rounds[i][1].select(torch.arange(g * G, (g + 1) * G)) for i, g, _ in picks], pad_id)
     scores = torch.cat([rounds[i][2][g * G:(g + 1) * G] for i, g, _ in picks])
     valid = torch.cat([rounds[i][3][g * G:(g + 1) * G] & ok for i, g, ok in picks])
-    scores = normalize_scores(torch.where(valid, scores, torch.zeros_like(scores)), valid, args,
+    scores = normalize_scores(torch.where(valid, scores, torch.zeros_like(scores)), valid, shaping,
                               reduce=distributed.reduce_sum)
     first.update({"rollout/sampling_rounds": float(len(rounds)),
                   "rollout/kept_groups_frac": float(totals[1] / totals[2].clamp(min=1))})

@@ -36,8 +36,8 @@ def update(models: RLModels, args: RLConfig, exp: Experience, kl_coef: float, st
     ``minibatch_generator``); ``optimizer_step``: clips, steps and zeroes the gradients, returning
     ``{"perf/grad_norm": ...}`` (the trainer's, on its run's optimizer). The loss of each
     micro-batch is ``loss``."""
-    B, world = exp.mask.shape[0], distributed.world()
-    first = distributed.rank() * B  # this process's rows are global rows first .. first + B - 1
+    B, world = exp.mask.shape[0], distributed.role_size()
+    first = distributed.role_rank() * B  # this process's rows are global rows first .. first + B - 1
     mini = args.mini_batch_size or B * world
     gen = minibatch_generator(args, step)
     sums: dict[str, torch.Tensor] = {}

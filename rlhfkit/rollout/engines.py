@@ -37,10 +37,10 @@ def build_engine(args: RLConfig, models: RLModels, prompt_ids: list[list[int]]):
     if isinstance(positions, int):  # an agent's engine is sized for the longest allowed prompt: never past the model
         length = min(length, positions)
     return VLLMEngine(models.policy, tokenizer, max_model_len=length,
-                      seed=args.seed + 1_000_003 * distributed.rank(), kv_cache_gb=args.vllm_kv_cache_gb,
+                      seed=args.seed + 1_000_003 * distributed.role_rank(), kv_cache_gb=args.vllm_kv_cache_gb,
                       gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
                       sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,
-                      multiprocess=distributed.world() > 1, isolated=generator)
+                      multiprocess=distributed.role_size() > 1, isolated=generator)
 
 
 @contextmanager
@@ -50,7 +50,7 @@ def engine_ready(engine, models: RLModels, version: int, timings: dict):
     when an update changed them since its last sync (``version``: optimizer steps so far). Every
     process syncs at this point of the loop, gathering the way HF generation does, so no process
     waits on a collective another never enters; the sync is timed as ``timings["weight_sync"]``."""
-    if not getattr(engine, "needs_sync", False):
+    if not engine.needs_sync:
         with models.autocast(), distributed.gathered(models.policy):
             yield
         return

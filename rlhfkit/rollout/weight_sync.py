@@ -155,3 +155,16 @@ def _merged_parameters(layer) -> dict[str, torch.Tensor]:
         shadow._caches = dict(layer._caches)
     shadow.merge()
     return {leaf: p.detach() for leaf, p in shadow_base._parameters.items() if p is not None}
+
+
+def load_weights(model: torch.nn.Module, weights, who: str = "generator rank") -> None:
+    """The counterpart of ``hf_weights`` on a receiving process: copy each ``(name, tensor)`` into
+    the parameter or buffer of ``model`` (a plain model, no adapter) of that name. A name the model
+    lacks, or a shape it holds otherwise, is refused in one line naming the weight."""
+    named = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+    with torch.no_grad():
+        for name, tensor in weights:
+            if name not in named or tuple(named[name].shape) != tuple(tensor.shape):
+                raise RuntimeError(f"{who}: the trainers sent weight {name!r} {tuple(tensor.shape)}, "
+                                   "which its copy of the model does not have in that shape")
+            named[name].copy_(tensor)

@@ -154,7 +154,7 @@ class Run:
     def _resume(self, path) -> dict:
         # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
         counters = load_checkpoint(path, self.modules, self.optimizer, self.scheduler,
-                                   fresh_seed=self.args.seed + 1_000_003 * distributed.rank(), settings=self.settings())
+                                   fresh_seed=self.args.seed + 1_000_003 * distributed.role_rank(), settings=self.settings())
         if int(counters.get("step", -1)) > self.total_steps:
             raise ValueError(f"resume_from={str(path)!r} is at step {counters['step']}, past this run's "
                              f"{self.total_steps} steps")

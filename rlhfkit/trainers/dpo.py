@@ -111,8 +111,8 @@ class DPOTrainer(SupervisedTrainer):
             self.ref_logps = self._precompute(self.train_pairs)
             self.eval_ref_logps = self._precompute(self.eval_pairs) if self.eval_pairs is not None else None
             self.reference = None  # no longer needed: its memory is freed
-        if distributed.world() > 1:
-            seed_everything(args.seed + 1_000_003 * distributed.rank())
+        if distributed.role_size() > 1:
+            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
                        peft_config, ref_model=ref_model)
         self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
@@ -158,7 +158,7 @@ class DPOTrainer(SupervisedTrainer):
     def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
         ids, mask, completion_mask, index = self._collate(pairs)
-        share = distributed.world() == 1  # DDP/FSDP2: one forward per backward
+        share = distributed.role_size() == 1  # DDP/FSDP2: one forward per backward
         out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index if share else None)
         return (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
 
@@ -172,7 +172,7 @@ class DPOTrainer(SupervisedTrainer):
     def _precompute(self, pairs: list[PreferencePair]) -> torch.Tensor:
         """Reference log-probs (2, len(pairs)) of every pair: each process scores its slice, the
         slices are summed over processes (every process runs as many passes: stand-ins)."""
-        world, rank, n = distributed.world(), distributed.rank(), len(pairs)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
         lo, hi = n * rank // world, n * (rank + 1) // world
         size = max(1, self.args.batch_size // world)
         starts = list(range(lo, hi, size))
@@ -228,7 +228,7 @@ class DPOTrainer(SupervisedTrainer):
         """One optimizer step on the step's pairs (of every process): this process scores its
         slice; a process left without pairs scores a stand-in with weight 0."""
         self.train_model.train()
-        world, rank, n = distributed.world(), distributed.rank(), len(indices)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
         mine = indices[n * rank // world:n * (rank + 1) // world]
         used = mine or indices[:1]
         losses, chosen_r, rejected_r, logps = self._loss(self.train_model, [self.train_pairs[i] for i in used], used,
@@ -243,7 +243,7 @@ class DPOTrainer(SupervisedTrainer):
         if self.eval_pairs is None:
             raise ValueError("evaluate() needs an eval_dataset")
         self.train_model.eval()
-        world, rank, n = distributed.world(), distributed.rank(), len(self.eval_pairs)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_pairs)
         lo, hi = n * rank // world, n * (rank + 1) // world
         size = max(1, self.args.batch_size // world)
         starts = list(range(lo, hi, size))

@@ -36,8 +36,8 @@ from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_completions, load_preference_dataset
 from ..models import ScalarModel, load_tokenizer
-from ..models.loading import _check_dir
 from ..models.lora import apply_lora, is_peft, merged_backbone
+from ..models.sources import resolve_model_dir
 from ..config.supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
@@ -87,7 +87,7 @@ class RewardModelTrainer(SupervisedTrainer):
         self._check_run(callbacks)
         is_path = isinstance(model, (str, os.PathLike))
         if is_path:
-            _check_dir(model, "model")
+            resolve_model_dir(model, "model")
         elif processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
@@ -116,7 +116,7 @@ class RewardModelTrainer(SupervisedTrainer):
         # the ScalarModel inside.
         scorer = _Scorer(self.model)
         # LoRA under torchrun with FSDP2: the main process merges from an unsharded copy at save time.
-        self._template = (copy.deepcopy(scorer).cpu() if is_peft(self.model.backbone) and distributed.active()
+        self._template = (copy.deepcopy(scorer).cpu() if is_peft(self.model.backbone) and distributed.role_active()
                           and distributed.is_main() else None)
         self.scorer = distributed.shard(scorer, args.parallelism)
         self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
@@ -184,7 +184,7 @@ class RewardModelTrainer(SupervisedTrainer):
         slice in one forward pass. A process left without pairs (the short last batch of an epoch)
         scores a stand-in with weight 0, so every process runs one (FSDP2: collective) pass."""
         self.scorer.train()
-        world, rank, n = distributed.world(), distributed.rank(), len(pairs)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
         mine = pairs[n * rank // world:n * (rank + 1) // world]
         chosen, rejected, margin = self._score_pairs(mine or pairs[:1])
         loss, metrics = bradley_terry_loss(chosen, rejected, margin)
@@ -203,7 +203,7 @@ class RewardModelTrainer(SupervisedTrainer):
         if pairs is None:
             raise ValueError("evaluate() needs a dataset: pass one, or eval_dataset to the trainer")
         self.scorer.eval()
-        world, rank, n = distributed.world(), distributed.rank(), len(pairs)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
         mine, size = pairs[n * rank // world:n * (rank + 1) // world], -(-self.args.batch_size // world)
         chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
         # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
@@ -228,7 +228,7 @@ class RewardModelTrainer(SupervisedTrainer):
         continued reward model may have one).
         """
         self.scorer.eval()
-        world, rank, n = distributed.world(), distributed.rank(), len(self.center_ids)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.center_ids)
         mine, size = self.center_ids[n * rank // world:n * (rank + 1) // world], 2 * -(-self.args.batch_size // world)
         chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
         total = 0.0
@@ -248,7 +248,7 @@ class RewardModelTrainer(SupervisedTrainer):
         (``ScalarModel.save_pretrained``; the centring offset in its config) and its tokenizer.
         Under torchrun every process must call this: FSDP2 shards are gathered, rank 0 writes."""
         model = self.model
-        if distributed.world() > 1 and self.args.parallelism == "fsdp":
+        if distributed.role_size() > 1 and self.args.parallelism == "fsdp":
             state = distributed.full_state_dict(self.scorer)  # a collective; keys "model.<name>"
             if self._template is not None:
                 self._template.load_state_dict(state)
@@ -258,14 +258,14 @@ class RewardModelTrainer(SupervisedTrainer):
         if distributed.is_main():
             with writing(path):  # a full disk: one line naming the directory
                 if is_peft(model.backbone) and self.args.save_adapter:  # the adapter, head and offset beside it
-                    model._save_scalar_layout(Path(path))
+                    model.save_scalar_layout(Path(path))
                 else:
                     if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
                         model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head),
                                             float(model.offset))
                     model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
                 self.tokenizer.save_pretrained(path)
-        distributed.barrier()
+        distributed.role_barrier()
 
 
     def _trained_modules(self) -> dict[str, torch.nn.Module]:

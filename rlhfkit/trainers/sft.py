@@ -87,8 +87,8 @@ class SFTTrainer(SupervisedTrainer):
         # The module training and eval passes go through: the model itself (sharded in place by
         # FSDP2, or as it is in a single process) or its DDP wrapper. ``self.model`` stays the model.
         self.train_model = distributed.shard(self.model, args.parallelism)
-        if distributed.world() > 1:  # dropout masks differ from process to process
-            seed_everything(args.seed + 1_000_003 * distributed.rank())
+        if distributed.role_size() > 1:  # dropout masks differ from process to process
+            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
                        peft_config)
         self.epoch, self.data_pos, self.units_seen = 0, 0, 0
@@ -123,7 +123,7 @@ class SFTTrainer(SupervisedTrainer):
 
         Every process holds as many units, so each runs the same number of (FSDP2: collective)
         forward and backward passes; DDP synchronises gradients on the last micro-batch only."""
-        args, world, rank = self.args, distributed.world(), distributed.rank()
+        args, world, rank = self.args, distributed.role_size(), distributed.role_rank()
         share = len(units) // world  # divisible: checked at construction
         mine, size = units[rank * share:(rank + 1) * share], -(-args.batch_size // world)
         batches = [self._collate(mine[i:i + size]) for i in range(0, len(mine), size)]
@@ -168,7 +168,7 @@ class SFTTrainer(SupervisedTrainer):
             raise ValueError("evaluate() needs an eval_dataset")
         was_training = self.model.training
         self.train_model.eval()
-        world, rank, n = distributed.world(), distributed.rank(), len(self.eval_examples)
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_examples)
         mine, size = self.eval_examples[n * rank // world:n * (rank + 1) // world], -(-self.args.batch_size // world)
         chunks = [mine[i:i + size] for i in range(0, len(mine), size)]
         total, count = 0.0, 0

@@ -101,9 +101,9 @@ def test_scripted_episode_trains_on_exactly_the_sampled_tokens(tmp_path):
     """The experience of an agent step masks the tool suffix: the update's mask equals the
     rollout's sampled-token mask (rows without a score excepted)."""
     t = trainer(tmp_path, tools=[add])
-    rows = t.sample_prompts()
-    rollout = t.generate(rows)
-    scores, valid, metrics = t.score(rows, rollout)
+    rows = t.sampler.sample_prompts()
+    rollout, episodes = t.sampler.generate(rows)
+    scores, valid, metrics = t.sampler.score(rows, rollout, episodes)
     exp = t.make_experience(rollout, scores, valid, metrics)
     assert exp.mask.long().equal(rollout.response_mask.long())
     assert "agent/turns_mean" in metrics
@@ -116,10 +116,10 @@ def test_ppo_runs_gae_across_the_tool_suffix_gap(tmp_path):
     t = trainer(tmp_path, {"algorithm": "ppo", "group_size": 1, "prompts_per_step": 4, "whiten_advantages": False,
                            "max_new_tokens": 120}, tools=[add])
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
-    t.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>", "x<|im_end|>", "3<|im_end|>", "4<|im_end|>"]])
-    rows = t.sample_prompts()
-    rollout = t.generate(rows)
-    scores, valid, metrics = t.score(rows, rollout)
+    t.sampler.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>", "x<|im_end|>", "3<|im_end|>", "4<|im_end|>"]])
+    rows = t.sampler.sample_prompts()
+    rollout, episodes = t.sampler.generate(rows)
+    scores, valid, metrics = t.sampler.score(rows, rollout, episodes)
     exp = t.make_experience(rollout, scores, valid, metrics)
     mask = rollout.response_mask.bool()
     for i in range(mask.shape[0]):
@@ -148,7 +148,7 @@ def test_every_preset_trains_on_tool_episodes(tmp_path, algorithm):
                     chat_template=COMPACT, save_steps=0, log_every=0, learning_rate=1e-2)
     t = RLTrainer(tiny_causal_lm(tok), [alternating], args, ROWS, processing_class=tok, tools=[add])
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
-    t.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
+    t.sampler.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
     before = [p.detach().clone() for p in t.models.policy.parameters()]
     row = t.train()[-1]
     assert row["agent/tool_calls_mean"] == 1.0 and row["agent/turns_mean"] == 2.0
@@ -164,7 +164,7 @@ def test_lora_trains_the_adapter_on_tool_episodes(tmp_path):
     t = RLTrainer(tiny_causal_lm(tok), [alternating], args, ROWS, processing_class=tok, tools=[add],
                   peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
-    t.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
+    t.sampler.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
     named = dict(t.models.policy.named_parameters())
     before = {k: p.detach().clone() for k, p in named.items()}
     assert t.train()[-1]["agent/tool_calls_mean"] == 1.0

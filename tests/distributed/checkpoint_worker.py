@@ -75,7 +75,7 @@ def main(jobs: str) -> None:
 def train(config: dict, out_dir: str) -> None:
     trainer = make_trainer(config)
     if config.get("resume_from"):
-        with open(f"{out_dir}/loaded-{distributed.rank()}.json", "w") as f:
+        with open(f"{out_dir}/loaded-{distributed.role_rank()}.json", "w") as f:
             json.dump({"step": trainer.step, "rng": rng_digest()}, f)
         dump(trainer, f"{out_dir}/loaded.safetensors")
     save = trainer.run.save_checkpoint  # what the run calls every save_steps

@@ -43,7 +43,7 @@ def train(spec, out_dir):
     weights = distributed.full_state_dict(module)  # a collective: every process takes part
     if distributed.is_main():  # clone: tied embeddings share storage, which safetensors refuses
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, f"{out_dir}/weights.safetensors")
-    with open(f"{out_dir}/history-{distributed.rank()}.json", "w") as f:
+    with open(f"{out_dir}/history-{distributed.role_rank()}.json", "w") as f:
         json.dump(history, f)
     distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 

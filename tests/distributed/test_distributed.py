@@ -42,9 +42,9 @@ def _experience(path: Path, config) -> dict:
     """One batch of experience from the toy trainer, saved as plain tensors to ``path``; returns the
     trainer's policy weights before any update."""
     trainer = toy_trainer(**config)
-    rows = trainer.sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampling)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampler.sampling)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     data = {k: getattr(exp.rollout, k) for k in ROLLOUT}
     data["prompt_len"] = torch.tensor(exp.rollout.prompt_len)

@@ -28,28 +28,28 @@ from rlhfkit.tasks.toy import toy_trainer
 def check(config_path, out_dir):
     config = json.loads(open(config_path).read())
     trainer = toy_trainer(**config)
-    sampled, versions, sample, generate = [], [], trainer.sample_prompts, trainer.engine.generate
+    sampled, versions, sample, generate = [], [], trainer.sampler.sample_prompts, trainer.sampler.engine.generate
 
     def recording_sample():
         sampled.append(sample())
         return sampled[-1]
 
     def recording_generate(*args, **kwargs):  # which weights the engine held when it generated
-        versions.append([trainer.engine.synced_version, trainer.weights_version])
+        versions.append([trainer.sampler.engine.synced_version, trainer.weights_version])
         return generate(*args, **kwargs)
 
-    trainer.sample_prompts, trainer.engine.generate = recording_sample, recording_generate
+    trainer.sampler.sample_prompts, trainer.sampler.engine.generate = recording_sample, recording_generate
     trainer.train()
     rows = sampled[-1]
-    with engine_ready(trainer.engine, trainer.models, trainer.weights_version, {}):  # the last update is synced here
-        rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 2, trainer.sampling, seed=99)
+    with engine_ready(trainer.sampler.engine, trainer.models, trainer.weights_version, {}):  # the last update is synced here
+        rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 2, trainer.sampler.sampling, seed=99)
     with torch.no_grad(), distributed.gathered(trainer.models.policy):
         T = rollout.response_mask.shape[1]
         mine = forward_response(trainer.models.policy, rollout.input_ids, rollout.attention_mask, T,
                                 trainer.args.temperature).logprobs
     gap = (mine - rollout.logprobs)[rollout.response_mask.bool()].abs().max().item()
-    with open(f"{out_dir}/vllm-{distributed.rank()}.json", "w") as f:
-        json.dump({"rows": sampled, "versions": versions, "gap": gap, "world": distributed.world()}, f)
+    with open(f"{out_dir}/vllm-{distributed.role_rank()}.json", "w") as f:
+        json.dump({"rows": sampled, "versions": versions, "gap": gap, "world": distributed.role_size()}, f)
     distributed.finished()  # as Run.finish ends: no process tears its gloo group down while another still works
 
 
@@ -61,8 +61,8 @@ def train(jobs):
 def train_one(config, out_dir):
     trainer = toy_trainer(**config)
     history = trainer.train()
-    if hasattr(trainer.engine, "close"):  # a vLLM engine: gone before the next run builds its own
-        trainer.engine.close()
+    if hasattr(trainer.sampler.engine, "close"):  # a vLLM engine: gone before the next run builds its own
+        trainer.sampler.engine.close()
     if distributed.is_generator():
         return
     weights = distributed.full_state_dict(trainer.models.policy)  # collective over the trainers

@@ -63,8 +63,8 @@ def update_one(experience, config, out):
     eps = config.pop("adam_eps", None)
     trainer = set_adam_eps(toy_trainer(**config), eps)
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
-    share = B // distributed.world()
-    rows = torch.arange(distributed.rank() * share, (distributed.rank() + 1) * share)
+    share = B // distributed.role_size()
+    rows = torch.arange(distributed.role_rank() * share, (distributed.role_rank() + 1) * share)
     trainer.update(load_experience(experience, rows))
     weights = full_weights(trainer)
     if distributed.is_main():
@@ -87,7 +87,7 @@ class StopOnOneRank:
         self.rank, self.step = rank, step
 
     def on_step_end(self, args, state, control, **kwargs):
-        if distributed.rank() == self.rank and state.global_step == self.step:
+        if distributed.role_rank() == self.rank and state.global_step == self.step:
             control.should_training_stop = True
 
 
@@ -141,19 +141,19 @@ def local_digests(trainer) -> dict[str, str]:
 def train(config, out_dir):
     trainer = _trainer(json.loads(open(config).read()))
     trainer.train()
-    with open(f"{out_dir}/weights-{distributed.rank()}.json", "w") as f:
+    with open(f"{out_dir}/weights-{distributed.role_rank()}.json", "w") as f:
         json.dump(local_digests(trainer), f)
 
 
 def generate(config, out_dir):
     trainer = _trainer(json.loads(open(config).read()))
-    prompts = [trainer.prompt_ids[0]]
+    prompts = [trainer.sampler.prompt_ids[0]]
     sampled = []
     with distributed.gathered(trainer.models.policy):
-        for _ in range(distributed.rank() + 1):  # a different number of generate calls on each process
-            sampled.append(trainer.engine.generate(prompts, 2, trainer.sampling).response_ids.tolist())
-    distributed.barrier()
-    with open(f"{out_dir}/generated-{distributed.rank()}.json", "w") as f:
+        for _ in range(distributed.role_rank() + 1):  # a different number of generate calls on each process
+            sampled.append(trainer.sampler.engine.generate(prompts, 2, trainer.sampler.sampling).response_ids.tolist())
+    distributed.role_barrier()
+    with open(f"{out_dir}/generated-{distributed.role_rank()}.json", "w") as f:
         json.dump(sampled, f)
 
 

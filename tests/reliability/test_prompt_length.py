@@ -27,7 +27,7 @@ def trainer(prompts, **overrides):
 
 def test_by_default_a_prompt_may_take_the_model_positions_minus_max_new_tokens():
     # the tiny model has 256 positions: 252 prompt tokens fit with 4 new ones, 253 do not
-    assert len(trainer(["a" * 252, "b"]).prompt_ids[0]) == 252
+    assert len(trainer(["a" * 252, "b"]).sampler.prompt_ids[0]) == 252
     with pytest.raises(ValueError) as err:
         trainer(["ab", "a" * 253])
     assert str(err.value) == ("train_dataset: row index 1 (0-based): the prompt is 253 tokens, longer than 252 "
@@ -40,7 +40,7 @@ def test_an_explicit_limit_refuses_or_cuts_from_the_left():
         trainer(["abcdef", "ab"], max_prompt_length=3)
     cut = trainer(["abcdef", "ab"], max_prompt_length=3, truncate_prompts="left")
     tok = cut.tokenizer
-    assert tok.decode(cut.prompt_ids[0]) == "def" and len(cut.prompt_ids[1]) == 2
+    assert tok.decode(cut.sampler.prompt_ids[0]) == "def" and len(cut.sampler.prompt_ids[1]) == 2
     cut.train()  # and it trains
     with pytest.raises(ValueError, match="'truncate_prompts' must be None or 'left'"):
         RLConfig(truncate_prompts="right")

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from rlhfkit.rollout.weight_sync import check_engine_weights, hf_weights
+from rlhfkit.rollout.weight_sync import check_engine_weights, hf_weights, load_weights
 from rlhfkit.tasks.tiny import char_tokenizer
 
 TOK = char_tokenizer()
@@ -107,6 +107,24 @@ def test_a_model_without_an_adapter_goes_out_as_its_own_parameters():
     weights = list(hf_weights(model))
     assert [n for n, _ in weights] == list(model.state_dict())
     assert all(t.data_ptr() == model.state_dict()[n].data_ptr() for n, t in weights)  # no copies
+
+
+def test_a_receiver_loads_the_merged_weights_and_generates_as_the_adapted_model():
+    """``load_weights`` is ``hf_weights``' counterpart on a generator rank: a plain copy of the base
+    model given an adapted model's merged weights computes what the adapted model computes."""
+    sender, receiver = adapted("lora"), tiny_llama(seed=1)
+    load_weights(receiver, hf_weights(sender))
+    with torch.no_grad():
+        torch.testing.assert_close(receiver(IDS).logits, sender(IDS).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_the_receiver_lacks_is_refused_in_one_line_naming_it():
+    receiver = tiny_llama()
+    for weights in ([("model.layers.9.mlp.up_proj.weight", torch.zeros(128, 64))],
+                    [("lm_head.weight", torch.zeros(3, 64))]):
+        with pytest.raises(RuntimeError, match=r"^generator rank: the trainers sent weight '[^']+' \(\d+, 64\), which "
+                                               r"its copy of the model does not have in that shape$"):
+            load_weights(receiver, weights)
 
 
 def _refused(model):

@@ -53,7 +53,7 @@ def handmade_rollout(trainer, rows, lengths, eos=True):
     b = tok.convert_tokens_to_ids("b")
     eos = [eos] * len(lengths) if isinstance(eos, bool) else eos
     responses = [[b] * (n - 1) + [tok.eos_token_id if e else b] for n, e in zip(lengths, eos)]
-    return build_rollout([trainer.prompt_ids[i] for i in rows], responses, trainer.args.group_size,
+    return build_rollout([trainer.sampler.prompt_ids[i] for i in rows], responses, trainer.args.group_size,
                          tok.pad_token_id, tok.eos_token_id)
 
 
@@ -64,9 +64,9 @@ def test_importance_sampling_level_reaches_the_policy_loss(level):
     """Off-policy (old log-probs moved per token), the loss the update computes is the clipped
     surrogate with the configured level's ratio — not the token-level one."""
     trainer = make_trainer(importance_sampling_level=level, clip_low=0.1, clip_high=0.1, kl_coef=0.0)
-    rows = trainer.sample_prompts()
-    rollout = trainer.generate(rows)
-    exp = trainer.make_experience(rollout, *trainer.score(rows, rollout))
+    rows = trainer.sampler.sample_prompts()
+    rollout, _ = trainer.sampler.generate(rows)
+    exp = trainer.make_experience(rollout, *trainer.sampler.score(rows, rollout))
     all_rows = torch.arange(exp.mask.shape[0])
     with torch.no_grad():
         logprobs = trainer.models.train_outputs(rollout, with_values=False, entropy_grad=False)[0]
@@ -89,16 +89,16 @@ def test_overlong_penalty_shapes_the_scores_by_length():
     0 up to 4 tokens, (L - 4) / 4 * 0.5 from 5 to 8, the whole 0.5 at the limit, truncated or not."""
     trainer = make_trainer(reward=constant_reward, overlong_buffer_len=4, overlong_penalty=0.5)
     plain = make_trainer(reward=constant_reward)
-    rows = trainer.sample_prompts()
+    rows = trainer.sampler.sample_prompts()
     lengths = [1, 3, 4, 5, 6, 7, 8, 8]
     rollout = handmade_rollout(trainer, rows, lengths, eos=[True] * 7 + [False])
     assert rollout.response_mask.sum(-1).tolist() == lengths
-    scores, valid, metrics = trainer.score(rows, rollout)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     want = torch.tensor([0.5 - max(0, n - 4) / 4 * 0.5 for n in lengths])
     torch.testing.assert_close(scores, want)
     assert metrics["reward/overlong_penalty_mean"].item() == pytest.approx((want - 0.5).mean().item())
     assert metrics["reward/mean"].item() == pytest.approx(want.mean().item())
-    plain_scores, _, plain_metrics = plain.score(rows, rollout)  # off: the sources' scores unchanged
+    plain_scores, _, plain_metrics = plain.sampler.score(rows, rollout)  # off: the sources' scores unchanged
     assert plain_scores.tolist() == [0.5] * 8 and "reward/overlong_penalty_mean" not in plain_metrics
 
 
@@ -108,11 +108,11 @@ def test_mask_truncated_completions_removes_truncated_rows_from_the_loss_only():
     """Truncated completions get no loss tokens; their scores still count in their group's
     statistics, so every advantage equals that of the run without the option."""
     on, off = (make_trainer(mask_truncated_completions=flag, kl_coef=0.0) for flag in (True, False))
-    rows = on.sample_prompts()
-    off.sample_prompts()
+    rows = on.sampler.sample_prompts()
+    off.sampler.sample_prompts()
     has_eos = [True, False, True, True, False, True, True, False]
     rollout = handmade_rollout(on, rows, [2, 8, 3, 5, 8, 1, 6, 8], eos=has_eos)
-    exps = [t.make_experience(rollout, *t.score(rows, rollout)) for t in (on, off)]
+    exps = [t.make_experience(rollout, *t.sampler.score(rows, rollout)) for t in (on, off)]
     truncated = ~torch.tensor(has_eos)
     assert exps[1].mask[truncated].any()
     assert not exps[0].mask[truncated].any()
@@ -122,16 +122,22 @@ def test_mask_truncated_completions_removes_truncated_rows_from_the_loss_only():
 
 # ---------------------------------------------------------------- dynamic sampling
 
+def sampled(trainer) -> int:
+    """Prompts of the data order the trainer's sampler has consumed."""
+    epoch, pos = trainer.sampler.position()
+    return epoch * len(PROMPTS) + pos
+
+
 def recorded_batches(trainer) -> list:
-    """The ``(rows, rollout, scores, valid)`` of every batch ``sample_batch`` hands the loop."""
-    seen, sample_batch = [], trainer.sample_batch
+    """The ``(rows, rollout, scores, valid)`` of every batch the sampler hands the loop."""
+    seen, batch = [], trainer.sampler.batch
 
     def recording(*args, **kwargs):
-        out = sample_batch(*args, **kwargs)
+        out = batch(*args, **kwargs)
         seen.append(out[:4])
         return out
 
-    trainer.sample_batch = recording
+    trainer.sampler.batch = recording
     return seen
 
 
@@ -160,7 +166,7 @@ def test_dynamic_sampling_trains_only_on_groups_with_reward_variance():
     assert rounds == expected and max(rounds) > 1
     assert [rows for rows, *_ in batches] == kept_rows
     used = 2 * int(sum(rounds))  # every round consumed prompts_per_step prompts of the data order
-    assert trainer.data_epoch * len(PROMPTS) + trainer.data_pos == used
+    assert sampled(trainer) == used
     kept = [r["rollout/kept_groups_frac"] for r in history]
     assert all(0 < k <= 1 for k in kept) and min(kept) < 1
 
@@ -183,7 +189,7 @@ def test_dynamic_sampling_stops_at_max_sampling_rounds_and_warns(capsys):
     history = trainer.train()
     assert [r["rollout/sampling_rounds"] for r in history] == [3.0, 3.0]
     assert [r["rollout/kept_groups_frac"] for r in history] == [0.0, 0.0]
-    assert trainer.data_epoch * len(PROMPTS) + trainer.data_pos == 2 * 3 * 2
+    assert sampled(trainer) == 2 * 3 * 2
     assert all(not valid.any() for _, _, _, valid in batches)
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.models.policy.parameters()))
     warnings = [line for line in capsys.readouterr().err.splitlines() if "dynamic sampling" in line]
@@ -231,7 +237,7 @@ def test_dynamic_sampling_resumes_to_the_same_weights(tmp_path):
     resumed = make_trainer("dapo", output_dir=str(tmp_path / "resumed"), resume_from=str(tmp_path / "half" / "ckpt"),
                            **extra)
     resumed.train()
-    assert (resumed.data_epoch, resumed.data_pos) == (full.data_epoch, full.data_pos)
+    assert resumed.sampler.position() == full.sampler.position()
     for (name, a), (_, b) in zip(full.models.policy.named_parameters(), resumed.models.policy.named_parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
 

@@ -90,9 +90,9 @@ def test_lora_policy_uses_the_adapter_disabled_base_as_reference(tmp_path):
 
 def test_single_on_policy_pass_does_not_recompute_old_logprobs():
     trainer = make_trainer("grpo", kl_coef=0.0)
-    rows = trainer.sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     assert trainer.make_experience(rollout, scores, valid, metrics).old_logprobs is None
     multi = make_trainer("grpo", kl_coef=0.0, num_iterations=2)
     assert multi.make_experience(rollout, scores, valid, metrics).old_logprobs is not None
@@ -107,7 +107,7 @@ def test_dataset_formats_and_chat_prompts(tmp_path, tiny_model_dir):
         trainer = RLTrainer(tiny_model_dir, [fraction_of_a], args, train_dataset=dataset)
         assert len(trainer.train()) == 1
     chat = RLTrainer(tiny_model_dir, [fraction_of_a], args, train_dataset=str(path))
-    assert chat.tokenizer.decode(chat.prompt_ids[0]).startswith("u:")  # rendered with the chat template
+    assert chat.tokenizer.decode(chat.sampler.prompt_ids[0]).startswith("u:")  # rendered with the chat template
 
 def test_reward_columns_reach_the_reward_function():
     seen = {}
@@ -129,9 +129,9 @@ def test_samples_no_function_scores_are_masked_out():
     tok = char_tokenizer()
     args = RLConfig(algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0)
     trainer = RLTrainer(tiny_causal_lm(tok), [only_some], args, train_dataset=PROMPTS, processing_class=tok)
-    rows = trainer.sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     assert not exp.mask[1::2].any() and exp.mask[0::2].any()
 

@@ -41,22 +41,22 @@ def make_trainer(algorithm="grpo", reward=varied_reward, **overrides):
 
 
 def generate(trainer):
-    rows = trainer.sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], trainer.args.group_size,
-                                      trainer.sampling)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size,
+                                      trainer.sampler.sampling)
     return rows, rollout
 
 
 def experience(trainer):
     rows, rollout = generate(trainer)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     return trainer.make_experience(rollout, scores, valid, metrics)
 
 
 def varied_experience(trainer):
     """An experience of hand-written responses of lengths 1 .. max_new_tokens (ending in EOS, or cut
     at the limit without it), so token and sequence weights of micro-batches differ."""
-    rows = trainer.sample_prompts()
+    rows = trainer.sampler.sample_prompts()
     tok, G, T = trainer.tokenizer, trainer.args.group_size, trainer.args.max_new_tokens
     gen = torch.Generator().manual_seed(7)
     responses = []
@@ -66,8 +66,8 @@ def varied_experience(trainer):
         if i % 8 != 0:
             ids[-1] = tok.eos_token_id
         responses.append(ids)
-    rollout = build_rollout([trainer.prompt_ids[i] for i in rows], responses, G, tok.pad_token_id, tok.eos_token_id)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    rollout = build_rollout([trainer.sampler.prompt_ids[i] for i in rows], responses, G, tok.pad_token_id, tok.eos_token_id)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     return trainer.make_experience(rollout, scores, valid, metrics)
 
 
@@ -100,7 +100,7 @@ def comparable_adam(trainer):
 def handmade_rollout(trainer, responses, n):
     tok = trainer.tokenizer
     ids = [[tok.convert_tokens_to_ids(ch) if isinstance(ch, str) else ch for ch in r] for r in responses]
-    prompts = [trainer.prompt_ids[i] for i in range(len(responses) // n)]
+    prompts = [trainer.sampler.prompt_ids[i] for i in range(len(responses) // n)]
     return build_rollout(prompts, ids, n, tok.pad_token_id, tok.eos_token_id)
 
 
@@ -376,9 +376,9 @@ def large_rewards(prompts, completions, **kwargs):
 def test_reward_clip_bounds_scores_before_the_advantages():
     trainer = make_trainer(reward=large_rewards, reward_clip=1.0, kl_coef=0.0, group_size=4, prompts_per_step=2)
     rows, rollout = generate(trainer)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     trainer.args = trainer.args.replace(reward_clip=None)
-    raw, _, _ = trainer.score(rows, rollout)
+    raw, _, _ = trainer.sampler.score(rows, rollout)
     trainer.args = trainer.args.replace(reward_clip=1.0)
     assert raw.abs().max() == 5.0  # the raw rewards do exceed the clip
     assert scores.tolist() == pytest.approx([1.0, -1.0, 0.25, -0.5] * 2)
@@ -393,7 +393,7 @@ def test_normalize_rewards_whitens_scores_over_the_batch():
     trainer = make_trainer(reward=large_rewards, normalize_rewards=True, kl_coef=0.0, group_size=4,
                            prompts_per_step=2)
     rows, rollout = generate(trainer)
-    scores, _, metrics = trainer.score(rows, rollout)
+    scores, _, metrics = trainer.sampler.score(rows, rollout)
     raw = torch.tensor([5.0, -5.0, 0.25, -0.5] * 2)
     assert scores.mean().item() == pytest.approx(0.0, abs=1e-6)
     assert scores.std().item() == pytest.approx(1.0, abs=1e-6)
@@ -420,7 +420,7 @@ def test_reinforce_plus_plus_advantages_are_whitened_discounted_token_returns():
         for p in trainer.models.reference.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=gen))
     rows, rollout = generate(trainer)
-    scores, valid, metrics = trainer.score(rows, rollout)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     mask = exp.mask
     B, T = mask.shape
@@ -514,9 +514,9 @@ def test_missing_eos_penalty_replaces_truncated_scores_and_leaves_the_others_alo
     rows = [0, 1]  # handmade_rollout continues prompts 0 and 1
     rollout = handmade_rollout(trainer, responses, 2)
     assert rollout.has_eos.tolist() == [True, False, True, False]  # both kinds are present
-    scores, _, _ = trainer.score(rows, rollout)
+    scores, _, _ = trainer.sampler.score(rows, rollout)
     trainer.args = trainer.args.replace(missing_eos_penalty=None)
-    raw, _, _ = trainer.score(rows, rollout)
+    raw, _, _ = trainer.sampler.score(rows, rollout)
     assert raw.tolist() == pytest.approx([1.0, 2 / 3, 0.0, 1.0])
     truncated = ~rollout.has_eos
     assert (scores[truncated] == -0.75).all() and (raw[truncated] != -0.75).all()

@@ -76,19 +76,19 @@ def test_the_loop_with_the_vllm_engine_syncs_every_step_and_moves_toward_the_toy
     assert all(abs(r["rollout/is_weight_mean"] - 1) < 1e-3 for r in history)
     assert all(r["rollout/is_masked_frac"] == 0 for r in history)
     assert all(r["perf/time_weight_sync"] > 0 for r in history[1:])
-    assert trainer.engine.synced_version == trainer.weights_version - trainer.args.num_iterations
+    assert trainer.sampler.engine.synced_version == trainer.weights_version - trainer.args.num_iterations
 
 
 def test_evaluation_uses_the_synced_engine_and_matches_hf_greedy_scores():
     vl = toy_trainer("grpo", model_kwargs=HEADS, max_steps=2, **VLLM)
-    vl.eval_rows = vl.rows
-    vl.eval_prompt_ids = vl.prompt_ids
+    vl.eval_rows = vl.sampler.rows
+    vl.eval_prompt_ids = vl.sampler.prompt_ids
     history = vl.train()  # evaluates before the first step and after the last
     # The last step's update came after its generation: only the evaluation after it synced those weights.
-    assert vl.engine.synced_version == vl.weights_version > 0
+    assert vl.sampler.engine.synced_version == vl.weights_version > 0
     hf = toy_trainer("grpo", model_kwargs=HEADS, max_steps=0)
     hf.models.policy.load_state_dict(vl.models.policy.state_dict())
-    hf.eval_rows, hf.eval_prompt_ids = hf.rows, hf.prompt_ids
+    hf.eval_rows, hf.eval_prompt_ids = hf.sampler.rows, hf.sampler.prompt_ids
     a, b = history[-1], hf.evaluate()
     assert abs(a["eval/score_mean"] - b["eval/score_mean"]) <= 1.01 / len(vl.eval_rows)  # at most one near-tie
 

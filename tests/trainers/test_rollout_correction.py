@@ -91,7 +91,7 @@ PRESETS = {"ppo-1-iteration": dict(algorithm="ppo", num_iterations=1), "ppo-4-it
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_applies_the_correction_once_per_step(preset, mode, monkeypatch):
     trainer = toy_trainer(max_steps=2, rollout_is=mode, rollout_is_threshold=1.3, **PRESETS[preset])
-    engine = trainer.engine = PerturbedEngine(trainer, noise=0.01)
+    engine = trainer.sampler.engine = PerturbedEngine(trainer, noise=0.01)
     recorder = RecordingLosses(trainer)
     monkeypatch.setattr(update_module, "POLICY_LOSSES", recorder)
     history = trainer.train()
@@ -120,7 +120,7 @@ def test_truncated_sampling_is_not_counted_as_mismatch(top_p, top_k):
     renormalised over the kept tokens: the trainer compares like with like, so the gap is float32
     noise and no token is masked (full-vocabulary log-probs would differ by log of the kept mass)."""
     trainer = toy_trainer("grpo", max_steps=2, rollout_is="token_mask", top_p=top_p, top_k=top_k)
-    engine = trainer.engine = PerturbedEngine(trainer, noise=0.0)
+    engine = trainer.sampler.engine = PerturbedEngine(trainer, noise=0.0)
     history = trainer.train()
     for row in history:
         assert row["rollout/logprob_diff_max"] < 1e-5 and row["rollout/is_masked_frac"] == 0
@@ -149,14 +149,14 @@ def _experience_with_engine_logprobs(mode, threshold=2.0, num_iterations=2):
     computed with the old log-probs, before the update."""
     trainer = toy_trainer("grpo", prompts_per_step=2, rollout_is=mode, rollout_is_threshold=threshold, kl_coef=0.0,
                           num_iterations=num_iterations)
-    rows = trainer.sample_prompts()
-    rollout = trainer.engine.generate([trainer.prompt_ids[i] for i in rows], 4, trainer.sampling)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
     old = trainer.models.policy_outputs(rollout, with_values=False)[0]
     behaviour = old.clone()
     behaviour[0, 0] += math.log(0.5)
     behaviour[1, 0] += math.log(3.0)
     rollout.logprobs = behaviour
-    scores, valid, metrics = trainer.score(rows, rollout)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
     return trainer, trainer.make_experience(rollout, scores, valid, metrics), metrics
 
 

@@ -102,12 +102,16 @@ def _append_to_last_user(messages: list[dict], text: str) -> list[dict]:
     return messages + [{"role": "user", "content": text}]
 
 
-def build_agent(tokenizer, tools, environment_factory, args, model, prompt_limit: int | None) -> Agent | None:
+def build_agent(tokenizer, tools, environment_factory, options: AgentOptions, prompt_limit: int | None) -> Agent | None:
     """The run's ``Agent`` from ``RLTrainer``'s ``tools`` / ``environment_factory`` and the config's
-    agent fields; None when neither is given (one completion per prompt, as before)."""
+    agent fields (``options``); None when neither is given (one completion per prompt, as before)."""
     if not tools and environment_factory is None:
         return None
-    name = str(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else (
-        getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
-    options = AgentOptions(args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout, name)
     return Agent(tokenizer, list(tools or []), environment_factory, options, prompt_limit)
+
+
+def model_name(model) -> str:
+    """How ``model`` (a directory, a Hub id or a model object) is named to the chat template checks."""
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        return str(model)
+    return getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__

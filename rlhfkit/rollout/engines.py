@@ -5,16 +5,33 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
 from .. import distributed
-from ..config import RLConfig
 from ..models.rl_models import RLModels
 from .hf import HFEngine
 
 
-def build_engine(args: RLConfig, models: RLModels, prompt_ids: list[list[int]]):
+@dataclass(frozen=True)
+class EngineConfig:
+    """The fields of ``RLConfig`` that choose and size the rollout engine; same names, same meaning."""
+
+    rollout_engine: str
+    rollout_workers: int
+    share_prompt: bool
+    max_new_tokens: int
+    eval_max_new_tokens: int | None
+    seed: int
+    vllm_kv_cache_gb: float | None
+    vllm_gpu_memory_utilization: float
+    vllm_enforce_eager: bool
+    vllm_sleep: bool
+    vllm_tensor_parallel_size: int
+
+
+def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int]]):
     """The rollout engine ``args.rollout_engine`` names: HF generate on the policy, or a vLLM engine
     in this process sized for the longest prompt plus the longest completion the run asks for.
 

@@ -26,7 +26,7 @@ from .. import distributed
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
 from ..data import load_prompt_dataset
-from ..agents.agent import build_agent, environment_reward
+from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models.rl_models import build_models
@@ -37,7 +37,7 @@ from ..rl.experience import Experience
 from ..rl.pipeline import RemoteSampler, run_generator
 from ..rl.sampler import Sampler, SamplerConfig
 from ..rollout import Rollout, SamplingParams
-from ..rollout.engines import build_engine
+from ..rollout.engines import EngineConfig, build_engine
 from ..run.lifecycle import Run
 from ..run.metrics import write_samples
 from ..run.training import seed_everything, timer
@@ -188,7 +188,9 @@ class RLTrainer:
         the longest of them."""
         args, tokenizer = self.args, self.tokenizer
         limit = prompt_limit(args.max_prompt_length, args.max_new_tokens, self.models.policy.config)
-        agent = build_agent(tokenizer, tools, environment_factory, args, model, limit)
+        options = AgentOptions(args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout,
+                               model_name(model))
+        agent = build_agent(tokenizer, tools, environment_factory, options, limit)
         sources, weights = reward_funcs, reward_weights
         if agent is not None and agent.has_environment_reward:  # get_reward(): one more source
             sources, weights = sources + [environment_reward], list(weights) + [1.0] if weights is not None else None
@@ -199,7 +201,7 @@ class RLTrainer:
                                 if self.eval_rows is not None else None)
         # An agent's prompts carry the tools' schemas and environments' text: size the engine for the longest allowed.
         longest = [[0] * limit] if agent is not None and limit else []
-        engine = build_engine(args, self.models, prompt_ids + (self.eval_prompt_ids or []) + longest)
+        engine = build_engine(part(EngineConfig, args), self.models, prompt_ids + (self.eval_prompt_ids or []) + longest)
         parts = (part(SamplerConfig, args), part(ScoreShaping, args), SamplingParams.from_config(args))
         if args.rollout_workers and not distributed.is_generator():
             return RemoteSampler(*parts, train_rows, prompt_ids, self.models, engine, rewards, agent,

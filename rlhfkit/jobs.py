@@ -45,13 +45,13 @@ def checkpoint_policy(path):
     base model and the LoRA settings; the checkpoint holds the trained weights (all of them, or the
     adapter's) under the module name ``policy`` (RL) or ``model`` (SFT, DPO)."""
     from .config.io import load_config
-    from .run.checkpoint import DCP_DIR, STATE_FILE, _read_metadata, has_module_weights, load_module_weights
+    from .run.checkpoint import DCP_DIR, STATE_FILE, has_module_weights, load_module_weights, read_dcp_metadata
 
     path = Path(path)
     if not (path.is_dir() and (path / STATE_FILE).is_file()):
         return None
     if (path / DCP_DIR / ".metadata").is_file():
-        modules = {k.split(".", 1)[0] for k in _read_metadata(path / DCP_DIR).state_dict_metadata}
+        modules = {k.split(".", 1)[0] for k in read_dcp_metadata(path / DCP_DIR).state_dict_metadata}
     else:  # the single-process format of earlier versions (RL only)
         modules = {"policy"} if has_module_weights(path, "policy") else set()
     name, job_classes = (("policy", (RLJob,)) if "policy" in modules else

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from .data.prompts import _read_jsonl_numbered as read_numbered_jsonl
+from .data.prompts import read_jsonl_numbered
 from .files import write_text_atomic
 
 # One figure per group: (file stem, title, metrics drawn, metric drawn as a ± band around the first).
@@ -39,7 +39,7 @@ def read_jsonl(path: Path) -> list[dict]:
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such file")
     rows = []
-    for lineno, row in read_numbered_jsonl(Path(path)):
+    for lineno, row in read_jsonl_numbered(Path(path)):
         if not isinstance(row.get("step"), (int, float)):
             raise ValueError(f"{path}: line {lineno}: expected a JSON object with a numeric 'step'")
         rows.append(row)

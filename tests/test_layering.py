@@ -1,7 +1,8 @@
 """Dependencies point downward only (docs/architecture.md, "Layers"). Every import between rlhfkit's modules —
 function-local ones included: they are import edges too, only later — goes to a lower layer of
 ``LAYERS``, or to the same layer without closing a circle; no modules import each other around a
-circle, and neither do the table's entries (packages)."""
+circle, and neither do the table's entries (packages). And no module reaches into another's
+private names (``_name``): what two modules share is public and documented."""
 
 import ast
 from pathlib import Path
@@ -69,16 +70,74 @@ def imported_modules(module: str, source: str, is_package: bool, modules) -> dic
                 if alias.name.split(".")[0] == root:
                     add(alias.name, node.lineno)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                package = module.split(".") if is_package else module.split(".")[:-1]
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module
+            base = import_base(module, is_package, node)
             if base.split(".")[0] != root:
                 continue
             for alias in node.names:
                 add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base, node.lineno)
     return found
+
+
+def import_base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute name of the module a ``from ... import`` statement of ``module`` imports from."""
+    if not node.level:
+        return node.module
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def is_private(name: str) -> bool:
+    """``_name``, but not a dunder (``__version__``)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_uses(module: str, source: str, is_package: bool, modules) -> list[str]:
+    """One line per place ``module`` reaches a private name of another module of ``modules``:
+    ``from M import _name`` (``_name`` not a module), ``m._name`` where ``m`` is a module it
+    imported, or a private module (``pkg._impl``) imported from outside the package that holds it
+    (inside, a private module is the package's own business)."""
+    root = module.split(".")[0]
+    bad: list[str] = []
+    bound: dict[str, str] = {}  # local name -> the module it is bound to
+
+    def outside(target: str) -> bool:
+        parts = target.split(".")
+        for i, part in enumerate(parts):
+            holder = ".".join(parts[:i])
+            if is_private(part) and not (module == holder or module.startswith(holder + ".")):
+                return True
+        return False
+
+    def dotted(node) -> str | None:
+        if isinstance(node, ast.Name):
+            return bound.get(node.id)
+        inner = dotted(node.value) if isinstance(node, ast.Attribute) else None
+        return f"{inner}.{node.attr}" if inner else None
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = import_base(module, is_package, node)
+            if base.split(".")[0] != root:
+                continue
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in modules:
+                    bound[alias.asname or alias.name] = full
+                if outside(full if full in modules else base) or (full not in modules and is_private(alias.name)):
+                    bad.append(f"{module}:{node.lineno} imports {full}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == root:
+                    bound[alias.asname or root] = alias.name if alias.asname else root
+                    if outside(alias.name):
+                        bad.append(f"{module}:{node.lineno} imports {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            owner = dotted(node.value)
+            if owner in modules and owner != module:
+                bad.append(f"{module}:{node.lineno} uses {owner}.{node.attr}")
+    return bad
 
 
 def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, dict[str, int]]:
@@ -174,6 +233,13 @@ def test_every_import_points_downward():
     assert not bad, "upward imports (move the code to the right layer):\n" + "\n".join(bad)
 
 
+def test_no_module_uses_another_modules_private_names():
+    sources = package_sources(PACKAGE_DIR)
+    bad = [line for m, (src, is_package) in sorted(sources.items()) for line in private_uses(m, src, is_package, sources)]
+    assert not bad, ("private names used across modules (make the name public, with a docstring, or move the code "
+                     "where it belongs):\n" + "\n".join(bad))
+
+
 # ---------------------------------------------------------------- the checker itself
 SYNTHETIC = {
     "pkg": ("", True),
@@ -216,3 +282,19 @@ def test_checker_finds_cycles_and_upward_imports():
     graph = import_graph(across)
     assert find_cycle(graph) is None  # no module circle: pkg.x -> pkg.y, pkg.y.b -> pkg.x
     assert find_cycle(entry_graph(graph, {**layers, "pkg.x": 1, "pkg.y": 1})) == ["pkg.x", "pkg.y", "pkg.x"]
+
+
+
+def test_checker_finds_private_names_used_across_modules():
+    sources = {**SYNTHETIC, "pkg.sub._impl": ("x = 1\n", False),
+               "pkg.sub.leaf": ("from ._impl import x\nfrom . import _impl\n", False),   # its package's own: fine
+               "pkg.low": ("from .sub.other import _helper, public\nfrom . import __version__\n", False),
+               "pkg.top": ("import pkg.sub.other as other\nfrom pkg.sub import _impl\nfrom .sub import leaf\n"
+                           "def f():\n    return other._cache, leaf._x, leaf.public, other.__name__\n", False),
+               "pkg.sub.other": ("import pkg.low\n_cache = {}\nprint(_cache, pkg.low._secret)\n", False)}
+    found = {m: private_uses(m, src, is_package, sources) for m, (src, is_package) in sources.items()}
+    assert found["pkg.sub.leaf"] == [] and found["pkg.sub"] == []
+    assert found["pkg.low"] == ["pkg.low:1 imports pkg.sub.other._helper"]
+    assert found["pkg.top"] == ["pkg.top:2 imports pkg.sub._impl", "pkg.top:5 uses pkg.sub.other._cache",
+                                "pkg.top:5 uses pkg.sub.leaf._x"]
+    assert found["pkg.sub.other"] == ["pkg.sub.other:3 uses pkg.low._secret"]

@@ -12,8 +12,9 @@ import torch
 
 from ._checks import check_same_shape
 
-# exp() of a log-ratio beyond this overflows float16/bfloat16 ranges quickly; k3 is clamped here.
-_MAX_LOG_RATIO = 20.0
+# The bound every log-ratio is clamped to before exp() (k3 here; the importance ratios of
+# policy_losses.py and rollout_is.py): beyond it exp() overflows float16/bfloat16 ranges quickly.
+MAX_LOG_RATIO = 20.0
 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k1") -> torch.Tensor:
@@ -34,7 +35,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     if estimator == "k2":
         return 0.5 * diff.square()
     if estimator == "k3":
-        log_r = (-diff).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        log_r = (-diff).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         # expm1: exp(x) - 1 - x in float32 rounds below 0 for tiny x; k3 must stay >= 0.
         return torch.expm1(log_r) - log_r
     if estimator == "abs":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ._checks import check_mask, check_same_shape, check_tensor, masked_mean
-from .kl import _MAX_LOG_RATIO, kl_penalty
+from .kl import MAX_LOG_RATIO, kl_penalty
 from .losses import aggregate
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
@@ -46,8 +46,8 @@ def importance_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, respons
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     log_ratio = torch.where(mask, logprobs - old_logprobs, zero)
     if level == "token":
-        return torch.exp(log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-    log_s = masked_mean(log_ratio, mask, dim=-1).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)[:, None]
+        return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    log_s = masked_mean(log_ratio, mask, dim=-1).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)[:, None]
     if level == "sequence":
         return torch.exp(log_s).expand_as(logprobs)
     return torch.exp(log_s.detach() + torch.where(mask, logprobs - logprobs.detach(), zero))

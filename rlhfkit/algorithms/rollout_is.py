@@ -39,7 +39,7 @@ import numbers
 import torch
 
 from ._checks import check_mask, check_same_shape, check_tensor
-from .kl import _MAX_LOG_RATIO
+from .kl import MAX_LOG_RATIO
 from .registry import Registry
 
 # ``f(log_ratio, response_mask, *, threshold) -> (weights, kept)``: ``log_ratio`` (B, T) per token,
@@ -130,9 +130,9 @@ def rollout_is_weights(
     zero = torch.zeros((), dtype=dtype, device=old_logprobs.device)
     with torch.no_grad():
         diff = old_logprobs.detach().to(dtype) - rollout_logprobs.detach().to(dtype)
-        log_ratio = torch.where(mask, diff, zero).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        log_ratio = torch.where(mask, diff, zero).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         if level == "sequence":
-            log_ratio = log_ratio.sum(dim=-1, keepdim=True).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+            log_ratio = log_ratio.sum(dim=-1, keepdim=True).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         weights, kept = correct(log_ratio, mask, threshold=threshold)
         weights = torch.where(kept, weights.expand(mask.shape), zero).float()
         metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, reduce, reduce_max)

@@ -19,7 +19,7 @@ import numbers
 from typing import Any
 
 from .encode import split_messages
-from .prompts import _labelled_rows, _message_problem, _short, _type_name, load_checked_rows, prompt_problem
+from .prompts import labelled_rows, load_checked_rows, message_problem, prompt_problem, short_repr, type_name
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected")
 
@@ -44,7 +44,7 @@ def load_preference_dataset(source: Any, name: str = "train_dataset") -> list[di
 def preference_row_problem(row: Any) -> str | None:
     """What is wrong with one preference row (naming the field), or ``None``."""
     if not isinstance(row, dict):
-        return f"expected an object (dict), got {_type_name(row)}"
+        return f"expected an object (dict), got {type_name(row)}"
     for field in PREFERENCE_FIELDS:
         if field not in row:
             present = ", ".join(map(repr, row)) or "none"
@@ -59,12 +59,12 @@ def preference_row_problem(row: Any) -> str | None:
             return f"field {field!r}: {problem}"
         texts[field] = text
     if texts["chosen"] == texts["rejected"]:
-        same = _short(texts["chosen"])
+        same = short_repr(texts["chosen"])
         return f"fields 'chosen' and 'rejected' are the same completion {same}: the pair teaches nothing"
     if row.get("margin") is not None:  # null: no margin for this row (a column with gaps)
         margin = row["margin"]
         if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
-            return f"field 'margin': expected a finite number, got {_type_name(margin)} {_short(margin)}"
+            return f"field 'margin': expected a finite number, got {type_name(margin)} {short_repr(margin)}"
     return None
 
 
@@ -73,11 +73,11 @@ def _completion(value: Any) -> tuple[str, str | None]:
     if isinstance(value, str):
         return value, (None if value.strip() else "the completion is an empty (or whitespace-only) string")
     if not isinstance(value, (list, tuple)):
-        return "", f"expected a string or a list of chat messages, got {_type_name(value)} {_short(value)}"
+        return "", f"expected a string or a list of chat messages, got {type_name(value)} {short_repr(value)}"
     if not value:
         return "", "the completion is an empty list of chat messages"
     for i, msg in enumerate(value):
-        problem = _message_problem(msg)
+        problem = message_problem(msg)
         if problem:
             return "", f"message {i} (0-based): {problem}"
     last = value[-1]
@@ -96,7 +96,7 @@ def load_completions(source: Any, name: str = "center_dataset") -> list[dict]:
     is the completion) or ``{"text"}`` dicts (a completion with an empty prompt). Returns
     ``[{"prompt": ..., "completion": ...}]``; errors name source, row and field.
     """
-    label, rows = _labelled_rows(source, name)
+    label, rows = labelled_rows(source, name)
     if not rows:
         raise ValueError(f"{label}: the dataset is empty (no rows)")
     out = []
@@ -112,7 +112,7 @@ def _completion_row(row: Any) -> tuple[dict | None, str | None]:
     if isinstance(row, str):
         return {"prompt": "", "completion": row}, (None if row.strip() else "the text is an empty string")
     if not isinstance(row, dict):
-        return None, f"expected a string or an object (dict), got {_type_name(row)}"
+        return None, f"expected a string or an object (dict), got {type_name(row)}"
     if "messages" in row:
         text, problem = _completion(row["messages"])
         if problem:
@@ -121,7 +121,7 @@ def _completion_row(row: Any) -> tuple[dict | None, str | None]:
     if "text" in row and "completion" not in row:
         text = row["text"]
         if not isinstance(text, str) or not text.strip():
-            return None, f"field 'text': expected a non-empty string, got {_type_name(text)} {_short(text)}"
+            return None, f"field 'text': expected a non-empty string, got {type_name(text)} {short_repr(text)}"
         return {"prompt": "", "completion": text}, None
     for field in ("prompt", "completion"):
         if field not in row:

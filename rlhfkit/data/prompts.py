@@ -34,10 +34,10 @@ def read_jsonl(path: str | Path) -> list[dict]:
     The file is read as bytes and decoded line by line, so invalid UTF-8, invalid JSON and a line
     that is not an object are each reported with the file and its 1-based line number.
     """
-    return [row for _, row in _read_jsonl_numbered(Path(path))]
+    return [row for _, row in read_jsonl_numbered(Path(path))]
 
 
-def _read_jsonl_numbered(path: Path) -> list[tuple[int, dict]]:
+def read_jsonl_numbered(path: Path) -> list[tuple[int, dict]]:
     """(1-based line number, object) for every non-blank line of a JSONL file."""
     rows = []
     for lineno, raw in enumerate(_read_bytes(path).splitlines(), start=1):
@@ -54,7 +54,7 @@ def _read_jsonl_numbered(path: Path) -> list[tuple[int, dict]]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(obj, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {_type_name(obj)}")
+            raise ValueError(f"{where}: expected a JSON object, got {type_name(obj)}")
         rows.append((lineno, obj))
     return rows
 
@@ -82,7 +82,7 @@ def _read_json_list(path: Path) -> list[tuple[str, Any]]:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of objects, got {_type_name(data)}")
+        raise ValueError(f"{path}: expected a JSON list of objects, got {type_name(data)}")
     return [(f"row {i} (1-based)", row) for i, row in enumerate(data, start=1)]
 
 
@@ -100,19 +100,21 @@ def _read_parquet(path: Path) -> list[tuple[str, Any]]:
     return [(f"row {i} (1-based)", row) for i, row in enumerate(rows, start=1)]
 
 
-def _labelled_rows(source: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
-    """(source label for messages, [(row label, row)]) for every supported kind of ``source``."""
+def labelled_rows(source: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
+    """(source label for messages, [(row label, row)]) for every supported kind of ``source``
+    (a file, a Hub id, a list of dicts, a ``datasets.Dataset``): every dataset loader of
+    ``rlhfkit.data`` reads its rows through this, so they all accept the same sources."""
     if isinstance(source, str) and not Path(source).exists():
         from .hub import resolve_dataset
 
         resolved = resolve_dataset(source, what=name)  # a Hub id: its default split
         if resolved is not source:
-            return _labelled_rows(resolved, f"{name} {source!r} (Hub)")
+            return labelled_rows(resolved, f"{name} {source!r} (Hub)")
     if isinstance(source, (str, Path)):
         path = Path(source)
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            return str(path), [(f"line {n}", row) for n, row in _read_jsonl_numbered(path)]
+            return str(path), [(f"line {n}", row) for n, row in read_jsonl_numbered(path)]
         if suffix == ".json":
             return str(path), _read_json_list(path)
         if suffix == ".parquet":
@@ -128,7 +130,7 @@ def _labelled_rows(source: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
     if dataset_cls is not None and isinstance(source, dataset_cls):
         return name, [(f"row index {i} (0-based)", row) for i, row in enumerate(source.to_list())]
     raise ValueError(f"{name}: expected a datasets.Dataset, a list of dicts or a path to a "
-                     f".jsonl / .json / .parquet file, got {_type_name(source)}")
+                     f".jsonl / .json / .parquet file, got {type_name(source)}")
 
 
 def _datasets_class() -> type | None:
@@ -174,13 +176,13 @@ def load_checked_rows(source: Any, name: str, row_problem) -> list[dict]:
     """Rows of ``source`` (see ``load_prompt_dataset``), each a dict that ``row_problem(row)``
     finds nothing wrong with (it returns a sentence, or None); the first problem is raised as a
     ``ValueError`` naming the source and the row. The loaders of every dataset kind share this."""
-    label, rows = _labelled_rows(source, name)
+    label, rows = labelled_rows(source, name)
     if not rows:
         raise ValueError(f"{label}: the dataset is empty (no rows)")
     out = []
     for where, row in rows:
         if not isinstance(row, dict):
-            raise ValueError(f"{label}: {where}: expected an object (dict), got {_type_name(row)}")
+            raise ValueError(f"{label}: {where}: expected an object (dict), got {type_name(row)}")
         problem = row_problem(row)
         if problem:
             raise ValueError(f"{label}: {where}: {problem}")
@@ -194,25 +196,26 @@ def prompt_problem(prompt: Any) -> str | None:
     if isinstance(prompt, str):
         return None if prompt.strip() else "the prompt is an empty (or whitespace-only) string"
     if not isinstance(prompt, (list, tuple)):
-        return f"expected a string or a list of chat messages, got {_type_name(prompt)} {_short(prompt)}"
+        return f"expected a string or a list of chat messages, got {type_name(prompt)} {short_repr(prompt)}"
     if not prompt:
         return "the prompt is an empty list of chat messages"
     for i, msg in enumerate(prompt):
-        problem = _message_problem(msg)
+        problem = message_problem(msg)
         if problem:
             return f"message {i} (0-based): {problem}"
     return None
 
 
-def _message_problem(msg: Any) -> str | None:
-    """What is wrong with one chat message, or ``None``."""
+def message_problem(msg: Any) -> str | None:
+    """What is wrong with one chat message (``role`` and string ``content``), or ``None``;
+    the prompt, preference and multi-turn SFT checks share it."""
     if not isinstance(msg, dict):
-        return f"expected a dict with 'role' and 'content', got {_type_name(msg)} {_short(msg)}"
+        return f"expected a dict with 'role' and 'content', got {type_name(msg)} {short_repr(msg)}"
     role, content = msg.get("role"), msg.get("content")
     if role not in CHAT_ROLES:
-        return f"'role' must be one of {', '.join(CHAT_ROLES)}, got {_short(role)}"
+        return f"'role' must be one of {', '.join(CHAT_ROLES)}, got {short_repr(role)}"
     if not isinstance(content, str):
-        return f"'content' must be a string, got {_type_name(content)} {_short(content)}"
+        return f"'content' must be a string, got {type_name(content)} {short_repr(content)}"
     return None
 
 
@@ -234,11 +237,12 @@ def render_prompt(prompt: str | list[dict], tokenizer: Any) -> str:
     return tokenizer.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True)
 
 
-def _type_name(x: Any) -> str:
+def type_name(x: Any) -> str:
+    """The name of ``x``'s type in an error message (``null`` for None, as JSON says)."""
     return "null" if x is None else type(x).__name__
 
 
-def _short(x: Any, limit: int = 60) -> str:
+def short_repr(x: Any, limit: int = 60) -> str:
     """``repr(x)`` cut to ``limit`` characters, for error messages."""
     text = repr(x)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -24,7 +24,7 @@ from typing import Any
 
 from .chat_templates import assistant_spans, check_prefix_preserving, tokenizer_name
 from .encode import Encoded
-from .prompts import _message_problem, _short, _type_name
+from .prompts import message_problem, short_repr, type_name
 
 CALL_FORM = '[{"type": "function", "function": {"name": ..., "arguments": {...}}}]'
 
@@ -53,52 +53,52 @@ def tools_problem(tools: Any) -> str | None:
         return None
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
         return (f"expected a list of tool JSON schemas (dicts, as transformers.utils.get_json_schema returns), "
-                f"got {_type_name(tools)} {_short(tools)}")
+                f"got {type_name(tools)} {short_repr(tools)}")
     return None
 
 
 def turn_problem(msg: Any) -> str | None:
     """What is wrong with one message of a conversation (tool calls and tool results included)."""
     if not isinstance(msg, dict) or msg.get("role") not in ("assistant", "tool"):
-        return _message_problem(msg)
+        return message_problem(msg)
     content = msg.get("content")
     if msg["role"] == "tool":
         return None if isinstance(content, str) else (
-            f"a tool message needs 'content', the tool's result as a string, got {_type_name(content)}")
+            f"a tool message needs 'content', the tool's result as a string, got {type_name(content)}")
     calls = msg.get("tool_calls")
     if calls is None:
-        return _message_problem(msg)
+        return message_problem(msg)
     if not isinstance(calls, (list, tuple)) or not calls:
-        return f"'tool_calls' must be a non-empty list {CALL_FORM}, got {_type_name(calls)} {_short(calls)}"
+        return f"'tool_calls' must be a non-empty list {CALL_FORM}, got {type_name(calls)} {short_repr(calls)}"
     for j, call in enumerate(calls):
         problem = _call_problem(call)
         if problem:
             return f"tool call {j} (0-based): {problem}"
     if content is not None and not isinstance(content, str):
-        return f"'content' must be a string (or empty with tool_calls), got {_type_name(content)} {_short(content)}"
+        return f"'content' must be a string (or empty with tool_calls), got {type_name(content)} {short_repr(content)}"
     return None
 
 
 def _call_problem(call: Any) -> str | None:
     fn = call.get("function", call) if isinstance(call, dict) else None
     if not isinstance(fn, dict):
-        return f"expected {CALL_FORM[1:-1]}, got {_type_name(call)} {_short(call)}"
+        return f"expected {CALL_FORM[1:-1]}, got {type_name(call)} {short_repr(call)}"
     if not isinstance(fn.get("name"), str) or not fn["name"]:
-        return f"the function needs a 'name' (a non-empty string), got {_short(fn.get('name'))}"
+        return f"the function needs a 'name' (a non-empty string), got {short_repr(fn.get('name'))}"
     args = fn.get("arguments")
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
-            return f"'arguments' is a string but not JSON: {_short(fn['arguments'])}"
-    return None if isinstance(args, dict) else f"'arguments' must be an object (dict), got {_type_name(args)}"
+            return f"'arguments' is a string but not JSON: {short_repr(fn['arguments'])}"
+    return None if isinstance(args, dict) else f"'arguments' must be an object (dict), got {type_name(args)}"
 
 
 def messages_problem(messages: Any) -> str | None:
     """What is wrong with a ``messages`` column, or None: a list of well-formed messages, the
     first not the assistant's, the last the assistant's (with content or tool calls)."""
     if not isinstance(messages, (list, tuple)):
-        return f"expected a list of chat messages, got {_type_name(messages)}"
+        return f"expected a list of chat messages, got {type_name(messages)}"
     if not messages:
         return "'messages' is an empty list of chat messages"
     for i, msg in enumerate(messages):

@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 
 from ..algorithms import last_token_index
-from .loading import _check_dir, check_finite_weights, disable_dropout, resolve_dtype
-from .sources import from_hub_or_dir
+from .loading import check_finite_weights, disable_dropout, resolve_dtype
+from .sources import from_hub_or_dir, resolve_model_dir
 from .policy import position_ids_from_mask
 
 META_FILE, HEAD_FILE = "rlhfkit_scalar.json", "scalar_head.safetensors"
@@ -93,7 +93,7 @@ class ScalarModel(torch.nn.Module):
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
         from safetensors.torch import load_file
 
-        path = _check_dir(path, "scalar model")
+        path = resolve_model_dir(path, "scalar model")
         dtype = resolve_dtype(dtype)
         if isinstance(path, str):  # a Hub id: its config says which layout
             archs = from_hub_or_dir(AutoConfig.from_pretrained, path, "scalar model").architectures or []
@@ -137,7 +137,7 @@ class ScalarModel(torch.nn.Module):
         path = Path(path)
         seq = self._as_sequence_classifier(tokenizer)
         if seq is None:
-            return self._save_scalar_layout(path)
+            return self.save_scalar_layout(path)
         seq.save_pretrained(path)
         (path / HEAD_FILE).unlink(missing_ok=True)  # a stale older-layout head would be read first
         config = seq.config
@@ -185,7 +185,7 @@ class ScalarModel(torch.nn.Module):
         setattr(config, SHIFT_KEY, 0.0 if head.bias is not None else offset - (bias or 0.0))
         return seq
 
-    def _save_scalar_layout(self, path: Path) -> None:
+    def save_scalar_layout(self, path: Path) -> None:
         """The older layout: an ``AutoModel`` backbone, ``scalar_head.safetensors`` and ``rlhfkit_scalar.json``."""
         from safetensors.torch import save_file
 

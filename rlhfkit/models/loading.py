@@ -18,12 +18,6 @@ def resolve_dtype(dtype) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def _check_dir(path, what: str) -> Path | str:
-    """A local HF directory for ``path`` (GGUF files and ``package:`` sources are converted once),
-    or a Hub id (a ``str``) to load with ``from_hub_or_dir``."""
-    return resolve_model_dir(path, what)
-
-
 def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
     """Set every dropout probability to 0 (RL needs the same log-probs in rollout and update:
     dropout would make the PPO ratio ≠ 1 on the very first step)."""
@@ -62,7 +56,7 @@ def load_tokenizer(source, what: str = "tokenizer"):
     if isinstance(source, PreTrainedTokenizerBase):
         tok = source
     else:
-        tok = from_hub_or_dir(AutoTokenizer.from_pretrained, _check_dir(source, what), what)
+        tok = from_hub_or_dir(AutoTokenizer.from_pretrained, resolve_model_dir(source, what), what)
     if tok.eos_token_id is None:
         raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '')!r} has no EOS token; RL needs one to end completions")
     if tok.pad_token_id is None:
@@ -109,8 +103,8 @@ def load_causal_lm(source, dtype="float32"):
 def load_pretrained(auto_class, source, dtype="float32", what: str = "model", **kwargs):
     """``auto_class.from_pretrained`` of a local directory, GGUF / ``package:`` source or Hub id
     (checked first: a typo is one clear line, a Hub id that cannot be fetched too)."""
-    model = from_hub_or_dir(auto_class.from_pretrained, _check_dir(source, what), what, dtype=resolve_dtype(dtype),
-                            **kwargs)
+    model = from_hub_or_dir(auto_class.from_pretrained, resolve_model_dir(source, what), what,
+                            dtype=resolve_dtype(dtype), **kwargs)
     check_finite_weights(model, f"{what} {source}")
     return model
 

@@ -88,9 +88,11 @@ class RLModels:
     def critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
 
-    def _forward(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
+    def _forward(self, rollout: Rollout, *, with_values: bool, with_entropy: bool = False,
+                 entropy_grad: bool = False):
         with self.autocast():
-            return self._forward_inner(rollout, with_values, with_entropy, entropy_grad)
+            return self._forward_inner(rollout, with_values=with_values, with_entropy=with_entropy,
+                                       entropy_grad=entropy_grad)
 
     def engine_support(self, rollout: Rollout) -> tuple[int, float] | None:
         """``(top_k, top_p)`` when the rollout carries an engine's log-probs of a truncated sampler:
@@ -100,7 +102,7 @@ class RLModels:
         truncates = args.top_k > 0 or args.top_p < 1.0
         return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
 
-    def _forward_inner(self, rollout: Rollout, with_values: bool, with_entropy: bool, entropy_grad: bool):
+    def _forward_inner(self, rollout: Rollout, *, with_values: bool, with_entropy: bool, entropy_grad: bool):
         T = rollout.response_mask.shape[1]
         out = forward_response(self.train_policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
                                with_entropy=with_entropy, entropy_grad=entropy_grad,
@@ -114,16 +116,16 @@ class RLModels:
         return out.logprobs, values, out.entropy, out.log_kept_mass
 
     @torch.no_grad()
-    def policy_outputs(self, rollout: Rollout, with_values: bool):
+    def policy_outputs(self, rollout: Rollout, *, with_values: bool):
         """Old log-probs, values (``with_values``) and ``log_kept_mass`` (None unless
         ``engine_support``) before any update, in micro-batches."""
-        parts = [self._forward(r, with_values, False, False) for r in self._chunks(rollout)]
+        parts = [self._forward(r, with_values=with_values) for r in self._chunks(rollout)]
         cat = lambda i: torch.cat([p[i] for p in parts]) if parts[0][i] is not None else None  # noqa: E731
         return cat(0), cat(1), cat(3)
 
-    def train_outputs(self, rollout: Rollout, with_values: bool, entropy_grad: bool):
+    def train_outputs(self, rollout: Rollout, *, with_values: bool, entropy_grad: bool):
         """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients."""
-        return self._forward(rollout, with_values, True, entropy_grad)
+        return self._forward(rollout, with_values=with_values, with_entropy=True, entropy_grad=entropy_grad)
 
     @torch.no_grad()
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
@@ -139,7 +141,7 @@ class RLModels:
         # Under torchrun a sharded model's forward passes are collectives, and a shared prompt pass
         # adds one where a micro-batch repeats a prompt: every process must run the same passes, so
         # only generation (with gathered weights) shares the prompt there.
-        return rollout.prompt_index if self.args.share_prompt and distributed.world() == 1 else None
+        return rollout.prompt_index if self.args.share_prompt and distributed.role_size() == 1 else None
 
     def _chunks(self, rollout: Rollout):
         size = self.args.micro_batch_size or rollout.input_ids.shape[0]

@@ -45,8 +45,8 @@ import torch
 from .. import distributed
 from ..models.fingerprint import fingerprint_change
 from ..models.loading import check_finite_weights
-from .checkpoint_format import (  # noqa: F401  (_read_metadata: part of this module's interface)
-    _dcp_reader_and_planner, _flat_items, _load_tree, _read_metadata, _save_tree, _single_process_quiet, read_json,
+from .checkpoint_format import (  # noqa: F401  (read_dcp_metadata: also read through this module)
+    dcp_reader_and_planner, flat_items, load_tree, read_dcp_metadata, read_json, save_tree, single_process_quiet,
 )
 
 STATE_FILE = "trainer_state.json"
@@ -138,7 +138,7 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     if path.is_dir() and any(path.iterdir()) and not any((path / name).exists() for name in ours):
         raise ValueError(f"cannot write checkpoint {path}: it exists, holds files and is not a checkpoint")
     _, tensors, param_groups = _live_state(modules, optimizer, init=False)
-    leaves = [k for k, v in _flat_items(tensors) if not isinstance(v, torch.Tensor)]
+    leaves = [k for k, v in flat_items(tensors) if not isinstance(v, torch.Tensor)]
     if leaves:
         raise TypeError(f"cannot checkpoint non-tensor state {leaves[:5]}: DCP would pickle it")
     # Written into <path>.partial, renamed to <path> once complete: a crash or a full disk leaves the
@@ -148,14 +148,14 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     try:
         if distributed.is_main():
             shutil.rmtree(partial, ignore_errors=True)
-        distributed.barrier()
+        distributed.role_barrier()
         partial.mkdir(parents=True, exist_ok=True)
-        with _single_process_quiet():
+        with single_process_quiet():
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR), **distributed.dcp_options())
-        _save_tree(partial, f"rng-{distributed.rank()}", rng_state(), format=FORMAT)
+        save_tree(partial, f"rng-{distributed.role_rank()}", rng_state(), format=FORMAT)
         if distributed.is_main():
-            _save_tree(partial, "training_state", {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
-                       format=FORMAT, world_size=distributed.world())
+            save_tree(partial, "training_state", {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
+                       format=FORMAT, world_size=distributed.role_size())
     except (OSError, RuntimeError, CheckpointException) as err:  # DCP wraps a rank's OSError in its own
         failed, error = 1, err
     if distributed.reduce_max(failed):
@@ -163,7 +163,7 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
             shutil.rmtree(partial, ignore_errors=True)
         reason = _first_line(error) if failed else "another process could not write its part"
         raise ValueError(f"cannot write checkpoint {path}: {reason}; the previous checkpoints are intact")
-    distributed.barrier()
+    distributed.role_barrier()
     if distributed.is_main():
         record = {**counters, "settings": settings} if settings else counters
         try:
@@ -176,7 +176,7 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
             _remove_checkpoint(path)
         partial.rename(path)
         NEWEST[:] = [path]
-    distributed.barrier()
+    distributed.role_barrier()
 
 
 def _read_counters(path: Path) -> dict:  # trainer_state.json: the counters, an integer step; else one line
@@ -229,19 +229,19 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     for file in (META_FILE, f"{DCP_DIR}/.metadata"):
         if not (path / file).is_file():
             raise ValueError(f"checkpoint {path} has no {file}")
-    _, state = _load_tree(path, "training_state", FORMAT)
-    metadata = _read_metadata(path / DCP_DIR)
-    rng_file = path / f"rng-{distributed.rank()}.json"
+    _, state = load_tree(path, "training_state", FORMAT)
+    metadata = read_dcp_metadata(path / DCP_DIR)
+    rng_file = path / f"rng-{distributed.role_rank()}.json"
     if not rng_file.exists() and fresh_seed is None:
         raise ValueError(f"checkpoint {path} has no {rng_file.name}")
-    rng = _load_tree(path, rng_file.stem, FORMAT)[1] if rng_file.exists() else None
+    rng = load_tree(path, rng_file.stem, FORMAT)[1] if rng_file.exists() else None
     configured = _configured_hyperparameters(optimizer)
     stepped = any(k.startswith("optimizer.") for k in metadata.state_dict_metadata)  # else saved before any step
     container, tensors, param_groups = _live_state(modules, optimizer, init=stepped)
     _check_matches(path, tensors, param_groups, metadata, state["param_groups"])
-    reader, planner = _dcp_reader_and_planner(path / DCP_DIR)
+    reader, planner = dcp_reader_and_planner(path / DCP_DIR)
     try:
-        with _single_process_quiet():
+        with single_process_quiet():
             dcp.load(tensors, storage_reader=reader, planner=planner, **distributed.dcp_options())
     except (OSError, RuntimeError, CheckpointException) as err:  # a truncated or missing shard file
         raise ValueError(f"checkpoint {path / DCP_DIR} is damaged: {_first_line(err)}") from None
@@ -287,7 +287,7 @@ def _apply_configured_hyperparameters(optimizer, scheduler, configured: list[dic
 def _check_matches(path: Path, tensors: dict, param_groups: list, metadata, saved_groups: list) -> None:
     """Before anything is loaded: the checkpoint holds exactly these tensors, in these shapes (global
     ones: a DTensor's ``shape``), and the optimizer's groups hold the same parameters."""
-    _check_tensors(path, "the model", dict(_flat_items(tensors)), metadata.state_dict_metadata)
+    _check_tensors(path, "the model", dict(flat_items(tensors)), metadata.state_dict_metadata)
     if [g.get("params") for g in saved_groups] != [g["params"] for g in param_groups]:
         raise ValueError(f"checkpoint {path}: the optimizer's parameter groups do not match the model's")
 
@@ -303,11 +303,11 @@ def _check_tensors(path: Path, what: str, tensors: dict, saved: dict) -> None:
 def _load_single_process_format(path: Path, modules, optimizer, scheduler) -> dict:
     from safetensors.torch import load_file
 
-    if distributed.world() > 1:
+    if distributed.role_size() > 1:
         raise ValueError(f"checkpoint {path} is in the single-process format of an earlier version: resume it on "
                          "one process (its next checkpoints can then resume on any number)")
     if (path / META_FILE).exists() and (path / TENSORS_FILE).exists():
-        state = _load_tree(path, "training_state", 1)[1]
+        state = load_tree(path, "training_state", 1)[1]
     elif (path / LEGACY_FILE).exists():
         state = _load_legacy_training_state(path / LEGACY_FILE)
     else:
@@ -356,7 +356,7 @@ def load_module_weights(path, name: str, module: torch.nn.Module) -> None:
         load_trainable_state(module, load_file(str(path / f"{name}.safetensors")), str(path))
         return
     prefix = f"{name}."
-    saved = {k: v for k, v in _read_metadata(path / DCP_DIR).state_dict_metadata.items() if k.startswith(prefix)}
+    saved = {k: v for k, v in read_dcp_metadata(path / DCP_DIR).state_dict_metadata.items() if k.startswith(prefix)}
     if not saved:
         raise ValueError(f"checkpoint {path} holds no {name} weights")
     live = {prefix + k: v for k, v in module.state_dict().items()}
@@ -364,8 +364,8 @@ def load_module_weights(path, name: str, module: torch.nn.Module) -> None:
     trainable = {prefix + n for n, p in module.named_parameters() if p.requires_grad}
     tensors = {k: v for k, v in live.items() if k in saved or k in trainable}
     _check_tensors(path, f"the {name} model", tensors, saved)
-    reader, planner = _dcp_reader_and_planner(path / DCP_DIR)
-    with _single_process_quiet():
+    reader, planner = dcp_reader_and_planner(path / DCP_DIR)
+    with single_process_quiet():
         dcp.load(tensors, storage_reader=reader, planner=planner, no_dist=True)
     module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()}, strict=False)
 

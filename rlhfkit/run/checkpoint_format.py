@@ -1,7 +1,7 @@
 """How a checkpoint's files are read and written without pickle (see ``checkpoint.py``): state
-dicts as JSON + safetensors (``_save_tree`` / ``_load_tree``), and DCP's ``.metadata`` index read by
+dicts as JSON + safetensors (``save_tree`` / ``load_tree``), and DCP's ``.metadata`` index read by
 an unpickler that admits DCP's metadata classes alone and gives state to nothing but the records
-the file creates (``_read_metadata``), handed to DCP through a reader that never unpickles again
+the file creates (``read_dcp_metadata``), handed to DCP through a reader that never unpickles again
 and a planner that refuses non-tensor entries."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _unflatten(obj, tensors: dict[str, torch.Tensor]):
     raise ValueError(f"unexpected tag {tag!r}")
 
 
-def _save_tree(path: Path, stem: str, state: dict, **header) -> None:
+def save_tree(path: Path, stem: str, state: dict, **header) -> None:
     """``state`` as ``<stem>.json`` (with ``header``'s entries beside it) and, when it holds
     tensors, ``<stem>.safetensors``."""
     from safetensors.torch import save_file
@@ -101,8 +101,8 @@ def read_json(file: Path) -> dict:
     return value
 
 
-def _load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
-    """``(header, state)`` of ``_save_tree``'s files, whose header must say ``format``."""
+def load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
+    """``(header, state)`` of ``save_tree``'s files, whose header must say ``format``."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -177,7 +177,7 @@ class _MetadataUnpickler(pickle._Unpickler):
     dispatch[pickle.BUILD[0]] = _load_build
 
 
-def _read_metadata(directory: Path):
+def read_dcp_metadata(directory: Path):
     """DCP's ``.metadata`` of ``directory``, unpickled with DCP's metadata classes alone and checked:
     tensor entries only, their shard files inside ``directory``. Anything else: a one-line
     ValueError, and nothing of the file has run."""
@@ -201,7 +201,10 @@ def _read_metadata(directory: Path):
     return metadata
 
 
-def _dcp_reader_and_planner(directory: Path):
+def dcp_reader_and_planner(directory: Path):
+    """The reader and planner every DCP load of ``directory`` goes through: the reader reads
+    ``.metadata`` with ``read_dcp_metadata`` (never with pickle), the planner refuses non-tensor
+    entries (DCP's own would ``torch.load`` them)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
@@ -210,7 +213,7 @@ def _dcp_reader_and_planner(directory: Path):
         def read_metadata(self):
             from torch.distributed.checkpoint.metadata import StorageMeta
 
-            metadata = _read_metadata(Path(self.path))
+            metadata = read_dcp_metadata(Path(self.path))
             metadata.storage_meta = metadata.storage_meta or StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
@@ -223,7 +226,7 @@ def _dcp_reader_and_planner(directory: Path):
 
 
 @contextmanager
-def _single_process_quiet():
+def single_process_quiet():
     """DCP without its noise: the warning it gives each time it runs without a process group (by
     design here), and the traceback its logger prints for a failed write (the caller reports the
     failure in one line)."""
@@ -240,7 +243,7 @@ def _single_process_quiet():
             lg.disabled = was
 
 
-def _flat_items(tree: dict, prefix: str = ""):
+def flat_items(tree: dict, prefix: str = ""):
     """``(name, leaf)`` of a nested state dict, named as DCP names them (keys joined by dots)."""
     for k, v in tree.items():
-        yield from _flat_items(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+        yield from flat_items(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]

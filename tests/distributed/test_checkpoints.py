@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.run.checkpoint import _load_tree, _read_metadata, load_module_weights
+from rlhfkit.run.checkpoint import load_tree, read_dcp_metadata, load_module_weights
 
 # The whole file runs in make test-slow (issue 31: the default suite's 5-minute budget); its runs share
 # three launches (module fixtures), so splitting it between the suites would pay for them twice.
@@ -72,7 +72,7 @@ def digest(rng: torch.Tensor) -> str:
 
 def rng_digest(checkpoint: Path, rank: int) -> str:
     """Of the torch RNG state that process ``rank`` saved in ``checkpoint``."""
-    return digest(_load_tree(checkpoint, f"rng-{rank}", 2)[1]["torch"])
+    return digest(load_tree(checkpoint, f"rng-{rank}", 2)[1]["torch"])
 
 
 RUNS = {  # PPO: a sharded critic and its optimizer group in the checkpoint too
@@ -128,7 +128,8 @@ def test_two_process_checkpoints_are_sharded_and_pruned_by_rank_zero(two_process
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == 2
     assert json.loads((ckpt / "training_state.json").read_text())["world_size"] == 2
     assert rng_digest(ckpt, 0) != rng_digest(ckpt, 1)  # each process samples its own completions
-    modules = {k.split(".")[0] for k in _read_metadata(ckpt / "dcp").state_dict_metadata if not k.startswith("optim")}
+    saved = read_dcp_metadata(ckpt / "dcp").state_dict_metadata
+    modules = {k.split(".")[0] for k in saved if not k.startswith("optim")}
     assert modules == ({"policy", "critic"} if config["algorithm"] == "ppo" else {"policy"})
 
 
@@ -185,7 +186,7 @@ def test_a_sharded_lora_checkpoint_loads_into_one_unsharded_model(runs):
     saved = load_file(out / "saved-2.safetensors")
     model = get_peft_model(tiny_causal_lm(char_tokenizer(), seed=0), lora_config(4))
     ckpt = out / "run" / "checkpoint-2"
-    assert all("lora_" in k for k in _read_metadata(ckpt / "dcp").state_dict_metadata)  # the adapter alone
+    assert all("lora_" in k for k in read_dcp_metadata(ckpt / "dcp").state_dict_metadata)  # the adapter alone
     load_module_weights(ckpt, "policy", model)
     weights = {f"policy.{k}": v for k, v in model.state_dict().items()}
     adapter = [k for k in saved if not k.startswith("optimizer.")]

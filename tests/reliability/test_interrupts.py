@@ -71,14 +71,14 @@ def _signal_self():
 
 def _during_save(monkeypatch, step):
     """SIGINT while checkpoint-<step> is being written (after DCP's shards, before its state)."""
-    real = ckpt_module._save_tree
+    real = ckpt_module.save_tree
 
     def save_tree(path, name, *args, **kwargs):
         if Path(path).name == f"checkpoint-{step}.partial" and name == "training_state":
             _signal_self()
         return real(path, name, *args, **kwargs)
 
-    monkeypatch.setattr(ckpt_module, "_save_tree", save_tree)
+    monkeypatch.setattr(ckpt_module, "save_tree", save_tree)
 
 
 def _before_rename(monkeypatch, step):

@@ -24,7 +24,7 @@ def sft(out, **overrides):
 
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
-    real, calls = checkpoint_format._save_tree, []
+    real, calls = checkpoint_format.save_tree, []
 
     def save_tree(path, stem, state, **header):
         calls.append(path)
@@ -32,7 +32,7 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path / f"{stem}.json"))
         return real(path, stem, state, **header)
 
-    monkeypatch.setattr("rlhfkit.run.checkpoint._save_tree", save_tree)
+    monkeypatch.setattr("rlhfkit.run.checkpoint.save_tree", save_tree)
     trainer = sft(tmp_path / "run")
     with pytest.raises(ValueError) as err:
         trainer.train()

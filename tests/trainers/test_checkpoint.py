@@ -119,12 +119,12 @@ def test_a_checkpoint_saved_before_any_step_leaves_the_optimizer_fresh(tmp_path)
 
 
 def test_previous_single_process_format_still_resumes_bit_exactly(tmp_path):
-    from rlhfkit.run.checkpoint import _save_tree
+    from rlhfkit.run.checkpoint import save_tree
 
     reference = make()
     train(*reference, 4)
     save_file(trainable_state(reference[0]), str(tmp_path / "policy.safetensors"))
-    _save_tree(tmp_path, "training_state", {"optimizer": reference[1].state_dict(),
+    save_tree(tmp_path, "training_state", {"optimizer": reference[1].state_dict(),
                                             "scheduler": reference[2].state_dict(), "rng": rng_state()}, format=1)
     (tmp_path / STATE_FILE).write_text(json.dumps({"step": 4}))
     counters, _ = continue_both(tmp_path, reference)

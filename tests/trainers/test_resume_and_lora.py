@@ -81,9 +81,9 @@ def test_a_resumed_sft_run_ends_with_the_uninterrupted_weights(tmp_path, lora):
     assert_equal_states(state(saving.model), state(resumed.model))
     assert metrics(tmp_path / "b") == [r for r in metrics(tmp_path / "a") if r["step"] > 3]
     if lora:  # the checkpoint holds the adapter only
-        from rlhfkit.run.checkpoint import _read_metadata
+        from rlhfkit.run.checkpoint import read_dcp_metadata
 
-        saved = _read_metadata(tmp_path / "a" / "checkpoint-3" / "dcp").state_dict_metadata
+        saved = read_dcp_metadata(tmp_path / "a" / "checkpoint-3" / "dcp").state_dict_metadata
         assert all("lora_" in k for k in saved if not k.startswith("optimizer."))
 
 

@@ -36,7 +36,7 @@ LAYERS = {
     # 6 — the trainers: SFT, reward model, DPO, the one RL loop
     "rlhfkit.trainers": 6,
     # 7 — on top: the command line and its jobs, the quickstart, the toy task's ready-made RLTrainer
-    "rlhfkit.cli": 7, "rlhfkit.__main__": 7, "rlhfkit.jobs": 7, "rlhfkit.quickstart": 7, "rlhfkit.tasks.toy": 7,
+    "rlhfkit.cli": 7, "rlhfkit.trl": 7, "rlhfkit.__main__": 7, "rlhfkit.jobs": 7, "rlhfkit.quickstart": 7, "rlhfkit.tasks.toy": 7,
 }
 
 

@@ -1,0 +1,308 @@
+"""TRL 1.16's ``GRPOConfig`` / ``RLOOConfig`` and their trainers, on rlhfkit's one RL loop.
+
+The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fields, TRL's defaults
+and checks); ``to_rlhfkit`` is the one table that maps it to an ``RLConfig``. The batch arithmetic
+is TRL's (``GRPOConfig.__post_init__``): ``per_device_train_batch_size`` completions per process
+per micro-step; a generation covers ``steps_per_generation`` micro-steps of every process
+(``generation_batch_size`` completions, ``num_generations`` per prompt); an optimizer step closes
+every ``gradient_accumulation_steps`` micro-steps; ``num_iterations`` passes over each generation.
+In rlhfkit's terms: ``prompts_per_step = generation_batch_size / num_generations``,
+``mini_batch_size = per_device_train_batch_size x processes x gradient_accumulation_steps``
+(completions per optimizer step), ``micro_batch_size = per_device_train_batch_size``; so both
+sample the same completions per optimizer step and take ``num_iterations x steps_per_generation /
+gradient_accumulation_steps`` optimizer steps per generation. ``max_steps`` counts optimizer steps,
+as in TRL (it must be a whole number of generations).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from transformers import TrainingArguments
+
+from ..config import RLConfig
+from ..data.encode import warn_once
+from ..trainers.rl import RLTrainer
+from .arguments import check_choice, common, refuse_unsupported
+from .state import TRLTrainerMixin
+
+# TRL's loss_type -> (rlhfkit's policy_loss, loss_agg). "grpo": each sequence's token mean, averaged;
+# "dapo": the mean over every token of the optimizer step; "dr_grpo": token sums over a constant
+# (max_completion_length); "cispo": the capped, detached ratio with the dapo normaliser.
+LOSS_TYPES = {"grpo": ("ppo_clip", "seq-mean-token-mean"), "dapo": ("ppo_clip", "token-mean"),
+              "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"), "cispo": ("cispo", "token-mean")}
+SCALE_REWARDS = {"group": "group", "none": "group_no_std"}
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclass
+class _Generation(TrainingArguments):
+    """The fields GRPO and RLOO share in TRL 1.16 (TRL's defaults), before TRL's own checks."""
+
+    logging_steps: float = 10
+    gradient_checkpointing: bool = True
+    bf16: bool | None = None
+    learning_rate: float = 1e-6
+    remove_unused_columns: bool | None = False
+    model_init_kwargs: dict | None = None
+    trust_remote_code: bool = False
+    router_aux_loss_coef: float | None = None
+    disable_dropout: bool = False
+    num_generations: int | None = 8
+    num_generations_eval: int | None = None
+    max_completion_length: int | None = 512
+    ds3_gather_for_generation: bool = True
+    shuffle_dataset: bool | None = True
+    pad_to_multiple_of: int | str | None = "auto"
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    generation_kwargs: dict | None = None
+    chat_template_kwargs: dict | None = None
+    repetition_penalty: float = 1.0
+    cache_implementation: str | None = None
+    use_vllm: bool = False
+    vllm_mode: str = "colocate"
+    vllm_model_impl: str = "vllm"
+    vllm_enable_sleep_mode: bool = False
+    vllm_structured_outputs_regex: str | None = None
+    vllm_server_base_url: str | None = None
+    vllm_server_host: str = "0.0.0.0"
+    vllm_server_port: int = 8000
+    vllm_server_timeout: float = 240.0
+    vllm_group_port: int = 51216
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_max_model_length: int | None = None
+    vllm_tensor_parallel_size: int = 1
+    num_iterations: int = 1
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    reward_weights: list[float] | None = None
+    mask_truncated_completions: bool = False
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+    log_completions: bool = False
+    log_multimodal: bool = True
+    num_completions_to_print: int | None = None
+    log_unique_prompts: bool = False
+    use_transformers_continuous_batching: bool = False
+    transformers_continuous_batching_config: dict | None = None
+    use_transformers_paged: bool = False
+
+    # Translated by to_rlhfkit (the rest of TRL's fields: their default only, see arguments.py).
+    HANDLED = frozenset({
+        "model_init_kwargs", "num_generations", "max_completion_length", "shuffle_dataset", "generation_batch_size",
+        "steps_per_generation", "temperature", "top_p", "top_k", "use_vllm", "vllm_mode", "vllm_enable_sleep_mode",
+        "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "num_iterations", "epsilon", "epsilon_high",
+        "reward_weights", "mask_truncated_completions", "bf16", "logging_steps", "gradient_checkpointing",
+        "learning_rate", "remove_unused_columns"})
+
+    def __post_init__(self):
+        refuse_unsupported(self, self.HANDLED)
+        self.bf16 = not self.fp16 if self.bf16 is None else self.bf16  # TRL's base_config rule
+        with warnings.catch_warnings():  # TRL's own default: transformers 5 calls the field deprecated
+            warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
+            super().__post_init__()
+        world = self.world_size
+        # TRL's rule (GRPOConfig.__post_init__): one of generation_batch_size / steps_per_generation.
+        if self.generation_batch_size is None and self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+        elif self.steps_per_generation is None:
+            if self.generation_batch_size % (self.per_device_train_batch_size * world):
+                raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
+                                 f"batch size ({self.per_device_train_batch_size * world}).")
+            self.steps_per_generation = self.generation_batch_size // (self.per_device_train_batch_size * world)
+        elif self.generation_batch_size is not None:
+            raise ValueError("'generation_batch_size' and 'steps_per_generation' can not be both configured at the "
+                             "same time")
+        self.generation_batch_size = self.per_device_train_batch_size * world * self.steps_per_generation
+        if self.generation_batch_size % self.num_generations:
+            raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
+                             f"num_generations ({self.num_generations}).")
+        if self.num_generations < 2:
+            raise ValueError("GRPO requires at least 2 generations per prompt to calculate the advantages. You "
+                             f"provided {self.num_generations}, which is less than the minimum required.")
+        if self.steps_per_generation % self.gradient_accumulation_steps:
+            raise ValueError(f"{type(self).__name__}: steps_per_generation ({self.steps_per_generation}) must be a "
+                             f"multiple of gradient_accumulation_steps ({self.gradient_accumulation_steps}) in rlhfkit: "
+                             "an optimizer step never spans two generations")
+        if not self.shuffle_dataset:
+            raise ValueError(f"{type(self).__name__} field 'shuffle_dataset'=False is not supported by rlhfkit (the "
+                             "data order is always a seeded shuffle per epoch)")
+        check_choice(self, "vllm_mode", ("colocate",))
+        check_choice(self, "vllm_tensor_parallel_size", (1,))
+
+    @property
+    def optimizer_steps_per_generation(self) -> int:
+        return self.num_iterations * self.steps_per_generation // self.gradient_accumulation_steps
+
+    def generations(self, n_rows: int) -> int:
+        """RL steps (generations) of the run: ``max_steps`` optimizer steps, or ``num_train_epochs``
+        passes over ``n_rows`` prompts."""
+        per = self.optimizer_steps_per_generation
+        if self.max_steps > 0:
+            if self.max_steps % per:
+                raise ValueError(f"{type(self).__name__}: max_steps={self.max_steps} is not a whole number of "
+                                 f"generations ({per} optimizer steps each: num_iterations x steps_per_generation / "
+                                 "gradient_accumulation_steps)")
+            return self.max_steps // per
+        return max(1, math.ceil(self.num_train_epochs * n_rows / (self.generation_batch_size // self.num_generations)))
+
+    def _rl_fields(self, n_rows: int, world: int) -> dict:
+        """The fields GRPO and RLOO translate alike (the batch arithmetic of the module docstring)."""
+        steps = self.generations(n_rows)
+        per_gen = self.optimizer_steps_per_generation
+        dtype = (self.model_init_kwargs or {}).get("dtype", "float32")
+        if set(self.model_init_kwargs or {}) - {"dtype"} or dtype not in ("float32", "bfloat16", "float16", "auto"):
+            raise ValueError(f"{type(self).__name__} field 'model_init_kwargs'={self.model_init_kwargs!r} is not "
+                             "supported by rlhfkit: only {'dtype': 'float32' | 'bfloat16' | 'float16'}")
+        to_rl = lambda n: max(1, int(n) // per_gen) if n else 0  # noqa: E731  (optimizer steps -> generations)
+        fields = common(self, steps * per_gen)
+        fields.update(
+            max_steps=steps, group_size=self.num_generations,
+            prompts_per_step=self.generation_batch_size // self.num_generations,
+            mini_batch_size=self.per_device_train_batch_size * world * self.gradient_accumulation_steps,
+            micro_batch_size=self.per_device_train_batch_size, num_iterations=self.num_iterations,
+            max_new_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
+            top_k=self.top_k, clip_low=self.epsilon,
+            clip_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
+            mask_truncated_completions=self.mask_truncated_completions,
+            dtype="float32" if dtype == "auto" else dtype,
+            rollout_engine="vllm" if self.use_vllm else "hf", vllm_sleep=self.vllm_enable_sleep_mode,
+            vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+            log_every=to_rl(self.logging_steps), save_steps=to_rl(self.save_steps) if self.save_strategy != "no" else 0,
+            save_total_limit=self.save_total_limit,
+            eval_every=to_rl(self.eval_steps or self.logging_steps) if self.eval_strategy != "no" else 0,
+            overwrite=False)
+        return fields
+
+
+@dataclass
+class GRPOConfig(_Generation):
+    """TRL 1.16's ``GRPOConfig``: its fields, defaults and checks; ``to_rlhfkit`` gives the
+    ``RLConfig`` rlhfkit runs (docs: "Coming from TRL")."""
+
+    beta: float = 0.0
+    delta: float | None = None
+    cast_lm_head_to_fp32: bool = False
+    sapo_temperature_neg: float = 1.05
+    sapo_temperature_pos: float = 1.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    importance_sampling_level: str = "token"
+    multi_objective_aggregation: str = "sum_then_normalize"
+    scale_rewards: str | bool = "group"
+    loss_type: str = "dapo"
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
+    max_tool_calling_iterations: int | None = None
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+    off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = True
+    log_completions_hub_repo: str | None = None
+    vllm_importance_sampling_cap: float | None = None
+
+    HANDLED = _Generation.HANDLED | {
+        "beta", "importance_sampling_level", "scale_rewards", "loss_type", "entropy_coef",
+        "max_tool_calling_iterations", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_max", "use_bias_correction_kl"}
+
+    def __post_init__(self):
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        super().__post_init__()
+        check_choice(self, "loss_type", tuple(LOSS_TYPES))
+        check_choice(self, "scale_rewards", tuple(SCALE_REWARDS))
+        check_choice(self, "importance_sampling_level", ("token", "sequence"))
+        check_choice(self, "vllm_importance_sampling_mode", IS_MODES)
+
+    def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
+        """The ``RLConfig`` of this config for a dataset of ``n_rows`` prompts on ``world`` processes."""
+        policy_loss, loss_agg = LOSS_TYPES[self.loss_type]
+        fields = self._rl_fields(n_rows, world)
+        if self.loss_type == "cispo":  # TRL caps the ratio at epsilon_high itself; rlhfkit at 1 + clip_high
+            fields["clip_high"] -= 1.0
+        iterations = self.max_tool_calling_iterations
+        if self.beta and self.use_bias_correction_kl:
+            warn_once("GRPOConfig: rlhfkit's KL term is not weighted by the importance ratio as TRL's "
+                      "use_bias_correction_kl=True weighs it (the same value on policy, another gradient); set "
+                      "use_bias_correction_kl=False to say you know")
+        fields.update(
+            algorithm="grpo", advantage_estimator=SCALE_REWARDS[self.scale_rewards], policy_loss=policy_loss,
+            loss_agg=loss_agg, loss_horizon=self.max_completion_length if self.loss_type == "dr_grpo" else None,
+            use_critic=False, kl_coef=self.beta, kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
+            importance_sampling_level=self.importance_sampling_level, dynamic_sampling=False,
+            entropy_coef=self.entropy_coef,
+            max_tool_calling_iterations=self.max_completion_length if iterations is None else iterations,
+            rollout_is=self.vllm_importance_sampling_mode if self.vllm_importance_sampling_correction else "none",
+            rollout_is_threshold=self.vllm_importance_sampling_clip_max or 2.0)
+        return RLConfig(**fields)
+
+
+@dataclass
+class RLOOConfig(_Generation):
+    """TRL 1.16's ``RLOOConfig``: its fields, defaults and checks; ``to_rlhfkit`` gives the
+    ``RLConfig`` of rlhfkit's ``rloo`` preset (leave-one-out baseline, k1 KL in the reward)."""
+
+    num_generations: int | None = 2
+    beta: float = 0.05
+    normalize_advantages: bool = False
+    reward_clip_range: tuple[float, float] | None = None
+
+    HANDLED = _Generation.HANDLED | {"beta", "reward_clip_range"}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_iterations != 1:
+            raise ValueError("RLOOConfig field 'num_iterations' must be 1 in rlhfkit: TRL's RLOO clips a sequence-level "
+                             "ratio of summed log-probs, which rlhfkit's rloo preset does not (use GRPOConfig for "
+                             "several passes)")
+        clip = self.reward_clip_range
+        if clip is not None and clip[0] != -clip[1]:
+            raise ValueError(f"RLOOConfig field 'reward_clip_range'={clip!r} is not supported by rlhfkit: only a range "
+                             "symmetric about 0, (-c, c)")
+
+    def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
+        fields = self._rl_fields(n_rows, world)
+        fields.update(algorithm="rloo", kl_coef=self.beta,
+                      reward_clip=None if self.reward_clip_range is None else self.reward_clip_range[1])
+        return RLConfig(**fields)
+
+
+class GRPOTrainer(TRLTrainerMixin, RLTrainer):
+    """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory)``
+    on rlhfkit's RL loop. ``args``: a ``GRPOConfig`` (default: TRL's, writing to
+    ``<model name>-GRPO``)."""
+
+    config_class, suffix = GRPOConfig, "GRPO"
+
+    def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
+                 reward_processing_classes=None, callbacks=None, optimizers=(None, None), peft_config=None,
+                 tools=None, environment_factory=None):
+        native, eval_dataset, weights = self.translate(model, args, train_dataset, eval_dataset,
+                                                       reward_processing_classes, optimizers)
+        super().__init__(model, reward_funcs, native, train_dataset, processing_class=processing_class,
+                         reward_weights=weights, peft_config=peft_config, eval_dataset=eval_dataset, tools=tools,
+                         environment_factory=environment_factory, callbacks=callbacks)
+
+
+class RLOOTrainer(GRPOTrainer):
+    """TRL's ``RLOOTrainer`` on rlhfkit's RL loop (``args``: an ``RLOOConfig``)."""
+
+    config_class, suffix = RLOOConfig, "RLOO"

@@ -1,0 +1,71 @@
+"""What the drop-in trainers share: TRL's constructor arguments turned into rlhfkit's, and TRL's
+``trainer.state``, ``train()`` return value and ``save_model(output_dir=None)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..agents.agent import model_name
+from ..data import load_prompt_dataset
+from .. import distributed
+
+
+class TRLTrainerMixin:
+    """Mixed into a drop-in trainer before the rlhfkit trainer it extends. ``config_class``: its
+    TRL-shaped config; ``suffix``: TRL's default output directory is ``<model name>-<suffix>``."""
+
+    config_class = None
+    suffix = ""
+
+    def translate(self, model, args, train_dataset, eval_dataset, reward_processing_classes=None,
+                  optimizers=(None, None)):
+        """``(RLConfig, eval_dataset, reward_weights)`` from TRL's arguments: TRL's default config
+        when ``args`` is None; the evaluation set only when ``eval_strategy`` asks for one."""
+        if reward_processing_classes is not None:
+            raise ValueError(f"{type(self).__name__}: reward_processing_classes is not supported by rlhfkit: a reward "
+                             "model directory carries its own tokenizer")
+        if optimizers != (None, None) and optimizers is not None:
+            raise ValueError(f"{type(self).__name__}: optimizers=(...) is not supported by rlhfkit: AdamW with the "
+                             "config's learning_rate, weight_decay and lr_scheduler_type")
+        if args is None:
+            args = self.config_class(output_dir=f"{Path(model_name(model)).name}-{self.suffix}")
+        if not isinstance(args, self.config_class):
+            raise TypeError(f"{type(self).__name__}: args must be a {self.config_class.__name__}, got "
+                            f"{type(args).__name__}")
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
+        n_rows = len(load_prompt_dataset(train_dataset))
+        self.trl_args = args
+        native = args.to_rlhfkit(n_rows, distributed.planned_world())
+        return native, eval_dataset if args.eval_strategy != "no" else None, args.reward_weights
+
+    @property
+    def state(self):
+        """TRL's ``trainer.state``: a ``transformers.TrainerState`` whose ``global_step`` counts
+        optimizer steps, as TRL's does, and ``log_history`` holds the logged rows."""
+        from transformers import TrainerState
+
+        state = TrainerState(global_step=self.weights_version, max_steps=self.args.max_steps * self._steps_per_rl_step())
+        state.log_history = list(getattr(self, "history", []))
+        return state
+
+    def _steps_per_rl_step(self) -> int:
+        return self.trl_args.optimizer_steps_per_generation
+
+    def train(self, resume_from_checkpoint=None):
+        """The run; returns TRL's (``transformers.TrainOutput``): ``global_step`` (optimizer steps),
+        ``training_loss`` (the mean of the logged policy losses) and ``metrics`` (the last row)."""
+        from transformers.trainer_utils import TrainOutput
+
+        if resume_from_checkpoint is not None:
+            raise ValueError(f"{type(self).__name__}.train(resume_from_checkpoint=...) is not supported by rlhfkit: "
+                             f"set resume_from_checkpoint in the {self.config_class.__name__} (a checkpoint directory "
+                             "or 'latest')")
+        self.history = super().train()
+        losses = [r["policy/loss"] for r in self.history if "policy/loss" in r]
+        metrics = dict(self.history[-1]) if self.history else {}
+        return TrainOutput(self.weights_version, sum(losses) / len(losses) if losses else 0.0, metrics)
+
+    def save_model(self, output_dir=None):
+        """The policy as a ``from_pretrained`` directory: ``output_dir``, else the config's."""
+        super().save_model(Path(output_dir or self.args.output_dir))

@@ -1,0 +1,145 @@
+"""One GRPO optimizer step through TRL 1.16's ``GRPOTrainer`` and through ``rlhfkit.trl.GRPOTrainer``,
+from the same weights, prompts, completions and ``GRPOConfig``: the same weights after it?
+
+    pip install trl==1.16.0 peft matplotlib gguf math-verify   # an environment of its own
+    pip install --no-deps -e .                                  # rlhfkit beside it
+    python benchmarks/trl_dropin_step.py                        # one JSON line per case
+
+Each case builds one ``GRPOConfig`` (TRL's class, then the same keyword arguments to rlhfkit's
+drop-in class) and runs ``max_steps`` optimizer steps of each trainer on a tiny random Llama saved
+to a temporary directory. Sampling is the one thing taken out of both: each trainer's generation
+returns the same fixed completions for each prompt (TRL's ``model.generate``, rlhfkit's engine), so
+what is compared is everything after it — the batch arithmetic of the config (prompts per generation,
+micro-batches, accumulation, passes), rewards, advantages, the loss and its normalisation, gradient
+clipping, AdamW and the learning-rate schedule. Printed: the largest absolute and relative weight
+difference between the two final models and the largest weight change of the step (so a difference
+reads against the step's size). Known differences: TRL divides advantages by ``std + 1e-4``,
+rlhfkit by ``std + 1e-6``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import warnings
+
+import torch
+
+PROMPTS = ["abc", "hello", "xyz 12", "qq", "the cat", "go", "12+3=", "hi there"]
+CASES = {  # one optimizer step each: the same weights are then expected within float tolerance
+    "dapo loss (TRL's default), one micro-step": dict(per_device_train_batch_size=16, num_generations=4, max_steps=1),
+    "grpo loss, 2 accumulated micro-steps": dict(per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                                                 num_generations=4, max_steps=1, loss_type="grpo"),
+    "dr_grpo loss, generation of 4 micro-steps, 4 accumulated": dict(
+        per_device_train_batch_size=4, gradient_accumulation_steps=4, steps_per_generation=4, num_generations=4,
+        max_steps=1, loss_type="dr_grpo"),
+    "dapo loss, 8 completions per prompt, clip-higher": dict(per_device_train_batch_size=16, num_generations=8,
+                                                             max_steps=1, epsilon_high=0.28),
+}
+COMMON = dict(max_completion_length=6, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", seed=0,
+              logging_steps=1, save_strategy="no")
+
+
+def completions(tokenizer, prompt: str, n: int) -> list[list[int]]:
+    """``n`` fixed completions of ``prompt``: different lengths ended by EOS, and every third one
+    truncated — as long as ``max_completion_length``, without EOS, as a sampler leaves it."""
+    limit = COMMON["max_completion_length"]
+    texts = [("a" * (1 + (len(prompt) + j) % 4)) + ("b" if j % 2 else "") for j in range(n)]
+    ids = [tokenizer(t if j % 3 != 2 else (t * limit)[:limit], add_special_tokens=False)["input_ids"]
+           for j, t in enumerate(texts)]
+    return [x + [tokenizer.eos_token_id] if j % 3 != 2 else x for j, x in enumerate(ids)]
+
+
+def fraction_of_a(completions, **kwargs):
+    return [c.count("a") / max(1, len(c)) for c in completions]
+
+
+def trl_step(model_dir: str, kwargs: dict, out: str) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    seen: dict[str, int] = {}
+
+    def generate(input_ids, attention_mask, **_):
+        rows = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            prompt = tok.decode([i for i, m in zip(ids, mask) if m])
+            j = seen.get(prompt, 0)
+            seen[prompt] = j + 1
+            rows.append(completions(tok, prompt, kwargs["num_generations"] * 64)[j % kwargs["num_generations"]])
+        width = max(map(len, rows))
+        tail = torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, tail.to(input_ids.device)], dim=1)
+
+    model.generate = generate
+    config = GRPOConfig(output_dir=out, **COMMON, **kwargs)
+    from datasets import Dataset
+
+    trainer = GRPOTrainer(model=model, reward_funcs=fraction_of_a, args=config,
+                          train_dataset=Dataset.from_list(_dataset(kwargs)), processing_class=tok)
+    trainer.train()
+    return {k: v.detach().float().clone() for k, v in trainer.model.state_dict().items()}
+
+
+def ours_step(model_dir: str, kwargs: dict, out: str, eps: float | None = None) -> dict:
+    """rlhfkit's step; ``eps``: its group advantages' ``std + eps`` set to another value (1e-4: TRL's)."""
+    from rlhfkit.algorithms import advantages
+    from rlhfkit.rollout.base import build_rollout
+
+    defaults = advantages.group_advantages.__defaults__
+    if eps is not None:
+        advantages.group_advantages.__defaults__ = (defaults[0], eps, *defaults[2:])
+    from rlhfkit.trl import GRPOConfig, GRPOTrainer
+
+    config = GRPOConfig(output_dir=out, **COMMON, **kwargs)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=fraction_of_a, args=config, train_dataset=_dataset(kwargs))
+    tok = trainer.tokenizer
+
+    def generate(prompts, n, sampling, seed=None):
+        responses = [c for p in prompts for c in completions(tok, tok.decode(p), n)]
+        return build_rollout(prompts, responses, n, tok.pad_token_id, tok.eos_token_id)
+
+    trainer.sampler.engine.generate = generate
+    try:
+        trainer.train()
+    finally:
+        advantages.group_advantages.__defaults__ = defaults
+    return {k: v.detach().float().clone() for k, v in trainer.models.policy.state_dict().items()}
+
+
+def _dataset(kwargs: dict) -> list[dict]:
+    """As many prompts as one generation takes (every prompt is seen, whatever the sampler's order)."""
+    per_generation = kwargs["per_device_train_batch_size"] * kwargs.get("steps_per_generation",
+                                                                        kwargs.get("gradient_accumulation_steps", 1))
+    return [{"prompt": p} for p in PROMPTS[:per_generation // kwargs["num_generations"]]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=list(CASES))
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    from rlhfkit.tasks.tiny import save_tiny_model
+
+    for name in [args.case] if args.case else CASES:
+        with tempfile.TemporaryDirectory() as tmp:
+            model_dir = save_tiny_model(f"{tmp}/model", seed=0)
+            from transformers import AutoModelForCausalLM
+
+            start = {k: v.float().clone() for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
+            theirs = trl_step(model_dir, CASES[name], f"{tmp}/trl")
+            row = {"case": name, "max_update": max((theirs[k] - start[k]).abs().max().item() for k in theirs)}
+            for label, eps in (("", None), ("eps_1e-4_", 1e-4)):
+                ours = ours_step(model_dir, CASES[name], f"{tmp}/ours{label}", eps)
+                row[f"{label}max_abs_diff"] = max((theirs[k] - ours[k]).abs().max().item() for k in ours)
+                row[f"{label}max_rel_diff_of_update"] = max(
+                    ((theirs[k] - ours[k]).norm() / (theirs[k] - start[k]).norm().clamp(min=1e-12)).item() for k in ours)
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -161,7 +161,10 @@ def _quickstart(args) -> int:
 
 def _report(args) -> int:
     from .report import write_report
+    from .run.trace import merge
 
+    if Path(args.run_dir, "metrics.jsonl").is_file():  # write_report names a missing one
+        merge(args.run_dir, remove=False)  # the timeline of a run that did not finish (or still runs)
     print(write_report(args.run_dir))
     return 0
 

@@ -1,6 +1,7 @@
 """Plots and the HTML run report, read from a run directory: ``metrics.jsonl`` (required),
-``config.yaml`` and ``samples.jsonl`` (optional). The report is one self-contained HTML page
-(plots embedded as base64), so it can be mailed or attached to an issue as it is.
+``config.yaml``, ``samples.jsonl`` and the step timeline ``trace.json`` (optional). The report is
+one self-contained HTML page (plots embedded as base64), so it can be mailed or attached to an issue
+as it is; it links the timeline (``run/trace.py``), which stays a file of its own.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ PLOT_GROUPS: tuple[tuple[str, str, tuple[str, ...], str | None], ...] = (
     ("dpo_accuracy", "DPO reward accuracy", ("rewards/accuracies", "eval/rewards/accuracies"), None),
 )
 MAIN_METRICS = tuple(m for _, _, metrics, band in PLOT_GROUPS for m in (*metrics, band) if m)
+# Where each step's seconds went: stacked bars of the perf/time_<phase> metrics (the RL loop's timers).
+TIME_PLOT, TIME_PREFIX = "time", "perf/time_"
+PHASE_ORDER = ("generate", "reward", "wait", "logprobs", "update", "weight_sync")  # the loop's order; others after
 SAMPLE_STEPS, SAMPLES_PER_STEP = 4, 4
 
 
@@ -95,7 +99,38 @@ def _plot_rows(rows: list[dict], out_dir: Path) -> list[Path]:
         path = out_dir / f"{stem}.png"
         fig.savefig(path, dpi=100)
         written.append(path)
-    return written
+    timed = _time_plot(rows, out_dir)
+    return written + ([timed] if timed else [])
+
+
+def _time_plot(rows: list[dict], out_dir: Path) -> Path | None:
+    """``plots/time.png``: each step's ``perf/time_*`` seconds as stacked bars, one colour per phase."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = {k[len(TIME_PREFIX):] for r in rows for k in r if k.startswith(TIME_PREFIX)}
+    phases = [p for p in PHASE_ORDER if p in names] + sorted(names - set(PHASE_ORDER))
+    timed = [r for r in rows if any(isinstance(r.get(TIME_PREFIX + p), (int, float)) for p in phases)]
+    if not timed:
+        return None
+    fig = Figure(figsize=(6.4, 3.6), layout="tight")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps = [r["step"] for r in timed]
+    width = 0.8 * min([b - a for a, b in zip(steps, steps[1:]) if b > a] or [1])
+    bottom = [0.0] * len(timed)
+    for phase in phases:
+        seconds = [float(r.get(TIME_PREFIX + phase) or 0.0) for r in timed]
+        ax.bar(steps, seconds, width, bottom=bottom, label=phase, linewidth=0)
+        bottom = [b + s for b, s in zip(bottom, seconds)]
+    ax.set(title="Time per step by phase", xlabel="step", ylabel="seconds")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize="small")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{TIME_PLOT}.png"
+    fig.savefig(path, dpi=100)
+    return path
 
 
 def _draw_band(ax, rows: list[dict], metric: str, band: str) -> None:
@@ -162,6 +197,18 @@ def _plots_section(plots: list[Path]) -> str:
     return '<div class="plots">' + "".join(imgs) + "</div>"
 
 
+def _timeline_section(run_dir: Path) -> str:
+    """A link to the step timeline (``trace.json``, next to the report), and how to open it."""
+    how = ("Open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing: one row per process "
+           "(trainer and generator ranks), each step with its phases nested inside.")
+    if (run_dir / "trace.json").is_file():
+        return f'<p><a href="trace.json">trace.json</a> — {html.escape(how)}</p>'
+    if any((run_dir / "trace").glob("rank-*.jsonl")):
+        return _note("The run did not finish: its processes' timelines are in trace/; "
+                     "`python -m rlhfkit.run.trace <run_dir>` (or `rlhfkit report`) merges them into trace.json.")
+    return _note("No trace.json in this run directory (a run without output_dir, or from an older rlhfkit).")
+
+
 def _spread(items: list, k: int) -> list:
     """Up to ``k`` items evenly spread from the first to the last."""
     if len(items) <= k:
@@ -225,8 +272,9 @@ pre.completion { background: #f7f7f7; padding: 0.3em; }
 
 
 def write_report(run_dir) -> Path:
-    """Regenerate the plots and write ``run_dir/report.html``: config, summary, plots, samples. A
-    ``report.html`` there that rlhfkit did not write (its title says so) is refused, never replaced."""
+    """Regenerate the plots and write ``run_dir/report.html``: summary, plots, a link to the step
+    timeline, samples, config. A ``report.html`` there that rlhfkit did not write (its title says
+    so) is refused, never replaced."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir)
     path = run_dir / "report.html"
@@ -241,6 +289,7 @@ def write_report(run_dir) -> Path:
         f"<h1>{name}</h1><p>{len(rows)} logged steps, last step {html.escape(last)}.</p>"
         f"<h2>Summary</h2>{_summary_section(rows)}"
         f"<h2>Plots</h2>{_plots_section(plots)}"
+        f"<h2>Step timeline</h2>{_timeline_section(run_dir)}"
         f"<h2>Samples</h2>{_samples_section(run_dir)}"
         f"<h2>Config</h2>{_config_section(run_dir)}"
         "</body></html>\n"

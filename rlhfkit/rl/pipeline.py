@@ -59,6 +59,7 @@ from ..rollout import concat_rollouts
 from ..rollout.remote import (broadcast_start, manifest, receive_object, receive_weights, send_object, send_weights,
                               wait_all)
 from ..rollout.weight_sync import hf_weights, load_weights
+from ..run import trace
 from ..run.training import timer
 from .sampler import Batch, Sampler
 
@@ -88,7 +89,7 @@ class RemoteSampler(Sampler):
         """Every trainer calls this before its first step (under FSDP2 gathering the weights is
         collective); ``counters``: the trainer's step and data position (resumed or fresh)."""
         self.start_step = counters["step"]
-        with torch.no_grad(), distributed.gathered(self.models.policy):
+        with trace.span("weight_sync"), torch.no_grad(), distributed.gathered(self.models.policy):
             if distributed.is_main():
                 weights = list(hf_weights(self.models.policy))
                 broadcast_start({"counters": counters, "manifest": manifest(weights)})
@@ -109,9 +110,9 @@ class RemoteSampler(Sampler):
         generators' (what a checkpoint saves). ``version`` (the trainer's) is not needed: each
         batch says which version made it, checked against ``max_staleness``."""
         timings = {} if timings is None else timings
-        begin = time.perf_counter()
-        parts = [receive_object(src) for src in distributed.generator_ranks()]
-        timings["wait"] = wait = time.perf_counter() - begin
+        with timer(timings, "wait"):  # blocked on the generators' batch
+            parts = [receive_object(src) for src in distributed.generator_ranks()]
+        wait = timings["wait"]
         S = self.max_staleness
         for part in parts:
             if part["step"] != step:
@@ -155,14 +156,16 @@ def run_generator(sampler: Sampler, max_staleness: int) -> None:
     counters, entries = start["counters"], start["manifest"]
     sampler.restore((counters["data_epoch"], counters["data_pos"]))
     have = counters["step"]
-    load_weights(models.policy, receive_weights(entries, models.device))
+    with trace.span("wait_weights", version=have):
+        load_weights(models.policy, receive_weights(entries, models.device))
     works: list[list] = []
     for step in range(counters["step"], sampler.config.max_steps):
-        begin = time.perf_counter()
-        while have < version_for(step, counters["step"], max_staleness):
-            have += 1
-            load_weights(models.policy, receive_weights(entries, models.device))
-        wait, timings = time.perf_counter() - begin, {}
+        begin, timings, waited = time.perf_counter(), {}, {}
+        with timer(waited, "wait_weights"):  # blocked on the version this step needs (and receiving it)
+            while have < version_for(step, counters["step"], max_staleness):
+                have += 1
+                load_weights(models.policy, receive_weights(entries, models.device))
+        wait = waited["wait_weights"]
         batch = sampler.batch(step, have, timings)
         if have == step and not sampler.engine.needs_sync:
             # HF generate on the very weights the trainers hold: the sampler *is* π_old, as in the
@@ -172,8 +175,12 @@ def run_generator(sampler: Sampler, max_staleness: int) -> None:
                    "scores": batch.scores.cpu(), "valid": batch.valid.cpu(),
                    "metrics": {k: float(v) for k, v in batch.metrics.items()}, "position": sampler.position(),
                    "wait_s": wait, "timings": timings, "samples": batch.samples}
-        works.append([w for dst in distributed.trainer_ranks() for w in send_object(message, dst)])
-        if len(works) > max_staleness + 1:  # received by now (the trainers took the weights after it)
-            wait_all(works.pop(0))
-    for w in works:
-        wait_all(w)
+        with trace.span("send"):
+            works.append([w for dst in distributed.trainer_ranks() for w in send_object(message, dst)])
+            if len(works) > max_staleness + 1:  # received by now (the trainers took the weights after it)
+                wait_all(works.pop(0))
+        trace.record("step", begin, time.perf_counter(), {"step": step + 1, "version": have})
+        trace.flush()
+    with trace.span("send"):
+        for w in works:
+            wait_all(w)

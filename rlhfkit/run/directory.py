@@ -18,14 +18,15 @@ from pathlib import Path
 
 from ..files import writing
 from .checkpoint import DCP_DIR, META_FILE, STATE_FILE, complete_checkpoints
+from .trace import RANK_DIR, TRACE_FILE
 
 MARKER = ".rlhfkit-run"
 
 # What an rlhfkit run writes in its directory, and nothing else is removed by --overwrite.
-_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml")
-_RUN_GLOBS = ("config-resume-*.yaml", "data/train_dataset.jsonl", "data/eval_dataset.jsonl",
-              "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*", "wandb/offline-run-*", "wandb/run-*",
-              "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
+_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml", TRACE_FILE)
+_RUN_GLOBS = ("config-resume-*.yaml", f"{RANK_DIR}/rank-*.jsonl", "data/train_dataset.jsonl",
+              "data/eval_dataset.jsonl", "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*",
+              "wandb/offline-run-*", "wandb/run-*", "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
 _MODEL_MARKS = ("config.json", "adapter_config.json", STATE_FILE, DCP_DIR, META_FILE)
 
 
@@ -117,13 +118,14 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
 
 def run_outputs(path: Path) -> list[Path]:
     """What an rlhfkit run writes in ``path`` (whether or not it exists): its logs and record, its
-    plots (the PNG files of ``report.PLOT_GROUPS``), tracker files, recorded data, and its
+    step timeline (``trace.json``, the ranks' ``trace/rank-*.jsonl``), its plots (the PNG files of
+    ``report.PLOT_GROUPS`` and ``report.TIME_PLOT``), tracker files, recorded data, and its
     ``checkpoint-<step>/`` and ``final/`` directories (those holding a model or checkpoint)."""
-    from ..report import PLOT_GROUPS
+    from ..report import PLOT_GROUPS, TIME_PLOT
 
     outputs = [path / name for name in _RUN_FILES]
     outputs += [p for pattern in _RUN_GLOBS for p in path.glob(pattern)]
-    outputs += [path / "plots" / f"{stem}.png" for stem, *_ in PLOT_GROUPS]
+    outputs += [path / "plots" / f"{stem}.png" for stem in [*(g[0] for g in PLOT_GROUPS), TIME_PLOT]]
     outputs += [p for p in [*path.glob("checkpoint-*"), path / "final"]
                 if p.is_dir() and any((p / mark).exists() for mark in _MODEL_MARKS)]
     return outputs
@@ -141,7 +143,8 @@ def remove_previous_run(path: Path) -> list[Path]:
         else:
             continue
         removed.append(target)
-    for folder in ("plots", "data", "wandb", *(str(p.relative_to(path)) for p in path.glob("runs/*")), "runs"):
+    runs = [str(p.relative_to(path)) for p in path.glob("runs/*")]
+    for folder in ("plots", "data", RANK_DIR, "wandb", *runs, "runs"):
         try:
             (path / folder).rmdir()  # only when empty
         except OSError:

@@ -18,7 +18,9 @@ all four trainers:
    schedule: ``training.optimizer_step``), ``log(step, metrics)`` per step, ``step_done(step,
    counters)`` per step (a checkpoint every ``save_steps``, pruned to ``save_total_limit``);
 5. ``finish(save_final)`` — ``final/``, the plots, the trackers closed, ``on_train_end``, every
-   process waiting for the others.
+   process waiting for the others, then rank 0 merges the processes' step timelines into
+   ``trace.json`` (``run/trace.py``; each process records its own from ``open`` on: the steps, the
+   optimizer steps, the checkpoints and every ``training.timer`` phase).
 
 The callbacks (``callbacks=[...]``: transformers' ``TrainerCallback`` interface) are
 ``run/callbacks.py``'s.
@@ -30,6 +32,7 @@ plus ``skipped_steps``, which the run keeps: a resumed run reports the skips of 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -43,6 +46,7 @@ from .checkpoint import NEWEST, load_checkpoint, prune_checkpoints, save_checkpo
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
 from .record import open_run
+from . import trace
 from .training import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
 
@@ -64,12 +68,16 @@ class Run:
         self.callbacks = Callbacks(callbacks, args)
         self.optimizer = self.scheduler = self.guard = self.logger = None
         self.total_steps, self.modules, self.base_model = 0, {}, None
+        self.step_start = None  # perf_counter() at step_begin: the step's event in the timeline
 
     # ---------------------------------------------------------------- start
     def open(self, model, datasets: dict, **sources) -> None:
         """Once the model, data and rewards have loaded: create the run directory (rank 0) and
         record the run (``open_run``: ``config.yaml``, in-memory data under ``data/``)."""
         open_run(self.out_dir, self.args, model, datasets, **sources)
+        # Every process records its timeline (a generator rank too: it opens the run, never starts it).
+        trace.start(self.args.output_dir, distributed.global_rank(),
+                    "generator" if distributed.is_generator() else "trainer")
 
     def start(self, modules: dict[str, torch.nn.Module], total_steps: int, param_groups: list[dict] | None = None,
               schedule_steps: int | None = None) -> dict | None:
@@ -104,6 +112,7 @@ class Run:
     # ---------------------------------------------------------------- each step
     def step_begin(self) -> None:
         """Before a trainer step: the callbacks' ``on_step_begin``."""
+        self.step_start = time.perf_counter()
         self.callbacks.fire("on_step_begin")
 
     def step_end(self, step: int) -> bool:
@@ -116,7 +125,8 @@ class Run:
         """Clip, step (unless the loss or the gradient norm is not finite: ``NonFiniteGuard``; the
         schedule then does not advance either), check the new weights; the update's ``perf/*``
         metrics (``perf/lr``: the rate this update used)."""
-        grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm, self.guard, loss)
+        with trace.span("optimizer_step"):
+            grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm, self.guard, loss)
         return {"perf/lr": lr, "perf/grad_norm": grad_norm, "perf/skipped_steps": float(self.guard.skipped)}
 
     def log(self, step: int, metrics: dict) -> dict:
@@ -136,9 +146,14 @@ class Run:
         ``save_total_limit``). ``counters``: the trainer's position, called only when saving."""
         args = self.args
         if args.output_dir and args.save_steps and step % args.save_steps == 0:
-            self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{step}", counters())
-            if args.save_total_limit and self.out_dir:
-                prune_checkpoints(self.out_dir, args.save_total_limit, newest_step=step)
+            with trace.span("checkpoint", step=step):
+                self.save_checkpoint(Path(args.output_dir) / f"checkpoint-{step}", counters())
+                if args.save_total_limit and self.out_dir:
+                    prune_checkpoints(self.out_dir, args.save_total_limit, newest_step=step)
+        if self.step_start is not None:  # the step, from step_begin: its phases nest inside
+            trace.record("step", self.step_start, time.perf_counter(), {"step": step})
+            self.step_start = None
+        trace.flush()  # a crash keeps the timeline up to here
 
     # ---------------------------------------------------------------- checkpoints
     def settings(self) -> dict:
@@ -168,11 +183,15 @@ class Run:
         the plots when the run has a directory; the trackers closed; every process waits for the
         others (``distributed.finished``). Returns the logged rows."""
         if self.args.output_dir and save_final is not None:
-            save_final(Path(self.args.output_dir) / "final")
+            with trace.span("save_final"):
+                save_final(Path(self.args.output_dir) / "final")
             finish_run(self.out_dir)
         self.logger.close()
         self.callbacks.fire("on_train_end")
+        trace.stop()  # every process's timeline is written before the barrier ...
         distributed.finished()
+        if self.out_dir:  # ... so rank 0 can merge them
+            trace.merge(self.out_dir)
         return self.logger.history
 
 

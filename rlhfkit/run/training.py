@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..config import SCHEDULERS
+from . import trace
 
 
 def seed_everything(seed: int) -> None:
@@ -148,7 +149,10 @@ def make_optimizer(params, lr: float, weight_decay: float) -> torch.optim.AdamW:
 @contextmanager
 def timer(timings: dict, name: str):
     """Wall time of the block added to ``timings[name]`` (seconds; a block timed twice in one
-    ``timings``, as the rounds of dynamic sampling, counts its total)."""
+    ``timings``, as the rounds of dynamic sampling, counts its total), and the block as one event
+    ``name`` of the step timeline when the run records one (``run/trace.py``)."""
     start = time.perf_counter()
     yield
-    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+    end = time.perf_counter()
+    timings[name] = timings.get(name, 0.0) + end - start
+    trace.record(name, start, end)

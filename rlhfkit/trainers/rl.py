@@ -38,6 +38,7 @@ from ..rl.pipeline import RemoteSampler, run_generator
 from ..rl.sampler import Sampler, SamplerConfig
 from ..rollout import Rollout, SamplingParams
 from ..rollout.engines import EngineConfig, build_engine
+from ..run import trace
 from ..run.lifecycle import Run
 from ..run.metrics import write_samples
 from ..run.training import seed_everything, timer
@@ -116,11 +117,14 @@ class RLTrainer:
         experience and updates the policy (and critic), then logs, evaluates and checkpoints."""
         if distributed.is_generator():  # rollout_workers: this rank generates the batches, phases 1-3
             run_generator(self.sampler, self.args.max_staleness)
+            trace.stop()  # its timeline written before the barrier, after which rank 0 merges
             distributed.finished()
             return []
         self.sampler.start(self._counters())  # generator ranks, if any, start on the first batches
         if self.eval_rows is not None and self.step == 0:
-            self.run.log(0, self.evaluate())
+            with trace.span("evaluate", step=0):
+                metrics = self.evaluate()
+            self.run.log(0, metrics)
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
             self.run.step_begin()
@@ -137,7 +141,8 @@ class RLTrainer:
             self.sampler.publish(self.step, timings)  # generator ranks go on with the weights of this step
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
             if self._eval_due(last=stop):
-                metrics.update(self.evaluate())
+                with trace.span("evaluate", step=self.step):
+                    metrics.update(self.evaluate())
             self._log(metrics, exp, timings)                                        # 7
             self.run.step_done(self.step, self._counters)                           # checkpoint
             if stop:

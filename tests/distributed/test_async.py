@@ -142,6 +142,23 @@ def test_resumed_at_staleness_0_is_the_uninterrupted_run(runs):
     assert (runs / "whole-run" / "samples.jsonl").is_file()  # the generator's samples, written by rank 0
 
 
+def test_an_async_run_writes_one_timeline_of_its_trainer_and_generator(runs):
+    """``whole`` (one trainer, one generator, 4 steps): one trace.json with both processes on one
+    clock — each step's batch is generated before the trainer stops waiting for it."""
+    events = json.loads((runs / "whole-run" / "trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {0: "trainer rank 0", 1: "generator rank 1"}
+    timed = {pid: [e for e in events if e["ph"] == "X" and e["pid"] == pid] for pid in names}
+    assert {e["name"] for e in timed[0]} >= {"step", "wait", "logprobs", "update", "weight_sync", "checkpoint"}
+    assert {e["name"] for e in timed[1]} >= {"step", "wait_weights", "generate", "reward", "send"}
+    end = {pid: {e["args"]["step"]: e["ts"] + e["dur"] for e in timed[pid] if e["name"] == "step"} for pid in names}
+    assert sorted(end[0]) == sorted(end[1]) == [1, 2, 3, 4]
+    waits = [e for e in timed[0] if e["name"] == "wait"]
+    generated = [e for e in timed[1] if e["name"] == "generate"]
+    assert len(waits) == len(generated) == 4
+    assert all(g["ts"] + g["dur"] <= w["ts"] + w["dur"] for g, w in zip(generated, waits))
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_staleness_1_learns_the_toy_task_with_batches_one_version_old(runs, algorithm):
     """The path runs end to end and moves the reward the right way; the learning curve itself

@@ -1,6 +1,8 @@
 """The benchmark scripts run (on a tiny model here; the numbers of docs/results/speed.md come from SmolLM2)."""
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +49,38 @@ def test_async_rollouts_benchmark_runs_both_ways_and_compares(tiny_model_dir, tm
     assert results["sync"]["steps_per_min"] > 0 and results["async"]["steps_per_min"] > 0
     assert results["async"]["rollout/staleness_mean"] > 0 and "rollout/staleness_mean" not in results["sync"]
     assert results["speedup_steps_per_min"] > 0
+
+
+GPU_CHECK = SCRIPT.with_name("gpu_check.py")
+
+
+def test_gpu_check_runs_every_check_on_the_cpu():
+    """``benchmarks/gpu_check.py --device cpu``: the GPU check's very code on a tiny Qwen2 (~10 s), so it
+    cannot rot before a GPU runs it."""
+    out = subprocess.run([sys.executable, str(GPU_CHECK), "--device", "cpu"], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert report["ok"] and report["model"]["architecture"] == "Qwen2ForCausalLM"
+    assert list(report["checks"]) == ["sft", "dpo", "grpo", "ppo", "lora", "fsdp"]
+    for name, check in report["checks"].items():
+        assert check["ok"] and check["step_s"] > 0 and check["tokens_per_s"] > 0 and check["steps_timed"] == 2, name
+    assert set(report["checks"]["grpo"]["phases_s"]) >= {"generate", "reward", "logprobs", "update"}
+
+
+def test_gpu_check_names_a_failed_check_and_exits_1(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("gpu_check", GPU_CHECK)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+
+    def broken(ctx):
+        raise RuntimeError("no kernel image is available")
+
+    monkeypatch.setattr(gpu_check, "check_dpo", broken)
+    assert gpu_check.main(["--device", "cpu", "--only", "dpo,sft", "--steps", "1"]) == 1
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    assert not report["ok"] and report["checks"]["sft"]["ok"]
+    assert report["checks"]["dpo"] == {"ok": False, "error": "RuntimeError: no kernel image is available",
+                                       "wall_s": report["checks"]["dpo"]["wall_s"]}
+    assert "gpu_check: FAILED: dpo" in out.err

@@ -2,11 +2,15 @@
 
 A reward function has TRL's calling shape::
 
-    f(prompts: list, completions: list[str], **columns) -> list[float | None]
+    f(prompts: list, completions: list, **kwargs) -> list[float | None]
 
-called with keywords: ``prompts`` and ``completions`` are aligned lists of ``B`` items and every
-other dataset column arrives as a keyword list of ``B`` values (e.g. ``answer=[...]``), so a
-function takes the columns it needs and ``**kwargs`` for the rest. ``None`` means "this function
+called with keywords: ``prompts`` and ``completions`` are aligned lists of ``B`` items — a prompt
+as the dataset gives it (text, or chat messages); a completion as TRL passes it: text for a text
+prompt, ``[{"role": "assistant", "content": text}]`` for a conversational one, an agent episode's
+messages — and every other dataset column arrives as a keyword list of ``B`` values (e.g.
+``answer=[...]``), so a function takes the columns it needs and ``**kwargs`` for the rest. TRL's
+``completion_ids``, ``trainer_state``, ``log_metric`` and ``log_extra`` reach a function that takes
+them (``calling.py``); ``async def`` functions run concurrently. ``None`` means "this function
 does not apply to this sample" (e.g. a code checker on a math prompt).
 
 ``RewardFunctions`` combines several with weights the way TRL's GRPO trainer does: the score of a
@@ -18,20 +22,27 @@ it: the batch statistics (means, stds, whitening) are float32, where sums and sq
 near 3e38 overflow to inf — a reward that large is a bug or a unit to rescale, not a signal.
 
 Functions are named in YAML configs through ``REWARD_FUNCTIONS`` (``@register_reward_function``)
-or by a dotted import path, resolved by ``get_reward_function``.
+or by an import path ``module:function``, resolved by ``get_reward_function`` (``import_path``:
+the current directory first, as ``python -m`` does).
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
+import inspect
 import math
 import numbers
-from dataclasses import dataclass
+import os
+import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from ..algorithms.registry import did_you_mean
+from .calling import (CONTRACT, RewardLogs, accepted_keywords, contract_keywords, is_async_callable,
+                      run_concurrently)
 from .reasoning_gym import reasoning_gym_reward
 
 RewardFunction = Callable[..., list]
@@ -68,9 +79,8 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
         raise ValueError(f"reward function must be a callable or a name, got {type(name_or_callable).__name__}")
     name = name_or_callable
     if name.startswith(_UNRECORDED):
-        raise ValueError(f"reward function {name!r}: the run that recorded it passed a function that cannot be "
-                         "imported (defined in a script or a closure); move it into a module and name it as "
-                         "'package.module:function'")
+        raise ValueError(f"reward function {name}: the run that recorded it passed a function that cannot be "
+                         "imported; name it here by an import path 'package.module:function'")
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
     if ":" in name:
@@ -85,26 +95,46 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
 _UNRECORDED = "<not importable: "
 
 
-def unrecorded_reward(name: str) -> str:
-    """What a run records for a reward function that no name or import path can find again."""
-    return f"{_UNRECORDED}{name}>"
+def unrecorded_reward(name: str, why: str = "") -> str:
+    """What a run records for a reward function that no name or import path can find again:
+    ``<not importable: name — why>`` (``get_reward_function`` refuses it, quoting it)."""
+    return f"{_UNRECORDED}{name}{' — ' + why if why else ''}>"
 
 
 def _import_function(path: str) -> RewardFunction:
     """Import ``"pkg.mod:attr.attr"`` and check that it is callable."""
-    module_name, _, attr = path.partition(":")
+    obj = import_path(path, "reward function")
+    if not callable(obj):
+        raise ValueError(f"reward function {path!r} is not callable (got {type(obj).__name__})")
+    return obj
+
+
+def import_path(path: str, what: str) -> Any:
+    """The object an import path ``"package.module:name"`` (``name`` may be dotted) names, its module
+    found as ``python -m`` finds one: in the current directory first (which joins ``sys.path``, at
+    its front, as with ``python -m``), then on ``sys.path``. A module that is nowhere is one line
+    saying where it was looked for; ``what`` names the field in messages."""
+    module_name, _, attr = str(path).partition(":")
     if not module_name or not attr:
-        raise ValueError(f"reward function {path!r}: expected 'package.module:function'")
+        raise ValueError(f"{what} {path!r}: expected 'package.module:function'")
+    cwd = os.getcwd()
+    if cwd not in {os.path.abspath(p or os.curdir) for p in sys.path}:
+        sys.path.insert(0, cwd)
+    importlib.invalidate_caches()  # a module file written since this directory was last listed
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as e:
-        raise ValueError(f"reward function {path!r}: cannot import module {module_name!r}: {e}") from e
+        missing = getattr(e, "name", None)
+        if isinstance(e, ModuleNotFoundError) and missing and f"{module_name}.".startswith(f"{missing}."):
+            where = f"the current directory {cwd} and sys.path {[p for p in sys.path if os.path.abspath(p or '.') != cwd]}"
+            raise ValueError(f"{what} {path!r}: cannot import module {module_name!r}: no module {missing!r} in "
+                             f"{where}") from e
+        raise ValueError(f"{what} {path!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"reward function {path!r}: module {module_name!r} has no attribute {attr!r}")
+            raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r} (the module "
+                             f"imported: {getattr(importlib.import_module(module_name), '__file__', None)})")
         obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"reward function {path!r} is not callable (got {type(obj).__name__})")
     return obj
 
 
@@ -113,13 +143,17 @@ class RewardOutput:
     """Scores of one batch of ``B`` completions.
 
     - ``scores`` (B,) float32: weighted sum over the functions that scored each sample (0 where none did).
-    - ``per_function``: name → (B,) float32 raw (unweighted) scores, NaN where the function returned None.
+    - ``per_function``: name -> (B,) float32 raw (unweighted) scores, NaN where the function returned None.
     - ``valid`` (B,) bool: False where every function returned None; the trainer masks these out.
+    - ``metrics``: what the functions passed to ``log_metric``: name -> its values, in call order.
+    - ``extra``: what they passed to ``log_extra``: column -> ``B`` values.
     """
 
     scores: torch.Tensor
     per_function: dict[str, torch.Tensor]
     valid: torch.Tensor
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list] = field(default_factory=dict)
 
 
 class RewardFunctions:
@@ -143,6 +177,7 @@ class RewardFunctions:
             raise ValueError(f"RewardFunctions: names must be non-empty strings, got {list(names)!r}")
         defaults = [_default_name(spec, f) for spec, f in zip(funcs, self.funcs)]
         self.names = _dedupe(list(names) if names is not None else defaults)
+        self.keywords = [accepted_keywords(f) for f in self.funcs]  # which of TRL's extra keywords each takes
 
     @staticmethod
     def _check_weights(weights: list[float] | None, n: int) -> list[float]:
@@ -157,19 +192,41 @@ class RewardFunctions:
                 raise ValueError(f"RewardFunctions: weight {i} must be in {_ALLOWED}, got {w!r}")
         return [float(w) for w in weights]
 
-    def __call__(self, prompts: list, completions: list[str], columns: dict[str, list] | None = None) -> RewardOutput:
-        """Score a batch: every function is called as ``f(prompts=..., completions=..., **columns)``."""
+    def __call__(self, prompts: list, completions: list, columns: dict[str, list] | None = None,
+                 completion_ids: list[list[int]] | None = None, trainer_state=None) -> RewardOutput:
+        """Score a batch: every function is called as ``f(prompts=..., completions=..., **columns)``
+        plus those of ``completion_ids``, ``trainer_state``, ``log_metric``, ``log_extra`` it takes
+        (``calling.py``); the synchronous functions one after another, then the ``async`` ones
+        together."""
         columns = dict(columns or {})
-        batch = _check_batch(prompts, completions, columns)
-        per_function = {}
-        for name, fn in zip(self.names, self.funcs):
-            raw = _call(name, fn, prompts, completions, columns)
-            per_function[name] = _to_tensor(name, raw, prompts, batch)
+        batch = _check_batch(prompts, completions, columns, completion_ids)
+        logs = RewardLogs(batch)
+        raw, pending = {}, []
+        for name, fn, accepted in zip(self.names, self.funcs, self.keywords):
+            log_metric, log_extra = logs.for_function(name)
+            offered = {"completion_ids": None if completion_ids is None else [list(ids) for ids in completion_ids],
+                       "trainer_state": trainer_state, "log_metric": log_metric, "log_extra": log_extra}
+            kwargs = {key: list(values) for key, values in columns.items()}  # copies: no function alters another's input
+            kwargs.update(prompts=copy.deepcopy(list(prompts)), completions=copy.deepcopy(list(completions)),
+                          **contract_keywords(accepted, offered))
+            try:
+                raw[name] = fn(**kwargs)
+            except Exception as e:
+                for started in pending:  # never awaited now: closed, so Python does not warn about them
+                    getattr(raw[started], "close", lambda: None)()
+                raise _failure(name, e, prompts) from e
+            if is_async_callable(fn) or inspect.isawaitable(raw[name]):
+                pending.append(name)
+        for name, result in zip(pending, run_concurrently([raw[name] for name in pending]) if pending else []):
+            if isinstance(result, BaseException):
+                raise _failure(name, result, prompts) from result
+            raw[name] = result
+        per_function = {name: _to_tensor(name, raw[name], prompts, batch) for name in self.names}
         stacked = torch.stack(list(per_function.values()))  # (F, B)
         weights = torch.tensor(self.weights, dtype=torch.float32).unsqueeze(1)
         scores = torch.nansum(stacked * weights, dim=0)
         valid = ~torch.isnan(stacked).all(dim=0)
-        return RewardOutput(scores, per_function, valid)
+        return RewardOutput(scores, per_function, valid, logs.metrics, logs.extra)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{n}={w:g}" for n, w in zip(self.names, self.weights))
@@ -196,13 +253,15 @@ def _dedupe(names: list[str]) -> list[str]:
     return out
 
 
-def _check_batch(prompts: list, completions: list[str], columns: dict[str, list]) -> int:
-    """Batch size ``B``; prompts, completions and every column hold ``B`` items."""
+def _check_batch(prompts: list, completions: list, columns: dict[str, list], completion_ids=None) -> int:
+    """Batch size ``B``; prompts, completions, every column and ``completion_ids`` hold ``B`` items."""
     batch = len(prompts)
     if len(completions) != batch:
         raise ValueError(f"reward functions: got {batch} prompts but {len(completions)} completions")
+    if completion_ids is not None and len(completion_ids) != batch:
+        raise ValueError(f"reward functions: got {batch} prompts but {len(completion_ids)} completion_ids")
     for key, values in columns.items():
-        if key in ("prompts", "completions"):
+        if key in ("prompts", "completions") or key in CONTRACT:
             raise ValueError(f"reward functions: dataset column {key!r} clashes with the argument of that name")
         if not isinstance(values, (list, tuple)) or len(values) != batch:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
@@ -210,19 +269,15 @@ def _check_batch(prompts: list, completions: list[str], columns: dict[str, list]
     return batch
 
 
-def _call(name: str, fn: Callable, prompts: list, completions: list[str], columns: dict[str, list]) -> Any:
-    """Call one function on copies of the lists (so one function cannot alter another's input)."""
-    kwargs = {key: list(values) for key, values in columns.items()}
-    try:
-        return fn(prompts=list(prompts), completions=list(completions), **kwargs)
-    except Exception as e:
-        hint = ""
-        if isinstance(e, TypeError) and "unexpected keyword" in str(e):
-            hint = "; every dataset column is passed as a keyword list, so accept **kwargs"
-        raise ValueError(
-            f"reward function {name!r} raised {type(e).__name__}: {e} "
-            f"(batch of {len(completions)}; first prompt {_preview(prompts[0]) if prompts else '-'}){hint}"
-        ) from e
+def _failure(name: str, e: BaseException, prompts: list) -> ValueError:
+    """The one line for a function that raised: its name, the error, the batch and its first prompt."""
+    hint = ""
+    if isinstance(e, TypeError) and "unexpected keyword" in str(e):
+        hint = "; every dataset column is passed as a keyword list, so accept **kwargs"
+    if isinstance(e, ValueError) and str(e).startswith(f"reward function {name!r}"):  # from log_metric / log_extra
+        return ValueError(str(e))
+    return ValueError(f"reward function {name!r} raised {type(e).__name__}: {e} "
+                      f"(batch of {len(prompts)}; first prompt {_preview(prompts[0]) if prompts else '-'}){hint}")
 
 
 def _to_tensor(name: str, raw: Any, prompts: list, batch: int) -> torch.Tensor:

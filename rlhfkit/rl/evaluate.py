@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..agents.agent import Agent, reward_inputs
+from ..agents.agent import Agent
 from ..agents.episode import AgentOptions
 from ..algorithms import kl_penalty
 from ..algorithms import masked_sum
@@ -19,8 +19,9 @@ from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
 from ..models.rl_models import resolve_device
 from ..rewards.sources import build_rewards
-from ..rollout import HFEngine, SamplingParams, decode_completions
+from ..rollout import HFEngine, SamplingParams
 from .. import distributed
+from .score import reward_call
 
 # A prompt's completions are generated in one batch, so their number bounds the memory one
 # generation needs; more samples of a prompt set: evaluate again (sampling draws anew each time).
@@ -43,7 +44,9 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
                     sampling: SamplingParams | None = None, batch_size: int = 64, reward_weights=None,
                     device: str = "auto", tools=None, environment_factory=None, chat_template: str | None = None,
                     max_tool_calling_iterations: int = 8) -> dict:
-    """Returns ``{"metrics": {...}, "samples": [{prompt, completion, score}, ...]}``.
+    """Returns ``{"metrics": {...}, "samples": [{prompt, completion, score}, ...]}`` (a sample also holds
+    the columns the reward functions passed to ``log_extra``; the functions get TRL's contract, as
+    in training, with ``trainer_state=None``: no run).
 
     Metrics: ``eval/<source>_mean`` per reward source, ``eval/score_mean`` (weighted total),
     ``eval/kl_to_reference`` (k1 summed over each completion's tokens, averaged — the sequence KL),
@@ -89,7 +92,7 @@ def _eval_mode(*models):
 
 
 def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size,
-                   engine=None, agent=None) -> dict:
+                   engine=None, agent=None, trainer_state=None) -> dict:
     """``evaluate_policy`` on models, reward sources and tokenized prompts already set up (the RL
     trainer's periodic evaluation calls it with its live policy and its engine, ready to generate
     from it). ``engine`` None: HF generate on ``policy``.
@@ -98,25 +101,31 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
     agent's tools and a fresh environment per sample, scored as in training (the conversation as
     the completion, ``environments=`` to the reward functions); ``eval/turns_mean`` and
     ``eval/tool_calls_mean`` are added. ``prompt_ids`` is then unused: the agent renders each row
-    with the tools' schemas."""
+    with the tools' schemas.
+
+    The reward functions are called as in training (``rl.score.reward_call``: TRL's contract, with
+    ``trainer_state``: the trainer's ``TrainingState``, None from ``evaluate_policy``); what they
+    pass to ``log_metric`` is averaged over the set as ``eval/<name>``, what they pass to
+    ``log_extra`` joins each sample's dict."""
     engine = engine or HFEngine(policy, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    logged: dict[str, list] = {}
     per_source: dict[str, list] = {}
     totals, kls, lengths, truncated, samples, turns, calls = [], [], [], [], [], [], []
     step = max(1, batch_size // samples_per_prompt)
     for start in range(0, len(rows), step):
         batch = rows[start : start + step]
         data = [r for r in batch for _ in range(samples_per_prompt)]
-        columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
+        episodes = None
         if agent is None:
             rollout = engine.generate(prompt_ids[start : start + step], samples_per_prompt, sampling)
-            completions = decode_completions(rollout, tokenizer)
         else:
             episodes = agent.start(rows, range(start, start + len(batch)), samples_per_prompt, name="eval_dataset")
             rollout = agent.run(engine, episodes, sampling)
-            completions, columns["environments"] = reward_inputs(episodes)
             turns += [e.turns for e in episodes]
             calls += [e.tool_calls for e in episodes]
-        out = rewards([d["prompt"] for d in data], completions, columns)
+        out, completions = reward_call(rewards, data, rollout, tokenizer, episodes, trainer_state)
+        for name, values in out.metrics.items():
+            logged.setdefault(name, []).extend(values)
         for name, values in out.per_function.items():
             per_source.setdefault(name, []).append(values)
         totals.append(out.scores)
@@ -127,8 +136,8 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
             lp = forward_response(policy, rollout.input_ids, rollout.attention_mask, T, sampling.temperature).logprobs
             lq = forward_response(ref, rollout.input_ids, rollout.attention_mask, T, sampling.temperature).logprobs
             kls.append(masked_sum(kl_penalty(lp, lq, "k1"), rollout.response_mask.bool(), dim=-1))
-        samples += [{"prompt": d["prompt"], "completion": c, "score": float(s)}
-                    for d, c, s in zip(data, completions, out.scores)]
+        samples += [{**{k: v[i] for k, v in out.extra.items()}, "prompt": d["prompt"], "completion": c,
+                     "score": float(s)} for i, (d, c, s) in enumerate(zip(data, completions, out.scores))]
     metrics = {f"eval/{k}_mean": float(torch.nanmean(torch.cat(v))) for k, v in per_source.items()}
     metrics["eval/score_mean"] = float(torch.cat(totals).mean())
     metrics["eval/response_length_mean"] = float(torch.cat(lengths).mean())
@@ -138,6 +147,7 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
     if agent is not None:
         metrics["eval/turns_mean"] = sum(turns) / len(turns)
         metrics["eval/tool_calls_mean"] = sum(calls) / len(calls)
+    metrics.update({f"eval/{name}": sum(values) / len(values) for name, values in logged.items()})
     return {"metrics": metrics, "samples": samples}
 
 

@@ -30,6 +30,7 @@ import torch
 
 from .. import distributed
 from ..agents.agent import agent_metrics
+from ..rewards.calling import TrainingState
 from ..rollout import Rollout, SamplingParams
 from ..rollout.base import row_seeds, sampling_seed
 from ..rollout.engines import engine_ready
@@ -42,8 +43,10 @@ from .evaluate import run_evaluation
 class Batch(NamedTuple):
     """What phases 1–3 give the update: this process's prompt ``rows`` (indices into the train rows),
     their ``rollout`` (``group_size`` completions each), the shaped ``scores`` (B,), which samples
-    were scored (``valid``), the ``reward/*``, ``agent/*`` and ``rollout/*`` ``metrics``, and
-    ``samples``: the ``(prompts, completions, raw scores)`` this step logs to ``samples.jsonl``, or None."""
+    were scored (``valid``), the ``reward/*``, ``agent/*`` and ``rollout/*`` ``metrics`` (and what
+    the reward functions passed to ``log_metric``), and ``samples``: the ``(prompts, completions, raw
+    scores, extra columns)`` this step logs to ``samples.jsonl`` (``run.metrics.write_samples``; the
+    extra columns: the functions' ``log_extra``), or None."""
 
     rows: list[int]
     rollout: Rollout
@@ -82,6 +85,7 @@ class Sampler:
         self.rows, self.prompt_ids = rows, prompt_ids
         self.models, self.tokenizer, self.engine, self.rewards, self.agent = models, models.tokenizer, engine, rewards, agent
         self.pad_id = self.tokenizer.pad_token_id or 0
+        self.steps_done = 0  # the step an evaluation's reward functions are told (trainer_state.global_step)
         self.restore((0, 0))
 
     # ---------------------------------------------------------------- what the loop calls
@@ -93,6 +97,7 @@ class Sampler:
         rounds' times add up in ``timings`` (``generate``, ``reward``, ``weight_sync``)."""
         timings = {} if timings is None else timings
         logged: list = []  # the first round's samples, on the steps that log some
+        state = self.training_state(step)
 
         def one_round(r: int) -> tuple:
             rows = self.sample_prompts()                                                   # 1
@@ -100,13 +105,14 @@ class Sampler:
                 rollout, episodes = self.generate(rows, step, r, version, timings)         # 2
             self.engine.sleep()  # a vLLM engine with vllm_sleep frees its memory for the update
             with timer(timings, "reward"):
-                scores, valid, metrics, completions, raw = self._score(rows, rollout, episodes)  # 3
+                scores, valid, metrics, completions, raw, extra = self._score(rows, rollout, episodes, state)  # 3
             if r == 0 and self.logs_samples(step):
                 G = self.config.group_size
-                logged.append(([self.rows[i]["prompt"] for i in rows for _ in range(G)], completions, raw))
+                logged.append(([self.rows[i]["prompt"] for i in rows for _ in range(G)], completions, raw, extra))
             return rows, rollout, scores, valid, metrics
 
         rows, rollout, scores, valid, metrics = sampling.sample_batch(one_round, self.config, self.shaping, self.pad_id)
+        self.steps_done = step + 1
         return Batch(rows, rollout, scores, valid, metrics, logged[0] if logged else None)
 
     def position(self) -> tuple[int, int]:
@@ -119,8 +125,10 @@ class Sampler:
         self.order = epoch_order(self.config.seed, self.data_epoch, len(self.rows))
 
     def start(self, counters: dict) -> None:
-        """Before the first step (``counters``: the run's step and position): nothing to do here;
-        the generators' end (``RemoteSampler``) starts them."""
+        """Before the first step (``counters``: the run's step and position): the step is noted (a
+        resumed run's evaluation tells it to the reward functions); the generators' end
+        (``RemoteSampler``) starts them."""
+        self.steps_done = counters["step"]
 
     def publish(self, version: int, timings: dict) -> None:
         """After the update that made ``version``: nothing to do here (the engine receives the new
@@ -159,7 +167,13 @@ class Sampler:
         """Phase 3 (``rl.score.score``): the rollout's scores after the EOS trick, the overlong
         punishment and clipping, which samples were scored (``valid``) and the ``reward/*`` (and,
         for agent ``episodes``, ``agent/*``) metrics. Returns ``(scores, valid, metrics)``."""
-        return self._score(rows, rollout, episodes)[:3]
+        return self._score(rows, rollout, episodes, self.training_state(self.steps_done))[:3]
+
+    def training_state(self, step: int) -> TrainingState:
+        """What the reward functions are told of the run (``trainer_state=``) at ``step`` (steps
+        done): the step, ``max_steps``, the data epochs done (fractional) and this process's place."""
+        epoch = self.data_epoch + self.data_pos / max(1, len(self.order))
+        return TrainingState(step, self.config.max_steps, epoch, distributed.is_main(), distributed.local_rank() == 0)
 
     def sampling_seeds(self, step: int, sampling_round: int, count: int) -> list[int]:
         """The sampling seed of each of this process's ``count`` prompts: fixed by (seed, step,
@@ -180,17 +194,18 @@ class Sampler:
         policy of ``version``, scored by the training reward sources: ``eval/*`` metrics."""
         with engine_ready(self.engine, self.models, version, {}):
             result = run_evaluation(self.models.policy, None, self.tokenizer, self.rewards, rows, prompt_ids, 1,
-                                    sampling, batch_size=64, engine=self.engine, agent=self.agent)
+                                    sampling, batch_size=64, engine=self.engine, agent=self.agent,
+                                    trainer_state=self.training_state(self.steps_done))
         self.engine.sleep()
         return result["metrics"]
 
-    def _score(self, rows: list[int], rollout: Rollout, episodes: list | None):
+    def _score(self, rows: list[int], rollout: Rollout, episodes: list | None, state: TrainingState):
         data = [self.rows[i] for i in rows]
-        scores, valid, metrics, completions, raw = score.score(data, rollout, self.rewards, self.tokenizer,
-                                                               self.config.group_size, self.shaping, episodes)
+        out = score.score(data, rollout, self.rewards, self.tokenizer, self.config.group_size, self.shaping, episodes,
+                          state)
         if episodes is not None:
-            metrics.update(agent_metrics(episodes))
-        return scores, valid, metrics, completions, raw
+            out[2].update(agent_metrics(episodes))
+        return out
 
 
 __all__ = ["Batch", "Sampler", "SamplerConfig"]

@@ -76,12 +76,17 @@ class MetricsLogger:
             self.trackers = None
 
 
-def write_samples(output_dir: str | None, step: int, prompts, completions, scores, limit: int) -> None:
-    """Append up to ``limit`` ``{"step", "prompt", "completion", "score"}`` lines to samples.jsonl."""
+def write_samples(output_dir: str | None, step: int, prompts, completions, scores, extra: dict | None = None, *,
+                  limit: int) -> None:
+    """Append up to ``limit`` ``{"step", "prompt", "completion", "score"}`` lines to samples.jsonl,
+    each with its values of the ``extra`` columns (column -> one value per sample: what the reward
+    functions passed to ``log_extra``; a value JSON cannot hold is written as its ``str``)."""
     if not output_dir or limit <= 0:
         return
+    extra = extra or {}
     file = Path(output_dir) / "samples.jsonl"
     with writing(file), file.open("a") as f:
-        for p, c, s in list(zip(prompts, completions, scores))[:limit]:
-            f.write(json.dumps({"step": step, "prompt": p if isinstance(p, str) else json.dumps(p),
-                                "completion": c, "score": float(s)}) + "\n")
+        for i, (p, c, s) in enumerate(list(zip(prompts, completions, scores))[:limit]):
+            row = {"step": step, "prompt": p if isinstance(p, str) else json.dumps(p), "completion": c,
+                   "score": float(s), **{column: values[i] for column, values in extra.items()}}
+            f.write(json.dumps(row, default=str) + "\n")

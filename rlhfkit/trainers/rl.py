@@ -130,7 +130,7 @@ class RLTrainer:
             self.run.step_begin()
             batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
             if batch.samples is not None:  # some steps' samples, for the report
-                write_samples(self.out_dir, self.step + 1, *batch.samples, self.args.num_logged_samples)
+                write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
             metrics = batch.metrics
             with timer(timings, "logprobs"):
                 exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5

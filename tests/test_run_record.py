@@ -53,10 +53,56 @@ def test_a_reward_function_no_one_can_import_is_recorded_as_such_and_refused_cle
     RLTrainer(str(tiny_model_dir), [local_reward], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path / "r")),
               train_dataset=PROMPTS)
     record = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
-    assert record["reward_funcs"] == ["<not importable: local_reward>"]
+    assert record["reward_funcs"] == ["<not importable: local_reward — defined inside a function, where no import path "
+                                      "reaches; define it at the top of a module and pass 'module:local_reward'>"]
     assert main(["rl", "--config", str(tmp_path / "r" / "config.yaml"), f"output_dir={tmp_path / 'again'}"]) == 2
     err = capsys.readouterr().err
     assert "cannot be imported" in err and "package.module:function" in err and len(err.strip().splitlines()) == 1
+
+
+SCRIPT = """from rlhfkit import RLConfig, RLTrainer
+from rlhfkit.tasks.toy import PROMPTS
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(3 - len(c)) for c in completions]
+
+{run}RLTrainer({model!r}, [reward_len], RLConfig(algorithm="grpo", max_steps={steps}, max_new_tokens=4, prompts_per_step=2,
+               log_every=0, progress_bar=False, output_dir={out!r}), train_dataset=PROMPTS).train()
+"""
+
+
+def test_a_reward_function_of_the_script_being_run_is_recorded_to_repeat_the_run_or_says_why_not(
+        tmp_path, tiny_model_dir, monkeypatch, capsys):
+    import runpy
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "scripts").mkdir()
+    guarded = tmp_path / "scripts" / "train.py"  # run as `python scripts/train.py`: its run under the __main__ guard
+    guarded.write_text(SCRIPT.format(run='if __name__ == "__main__":\n    ', model=str(tiny_model_dir), steps=1, out="run"))
+    runpy.run_path(str(guarded), run_name="__main__")
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["reward_funcs"] == ["scripts.train:reward_len"]
+    try:
+        assert main(["rl", "--config", "run/config.yaml", "output_dir=again", "--quiet"]) == 0
+    finally:
+        for name in ("scripts.train", "scripts"):
+            sys.modules.pop(name, None)
+    first, again = (load_file(str(tmp_path / d / "final" / "model.safetensors")) for d in ("run", "again"))
+    assert all(torch.equal(first[k], again[k]) for k in first)
+
+    plain = tmp_path / "plain.py"  # TRL's quickstart style: the run at the top level, which an import would start
+    plain.write_text(SCRIPT.format(run="", model=str(tiny_model_dir), steps=0, out="plain_run"))
+    runpy.run_path(str(plain), run_name="__main__")
+    recorded = yaml.safe_load((tmp_path / "plain_run" / "config.yaml").read_text())["reward_funcs"]
+    assert recorded == [f"<not importable: reward_len — defined in the script {plain}, which a rerun cannot import: "
+                        "importing it would run its line 8 (guard the run of the script with if __name__ == "
+                        "\"__main__\":); move it into a module (e.g. rewards.py) and pass 'rewards:reward_len'>"]
+    capsys.readouterr()
+    assert main(["rl", "--config", "plain_run/config.yaml", "output_dir=plain_again"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot be imported" in err and "guard the run of the script" in err and len(err.splitlines()) == 1
 
 
 def test_a_python_sft_run_records_its_job_and_the_cli_repeats_it(tmp_path, tiny_model_dir):

@@ -64,20 +64,12 @@ def make_tools(fns, where: str = "tools") -> dict[str, Tool]:
 
 
 def import_object(path: str, field: str):
-    """``"package.module:name"`` imported (a YAML or command-line ``tools`` / ``environment`` entry);
-    anything else, or a missing module or name, is one line naming the field."""
-    import importlib
+    """``"package.module:name"`` imported (a YAML or command-line ``tools`` / ``environment`` entry),
+    the module found as ``python -m`` finds one (``rewards.functions.import_path``: the current
+    directory first); anything else, or a missing module or name, is one line naming the field."""
+    from ..rewards.functions import import_path
 
-    module_name, _, attr = str(path).partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{field}: {path!r} must be an import path 'package.module:name'")
-    try:
-        obj = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"{field}: cannot import {path!r}: {err}") from None
-    return obj
+    return import_path(path, f"{field}: cannot import")
 
 
 def check_environment_factory(factory, where: str = "environment_factory") -> None:

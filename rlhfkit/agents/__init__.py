@@ -4,8 +4,9 @@
 from .episode import AgentOptions, Episode, episodes_rollout, run_episodes, start_episode
 from .parsing import MalformedToolCall, parse_tool_calls
 from .templates import check_agent_template, tool_suffix
-from .tools import Tool, check_environment_factory, environment_tools, make_tool, make_tools, run_tool_calls
+from .calls import CallResult, run_tool_calls
+from .tools import Tool, check_environment_factory, environment_tools, make_tool, make_tools
 
 __all__ = ["AgentOptions", "Episode", "episodes_rollout", "run_episodes", "start_episode", "MalformedToolCall",
            "parse_tool_calls", "check_agent_template", "tool_suffix", "Tool", "check_environment_factory",
-           "environment_tools", "make_tool", "make_tools", "run_tool_calls"]
+           "environment_tools", "make_tool", "make_tools", "run_tool_calls", "CallResult"]

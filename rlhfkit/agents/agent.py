@@ -45,8 +45,8 @@ class Agent:
             for _ in range(group_size):
                 env, tools, messages = None, dict(self.tools), _messages(rows[i]["prompt"])
                 if self.environment_factory is not None:
-                    env = new_environment(self.environment_factory, rows[i], i)
-                    extra = reset_environment(env, rows[i])
+                    env = new_environment(self.environment_factory, rows[i], i, name)
+                    extra = reset_environment(env, rows[i], isinstance(self.environment_factory, dict), i, name)
                     tools.update(environment_tools(env))
                     if extra:
                         messages = _append_to_last_user(messages, extra)
@@ -65,21 +65,38 @@ class Agent:
 
 def agent_metrics(episodes: list[Episode]) -> dict:
     """``agent/turns_mean`` and ``agent/tool_calls_mean`` per episode, ``agent/tool_errors`` (calls
-    that failed, timed out, named an unknown tool, or could not be parsed) and
-    ``agent/truncated_episodes`` (ended by the token budget) as counts — over every process."""
+    that failed, timed out, named an unknown tool, or could not be parsed),
+    ``agent/truncated_episodes`` (ended by the token budget) and ``agent/timed_out_episodes``
+    (ended by a call that timed out: left unscored) as counts — over every process."""
     every = torch.ones(len(episodes), dtype=torch.bool)
     counts = lambda field: torch.tensor([float(getattr(e, field)) for e in episodes])  # noqa: E731
     return {"agent/turns_mean": distributed.global_mean(counts("turns"), every),
             "agent/tool_calls_mean": distributed.global_mean(counts("tool_calls"), every),
             "agent/tool_errors": distributed.reduce_sum(counts("tool_errors").sum()),
-            "agent/truncated_episodes": distributed.reduce_sum(counts("truncated").sum())}
+            "agent/truncated_episodes": distributed.reduce_sum(counts("truncated").sum()),
+            "agent/timed_out_episodes": distributed.reduce_sum(counts("timed_out").sum())}
 
 
 def reward_inputs(episodes: list[Episode]) -> tuple[list[list[dict]], list]:
     """What reward functions receive for agent episodes (as TRL passes conversational data): each
     episode's conversation — its assistant and tool messages — as the completion, and its
-    environment (None without a factory) for ``environments=``."""
-    return [e.messages for e in episodes], [e.environment for e in episodes]
+    environment for ``environments=``: None without a factory, and None for an episode a tool call
+    timed out in (that call may still be changing it: ``agents.calls``)."""
+    return [e.messages for e in episodes], [None if e.timed_out else e.environment for e in episodes]
+
+
+def scored(episodes: list[Episode]) -> torch.Tensor:
+    """(B,) bool: the episodes that may be scored — all but those a tool call timed out in, whose
+    outcome is undefined (``agents.calls``): they are unscored (``valid`` False), like a sample no
+    reward function scored."""
+    return torch.tensor([not e.timed_out for e in episodes], dtype=torch.bool)
+
+
+def episode_lengths(episodes: list[Episode]) -> torch.Tensor:
+    """(B,) each episode's ``length``: the tokens its budget counted (sampled tokens and tool
+    suffixes; ``max_new_tokens`` for an episode the budget ended) — the length the overlong
+    punishment reads, as it reads a single completion's."""
+    return torch.tensor([e.length for e in episodes], dtype=torch.long)
 
 
 def environment_reward(prompts, completions, environments=None, **columns) -> list[float | None]:

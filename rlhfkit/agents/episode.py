@@ -4,17 +4,21 @@ An episode starts from its prompt's ids (the conversation and the tools' schemas
 chat template, after the environment's ``reset``). Each turn the engine continues the *exact ids
 so far* — prompt, every sampled token, every appended tool suffix — never a re-rendering. A turn
 ends at the EOS token (the template's end of turn). Its text is decoded only to read tool calls
-(``parse_tool_calls``); the calls of every episode of the batch run concurrently
-(``run_tool_calls``), and their results are appended as the template's tool-message suffix
+(``parse_tool_calls``); each episode's calls run in the order written, the episodes' side by side
+(``calls.run_tool_calls``), and their results are appended as the template's tool-message suffix
 (``templates.tool_suffix``), tokenised once. An episode ends when a turn makes no tool call, a
-tool call is malformed, ``max_tool_calling_iterations`` tool rounds have run, or its budget is
-spent.
+tool call is malformed or times out (``calls``: its environment is never read again),
+``max_tool_calling_iterations`` tool rounds have run, or its budget is spent.
 
 The budget: an episode's response region — every sampled token and every appended tool suffix —
 holds at most ``max_new_tokens`` tokens. Each turn may sample what is left; a tool suffix that
-would leave no token for the next turn is not appended and the episode ends truncated. A tool
-result longer than ``max_tool_response_tokens`` is cut to that many tokens and marked
-``[truncated]``.
+would leave no token for the next turn is not appended — nor are its tool messages: the
+conversation the reward functions and ``samples.jsonl`` see is the one the model saw — and the
+episode ends truncated. A truncated episode has no EOS for the trainer (``Rollout.has_eos`` False:
+``mask_truncated_completions`` and the missing-EOS penalty take it as cut) and its ``length``,
+what the overlong penalty reads, is the whole budget, as for a single completion cut at
+``max_new_tokens``; any other episode's ``length`` is its response region. A tool result longer
+than ``max_tool_response_tokens`` is cut to that many tokens and marked ``[truncated]``.
 
 The trainer trains on the sampled tokens only: ``Rollout.response_mask`` is 1 on them and 0 on
 tool suffixes (tool output and template glue), while ``attention_mask`` covers every real token;
@@ -31,7 +35,8 @@ from ..rollout.base import Rollout, SamplingParams, Seed, row_seeds, sampling_se
 from ..data.padding import pad
 from .parsing import MalformedToolCall, parse_tool_calls
 from .templates import encode, prompt_ids, tool_suffix_ids
-from .tools import Tool, run_tool_calls
+from .calls import run_tool_calls
+from .tools import Tool
 
 TRUNCATION_MARK = " [truncated]"
 
@@ -52,6 +57,8 @@ class Episode:
     tool_errors: int = 0
     has_eos: bool = False  # the last turn ended with the EOS token
     truncated: bool = False  # the budget (max_new_tokens) ended it
+    timed_out: bool = False  # a tool call timed out: the environment is never read again
+    length: int = 0  # what the budget counted (max_new_tokens when it ended the episode): the overlong penalty's
     done: bool = False
 
     @property
@@ -122,8 +129,10 @@ def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingP
                 e.done = True
                 continue
             e.tool_calls += len(calls)
-            pending += [(e, call["function"]) for call in calls]
+            pending.append((e, [call["function"] for call in calls]))
         _answer_tool_calls(tokenizer, pending, budget, options)
+    for e in episodes:
+        e.length = budget if e.truncated else len(e.ids)
     return episodes_rollout(episodes, tokenizer.pad_token_id, with_logprobs)
 
 
@@ -136,19 +145,22 @@ def _turn_tokens(out: Rollout, row: int, room: int) -> tuple[list[int], list[flo
 
 
 def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOptions) -> None:
-    """Run every pending call of the batch at once, then append each episode's tool suffix."""
-    results = run_tool_calls([(e.tools, f["name"], f["arguments"]) for e, f in pending], options.tool_call_timeout)
-    answers: dict[int, tuple] = {}
-    for (e, f), (text, failed) in zip(pending, results):
-        e.tool_errors += failed
-        answers.setdefault(id(e), (e, []))[1].append({"role": "tool", "name": f["name"],
-                                                      "content": _cut(tokenizer, text, options)})
-    for e, tool_messages in answers.values():
+    """Run the pending calls (``(episode, [function, ...])``: each episode's in order, the episodes
+    side by side), then append each episode's tool messages and suffix — or, when the suffix
+    leaves no room for another token, neither: the episode ends truncated."""
+    results = run_tool_calls([[(e.tools, f["name"], f["arguments"]) for f in fs] for e, fs in pending],
+                             options.tool_call_timeout)
+    for (e, fs), answers in zip(pending, results):
+        e.tool_errors += sum(a.failed for a in answers)
+        if any(a.timed_out for a in answers):  # its environment may still change: the episode ends here
+            e.timed_out = e.done = True
+        tool_messages = [{"role": "tool", "name": f["name"], "content": _cut(tokenizer, a.text, options)}
+                         for f, a in zip(fs, answers)]
         suffix = tool_suffix_ids(tokenizer, tool_messages, e.schemas, options.model_name)
-        e.messages += tool_messages
-        if len(e.ids) + len(suffix) >= budget:  # no room left to answer: the episode ends here
+        if len(e.ids) + len(suffix) >= budget:  # no room left to answer: the episode ends here, unanswered
             e.truncated = e.done = True
             continue
+        e.messages += tool_messages
         e.ids += suffix
         e.sampled += [False] * len(suffix)
         e.logprobs += [0.0] * len(suffix)
@@ -165,13 +177,14 @@ def _cut(tokenizer, text: str, options: AgentOptions) -> str:
 def episodes_rollout(episodes: list[Episode], pad_id: int, with_logprobs: bool = True) -> Rollout:
     """The episodes as one batch: prompts left-padded, response regions right-padded;
     ``response_mask`` on the sampled tokens, ``attention_mask`` on every real token, ``has_eos``
-    from the last turn, ``logprobs`` the engine's (None when it reports none: the HF engine)."""
+    from the last turn (False for an episode the budget ended), ``logprobs`` the engine's (None
+    when it reports none: the HF engine)."""
     prompts, prompt_mask = pad([e.prompt_ids for e in episodes], pad_id, "left")
     ids, real = pad([e.ids for e in episodes], pad_id, min_width=1)
     sampled = pad([[int(s) for s in e.sampled] for e in episodes], 0, min_width=1)[0]
     logprobs = torch.zeros(sampled.shape, dtype=torch.float32)
     for i, e in enumerate(episodes):
         logprobs[i, :len(e.logprobs)] = torch.tensor(e.logprobs, dtype=torch.float32)
-    has_eos = torch.tensor([e.has_eos for e in episodes], dtype=torch.bool)
+    has_eos = torch.tensor([e.has_eos and not e.truncated for e in episodes], dtype=torch.bool)
     return Rollout(torch.cat([prompts, ids], 1), torch.cat([prompt_mask, real], 1), sampled.long(), has_eos,
                    prompts.shape[1], None, logprobs if with_logprobs else None)

@@ -8,20 +8,15 @@
   last user message); its public methods are the episode's tools (``reset`` and ``get_reward``
   excepted); an optional ``get_reward() -> float`` is an extra reward source (``environment``).
 
-Tool calls of a batch run concurrently, one daemon thread per call, under one deadline
-(``tool_call_timeout`` seconds): a call that raises, never returns or names an unknown tool
-returns ``{"error": ...}`` to the model and is counted as a tool error; it never stops the run.
+How the calls run (in order within an episode, episodes side by side, each under
+``tool_call_timeout``): ``agents.calls``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
-import json
-import threading
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 RESERVED_METHODS = ("reset", "get_reward")
 
@@ -91,72 +86,41 @@ def environment_tools(env, where: str = "environment_factory") -> dict[str, Tool
     return make_tools(methods, f"{where} ({type(env).__name__})")
 
 
-def new_environment(factory, row: dict, index: int):
+def new_environment(factory, row: dict, index: int, name: str = "train_dataset"):
     """The environment of one episode: ``factory()``, or ``factory[row['environment']]()`` for a
-    dict of factories (a missing or unknown name is one line naming the row)."""
+    dict of factories (a missing or unknown name is one line naming the row of dataset ``name``)."""
     if not isinstance(factory, dict):
         return factory()
-    name = row.get("environment")
-    if name not in factory:
+    chosen = row.get("environment")
+    if chosen not in factory:
         from ..algorithms.registry import did_you_mean
 
-        raise ValueError(f"train_dataset: row index {index} (0-based): environment {name!r} is not one of "
-                         f"{sorted(factory)}{did_you_mean(str(name), factory)}")
-    return factory[name]()
+        raise ValueError(f"{name}: row index {index} (0-based): environment {chosen!r} is not one of "
+                         f"{sorted(factory)}{did_you_mean(str(chosen), factory)}")
+    return factory[chosen]()
 
 
-def reset_environment(env, row: dict) -> str | None:
-    """``env.reset(**row)``; its return value must be a string or None."""
-    out = env.reset(**row)
+def reset_environment(env, row: dict, routed: bool = False, index: int | None = None,
+                      name: str = "train_dataset") -> str | None:
+    """``env.reset(**row)`` as TRL calls it: every column of the row — except, when a dict of
+    factories routes rows by their ``environment`` column (``routed``), that control column. A
+    ``reset`` that cannot take the columns is refused in one line naming the row (``index``) and
+    the columns; its return value must be a string or None."""
+    columns = {k: v for k, v in row.items() if k != "environment"} if routed else row
+    try:
+        signature = inspect.signature(env.reset)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check before calling it
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**columns)
+        except TypeError as err:
+            where = f"{name}: row index {index} (0-based): " if index is not None else ""
+            raise ValueError(f"{where}{type(env).__name__}.reset(**row) cannot take the row's columns "
+                             f"{sorted(columns)} ({err}); give reset a **kwargs parameter for the columns it does "
+                             "not use") from None
+    out = env.reset(**columns)
     if out is not None and not isinstance(out, str):
         raise ValueError(f"environment {type(env).__name__}.reset returned {type(out).__name__}; it must return "
                          "a string (appended to the last user message) or None")
     return out
-
-
-def _call(tool: Tool, arguments: dict) -> Any:
-    result = tool.fn(**arguments)
-    if inspect.isawaitable(result):
-        async def wait():
-            return await result
-
-        result = asyncio.run(wait())
-    return result
-
-
-def tool_result_text(result: Any) -> str:
-    """What the model reads: a string as is, anything else as JSON (``str`` when not JSON-able)."""
-    if isinstance(result, str):
-        return result
-    try:
-        return json.dumps(result)
-    except (TypeError, ValueError):
-        return str(result)
-
-
-def run_tool_calls(calls: list[tuple[dict[str, Tool], str, dict]], timeout: float) -> list[tuple[str, bool]]:
-    """Run ``(tools, name, arguments)`` calls concurrently, one daemon thread each, all under one
-    deadline of ``timeout`` seconds. Returns ``(text, failed)`` per call: the tool's result as text,
-    or ``{"error": ...}`` for an unknown name, bad arguments, an exception or a timeout (a thread
-    still running at the deadline is left behind, daemon, and its result ignored)."""
-    results: list[tuple[str, bool] | None] = [None] * len(calls)
-
-    def work(i: int, tools: dict[str, Tool], name: str, arguments: dict) -> None:
-        try:
-            results[i] = (tool_result_text(_call(tools[name], arguments)), False)
-        except Exception as err:  # the model reads the error; the run goes on
-            results[i] = (json.dumps({"error": f"{type(err).__name__}: {err}"}), True)
-
-    threads = []
-    for i, (tools, name, arguments) in enumerate(calls):
-        if name not in tools:
-            results[i] = (json.dumps({"error": f"unknown tool {name!r}; available: {sorted(tools)}"}), True)
-            continue
-        thread = threading.Thread(target=work, args=(i, tools, name, arguments), daemon=True)
-        thread.start()
-        threads.append(thread)
-    deadline = time.monotonic() + timeout
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return [r if r is not None else (json.dumps({"error": f"the tool call timed out after {timeout:g} s"}), True)
-            for r in results]

@@ -127,7 +127,7 @@ class AgentConfig:
     max_tool_response_tokens: int | None = 256
     """Agents: a tool result longer than this many tokens is cut and marked ' [truncated]'. None: never cut (the episode's budget still holds)."""
     tool_call_timeout: float = 30.0
-    """Agents: seconds the tool calls of one round may take together; a call still running then returns {"error": ...} to the model and counts in agent/tool_errors."""
+    """Agents: seconds one tool call may take (an episode's calls run one after another in the order written, the episodes' side by side). A call still running then returns {"error": ...} to the model and counts in agent/tool_errors; since its thread cannot be stopped, its episode ends there, its environment is never read again (no get_reward; None in environments=) and the sample is left unscored (agent/timed_out_episodes)."""
     chat_template: str | None = None
     """The chat template prompts are rendered with: 'chatml_tools' (shipped: ChatML with tools, for SmolLM2-class models), a .jinja file, or the template inline. None: the tokenizer's own. Agents need one that ends an assistant turn with EOS and is prefix-preserving."""
 

@@ -82,9 +82,16 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
     left-padded and the response regions right-padded to the widest (``pad_id`` in ``input_ids``,
     0 in the masks and log-probs of the padding), so each row keeps its tokens, masks and
     positions. ``prompt_index`` stays per prompt — each rollout's is offset past the previous
-    ones' — and is None when any rollout has none (agent episodes); ``logprobs`` likewise."""
+    ones' — and is None when any rollout has none (agent episodes). ``logprobs`` must be all there
+    or all None: parts of which only some carry the engine's log-probs are refused (dropping them
+    would silently turn the rollout correction off)."""
     if not rollouts:
         raise ValueError("concat_rollouts needs at least one rollout")
+    with_logprobs = [r.logprobs is not None for r in rollouts]
+    if any(with_logprobs) and not all(with_logprobs):
+        raise ValueError(f"concat_rollouts: parts {[i for i, w in enumerate(with_logprobs) if not w]} (0-based) of "
+                         f"{len(rollouts)} have no engine log-probs and the others have; mixed parts would lose the "
+                         "rollout correction — generate every part with the same engine")
     P = max(r.prompt_len for r in rollouts)
     T = max(r.response_mask.shape[1] for r in rollouts)
     F = torch.nn.functional
@@ -104,9 +111,7 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
             break
         index.append(r.prompt_index + offset)
         offset += int(r.prompt_index.max()) + 1 if len(r.prompt_index) else 0
-    logprobs = None
-    if all(r.logprobs is not None for r in rollouts):
-        logprobs = torch.cat([right(r.logprobs) for r in rollouts])
+    logprobs = torch.cat([right(r.logprobs) for r in rollouts]) if all(with_logprobs) else None
     return Rollout(torch.cat([widen(r.input_ids, r, pad_id) for r in rollouts]),
                    torch.cat([widen(r.attention_mask, r, 0) for r in rollouts]),
                    torch.cat([right(r.response_mask) for r in rollouts]), torch.cat([r.has_eos for r in rollouts]),

@@ -37,7 +37,7 @@ TABLE = {
     "label_smoothing": ([-0.1, 0.5, math.nan], 0.0), "simpo_gamma": ([math.inf, math.nan], 1.0),
     "lora_dropout": ([-0.1, 1.0], 0.05), "max_consecutive_skips": ([0, -1, 10**9 + 1], 5),
     "overlong_buffer_len": ([0, -4, 10**7 + 1], 8), "overlong_penalty": ([-0.5, 1e6 + 1], 0.5),
-    "max_sampling_rounds": ([0, -1, 2.5, 10**6 + 1], 3),
+    "max_sampling_rounds": ([0, -1, 2.5, 10**6 + 1], 3), "center_rewards_coefficient": ([-0.01, math.inf], 0.01),
     "max_tool_calling_iterations": ([-1, 1.5, 10**6 + 1], 0),
     "max_tool_response_tokens": ([0, -1, 2.5, 10**9 + 1], 1),
     "tool_call_timeout": ([0, -1, 10**6 + 1], 0.5),

@@ -91,7 +91,8 @@ def value_loss(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | float | None = None):
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | float | None = None,
+                       center_coefficient: float | None = None):
     """Pairwise reward-model loss: the negative log-likelihood of the Bradley–Terry model
     (Bradley & Terry 1952; the reward-model loss of Ouyang et al. 2022, arXiv:2203.02155, eq. 1):
 
@@ -100,6 +101,8 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     with the margin ``m_i`` of Llama 2 (Touvron et al. 2023, arXiv:2307.09288, eq. 2): a pair
     labelled "much better" must be separated by at least about ``m`` before its loss fades.
     ``margin=None`` is ``m = 0``; a float applies to every pair; a (B,) tensor is per pair.
+    ``center_coefficient`` c adds ``c * mean_i (r_c,i + r_r,i)²``, which pulls the scores toward 0
+    (Eisenstein et al. 2023, arXiv:2312.09244; TRL's ``center_rewards_coefficient``); None: off.
 
     Args: ``chosen``, ``rejected`` (B,) rewards of the preferred and the other completion.
     Returns ``(loss, metrics)``: ``rm/accuracy`` (share of pairs with ``r_c > r_r``; a tie counts
@@ -117,6 +120,8 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
         diff = diff - margin
     # logsigmoid, not log(sigmoid(.)): finite for any difference (log σ(-100) would be -inf in float32).
     loss = -torch.nn.functional.logsigmoid(diff).mean()
+    if center_coefficient is not None:
+        loss = loss + center_coefficient * ((chosen + rejected) ** 2).mean()
     with torch.no_grad():
         both = torch.cat([chosen, rejected])
         metrics = {

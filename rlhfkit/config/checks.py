@@ -40,7 +40,7 @@ RANGES: dict[str, str] = {
     "save_total_limit": "[1, 1e9] or None", "log_every": "[0, 1e9]", "num_logged_samples": "[0, 1e6]",
     "eval_every": "[0, 1e9]", "eval_max_new_tokens": "[1, 1e7] or None",
     # supervised trainers
-    "num_epochs": "(0, 1e6]", "batch_size": "[1, 1e6]", "max_length": "[2, 1e7]",
+    "num_epochs": "(0, 1e6]", "batch_size": "[1, 1e6]", "max_length": "[2, 1e7]", "center_rewards_coefficient": ">= 0 or None",
     # DPO
     "beta": "> 0", "label_smoothing": "[0, 0.5)", "simpo_gamma": "finite",
     # command-line sources

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from .base import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
 from .checks import check_fields, check_ranges, check_run_fields
+from .rl import AUTOCAST_DTYPES
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class TrainConfig(RunBase, OptimBase):
     """Optimizer steps to run; None: from num_epochs."""
     batch_size: int = 8
     """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences). Under torchrun it counts the rows of every process together: each process takes its 1/N share, so N processes train what one does."""
+    grad_accumulation: int = 1
+    """Micro-batches of batch_size rows per optimizer step (gradient accumulation): a step trains on batch_size x grad_accumulation rows with the loss of one batch that large (SFT: the mean over every completion token of the step; DPO and the reward model: the mean over the step's pairs)."""
     max_length: int = 1024
     """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row length."""
     eval_every: int = 0
@@ -39,6 +42,10 @@ class TrainConfig(RunBase, OptimBase):
     """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16 (DTYPES)."""
     device: str = "auto"
     """Where the model runs: 'auto' (the GPU of this process when torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
+    autocast: str | None = None
+    """Mixed precision: 'bfloat16' (or 'float16') runs the forward and backward matmuls in that dtype under torch.autocast while weights, gradients and AdamW states stay in dtype (use with float32). None: off."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in backward instead of keeping them: less memory, more compute, the same gradients."""
     parallelism: str = "fsdp"
     """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights, gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its share of every step's rows (batch_size stays the global count). Ignored in a single process."""
 
@@ -51,6 +58,8 @@ class TrainConfig(RunBase, OptimBase):
             (self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS, "device",
              "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
             (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
+            (self.autocast is None or self.autocast in AUTOCAST_DTYPES, "autocast",
+             f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
         ])
 
     def replace(self, **changes):
@@ -63,10 +72,12 @@ class SFTConfig(TrainConfig):
 
     num_epochs: float = 3.0
     """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
-    grad_accumulation: int = 1
-    """Micro-batches per optimizer step; the loss is the mean over all completion tokens of the step."""
     packing: bool = False
     """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
+    completion_only_loss: bool = True
+    """Train on the completion of 'prompt'/'completion' rows only (False: on the prompt's tokens too), as TRL's field of that name (whose None means True for such rows)."""
+    assistant_only_loss: bool = True
+    """Train on the assistant turns of 'messages' rows only (False: on every token of the conversation: system, user and tool turns too). TRL's field of that name defaults to False; rlhfkit's to True."""
     chat_template: str | None = None
     """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped: ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a path to a Jinja file, or the template itself inline (text with '{%' or '{{'); None: the tokenizer's own. Multi-turn rows (several assistant turns, tool calls) need a prefix-preserving template."""
 
@@ -83,6 +94,8 @@ class RewardModelConfig(TrainConfig):
     """Print a progress line every this many steps (0: silent)."""
     center: bool = True
     """After training, store the mean score of center_dataset (default: the training completions) as the offset, so scores are centred at 0."""
+    center_rewards_coefficient: float | None = None
+    """Add this times the mean over pairs of (r_chosen + r_rejected)^2 to the loss, pulling scores toward 0 during training (Eisenstein et al. 2023, as TRL's field of that name); None: off."""
 
 
 @dataclass(frozen=True)

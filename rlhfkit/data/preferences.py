@@ -6,6 +6,8 @@ with ``prompt_problem``); ``chosen`` and ``rejected`` are non-empty strings, or 
 messages whose last one is the assistant's reply (its content is the completion); ``margin`` is a
 finite number — how much better ``chosen`` is, for the margin loss of Llama 2
 (arXiv:2307.09288, eq. 2); null means no margin for that row. Every other column is kept.
+A row without ``prompt`` whose ``chosen`` and ``rejected`` start alike (TRL's implicit-prompt
+format: two conversations, or two texts) has that shared start as its prompt (``with_prompt``).
 
 Sources and error messages are those of ``prompts.load_prompt_dataset``: ``datasets.Dataset``,
 lists of dicts, ``.jsonl`` / ``.json`` / ``.parquet`` files; a ``ValueError`` names the source, the
@@ -38,7 +40,27 @@ def load_preference_dataset(source: Any, name: str = "train_dataset") -> list[di
     ``margin`` that is not a finite number. Unreadable files (missing, not UTF-8, bad JSON) are
     reported by the readers of ``prompts.py``.
     """
-    return load_checked_rows(source, name, preference_row_problem)
+    rows = load_checked_rows(source, name, lambda row: preference_row_problem(with_prompt(row)))
+    return [with_prompt(row) for row in rows]
+
+
+def with_prompt(row: Any) -> Any:
+    """An implicit-prompt row (no ``prompt``; ``chosen`` and ``rejected`` two message lists, or two
+    strings, with a common start) as an explicit one: the longest common start is the prompt
+    (TRL's ``extract_prompt``: a text prompt leaves a space before the completions). Any other
+    row as it is."""
+    if not isinstance(row, dict) or "prompt" in row or not {"chosen", "rejected"} <= set(row):
+        return row
+    chosen, rejected = row["chosen"], row["rejected"]
+    if not (isinstance(chosen, str) and isinstance(rejected, str) or isinstance(chosen, list)
+            and isinstance(rejected, list)):
+        return row
+    n = 0
+    while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
+        n += 1
+    if n and isinstance(chosen, str) and chosen[n - 1] == " ":
+        n -= 1
+    return {**row, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]} if n else row
 
 
 def preference_row_problem(row: Any) -> str | None:

@@ -10,7 +10,14 @@ Row formats (TRL's "prompt-completion" and "conversational" formats):
 * ``{"messages": [...], "tools": [...]}`` with several assistant turns, tool calls
   (``{"role": "assistant", "content": "", "tool_calls": [...]}``) or tool results
   (``{"role": "tool", "content": ...}``): every assistant turn is trained (``sft_turns``), ``tools``
-  (optional, JSON schemas) reaching the chat template's ``tools=``.
+  (optional, JSON schemas) reaching the chat template's ``tools=``;
+* ``{"text": T}`` (TRL's "language modeling" format; read only when the row has no prompt,
+  completion or messages): every token of ``T`` + EOS is trained; longer than ``max_length``, its
+  end is cut (TRL's ``keep_start``).
+
+``completion_only=False`` also trains the prompt's tokens of prompt/completion rows,
+``assistant_only=False`` every token of a ``messages`` row (TRL's ``completion_only_loss`` and
+``assistant_only_loss``).
 
 Labels are built by *position*: ``-100`` on prompt tokens (multi-turn: outside assistant turns)
 and padding, the token id elsewhere — never by comparing ids to the pad id, so the EOS appended to
@@ -20,13 +27,14 @@ predict ``labels[t + 1]`` (the usual shift).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
 from .padding import pad
-from .prompts import load_checked_rows, prompt_problem
+from .prompts import load_checked_rows, prompt_problem, short_repr, type_name
 from .sft_turns import TurnsEncoded, check_template, encode_conversation, is_multi_turn, messages_problem, tools_problem
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
@@ -52,6 +60,11 @@ def load_sft_dataset(source: Any, name: str = "train_dataset") -> list[dict]:
 def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
     """(field, what is wrong with it) for a malformed SFT row, or ``(None, None)``."""
     has_pair, has_messages = "prompt" in row or "completion" in row, "messages" in row
+    if "text" in row and not has_pair and not has_messages:
+        text = row["text"]
+        ok = isinstance(text, str) and text.strip()
+        found = f"expected a non-empty string, got {type_name(text)} {short_repr(text)}"
+        return (None, None) if ok else ("text", found)
     if has_pair and has_messages:
         return None, "has both 'messages' and 'prompt'/'completion'; use one format per row"
     if has_messages:
@@ -62,8 +75,8 @@ def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
     present = ", ".join(map(repr, row)) or "none"
     for field in ("prompt", "completion"):
         if field not in row:
-            return None, (f"missing field {field!r} (an SFT row needs 'prompt' and 'completion', or "
-                          f"'messages'; fields present: {present})")
+            return None, (f"missing field {field!r} (an SFT row needs 'prompt' and 'completion', "
+                          f"'messages', or 'text'; fields present: {present})")
     problem = prompt_problem(row["prompt"])
     if problem:
         return "prompt", problem
@@ -85,11 +98,14 @@ def _completion_problem(completion: Any) -> str | None:
 # ---------------------------------------------------------------- tokenising
 
 
-def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset") -> list[Encoded]:
+def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset",
+                    completion_only: bool = True, assistant_only: bool = True) -> list[Encoded]:
     """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
     policy: the prompt loses its start first, then the completion its end and its EOS), or, for a
     multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation`` (every assistant turn
-    trained; the chat template checked first by ``sft_turns.check_template``).
+    trained; the chat template checked first by ``sft_turns.check_template``), or for a ``text``
+    row ``encode_text``. ``completion_only`` / ``assistant_only`` False: every token of a
+    prompt/completion / ``messages`` row is trained (see the module docstring).
     An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
     One warning line each says how many rows were cut and how many hold unknown tokens."""
     turns = {i for i, row in enumerate(rows) if "messages" in row and is_multi_turn(row)}
@@ -99,19 +115,32 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
     for i, row in enumerate(rows):
         try:
             if i in turns:
-                out.append(encode_conversation(row["messages"], tokenizer, max_length, row.get("tools") or None))
+                enc = encode_conversation(row["messages"], tokenizer, max_length, row.get("tools") or None)
+                out.append(enc if assistant_only else replace(enc, prompt_len=0, mask=(1,) * len(enc.input_ids)))
                 continue
             if "messages" in row:
-                prompt, completion = split_messages(row["messages"])
+                (prompt, completion), whole = split_messages(row["messages"]), not assistant_only
+            elif "prompt" in row:
+                (prompt, completion), whole = (row["prompt"], row["completion"]), not completion_only
             else:
-                prompt, completion = row["prompt"], row["completion"]
-            out.append(encode_pair(prompt, completion, tokenizer, max_length))
+                out.append(encode_text(row["text"], tokenizer, max_length))
+                continue
+            enc = encode_pair(prompt, completion, tokenizer, max_length)
+            out.append(replace(enc, prompt_len=0) if whole else enc)
         except ValueError as e:
             raise ValueError(f"{name}: row index {i} (0-based): {e}") from None
     note_cut(name, sum(e.cut for e in out), len(out), "rows", max_length,
              "the prompt's start first, then the completion's end and its EOS")
     note_unknown(name, [e.input_ids for e in out], tokenizer)
     return out
+
+
+def encode_text(text: str, tokenizer, max_length: int | None) -> Encoded:
+    """A ``text`` row: its tokens + EOS, every one trained; longer than ``max_length``, the end is
+    cut (and ``truncated`` set: its EOS is gone)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    over = max_length is not None and len(ids) > max_length
+    return Encoded(ids[:max_length] if over else ids, 0, over, over)
 
 
 # ---------------------------------------------------------------- batching
@@ -187,5 +216,5 @@ def example_labels(e: Encoded) -> list[int]:
     return [IGNORE_INDEX] * first + list(e.input_ids[first:])
 
 
-__all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "example_labels", "load_sft_dataset",
-           "pack", "sft_row_problem"]
+__all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "encode_text", "example_labels",
+           "load_sft_dataset", "pack", "sft_row_problem"]

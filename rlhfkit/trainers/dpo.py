@@ -3,7 +3,7 @@ reference compares against (Rafailov et al. 2023, arXiv:2305.18290), with its va
 hinge, conservative DPO and the reference-free SimPO. The losses live in ``algorithms/dpo.py``
 (``dpo_loss``); this file feeds them.
 
-Each step takes ``batch_size`` pairs ``(x, y_w, y_l)`` of the data the reward-model trainer reads
+Each step takes ``batch_size x grad_accumulation`` pairs ``(x, y_w, y_l)`` of the data the reward-model trainer reads
 (``data.preferences``: prompt, chosen, rejected; text or chat messages) and computes, for the
 policy π_θ and the frozen reference π_ref, the summed log-probability of each completion
 (+ EOS) given its prompt: ``log π(y|x) = Σ_t log π(y_t | x, y_<t)``. Chosen and rejected rows share
@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,7 @@ class DPOTrainer(SupervisedTrainer):
             source = ref_model if ref_model is not None else copy.deepcopy(self.model)
             dtype = args.dtype if isinstance(ref_model, (str, os.PathLike)) else None
             self.reference = freeze(load_causal_lm(source, dtype)).to(self.device)
+        self._checkpoint_activations(self.model, peft_config is not None)  # after the reference copy
         self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
         self.train_model = distributed.shard(self.model, args.parallelism)
         if self.reference is not None and args.parallelism == "fsdp":
@@ -115,7 +117,8 @@ class DPOTrainer(SupervisedTrainer):
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
                        peft_config, ref_model=ref_model)
-        self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
+        self.n_items = len(self.train_pairs)
+        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
 
@@ -159,7 +162,8 @@ class DPOTrainer(SupervisedTrainer):
         """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
         ids, mask, completion_mask, index = self._collate(pairs)
         share = distributed.role_size() == 1  # DDP/FSDP2: one forward per backward
-        out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index if share else None)
+        with self._autocast():
+            out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index if share else None)
         return (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
 
     @torch.no_grad()
@@ -226,14 +230,22 @@ class DPOTrainer(SupervisedTrainer):
 
     def _step(self, indices: list[int]) -> dict:
         """One optimizer step on the step's pairs (of every process): this process scores its
-        slice; a process left without pairs scores a stand-in with weight 0."""
+        slice in micro-batches of ``batch_size / N`` pairs (``grad_accumulation`` of them); a
+        process left without pairs for one scores a stand-in with weight 0. DDP synchronises
+        gradients on the last micro-batch only."""
         self.train_model.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
         mine = indices[n * rank // world:n * (rank + 1) // world]
-        used = mine or indices[:1]
-        losses, chosen_r, rejected_r, logps = self._loss(self.train_model, [self.train_pairs[i] for i in used], used,
-                                                         self.ref_logps)
-        (losses.sum() * (world / n if mine else 0.0)).backward()  # this slice's share of the global mean, x N
+        chunks, parts = self._micro_batches(mine, n), []
+        for k, chunk in enumerate(chunks):
+            used = chunk or indices[:1]
+            with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
+                out = self._loss(self.train_model, [self.train_pairs[i] for i in used], used, self.ref_logps)
+                (out[0].sum() * (world / n if chunk else 0.0)).backward()  # its share of the global mean, x N
+            if chunk or not parts and k == len(chunks) - 1:  # a process without pairs: the stand-in, counted 0
+                parts.append(out)
+        losses, chosen_r, rejected_r = (torch.cat([p[i] for p in parts]) for i in range(3))
+        logps = torch.cat([p[3].view(2, -1) for p in parts], 1).flatten()
         metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(mine))
         return {**metrics, **self.run.optimizer_step(metrics["dpo/loss"])}
 

@@ -14,7 +14,8 @@ depends on score differences only, so the shift costs nothing.
 (``RLTrainer(reward_funcs=[dir])``) and initialises the PPO critic (``RLConfig(critic_init=dir)``).
 
 Under torchrun (docs/architecture.md, "Scale-out") every process walks the same seeded order and scores the
-r-th slice of each step's ``batch_size`` pairs; it backpropagates its sum of pair losses divided by
+r-th slice of each step's ``batch_size x grad_accumulation`` pairs (in micro-batches of
+``batch_size / N``); it backpropagates its sum of pair losses divided by
 the step's pair count times the number of processes (FSDP2 and DDP average gradients), so the
 gradient is that of the Bradley–Terry mean over the global batch. Metrics, eval and the centring
 mean are all-reduced; rank 0 alone writes the run directory and ``final/``.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +110,7 @@ class RewardModelTrainer(SupervisedTrainer):
             model.head.bias.requires_grad_(False)
         if peft_config is not None:  # adapters on the backbone; the head stays fully trainable
             model.backbone = apply_lora(model.backbone, peft_config, task_type=None)
+        self._checkpoint_activations(model.backbone, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
         self.device = next(self.model.parameters()).device
@@ -121,7 +124,8 @@ class RewardModelTrainer(SupervisedTrainer):
         self.scorer = distributed.shard(scorer, args.parallelism)
         self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
                                "center_dataset": (center_dataset, center_rows)}, peft_config)
-        self.n_items, self.steps_per_epoch = len(self.train_pairs), math.ceil(len(self.train_pairs) / args.batch_size)
+        self.n_items = len(self.train_pairs)
+        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
 
@@ -150,7 +154,9 @@ class RewardModelTrainer(SupervisedTrainer):
         """(chosen, rejected, margin) for a batch: both sides in one forward pass."""
         ids, mask = pad([p.chosen for p in pairs] + [p.rejected for p in pairs], self.tokenizer.pad_token_id,
                         device=self.device)  # right padding: the score is read at the last attended token
-        scores = self.scorer(ids, mask)
+        with self._autocast():
+            scores = self.scorer(ids, mask)
+        scores = scores.float() if self.args.autocast else scores  # the loss in float32, not the autocast dtype
         margin = None
         if any(p.margin is not None for p in pairs):  # a row without a margin in a margin dataset: 0
             margin = torch.tensor([p.margin or 0.0 for p in pairs], dtype=scores.dtype, device=scores.device)
@@ -181,17 +187,30 @@ class RewardModelTrainer(SupervisedTrainer):
 
     def _step(self, pairs: list[Pair]) -> dict:
         """One optimizer step on the step's ``pairs`` (of every process): this process scores its
-        slice in one forward pass. A process left without pairs (the short last batch of an epoch)
-        scores a stand-in with weight 0, so every process runs one (FSDP2: collective) pass."""
+        slice in micro-batches of ``batch_size / N`` pairs (``grad_accumulation`` of them), each in
+        one forward pass. A process left without pairs for one (the short last batch of an epoch)
+        scores a stand-in with weight 0, so every process runs as many (FSDP2: collective) passes;
+        DDP synchronises gradients on the last."""
         self.scorer.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
-        mine = pairs[n * rank // world:n * (rank + 1) // world]
-        chosen, rejected, margin = self._score_pairs(mine or pairs[:1])
-        loss, metrics = bradley_terry_loss(chosen, rejected, margin)
-        # This slice's share of the global mean, times N: FSDP2 and DDP average gradients.
-        (loss * (len(mine) * world / n)).backward()
+        mine, coef = pairs[n * rank // world:n * (rank + 1) // world], self.args.center_rewards_coefficient
+        chunks, scored = self._micro_batches(mine, n), []
+        for k, chunk in enumerate(chunks):
+            with distributed.no_sync(self.scorer) if k < len(chunks) - 1 else nullcontext():
+                chosen, rejected, margin = self._score_pairs(chunk or pairs[:1])
+                loss, _ = bradley_terry_loss(chosen, rejected, margin, coef)
+                # This micro-batch's share of the global mean, times N: FSDP2 and DDP average gradients.
+                (loss * (len(chunk) * world / n)).backward()
+            if chunk or not scored and k == len(chunks) - 1:  # a process without pairs: the stand-in, counted 0
+                scored.append((chosen.detach(), rejected.detach(), margin))
+        chosen, rejected = torch.cat([s[0] for s in scored]), torch.cat([s[1] for s in scored])
+        margin = None
+        if any(s[2] is not None for s in scored):
+            margin = torch.cat([s[2] if s[2] is not None else torch.zeros_like(s[0]) for s in scored])
         if world > 1:
-            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(mine), self.device)
+            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(mine), self.device, coef)
+        else:
+            loss, metrics = bradley_terry_loss(chosen, rejected, margin, coef)
         return {"rm/loss": loss.detach(), **metrics, **self.run.optimizer_step(loss)}
 
     @torch.no_grad()
@@ -214,10 +233,11 @@ class RewardModelTrainer(SupervisedTrainer):
         margin = None
         if any(p[2] is not None for p in parts):
             margin = torch.cat([p[2] if p[2] is not None else torch.zeros_like(p[0]) for p in parts])
+        coef = self.args.center_rewards_coefficient
         if world > 1:
-            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(chosen), self.device)
+            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(chosen), self.device, coef)
         else:
-            loss, metrics = bradley_terry_loss(chosen, rejected, margin)
+            loss, metrics = bradley_terry_loss(chosen, rejected, margin, coef)
         return to_floats({"eval/loss": loss, **{"eval/" + k.split("/", 1)[1]: v for k, v in metrics.items()}})
 
     @torch.no_grad()
@@ -235,7 +255,8 @@ class RewardModelTrainer(SupervisedTrainer):
         # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
         for i in range(distributed.reduce_max(len(chunks))):
             rows = chunks[i] if i < len(chunks) else self.center_ids[:1]
-            scores = self.scorer(*pad(rows, self.tokenizer.pad_token_id, device=self.device))
+            with self._autocast():
+                scores = self.scorer(*pad(rows, self.tokenizer.pad_token_id, device=self.device))
             if i < len(chunks):
                 total += scores.double().sum().item()
         total, count = distributed.sum_floats([total, len(mine)])
@@ -291,14 +312,15 @@ class _Scorer(torch.nn.Module):
         return self.model.score(input_ids, attention_mask)
 
 
-def _global_pair_metrics(chosen, rejected, margin, n_real: int, device):
+def _global_pair_metrics(chosen, rejected, margin, n_real: int, device, center_coefficient: float | None = None):
     """``bradley_terry_loss``'s loss and metrics over the pairs of every process: each passes its
     scores, of which the first ``n_real`` count (none: a stand-in). Reduced in float64."""
     c, r = chosen.detach()[:n_real].double().cpu(), rejected.detach()[:n_real].double().cpu()
     diff = c - r - (margin.detach()[:n_real].double().cpu() if margin is not None else 0.0)
     sums = torch.stack([torch.tensor(float(n_real), dtype=torch.float64), -torch.nn.functional.logsigmoid(diff).sum(),
-                        (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum()])
-    n, loss, wins, gap, c_sum, r_sum = distributed.sum_floats(sums.tolist())
+                        (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum(), ((c + r) ** 2).sum()])
+    n, loss, wins, gap, c_sum, r_sum, centre = distributed.sum_floats(sums.tolist())
+    loss += (center_coefficient or 0.0) * centre
     mean = (c_sum + r_sum) / (2 * n)
     (square,) = distributed.sum_floats([float(((torch.cat([c, r]) - mean) ** 2).sum())])
     metrics = {"accuracy": wins / n, "margin_mean": gap / n, "chosen_mean": c_sum / n, "rejected_mean": r_sum / n,

@@ -43,7 +43,7 @@ class SFTTrainer(SupervisedTrainer):
     ``model``: a local HF directory, a Hub id or a causal-LM object (then ``processing_class``, its
     tokenizer, is required; from a directory it is loaded when omitted). Datasets: a
     ``datasets.Dataset``, a list of dicts or a .jsonl / .json / .parquet path, rows
-    ``{"prompt", "completion"}`` or ``{"messages"}`` (``data.sft``; multi-turn conversations with tool
+    ``{"prompt", "completion"}``, ``{"messages"}`` or ``{"text"}`` (``data.sft``; multi-turn conversations with tool
     calls train every assistant turn, ``data.sft_turns``; ``args.chat_template`` replaces the
     tokenizer's template, ``data.chat_templates``). Data are loaded, checked and
     tokenised before the model is loaded, so a bad row fails fast. Dropout stays as the model has it.
@@ -71,8 +71,9 @@ class SFTTrainer(SupervisedTrainer):
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                         "model" if processing_class is None else "processing_class")
         use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
-        train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset")
-        self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset")
+        only = dict(completion_only=args.completion_only_loss, assistant_only=args.assistant_only_loss)
+        train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset", **only)
+        self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset", **only)
                               if eval_rows is not None else None)
         # A training unit is one row of a batch: one example, or one packed row of max_length.
         self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
@@ -80,6 +81,7 @@ class SFTTrainer(SupervisedTrainer):
         model = _load_model(model, args.dtype) if is_path else model
         if peft_config is not None:
             model = apply_lora(model, peft_config)
+        self._checkpoint_activations(model, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
         self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
@@ -148,8 +150,9 @@ class SFTTrainer(SupervisedTrainer):
         transformers builds a block-diagonal causal mask (one block per packed example)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
         mask = None if packed else batch["attention_mask"]
-        logits = self.train_model(input_ids=batch["input_ids"], attention_mask=mask,
-                                  position_ids=batch["position_ids"], use_cache=False).logits
+        with self._autocast():
+            logits = self.train_model(input_ids=batch["input_ids"], attention_mask=mask,
+                                      position_ids=batch["position_ids"], use_cache=False).logits
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.

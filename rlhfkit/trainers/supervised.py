@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 import warnings
 
+from contextlib import nullcontext
+
 import torch
 
+from .. import distributed
+from ..models.loading import enable_activation_checkpointing
 from ..run.lifecycle import Run
 
 
@@ -69,12 +73,39 @@ class SupervisedTrainer:
         return pairs
 
     def _batch(self, step: int) -> list[int]:
-        """Item indices of optimizer step ``step`` (1-based): ``batch_size`` at a time over seeded
-        per-epoch shuffles of ``self.n_items`` (the last batch of an epoch may be smaller). A
-        function of the step alone, so a resumed run continues the order."""
+        """Item indices of optimizer step ``step`` (1-based): ``batch_size x grad_accumulation`` at a
+        time over seeded per-epoch shuffles of ``self.n_items`` (the last batch of an epoch may be
+        smaller). A function of the step alone, so a resumed run continues the order."""
         epoch, index = divmod(step - 1, self.steps_per_epoch)
         gen = torch.Generator().manual_seed(self.args.seed * 100003 + epoch)
-        return torch.randperm(self.n_items, generator=gen).split(self.args.batch_size)[index].tolist()
+        return torch.randperm(self.n_items, generator=gen).split(self._rows_per_step())[index].tolist()
+
+    def _rows_per_step(self) -> int:
+        return self.args.batch_size * self.args.grad_accumulation
+
+    def _micro_batches(self, mine: list, n: int) -> list[list]:
+        """This process's share ``mine`` of a step's ``n`` items in micro-batches of ``batch_size / N``
+        (rounded up); every process gets as many (FSDP2's passes are collectives), an empty one where
+        its share runs out first (the caller scores a stand-in with weight 0)."""
+        world = distributed.role_size()
+        size, share = -(-self.args.batch_size // world), -(-n // world)  # the largest share
+        passes = max(1, -(-share // size))
+        return [mine[k * size:(k + 1) * size] for k in range(passes)]
+
+    # ---------------------------------------------------------------- precision and memory
+    def _autocast(self):
+        """``torch.autocast`` in ``args.autocast`` around forward passes, or nothing."""
+        if self.args.autocast is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.args.autocast))
+
+    def _checkpoint_activations(self, model: torch.nn.Module, lora: bool) -> None:
+        """``gradient_checkpointing``: each block's activations recomputed in backward (a LoRA
+        model's frozen embeddings must then pass gradients on)."""
+        if self.args.gradient_checkpointing:
+            enable_activation_checkpointing(model)
+            if lora:
+                model.enable_input_require_grads()
 
     # ---------------------------------------------------------------- checkpoints
     def _trained_modules(self) -> dict[str, torch.nn.Module]:

@@ -7,6 +7,10 @@ rlhfkit's own loops. TRL fields rlhfkit does not support are refused in one line
 none is ignored (``arguments.py``). The docs page "Coming from TRL" lists the mapping.
 """
 
+from .dpo import DPOConfig, DPOTrainer
 from .grpo import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+from .reward import RewardConfig, RewardTrainer
+from .sft import SFTConfig, SFTTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer"]
+__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer", "RewardConfig",
+           "RewardTrainer", "SFTConfig", "SFTTrainer"]

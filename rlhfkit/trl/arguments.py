@@ -132,3 +132,21 @@ def trl_fields(cls) -> frozenset:
 
     base = {f.name: f for f in dataclasses.fields(TrainingArguments)}
     return frozenset(f.name for f in dataclasses.fields(cls) if f.name not in base or f is not base[f.name])
+
+
+# model_init_kwargs keys accepted when they hold from_pretrained's own value (TRL's scripts pass them)
+_INIT_DEFAULTS = {"revision": (None, "main"), "trust_remote_code": (None, False), "attn_implementation": (None,)}
+
+
+def model_dtype(config) -> str:
+    """rlhfkit's ``dtype`` from ``model_init_kwargs``: ``{'dtype': 'float32' | 'bfloat16' | 'float16'}``
+    (None: float32, TRL's default), with any other key only at from_pretrained's own value; else one line."""
+    kwargs = dict(config.model_init_kwargs or {})
+    dtype = kwargs.pop("dtype", None)
+    dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+    odd = {k: v for k, v in kwargs.items() if v not in _INIT_DEFAULTS.get(k, ())}
+    if odd or dtype not in (None, "float32", "bfloat16", "float16"):
+        raise ValueError(f"{type(config).__name__} field 'model_init_kwargs'={config.model_init_kwargs!r} is not "
+                         "supported by rlhfkit: only {'dtype': 'float32' | 'bfloat16' | 'float16'} (name the "
+                         "checkpoint's dtype instead of 'auto')")
+    return dtype or "float32"

@@ -16,6 +16,7 @@ class TRLTrainerMixin:
 
     config_class = None
     suffix = ""
+    loss_key = "policy/loss"  # the logged loss train() averages into TrainOutput.training_loss
 
     def translate(self, model, args, train_dataset, eval_dataset, reward_processing_classes=None,
                   optimizers=(None, None)):
@@ -24,6 +25,16 @@ class TRLTrainerMixin:
         if reward_processing_classes is not None:
             raise ValueError(f"{type(self).__name__}: reward_processing_classes is not supported by rlhfkit: a reward "
                              "model directory carries its own tokenizer")
+        args = self.trl_config(model, args, optimizers)
+        if train_dataset is None:
+            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
+        n_rows = len(load_prompt_dataset(train_dataset))
+        native = args.to_rlhfkit(n_rows, distributed.planned_world())
+        return native, eval_dataset if args.eval_strategy != "no" else None, args.reward_weights
+
+    def trl_config(self, model, args, optimizers=(None, None)):
+        """``args`` (kept as ``trl_args``), or TRL's default config when it is None (``output_dir``
+        ``<model name>-<suffix>``); another config class and TRL's ``optimizers`` are refused."""
         if optimizers != (None, None) and optimizers is not None:
             raise ValueError(f"{type(self).__name__}: optimizers=(...) is not supported by rlhfkit: AdamW with the "
                              "config's learning_rate, weight_decay and lr_scheduler_type")
@@ -32,12 +43,8 @@ class TRLTrainerMixin:
         if not isinstance(args, self.config_class):
             raise TypeError(f"{type(self).__name__}: args must be a {self.config_class.__name__}, got "
                             f"{type(args).__name__}")
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
-        n_rows = len(load_prompt_dataset(train_dataset))
         self.trl_args = args
-        native = args.to_rlhfkit(n_rows, distributed.planned_world())
-        return native, eval_dataset if args.eval_strategy != "no" else None, args.reward_weights
+        return args
 
     @property
     def state(self):
@@ -45,26 +52,31 @@ class TRLTrainerMixin:
         optimizer steps, as TRL's does, and ``log_history`` holds the logged rows."""
         from transformers import TrainerState
 
-        state = TrainerState(global_step=self.weights_version, max_steps=self.args.max_steps * self._steps_per_rl_step())
+        state = TrainerState(global_step=self.optimizer_steps_done(), max_steps=self.optimizer_steps_total())
         state.log_history = list(getattr(self, "history", []))
         return state
 
-    def _steps_per_rl_step(self) -> int:
-        return self.trl_args.optimizer_steps_per_generation
+    def optimizer_steps_done(self) -> int:
+        """Optimizer steps taken so far (each trainer says how it counts them)."""
+        return self.weights_version
+
+    def optimizer_steps_total(self) -> int:
+        """Optimizer steps of the whole run."""
+        return self.args.max_steps * self.trl_args.optimizer_steps_per_generation
 
     def train(self, resume_from_checkpoint=None):
         """The run; returns TRL's (``transformers.TrainOutput``): ``global_step`` (optimizer steps),
-        ``training_loss`` (the mean of the logged policy losses) and ``metrics`` (the last row)."""
+        ``training_loss`` (the mean of the logged losses, ``loss_key``) and ``metrics`` (the last row)."""
         from transformers.trainer_utils import TrainOutput
 
-        if resume_from_checkpoint is not None:
+        if resume_from_checkpoint not in (None, self.trl_args.resume_from_checkpoint):  # scripts pass the config's
             raise ValueError(f"{type(self).__name__}.train(resume_from_checkpoint=...) is not supported by rlhfkit: "
                              f"set resume_from_checkpoint in the {self.config_class.__name__} (a checkpoint directory "
                              "or 'latest')")
         self.history = super().train()
-        losses = [r["policy/loss"] for r in self.history if "policy/loss" in r]
+        losses = [r[self.loss_key] for r in self.history if self.loss_key in r]
         metrics = dict(self.history[-1]) if self.history else {}
-        return TrainOutput(self.weights_version, sum(losses) / len(losses) if losses else 0.0, metrics)
+        return TrainOutput(self.optimizer_steps_done(), sum(losses) / len(losses) if losses else 0.0, metrics)
 
     def save_model(self, output_dir=None):
         """The policy as a ``from_pretrained`` directory: ``output_dir``, else the config's."""

@@ -43,7 +43,9 @@ def test_messages_and_chat_pairs_are_accepted():
 @pytest.mark.parametrize("row,field,expected", [
     ({"prompt": "a"}, None, r"missing field 'completion'"),
     ({"completion": "a"}, None, r"missing field 'prompt'"),
-    ({"text": "a"}, None, r"missing field 'prompt'.*'messages'.*fields present: 'text'"),
+    ({"question": "a"}, None, r"missing field 'prompt'.*'messages', or 'text'.*fields present: 'question'"),
+    ({"text": " "}, "text", r"expected a non-empty string, got str"),
+    ({"text": 5}, "text", r"expected a non-empty string, got int"),
     ({"prompt": "a", "completion": ""}, "completion", r"empty"),
     ({"prompt": "a", "completion": "   "}, "completion", r"empty"),
     ({"prompt": "", "completion": "b"}, "prompt", r"empty"),

@@ -93,8 +93,10 @@ def sft_spec(model: str, run_dir: Path, parallelism: str) -> dict:
 def rm_spec(model: str, run_dir: Path, parallelism: str) -> dict:
     # lr 3e-4: an element whose gradient nearly cancels (4e-7 against a median of 1e-2) carries a
     # relative rounding error of ~1e-2, which AdamW's normalised step turns into ~lr x 1e-2.
-    args = dict(learning_rate=3e-4, batch_size=8, max_steps=2, log_every=0, seed=0, parallelism=parallelism,
-                max_length=64, output_dir=str(run_dir))
+    # 8 pairs a step in 2 micro-batches of 4 (2 per process); the second step's single pair: one
+    # micro-batch, a stand-in on the other process.
+    args = dict(learning_rate=3e-4, batch_size=4, grad_accumulation=2, max_steps=2, log_every=0, seed=0,
+                parallelism=parallelism, max_length=64, output_dir=str(run_dir))
     return dict(trainer="rm", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
 
 

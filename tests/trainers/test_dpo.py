@@ -53,7 +53,7 @@ def test_the_shared_prompt_pass_gives_the_separate_passes_log_probs(monkeypatch)
     shared, lengths = t._logps(t.model, pairs)
     import rlhfkit.trainers.dpo as dpo
 
-    monkeypatch.setattr(dpo.distributed, "world", lambda: 2)  # the multi-process path: no sharing
+    monkeypatch.setattr(dpo.distributed, "role_size", lambda: 2)  # the multi-process path: no sharing
     separate, _ = t._logps(t.model, pairs)
     assert torch.allclose(shared, separate, atol=1e-5)
     assert lengths.tolist() == [len(p.chosen) for p in pairs] + [len(p.rejected) for p in pairs]

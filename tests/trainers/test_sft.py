@@ -169,7 +169,7 @@ def test_data_errors_come_before_the_model_is_loaded(tmp_path, content, expected
 def test_eval_data_errors_and_then_the_model_path(tmp_path):
     missing = str(tmp_path / "no-such-model")
     with pytest.raises(ValueError, match=r"eval_dataset: row index 0 \(0-based\): missing field 'prompt'"):
-        SFTTrainer(missing, SFTConfig(), PAIRS, eval_dataset=[{"text": "x"}])
+        SFTTrainer(missing, SFTConfig(), PAIRS, eval_dataset=[{"question": "x"}])
     with pytest.raises(ValueError, match=r"path does not exist: .*no-such-model"):
         SFTTrainer(missing, SFTConfig(), PAIRS)
 

@@ -1,0 +1,100 @@
+"""TRL 1.16's ``DPOConfig`` and ``DPOTrainer`` on rlhfkit's DPO trainer.
+
+The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fields, defaults and
+checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``DPOConfig``, with the batch
+arithmetic of ``supervised.py`` (``per_device_train_batch_size`` pairs per process per micro-step).
+TRL's ``loss_type`` names rlhfkit computes alike (``algorithms/dpo.py``) are ``LOSS_TYPES``; one
+loss at a time (TRL's lists of several, weighted by ``loss_weights``, are refused).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config.supervised import DPOConfig as NativeDPOConfig
+from ..data.encode import warn_once
+from ..data.preferences import load_preference_dataset
+from ..trainers.dpo import DPOTrainer as NativeDPOTrainer
+from .supervised import SupervisedArguments, SupervisedTRLTrainer
+
+# TRL's loss_type -> rlhfkit's (algorithms/dpo.py): the same per-pair loss of the same log-probs.
+# TRL's 'sigmoid' ignores label_smoothing (its 'robust' uses it), so rlhfkit's conservative DPO is never on.
+LOSS_TYPES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo"}
+
+
+@dataclass
+class DPOConfig(SupervisedArguments):
+    """TRL 1.16's ``DPOConfig``: its fields, defaults and checks; ``to_rlhfkit`` gives the
+    rlhfkit ``DPOConfig`` it runs as (docs: "Coming from TRL")."""
+
+    learning_rate: float = 1e-6
+    router_aux_loss_coef: float | None = None
+    disable_dropout: bool = True
+    truncation_mode: str = "keep_start"
+    padding_free: bool = False
+    precompute_ref_log_probs: bool = False
+    precompute_ref_batch_size: int | None = None
+    loss_type: list[str] = field(default_factory=lambda: ["sigmoid"])
+    loss_weights: list[float] | None = None
+    ld_alpha: float | None = None
+    f_divergence_type: str = "reverse_kl"
+    f_alpha_divergence_coef: float = 0.5
+    label_smoothing: float = 0.0
+    beta: float = 0.1
+    use_weighting: bool = False
+    discopop_tau: float = 0.05
+    sync_ref_model: bool = False
+    ref_model_mixup_alpha: float = 0.6
+    ref_model_sync_steps: int = 512
+
+    # Translated by to_rlhfkit; TRL 1.16 itself ignores padding_free (it falls back to padding), and
+    # precompute_ref_batch_size only sets how many pairs one reference pass scores. Any other: default only.
+    HANDLED = SupervisedArguments.HANDLED | {
+        "disable_dropout", "padding_free", "precompute_ref_log_probs", "precompute_ref_batch_size", "loss_type",
+        "label_smoothing", "beta"}
+
+    def __post_init__(self):
+        if isinstance(self.loss_type, str):  # TRL's rule: one name is a list of one
+            self.loss_type = [self.loss_type]
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):  # TRL's check
+            raise ValueError("`loss_weights` must have the same length as `loss_type` when combining multiple losses. "
+                             f"Got {len(self.loss_weights)} weights for {len(self.loss_type)} loss types.")
+        super().__post_init__()
+        if len(self.loss_type) != 1 or self.loss_type[0] not in LOSS_TYPES:
+            raise ValueError(f"DPOConfig field 'loss_type'={self.loss_type!r} is not supported by rlhfkit: one of "
+                             f"{', '.join(map(repr, LOSS_TYPES))} (one loss; rlhfkit's own DPOConfig also has 'simpo')")
+        if not self.disable_dropout:
+            raise ValueError("DPOConfig field 'disable_dropout'=False is not supported by rlhfkit: its DPO always "
+                             "turns dropout off (the implicit rewards must not be noise)")
+
+    def to_rlhfkit(self, n_rows: int, world: int = 1) -> NativeDPOConfig:
+        """The rlhfkit ``DPOConfig`` of this config for ``n_rows`` pairs on ``world`` processes."""
+        (loss,) = self.loss_type
+        if self.label_smoothing and loss == "sigmoid":
+            warn_once(f"DPOConfig: label_smoothing={self.label_smoothing} has no effect with loss_type 'sigmoid' in "
+                      "TRL 1.16 (its 'robust' loss reads it), nor here")
+        fields = self.supervised_fields(n_rows, world)
+        fields.update(loss_type=LOSS_TYPES[loss], beta=self.beta, label_smoothing=0.0,
+                      precompute_ref_logprobs=self.precompute_ref_log_probs)
+        return NativeDPOConfig(**fields)
+
+
+class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
+    """TRL's ``DPOTrainer(model, ref_model, args, data_collator, train_dataset, eval_dataset,
+    processing_class, compute_metrics, callbacks, optimizers, quantization_config, peft_config)`` on
+    rlhfkit's DPO trainer. ``args``: a ``DPOConfig`` (default: TRL's, writing to ``<model name>-DPO``);
+    ``ref_model``: None is a frozen copy of the initial model (with ``peft_config``: the model with
+    its adapter off), as in TRL."""
+
+    config_class, suffix, loss_key = DPOConfig, "DPO", "dpo/loss"
+
+    def __init__(self, model, ref_model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, compute_metrics=None, callbacks=None, optimizers=(None, None),
+                 quantization_config=None, peft_config=None):
+        refused = dict(data_collator=data_collator, compute_metrics=compute_metrics,
+                       quantization_config=quantization_config)
+        native, eval_dataset = self.native(model, args, train_dataset, eval_dataset,
+                                           lambda d: len(load_preference_dataset(d)), optimizers, refused)
+        tokenizer = self.trl_tokenizer(model, processing_class, pad_token=self.trl_args.pad_token)
+        super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer, ref_model=ref_model,
+                         peft_config=peft_config, callbacks=callbacks)

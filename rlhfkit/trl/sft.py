@@ -1,0 +1,118 @@
+"""TRL 1.16's ``SFTConfig`` and ``SFTTrainer`` on rlhfkit's SFT trainer.
+
+The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fields, defaults and
+checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``SFTConfig``, with the batch
+arithmetic of ``supervised.py``. Which tokens are trained follows TRL's rules: the completion of
+prompt/completion rows (``completion_only_loss``, None: True), every token of a ``messages`` row
+unless ``assistant_only_loss`` (rlhfkit's own default is the assistant turns only), every token of
+a ``dataset_text_field`` row.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from ..config.supervised import SFTConfig as NativeSFTConfig
+from ..data.sft import load_sft_dataset
+from ..data.prompts import labelled_rows
+from ..trainers.sft import SFTTrainer as NativeSFTTrainer
+from .arguments import check_choice
+from .supervised import SupervisedArguments, SupervisedTRLTrainer
+
+
+@dataclass
+class SFTConfig(SupervisedArguments):
+    """TRL 1.16's ``SFTConfig``: its fields, defaults and checks; ``to_rlhfkit`` gives the
+    rlhfkit ``SFTConfig`` it runs as (docs: "Coming from TRL")."""
+
+    learning_rate: float = 2e-5
+    router_aux_loss_coef: float | None = None
+    chat_template_path: str | None = None
+    dataset_text_field: str = "text"
+    dataset_kwargs: dict | str | None = None
+    eos_token: str | None = None
+    truncation_mode: str = "keep_start"
+    shuffle_dataset: bool = False
+    packing: bool = False
+    packing_strategy: str = "bfd"
+    padding_free: bool = False
+    eval_packing: bool | None = None
+    completion_only_loss: bool | None = None
+    assistant_only_loss: bool = False
+    loss_type: str = "nll"
+
+    # TRL's fields to_rlhfkit translates or the trainer applies; padding_free and eval_packing change
+    # no number (rlhfkit packs with position ids; its eval loss is exact unpacked). Any other: default only.
+    HANDLED = SupervisedArguments.HANDLED | {
+        "chat_template_path", "dataset_text_field", "eos_token", "packing", "packing_strategy", "padding_free",
+        "eval_packing", "completion_only_loss", "assistant_only_loss", "loss_type"}
+
+    def __post_init__(self):
+        if self.loss_type == "chunked_nll":  # TRL's deprecated alias
+            warnings.warn("`loss_type='chunked_nll'` is deprecated and will be removed in v2.0.0. Use "
+                          "`loss_type='nll'` (the default), which computes the loss the same way, without "
+                          "materializing the full logits.", FutureWarning, stacklevel=3)
+            self.loss_type = "nll"
+        super().__post_init__()
+        check_choice(self, "loss_type", ("nll",))
+        check_choice(self, "packing_strategy", ("bfd",))
+        if self.packing and self.max_length is None:
+            raise ValueError("When packing is enabled, `max_length` can't be `None`.")  # TRL's own check
+
+    def to_rlhfkit(self, n_rows: int, world: int = 1) -> NativeSFTConfig:
+        """The rlhfkit ``SFTConfig`` of this config for ``n_rows`` training rows on ``world``
+        processes: without packing, TRL's number of optimizer steps (``max_steps``) for them."""
+        if self.packing and self.max_steps <= 0 and (0 < self.warmup_steps < 1 or 0 < self.logging_steps < 1):
+            raise ValueError("SFTConfig: a ratio warmup_steps or logging_steps (< 1) with packing needs max_steps in "
+                             "rlhfkit: the number of packed rows is known only once the data are tokenised")
+        fields = self.supervised_fields(n_rows, world)
+        if not self.packing:  # TRL's step count (its epochs end on a short step; rlhfkit's SFT rolls into the next)
+            fields["max_steps"] = self.optimizer_steps(n_rows, world)
+        fields.update(
+            packing=self.packing,
+            # TRL: None is True for prompt/completion rows; assistant masks also leave the prompt untrained
+            completion_only_loss=self.completion_only_loss is not False or self.assistant_only_loss,
+            assistant_only_loss=self.assistant_only_loss)
+        return NativeSFTConfig(**fields)
+
+
+class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
+    """TRL's ``SFTTrainer(model, args, data_collator, train_dataset, eval_dataset, processing_class,
+    compute_loss_func, compute_metrics, callbacks, optimizers, optimizer_cls_and_kwargs,
+    preprocess_logits_for_metrics, quantization_config, peft_config, formatting_func)`` on rlhfkit's
+    SFT trainer. ``args``: an ``SFTConfig`` (default: TRL's, writing to ``<model name>-SFT``)."""
+
+    config_class, suffix, loss_key = SFTConfig, "SFT", "sft/loss"
+
+    def __init__(self, model, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,
+                 optimizers=(None, None), optimizer_cls_and_kwargs=None, preprocess_logits_for_metrics=None,
+                 quantization_config=None, peft_config=None, formatting_func=None):
+        refused = dict(data_collator=data_collator, compute_loss_func=compute_loss_func,
+                       compute_metrics=compute_metrics, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+                       preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+                       quantization_config=quantization_config)
+        args = self.trl_config(model, args, optimizers)
+        field = args.dataset_text_field
+        train_dataset, eval_dataset = (_as_text_rows(d, field, formatting_func, name) if d is not None else None
+                                       for d, name in ((train_dataset, "train_dataset"),
+                                                       (eval_dataset, "eval_dataset")))
+        native, eval_dataset = self.native(model, args, train_dataset, eval_dataset,
+                                           lambda d: len(load_sft_dataset(d)), optimizers, refused)
+        tokenizer = self.trl_tokenizer(model, processing_class, args.eos_token, args.pad_token, args.chat_template_path)
+        super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=callbacks)
+
+
+def _as_text_rows(dataset, field: str, formatting_func, name: str):
+    """TRL's language-modeling rows as rlhfkit's ``{"text"}`` rows: ``formatting_func(row)`` of
+    every row, or the ``field`` column of rows without a prompt or messages when it is not 'text'.
+    Any other dataset as it is (rlhfkit reads it)."""
+    if formatting_func is None and field == "text":
+        return dataset
+    rows = [row for _, row in labelled_rows(dataset, name)[1]]
+    if formatting_func is not None:
+        return [{"text": formatting_func(row)} for row in rows]
+    return [{"text": row[field]} if field in row and not {"prompt", "completion", "messages"} & set(row) else row
+            for row in rows]

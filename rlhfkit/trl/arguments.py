@@ -94,8 +94,8 @@ def check_choice(config, field: str, allowed) -> None:
     value = getattr(config, field)
     value = getattr(value, "value", value)  # transformers' enums
     if value not in allowed:
-        raise ValueError(f"{type(config).__name__} field {field!r}={value!r} is not supported by rlhfkit: use one of "
-                         f"{', '.join(map(repr, allowed))}")
+        instead = ADVICE.get(field, f"one of {', '.join(map(repr, allowed))}")
+        raise ValueError(f"{type(config).__name__} field {field!r}={value!r} is not supported by rlhfkit: use {instead}")
 
 
 def common(config, optimizer_steps: int) -> dict:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from transformers import TrainingArguments
 
+from .. import distributed
 from ..config import RLConfig
 from ..data.encode import warn_once
 from ..trainers.rl import RLTrainer
@@ -109,7 +110,7 @@ class _Generation(TrainingArguments):
         with warnings.catch_warnings():  # TRL's own default: transformers 5 calls the field deprecated
             warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
             super().__post_init__()
-        world = self.world_size
+        world = distributed.planned_world()  # TRL's self.world_size, known before any process group
         # TRL's rule (GRPOConfig.__post_init__): one of generation_batch_size / steps_per_generation.
         if self.generation_batch_size is None and self.steps_per_generation is None:
             self.steps_per_generation = self.gradient_accumulation_steps

@@ -1,0 +1,163 @@
+"""TRL's GRPO and RLOO scripts with only the import changed (``from trl import`` -> ``from
+rlhfkit.trl import``): TRL's config fields, defaults and batch arithmetic, TRL's trainer interface
+(``trainer.state.global_step``, ``train()`` -> ``TrainOutput``, ``save_model``), and a one-line
+refusal for every TRL field rlhfkit does not support."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
+from rlhfkit.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+from rlhfkit.trl.arguments import NO_EFFECT, TRANSLATED
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU = dict(use_cpu=True, bf16=False, report_to="none")  # TRL itself refuses bf16 on a CPU-only machine
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+def reward_len(completions, **kwargs):
+    """TRL's quickstart reward: completions close to 8 characters."""
+    return [-abs(8 - len(completion)) for completion in completions]
+
+
+def test_trl_quickstart_runs_with_only_the_import_changed(model_dir, tmp_path):
+    """TRL's GRPO quickstart (docs: "Quick start"), on a local tiny model and dataset."""
+    dataset = [{"prompt": p} for p in ["abc", "hello", "xyz", "qq", "go", "hi"]]
+    training_args = GRPOConfig(output_dir=str(tmp_path / "Qwen2-0.5B-GRPO"), per_device_train_batch_size=4,
+                               num_generations=4, max_completion_length=8, max_steps=2, **CPU)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=training_args, train_dataset=dataset)
+    output = trainer.train()
+    assert output.global_step == trainer.state.global_step == 2
+    assert isinstance(output.training_loss, float) and "reward/mean" in output.metrics
+    trainer.save_model(str(tmp_path / "saved"))
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), trainer.models.policy.state_dict().values()))
+
+
+@pytest.mark.parametrize("per_device, accumulation, per_generation, iterations, world", [
+    (8, 1, None, 1, 1), (2, 2, 4, 2, 1), (4, 1, 2, 1, 2), (2, 4, 8, 3, 2)])
+def test_the_batch_arithmetic_is_trls(per_device, accumulation, per_generation, iterations, world, monkeypatch):
+    """A TRL config and its translation: the same completions per generation and per optimizer step,
+    the same micro-batch, and the same optimizer steps per generation."""
+    from rlhfkit import distributed
+
+    monkeypatch.setattr(distributed, "planned_world", lambda: world)  # torchrun's WORLD_SIZE, without a group
+    config = GRPOConfig(output_dir="out", per_device_train_batch_size=per_device,
+                        gradient_accumulation_steps=accumulation, steps_per_generation=per_generation,
+                        num_iterations=iterations, num_generations=2, max_steps=10 * iterations * 8, **CPU)
+    ours = config.to_rlhfkit(n_rows=100, world=world)
+    spg = per_generation or accumulation
+    assert ours.batch_size == per_device * world * spg == config.generation_batch_size  # completions per generation
+    assert ours.mini_batch_size == per_device * world * accumulation  # completions per optimizer step
+    assert ours.micro_batch_size == per_device  # per process per forward/backward
+    steps_per_generation = ours.num_iterations * ours.batch_size // ours.mini_batch_size
+    assert steps_per_generation == iterations * spg // accumulation == config.optimizer_steps_per_generation
+    assert ours.max_steps * steps_per_generation == config.max_steps  # max_steps counts optimizer steps
+
+
+def test_optimizer_steps_per_generation_are_trls_in_a_run(model_dir, tmp_path):
+    """steps_per_generation=4 micro-steps of 2 completions, accumulation 2, two passes: 4 optimizer
+    steps per generation, each on 4 completions."""
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                        steps_per_generation=4, num_iterations=2, num_generations=4, max_completion_length=4,
+                        max_steps=8, **CPU)
+    trainer = GRPOTrainer(model_dir, reward_len, config, [{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
+    rows = trainer.train()
+    assert trainer.state.global_step == 8 and len(trainer.history) == 2  # 2 generations x 4 optimizer steps
+    assert trainer.args.prompts_per_step == 2 and trainer.args.mini_batch_size == 4
+    assert rows.metrics["perf/lr"] < config.learning_rate  # TRL's default linear decay over the 8 optimizer steps
+
+
+def test_trls_defaults_are_kept():
+    config = GRPOConfig(output_dir="out", **CPU)
+    ours = config.to_rlhfkit(n_rows=64)
+    assert (ours.learning_rate, ours.group_size, ours.max_new_tokens, ours.kl_coef, ours.seed) == (1e-6, 8, 512, 0.0, 42)
+    assert (ours.loss_agg, ours.advantage_estimator, ours.clip_low, ours.clip_high) == ("token-mean", "group", 0.2, 0.2)
+    assert ours.gradient_checkpointing and ours.lr_scheduler == "linear" and ours.log_every == 10
+    assert ours.max_steps == 3 * 64 // 1  # 3 epochs of 64 prompts, one prompt (8 completions) per generation
+    rloo = RLOOConfig(output_dir="out", **CPU).to_rlhfkit(n_rows=64)
+    assert (rloo.group_size, rloo.kl_coef, rloo.kl_in_reward, rloo.advantage_estimator) == (2, 0.05, True, "rloo")
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("deepspeed", "ds.json", "torchrun"), ("use_liger_kernel", True, "Liger"), ("push_to_hub", True, "save_model"),
+    ("delta", 1.5, "only its default"), ("top_entropy_quantile", 0.2, "only its default"),
+    ("sync_ref_model", True, "fixed reference"), ("vllm_mode", "server", "rollout_workers"),
+    ("repetition_penalty", 1.1, "only its default"), ("torch_compile", True, "compiled"),
+    ("loss_type", "sapo", "'dapo'"), ("scale_rewards", "batch", "'group'"), ("shuffle_dataset", False, "seeded shuffle")])
+def test_an_unsupported_field_is_refused_in_one_line_naming_it(field, value, says):
+    with pytest.raises(ValueError) as err:
+        GRPOConfig(output_dir="out", **{**CPU, field: value}).to_rlhfkit(n_rows=8)
+    message = str(err.value)
+    assert "\n" not in message and repr(field) in message and says in message
+
+
+def test_every_field_is_translated_without_effect_or_refused():
+    """No field is silently ignored: each GRPOConfig field is in one of the three lists, or is
+    refused when it leaves its default (checked above for a sample; here, that the lists name real
+    fields, so a typo in them cannot let a field through)."""
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert (GRPOConfig.HANDLED | TRANSLATED) <= names
+    assert not (NO_EFFECT - names - {"dataset_num_proc"})  # a supervised-config field, listed once for all
+
+
+def test_rloo_runs_with_only_the_import_changed(model_dir, tmp_path):
+    config = RLOOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                        max_completion_length=4, max_steps=1, **CPU)
+    trainer = RLOOTrainer(model=model_dir, reward_funcs=reward_len, args=config,
+                          train_dataset=[{"prompt": p} for p in ["abc", "hello"]])
+    assert trainer.train().global_step == 1 and trainer.args.algorithm == "rloo"
+
+
+def test_tools_example_runs(tmp_path):
+    """TRL's tools example shape: GRPOTrainer(tools=[fn]) on a chat model whose template lists tools."""
+    from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
+
+    tok = chatml_tokenizer()
+    tok.chat_template = TINY_TOOLS_TEMPLATE
+    model = save_tiny_model(tmp_path / "chat", tokenizer=tok, seed=0)
+
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return a * b
+
+    dataset = [{"prompt": [{"role": "user", "content": "2*3?"}]}, {"prompt": [{"role": "user", "content": "4*5?"}]}]
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                        max_completion_length=16, max_steps=1, max_tool_calling_iterations=2, **CPU)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=config, train_dataset=dataset, tools=[multiply])
+    assert trainer.train().global_step == 1
+    assert "agent/turns_mean" in trainer.history[-1]
+
+
+def test_conversational_quickstart_with_trls_reward_contract(tmp_path):
+    """TRL's conversational example: prompts are message lists, each completion reaches the reward
+    function as ``[{"role": "assistant", "content": ...}]`` (``completion[0]["content"]``)."""
+    model = save_tiny_model(tmp_path / "chat", tokenizer=chatml_tokenizer(), seed=0)
+    seen = []
+
+    def reward_num_unique_letters(completions, **kwargs):
+        """TRL docs' example reward: the number of distinct characters of each completion."""
+        seen.extend(completions)
+        completion_contents = [completion[0]["content"] for completion in completions]
+        return [float(len(set(content))) for content in completion_contents]
+
+    dataset = [{"prompt": [{"role": "user", "content": q}]} for q in ("Hi?", "Why?")]
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                        max_completion_length=6, max_steps=1, **CPU)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_num_unique_letters, args=config, train_dataset=dataset)
+    assert trainer.train().global_step == 1
+    assert len(seen) == 4 and all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in seen)

@@ -26,7 +26,7 @@ from .. import distributed
 from ..config import RLConfig
 from ..data.encode import warn_once
 from ..trainers.rl import RLTrainer
-from .arguments import check_choice, common, refuse_unsupported
+from .arguments import check_choice, common, model_dtype, refuse_unsupported
 from .state import TRLTrainerMixin
 
 # TRL's loss_type -> (rlhfkit's policy_loss, loss_agg). "grpo": each sequence's token mean, averaged;
@@ -102,7 +102,7 @@ class _Generation(TrainingArguments):
         "steps_per_generation", "temperature", "top_p", "top_k", "use_vllm", "vllm_mode", "vllm_enable_sleep_mode",
         "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "num_iterations", "epsilon", "epsilon_high",
         "reward_weights", "mask_truncated_completions", "bf16", "logging_steps", "gradient_checkpointing",
-        "learning_rate", "remove_unused_columns"})
+        "activation_checkpointing", "learning_rate", "remove_unused_columns"})
 
     def __post_init__(self):
         refuse_unsupported(self, self.HANDLED)
@@ -159,10 +159,6 @@ class _Generation(TrainingArguments):
         """The fields GRPO and RLOO translate alike (the batch arithmetic of the module docstring)."""
         steps = self.generations(n_rows)
         per_gen = self.optimizer_steps_per_generation
-        dtype = (self.model_init_kwargs or {}).get("dtype", "float32")
-        if set(self.model_init_kwargs or {}) - {"dtype"} or dtype not in ("float32", "bfloat16", "float16", "auto"):
-            raise ValueError(f"{type(self).__name__} field 'model_init_kwargs'={self.model_init_kwargs!r} is not "
-                             "supported by rlhfkit: only {'dtype': 'float32' | 'bfloat16' | 'float16'}")
         to_rl = lambda n: max(1, int(n) // per_gen) if n else 0  # noqa: E731  (optimizer steps -> generations)
         fields = common(self, steps * per_gen)
         fields.update(
@@ -174,7 +170,7 @@ class _Generation(TrainingArguments):
             top_k=self.top_k, clip_low=self.epsilon,
             clip_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
             mask_truncated_completions=self.mask_truncated_completions,
-            dtype="float32" if dtype == "auto" else dtype,
+            dtype=model_dtype(self),
             rollout_engine="vllm" if self.use_vllm else "hf", vllm_sleep=self.vllm_enable_sleep_mode,
             vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
             log_every=to_rl(self.logging_steps), save_steps=to_rl(self.save_steps) if self.save_strategy != "no" else 0,

@@ -60,7 +60,8 @@ def main() -> None:
     p.add_argument("--noise", type=float, default=0.3)
     a = p.parse_args()
 
-    from rlhfkit.rl.update import loss as rlhfkit_loss
+    from rlhfkit.config import part
+    from rlhfkit.rl.update import UpdateLoss, loss as rlhfkit_loss
 
     ours, exp = _ours(a.seed)
     policy = ours.models.policy
@@ -74,7 +75,7 @@ def main() -> None:
     torch.manual_seed(a.seed)
     for case, old in (("on-policy", None), ("off-policy", current + a.noise * torch.randn_like(current) * mask)):
         exp.old_logprobs = old
-        mine, _ = rlhfkit_loss(ours.models, ours.args, exp, rows, 0.0)
+        mine, _ = rlhfkit_loss(ours.models, part(UpdateLoss, ours.args), exp, rows, 0.0)
         mine.backward()
         g_ours = _grads(policy)
         inputs = {"prompt_ids": r.input_ids[:, :n_prompt], "prompt_mask": r.attention_mask[:, :n_prompt],

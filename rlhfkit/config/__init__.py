@@ -16,6 +16,16 @@ Each field is documented right under it; that docstring is the only source of he
 are frozen: nothing changes them at run time. This module re-exports the RL config's names, the
 checks and the file functions (``from rlhfkit.config import RLConfig, PRESETS, load_config``); the
 supervised configs and the jobs are imported from their modules (or ``from rlhfkit import SFTConfig``).
+
+The phases of the RL loop take *parts* of ``RLConfig``, never the whole config: a part is a frozen
+dataclass that lists only the fields one phase reads, under ``RLConfig``'s names, and ``part``
+builds it (``part(MinibatchUpdate, config)``). Each part lives next to the phase that reads it
+(``rl/update.py:MinibatchUpdate``, ``rl/advantages.py:AdvantageEstimation``,
+``models/rl_models.py:ModelLoading``, ...), not in this package: the reader of a phase finds what
+it reads in the same file, and the config layer stays unaware of the layers above it. A phase that
+calls another takes a part derived from the callee's and passes itself on. Because the names are
+the config's, ``part`` needs no mapping, and ``tests/test_config_parts.py`` checks that every class
+given to ``part`` names ``RLConfig`` fields only.
 """
 
 from __future__ import annotations

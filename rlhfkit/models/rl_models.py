@@ -11,16 +11,46 @@ from __future__ import annotations
 import copy
 import os
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import distributed
-from ..config import RLConfig
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
 from .policy import forward_response
+
+
+@dataclass(frozen=True)
+class ModelSetup:
+    """The fields of ``RLConfig`` that ``RLModels`` reads: which models it builds (a reference when
+    ``kl_coef > 0``, a critic), how they are sharded, and how their forward passes run."""
+
+    kl_coef: float
+    use_critic: bool
+    critic: str
+    critic_init: str | None
+    dtype: str
+    parallelism: str
+    autocast: str | None
+    temperature: float
+    top_k: int
+    top_p: float
+    share_prompt: bool
+    micro_batch_size: int | None
+    save_adapter: bool
+
+
+@dataclass(frozen=True)
+class ModelLoading(ModelSetup):
+    """The fields of ``RLConfig`` that ``build_models`` reads besides ``RLModels``'s: the device, the
+    generator ranks (the process group starts there) and activation checkpointing."""
+
+    device: str
+    rollout_workers: int
+    gradient_checkpointing: bool
 
 
 class RLModels:
@@ -41,7 +71,7 @@ class RLModels:
     ``train_critic``). ``save_policy`` writes the policy as a Hugging Face directory.
     """
 
-    def __init__(self, policy, tokenizer, args: RLConfig, ref_model=None, generation_only: bool = False):
+    def __init__(self, policy, tokenizer, args: ModelSetup, ref_model=None, generation_only: bool = False):
         self.policy, self.tokenizer, self.args = policy, tokenizer, args
         self.device = next(policy.parameters()).device
         self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
@@ -166,7 +196,7 @@ def _base_causal_lm(policy):
     return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
 
 
-def build_models(model, processing_class, args: RLConfig, peft_config=None, ref_model=None) -> RLModels:
+def build_models(model, processing_class, args: ModelLoading, peft_config=None, ref_model=None) -> RLModels:
     if processing_class is None and not isinstance(model, (str, os.PathLike)):
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
     distributed.check_device(args.device)  # before anything loads

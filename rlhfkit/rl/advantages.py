@@ -18,7 +18,6 @@ from ..algorithms import (
     ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var,
     overlong_penalty, rollout_is_weights, token_level_rewards, whiten,
 )
-from ..config import RLConfig
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,22 @@ def _mean(x: torch.Tensor, valid: torch.Tensor, reduce=None) -> torch.Tensor:
     return total[0] / total[1].clamp(min=1)
 
 
-def compute_advantages(args: RLConfig, scores: torch.Tensor, valid: torch.Tensor, response_mask: torch.Tensor,
-                       kl: torch.Tensor | None, values: torch.Tensor | None, kl_coef: float, reduce=None):
+@dataclass(frozen=True)
+class AdvantageEstimation:
+    """The fields of ``RLConfig`` that phase 5's advantages read (``compute_advantages``); same
+    names, same meaning (``config.part(AdvantageEstimation, config)``)."""
+
+    kl_in_reward: bool
+    advantage_estimator: str
+    group_size: int
+    gamma: float
+    lam: float
+    whiten_advantages: bool
+
+
+def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: torch.Tensor,
+                       response_mask: torch.Tensor, kl: torch.Tensor | None, values: torch.Tensor | None,
+                       kl_coef: float, reduce=None):
     """Token rewards (the score on the last response token, ``-kl_coef * kl`` on every token when
     the KL is in the reward), then ``args.advantage_estimator`` and, when asked, whitening.
 
@@ -112,7 +125,16 @@ def compute_advantages(args: RLConfig, scores: torch.Tensor, valid: torch.Tensor
     return advantages, returns, rewards, mask
 
 
-def rollout_correction(args: RLConfig, old, behaviour, mask: torch.Tensor, log_kept_mass=None, local: bool = False):
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """The fields of ``RLConfig`` that the rollout correction reads (``rollout_correction``)."""
+
+    rollout_is: str
+    rollout_is_threshold: float
+
+
+def rollout_correction(args: RolloutCorrection, old, behaviour, mask: torch.Tensor, log_kept_mass=None,
+                       local: bool = False):
     """The one place the rollout importance-sampling correction is computed: the weights (B, T)
     for the gap between the engine that sampled (``behaviour``: its log-probs of the sampled
     tokens) and the trainer's log-probs of the same tokens before the update (``old``), by

@@ -9,10 +9,9 @@ import torch
 
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated
-from ..config import RLConfig
 from ..models.rl_models import RLModels
 from ..rollout import Rollout
-from .advantages import compute_advantages, kl_metrics, rollout_correction
+from .advantages import AdvantageEstimation, RolloutCorrection, compute_advantages, kl_metrics, rollout_correction
 
 
 @dataclass
@@ -30,14 +29,41 @@ class Experience:
     correct_in_loss: bool = False  # the correction is computed in the loss (one on-policy pass, no old pass)
 
 
-def single_pass(args: RLConfig) -> bool:
+@dataclass(frozen=True)
+class UpdatePasses:
+    """The fields of ``RLConfig`` that say how the update passes over a batch (``single_pass``)."""
+
+    prompts_per_step: int
+    group_size: int
+    num_iterations: int
+    mini_batch_size: int | None
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per step, ``prompts_per_step x group_size`` (``RLConfig.batch_size``)."""
+        return self.prompts_per_step * self.group_size
+
+
+@dataclass(frozen=True)
+class ExperienceMaking(AdvantageEstimation, RolloutCorrection, UpdatePasses):
+    """The fields of ``RLConfig`` that phases 4–5 read (``make_experience``): those below, and those
+    of the functions it calls (``compute_advantages``, ``rollout_correction``, ``single_pass``),
+    whose parts it extends so that it passes itself on."""
+
+    kl_coef: float
+    kl_estimator: str
+    use_critic: bool
+    mask_truncated_completions: bool
+
+
+def single_pass(args: UpdatePasses) -> bool:
     """One on-policy pass: old log-probs equal the current ones, so they are not recomputed."""
     mini = args.mini_batch_size or args.batch_size
     return args.num_iterations == 1 and mini >= args.batch_size
 
 
 @torch.no_grad()
-def make_experience(models: RLModels, args: RLConfig, rollout: Rollout, scores, valid, kl_coef: float,
+def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, scores, valid, kl_coef: float,
                     metrics: dict) -> Experience:
     """Phases 4–5, after the scores: old / reference log-probs and values, token rewards,
     advantages, and the rollout correction when it is not left to the loss. ``kl_coef``: β of this

@@ -4,19 +4,53 @@ minibatch updates on an experience, and the loss of one micro-batch."""
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate, masked_mean, value_loss
-from ..config import RLConfig
 from ..models.rl_models import RLModels
-from .advantages import kl_metrics, rollout_correction
+from .advantages import RolloutCorrection, kl_metrics, rollout_correction
 from .experience import Experience
 
 
-def update(models: RLModels, args: RLConfig, exp: Experience, kl_coef: float, step: int,
+@dataclass(frozen=True)
+class UpdateLoss(RolloutCorrection):
+    """The fields of ``RLConfig`` that the loss of a micro-batch reads (``loss``), the rollout
+    correction's among them (with one on-policy pass it is computed in the loss)."""
+
+    policy_loss: str
+    loss_agg: str
+    loss_horizon: int | None
+    max_new_tokens: int
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    importance_sampling_level: str
+    entropy_coef: float
+    kl_in_reward: bool
+    kl_estimator: str
+    use_critic: bool
+    value_clip: float | None
+    vf_coef: float
+
+
+@dataclass(frozen=True)
+class MinibatchUpdate(UpdateLoss):
+    """The fields of ``RLConfig`` that phase 6 reads (``update``): the passes, minibatches and
+    micro-batches, the seed of the minibatch order, whether micro-batches keep groups together,
+    and the loss's."""
+
+    num_iterations: int
+    mini_batch_size: int | None
+    micro_batch_size: int | None
+    seed: int
+    share_prompt: bool
+
+
+def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: float, step: int,
            optimizer_step: Callable[[], dict]) -> dict:
     """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches.
 
@@ -39,14 +73,14 @@ def update(models: RLModels, args: RLConfig, exp: Experience, kl_coef: float, st
     B, world = exp.mask.shape[0], distributed.role_size()
     first = distributed.role_rank() * B  # this process's rows are global rows first .. first + B - 1
     mini = args.mini_batch_size or B * world
-    gen = minibatch_generator(args, step)
+    gen = minibatch_generator(args.seed, step)
     sums: dict[str, torch.Tensor] = {}
     n_steps = 0
     for _ in range(args.num_iterations):
         for global_rows in torch.randperm(B * world, generator=gen).split(mini):
             mb_rows = global_rows[(global_rows >= first) & (global_rows < first + B)] - first
-            mb_rows = group_by_prompt(args, exp, mb_rows)
-            weight = distributed.reduce_sum(loss_weights(args, exp.mask[mb_rows])).clamp(min=1)
+            mb_rows = group_by_prompt(exp, mb_rows, share_prompt=args.share_prompt)
+            weight = distributed.reduce_sum(loss_weights(exp.mask[mb_rows], args.loss_agg)).clamp(min=1)
             tokens = distributed.reduce_sum(exp.mask[mb_rows].sum()).clamp(min=1)
             chunks = list(mb_rows.split(args.micro_batch_size or mini)) if len(mb_rows) else []
             n_micro = distributed.reduce_max(len(chunks))
@@ -55,7 +89,7 @@ def update(models: RLModels, args: RLConfig, exp: Experience, kl_coef: float, st
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
                 with distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext():
                     loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef)
-                    share = loss_weights(args, exp.mask[rows]) / weight if real else torch.zeros(())
+                    share = loss_weights(exp.mask[rows], args.loss_agg) / weight if real else torch.zeros(())
                     (loss_value * share * world).backward()
                 token_share = exp.mask[rows].sum() / tokens if real else torch.zeros(())
                 for k, v in m.items():
@@ -69,29 +103,30 @@ def update(models: RLModels, args: RLConfig, exp: Experience, kl_coef: float, st
             for k, v in sums.items()}
 
 
-def minibatch_generator(args: RLConfig, step: int) -> torch.Generator:
-    """The generator of this step's minibatch order: the same on every process, fixed by
-    (seed, step) so a resumed run draws the same order and the rollout's RNG is untouched."""
-    return torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+def minibatch_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of this step's minibatch order: the same on every process, fixed by the run's
+    ``seed`` and ``step`` so a resumed run draws the same order and the rollout's RNG is untouched."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
-def group_by_prompt(args: RLConfig, exp: Experience, rows: torch.Tensor) -> torch.Tensor:
-    """A minibatch's rows ordered by prompt, so micro-batches hold whole groups whose prompt
-    pass is shared (gradient accumulation over a minibatch does not depend on the order)."""
+def group_by_prompt(exp: Experience, rows: torch.Tensor, *, share_prompt: bool) -> torch.Tensor:
+    """With ``share_prompt``, a minibatch's rows ordered by prompt, so micro-batches hold whole
+    groups whose prompt pass is shared (gradient accumulation over a minibatch does not depend on
+    the order); else ``rows`` as they are."""
     index = exp.rollout.prompt_index
-    if not args.share_prompt or index is None:
+    if not share_prompt or index is None:
         return rows
     return rows[torch.sort(index[rows.to(index.device)].cpu(), stable=True).indices]
 
 
-def loss_weights(args: RLConfig, mask: torch.Tensor) -> torch.Tensor:
-    """The share of a micro-batch in its minibatch's loss: tokens for token-mean, else rows."""
-    if args.loss_agg == "token-mean":
+def loss_weights(mask: torch.Tensor, loss_agg: str) -> torch.Tensor:
+    """The share of a micro-batch in its minibatch's loss: tokens for ``loss_agg`` token-mean, else rows."""
+    if loss_agg == "token-mean":
         return mask.sum().float()
     return (mask.sum(-1) > 0).sum().float()
 
 
-def loss(models: RLModels, args: RLConfig, exp: Experience, rows: torch.Tensor, kl_coef: float):
+def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor, kl_coef: float):
     """The loss of one micro-batch of phase 6 (``update``) and its metrics: the policy loss
     ``args.policy_loss`` (weighted by the rollout correction), minus the entropy bonus, plus β·KL
     to the reference when the KL is not in the reward, plus the critic's value loss. Returns

@@ -29,7 +29,7 @@ from ..data import load_prompt_dataset
 from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
-from ..models.rl_models import build_models
+from ..models.rl_models import ModelLoading, build_models
 from ..rewards.sources import build_rewards
 from ..rl import experience, update
 from ..rl.advantages import ScoreShaping, rollout_metrics
@@ -90,7 +90,7 @@ class RLTrainer:
         self.args = args = self.run.args
         self.out_dir = self.run.out_dir
         seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
-        self.models = build_models(model, processing_class, args, peft_config, ref_model)
+        self.models = build_models(model, processing_class, part(ModelLoading, args), peft_config, ref_model)
         if distributed.role_size() > 1:  # then each process samples its own completions
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self.tokenizer = self.models.tokenizer
@@ -153,12 +153,14 @@ class RLTrainer:
     def make_experience(self, rollout: Rollout, scores, valid, metrics: dict) -> Experience:
         """Phases 4–5 (``rl.experience.make_experience``): old / reference log-probs and values,
         token rewards and advantages, with this step's β."""
-        return experience.make_experience(self.models, self.args, rollout, scores, valid, self.kl_ctl.value, metrics)
+        return experience.make_experience(self.models, part(experience.ExperienceMaking, self.args), rollout, scores,
+                                          valid, self.kl_ctl.value, metrics)
 
     def update(self, exp: Experience) -> dict:
         """Phase 6 (``rl.update.update``): K passes of minibatch updates, each closed by
         ``optimizer_step``; returns the update's metrics."""
-        return update.update(self.models, self.args, exp, self.kl_ctl.value, self.step, self.optimizer_step)
+        return update.update(self.models, part(update.MinibatchUpdate, self.args), exp, self.kl_ctl.value, self.step,
+                             self.optimizer_step)
 
     def optimizer_step(self) -> dict:
         """One optimizer step of the run (a non-finite gradient norm is skipped: ``NonFiniteGuard``);

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rlhfkit.algorithms import group_has_variance, ppo_policy_loss
-from rlhfkit.config import RLConfig
-from rlhfkit.rl.update import loss as update_loss
+from rlhfkit.config import RLConfig, part
+from rlhfkit.rl.update import UpdateLoss, loss as update_loss
 from rlhfkit.rollout import build_rollout, concat_rollouts
 from rlhfkit.run.training import epoch_order
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
@@ -74,7 +74,7 @@ def test_importance_sampling_level_reaches_the_policy_loss(level):
     exp.advantages = torch.randn(exp.mask.shape[0], generator=torch.Generator().manual_seed(1))[:, None].expand_as(
         exp.mask).clone()
     with torch.no_grad():
-        got = update_loss(trainer.models, trainer.args, exp, all_rows, 0.0)[0]
+        got = update_loss(trainer.models, part(UpdateLoss, trainer.args), exp, all_rows, 0.0)[0]
     args = dict(agg=trainer.args.loss_agg, horizon=trainer.args.max_new_tokens, clip_low=0.1, clip_high=0.1)
     want = {lvl: ppo_policy_loss(logprobs, exp.old_logprobs, exp.advantages, exp.mask, **args,
                                  importance_sampling_level=lvl)[0] for lvl in ("token", level)}

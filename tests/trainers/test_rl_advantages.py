@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlhfkit.algorithms import group_advantages, reinforce_advantages, rloo_advantages
-from rlhfkit.config import RLConfig
-from rlhfkit.rl.advantages import compute_advantages, shape_scores
+from rlhfkit.config import RLConfig, part
+from rlhfkit.rl.advantages import AdvantageEstimation, compute_advantages, shape_scores
 
 
 def _batch(B, T=6, seed=0):
@@ -49,8 +49,10 @@ def test_invalid_rows_give_the_advantages_of_the_batch_without_them(algorithm, e
     torch.testing.assert_close(full_metrics["reward/std"], kept_metrics["reward/std"])
 
     vals = values if full_args.use_critic else None
-    adv, ret, _, train_mask = compute_advantages(full_args, full_scores, valid, mask, kl, vals, 0.05)
-    kept = compute_advantages(kept_args, kept_scores, torch.ones(len(keep), dtype=torch.bool), mask[keep], kl[keep],
+    adv, ret, _, train_mask = compute_advantages(part(AdvantageEstimation, full_args), full_scores, valid, mask, kl,
+                                                 vals, 0.05)
+    kept = compute_advantages(part(AdvantageEstimation, kept_args), kept_scores,
+                              torch.ones(len(keep), dtype=torch.bool), mask[keep], kl[keep],
                               vals[keep] if vals is not None else None, 0.05)
     torch.testing.assert_close(adv[keep], kept[0])
     assert (adv[~valid] == 0).all() and not train_mask[~valid].any()
@@ -96,6 +98,6 @@ def test_a_batch_no_function_scored_gives_zero_advantages_without_error(algorith
     B = args.batch_size
     scores, mask, kl, values, _ = _batch(B)
     nothing = torch.zeros(B, dtype=torch.bool)
-    adv, _, _, train_mask = compute_advantages(args, scores, nothing, mask, kl, values if args.use_critic else None,
-                                               0.05)
+    adv, _, _, train_mask = compute_advantages(part(AdvantageEstimation, args), scores, nothing, mask, kl,
+                                               values if args.use_critic else None, 0.05)
     assert (adv == 0).all() and not train_mask.any()

@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from rlhfkit.config import RLConfig
+from rlhfkit.config import RLConfig, part
 from rlhfkit.rollout.base import build_rollout
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.trainers import RLTrainer
 from rlhfkit.rl.experience import Experience
-from rlhfkit.rl.update import loss as update_loss, minibatch_generator
+from rlhfkit.rl.update import UpdateLoss, loss as update_loss, minibatch_generator
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -106,7 +106,7 @@ def handmade_rollout(trainer, responses, n):
 
 def micro_batch_loss(trainer, exp, rows):
     """``(loss, metrics)`` of ``rows`` of ``exp`` as the trainer's update computes them (``rl.update.loss``)."""
-    return update_loss(trainer.models, trainer.args, exp, rows, trainer.kl_ctl.value)
+    return update_loss(trainer.models, part(UpdateLoss, trainer.args), exp, rows, trainer.kl_ctl.value)
 
 
 def current_logprobs(trainer, rollout):
@@ -160,7 +160,7 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
 
     initial = [p.detach().clone() for _, p in trained_params(reference)]
     # The gradient of the first minibatch's loss in one forward/backward, for the first step of each run.
-    first_rows = torch.randperm(B, generator=minibatch_generator(reference.args, reference.step)).split(config.get("mini_batch_size") or B)[0]
+    first_rows = torch.randperm(B, generator=minibatch_generator(reference.args.seed, reference.step)).split(config.get("mini_batch_size") or B)[0]
     micro_batch_loss(reference, exp, first_rows)[0].backward()
     direct = [p.grad.detach().clone() for _, p in trained_params(reference)]
     reference.run.optimizer.zero_grad(set_to_none=True)

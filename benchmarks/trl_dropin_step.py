@@ -1,5 +1,5 @@
-"""One GRPO optimizer step through TRL 1.16's ``GRPOTrainer`` and through ``rlhfkit.trl.GRPOTrainer``,
-from the same weights, prompts, completions and ``GRPOConfig``: the same weights after it?
+"""One optimizer step through TRL 1.16's ``GRPOTrainer`` / ``DPOTrainer`` and through rlhfkit's
+drop-in classes (``rlhfkit.trl``), from the same weights, data and config: the same weights after it?
 
     pip install trl==1.16.0 peft matplotlib gguf math-verify   # an environment of its own
     pip install --no-deps -e .                                  # rlhfkit beside it
@@ -117,27 +117,64 @@ def _dataset(kwargs: dict) -> list[dict]:
     return [{"prompt": p} for p in PROMPTS[:per_generation // kwargs["num_generations"]]]
 
 
+PAIRS = [{"prompt": p, "chosen": p[::-1] + "a", "rejected": p + "zz"} for p in PROMPTS]
+DPO_CASES = {"dpo sigmoid, 2 accumulated micro-steps": dict(per_device_train_batch_size=4,
+                                                              gradient_accumulation_steps=2, beta=0.1, max_steps=1),
+             "dpo ipo, one micro-step": dict(per_device_train_batch_size=8, beta=0.1, max_steps=1, loss_type="ipo")}
+DPO_COMMON = dict(learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1,
+                  save_strategy="no", max_length=64)
+
+
+def dpo_step(trl: bool, model_dir: str, kwargs: dict, out: str) -> dict:
+    """One DPO step: TRL's trainer (``trl``) or rlhfkit's drop-in, the model from ``model_dir``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if trl:
+        from datasets import Dataset
+        from trl import DPOConfig, DPOTrainer
+
+        data = Dataset.from_list(PAIRS)
+    else:
+        from rlhfkit.trl import DPOConfig, DPOTrainer
+
+        data = PAIRS
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    trainer = DPOTrainer(model=model, args=DPOConfig(output_dir=out, **DPO_COMMON, **kwargs), train_dataset=data,
+                         processing_class=AutoTokenizer.from_pretrained(model_dir))
+    trainer.train()
+    return {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+
+def compare(start: dict, theirs: dict, ours: dict, prefix: str = "") -> dict:
+    return {f"{prefix}max_abs_diff": max((theirs[k] - ours[k]).abs().max().item() for k in ours),
+            f"{prefix}max_rel_diff_of_update": max(
+                ((theirs[k] - ours[k]).norm() / (theirs[k] - start[k]).norm().clamp(min=1e-12)).item() for k in ours)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--case", choices=list(CASES))
+    parser.add_argument("--case", choices=list(CASES) + list(DPO_CASES))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     from rlhfkit.tasks.tiny import save_tiny_model
 
-    for name in [args.case] if args.case else CASES:
+    for name in [args.case] if args.case else [*CASES, *DPO_CASES]:
         with tempfile.TemporaryDirectory() as tmp:
             model_dir = save_tiny_model(f"{tmp}/model", seed=0)
             from transformers import AutoModelForCausalLM
 
             start = {k: v.float().clone() for k, v in AutoModelForCausalLM.from_pretrained(model_dir).state_dict().items()}
+            if name in DPO_CASES:
+                theirs = dpo_step(True, model_dir, DPO_CASES[name], f"{tmp}/trl")
+                row = {"case": name, "max_update": max((theirs[k] - start[k]).abs().max().item() for k in theirs)}
+                row.update(compare(start, theirs, dpo_step(False, model_dir, DPO_CASES[name], f"{tmp}/ours")))
+                print(json.dumps(row), flush=True)
+                continue
             theirs = trl_step(model_dir, CASES[name], f"{tmp}/trl")
             row = {"case": name, "max_update": max((theirs[k] - start[k]).abs().max().item() for k in theirs)}
             for label, eps in (("", None), ("eps_1e-4_", 1e-4)):
-                ours = ours_step(model_dir, CASES[name], f"{tmp}/ours{label}", eps)
-                row[f"{label}max_abs_diff"] = max((theirs[k] - ours[k]).abs().max().item() for k in ours)
-                row[f"{label}max_rel_diff_of_update"] = max(
-                    ((theirs[k] - ours[k]).norm() / (theirs[k] - start[k]).norm().clamp(min=1e-12)).item() for k in ours)
+                row.update(compare(start, theirs, ours_step(model_dir, CASES[name], f"{tmp}/ours{label}", eps), label))
         print(json.dumps(row), flush=True)
 
 

@@ -8,6 +8,7 @@ EOS trick) must change what it promises to change, and nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -377,9 +378,9 @@ def test_reward_clip_bounds_scores_before_the_advantages():
     trainer = make_trainer(reward=large_rewards, reward_clip=1.0, kl_coef=0.0, group_size=4, prompts_per_step=2)
     rows, rollout = generate(trainer)
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
-    trainer.args = trainer.args.replace(reward_clip=None)
+    trainer.sampler.shaping = dataclasses.replace(trainer.sampler.shaping, reward_clip=None)
     raw, _, _ = trainer.sampler.score(rows, rollout)
-    trainer.args = trainer.args.replace(reward_clip=1.0)
+    trainer.sampler.shaping = dataclasses.replace(trainer.sampler.shaping, reward_clip=1.0)
     assert raw.abs().max() == 5.0  # the raw rewards do exceed the clip
     assert scores.tolist() == pytest.approx([1.0, -1.0, 0.25, -0.5] * 2)
     assert metrics["reward/mean"].item() == pytest.approx(sum([1.0, -1.0, 0.25, -0.5]) / 4)
@@ -515,7 +516,7 @@ def test_missing_eos_penalty_replaces_truncated_scores_and_leaves_the_others_alo
     rollout = handmade_rollout(trainer, responses, 2)
     assert rollout.has_eos.tolist() == [True, False, True, False]  # both kinds are present
     scores, _, _ = trainer.sampler.score(rows, rollout)
-    trainer.args = trainer.args.replace(missing_eos_penalty=None)
+    trainer.sampler.shaping = dataclasses.replace(trainer.sampler.shaping, missing_eos_penalty=None)
     raw, _, _ = trainer.sampler.score(rows, rollout)
     assert raw.tolist() == pytest.approx([1.0, 2 / 3, 0.0, 1.0])
     truncated = ~rollout.has_eos

@@ -85,17 +85,14 @@ def trl_step(model_dir: str, kwargs: dict, out: str) -> dict:
 
 
 def ours_step(model_dir: str, kwargs: dict, out: str, eps: float | None = None) -> dict:
-    """rlhfkit's step; ``eps``: its group advantages' ``std + eps`` set to another value (1e-4: TRL's)."""
-    from rlhfkit.algorithms import advantages
+    """rlhfkit's step; ``eps``: the group advantages' epsilon instead of TRL's (which the drop-in sets)."""
     from rlhfkit.rollout.base import build_rollout
-
-    defaults = advantages.group_advantages.__defaults__
-    if eps is not None:
-        advantages.group_advantages.__defaults__ = (defaults[0], eps, *defaults[2:])
     from rlhfkit.trl import GRPOConfig, GRPOTrainer
 
     config = GRPOConfig(output_dir=out, **COMMON, **kwargs)
     trainer = GRPOTrainer(model=model_dir, reward_funcs=fraction_of_a, args=config, train_dataset=_dataset(kwargs))
+    if eps is not None:
+        trainer.args = trainer.args.replace(advantage_epsilon=eps)
     tok = trainer.tokenizer
 
     def generate(prompts, n, sampling, seed=None):
@@ -103,10 +100,7 @@ def ours_step(model_dir: str, kwargs: dict, out: str, eps: float | None = None) 
         return build_rollout(prompts, responses, n, tok.pad_token_id, tok.eos_token_id)
 
     trainer.sampler.engine.generate = generate
-    try:
-        trainer.train()
-    finally:
-        advantages.group_advantages.__defaults__ = defaults
+    trainer.train()
     return {k: v.detach().float().clone() for k, v in trainer.models.policy.state_dict().items()}
 
 
@@ -154,6 +148,7 @@ def compare(start: dict, theirs: dict, ours: dict, prefix: str = "") -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=list(CASES) + list(DPO_CASES))
+    parser.add_argument("--eps", type=float, help="rlhfkit's group-advantage epsilon (default: the drop-in's, TRL's 1e-4)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -173,8 +168,7 @@ def main() -> None:
                 continue
             theirs = trl_step(model_dir, CASES[name], f"{tmp}/trl")
             row = {"case": name, "max_update": max((theirs[k] - start[k]).abs().max().item() for k in theirs)}
-            for label, eps in (("", None), ("eps_1e-4_", 1e-4)):
-                row.update(compare(start, theirs, ours_step(model_dir, CASES[name], f"{tmp}/ours{label}", eps), label))
+            row.update(compare(start, theirs, ours_step(model_dir, CASES[name], f"{tmp}/ours", args.eps)))
         print(json.dumps(row), flush=True)
 
 

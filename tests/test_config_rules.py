@@ -23,7 +23,7 @@ TABLE = {
     "top_k": ([-1, 10**7 + 1], 0), "loss_horizon": ([0, 10**7 + 1], 8), "kl_coef": ([-0.1, math.nan], 0.0), "kl_target": ([0.0], 1.0),
     "kl_horizon": ([0.0], 100.0), "clip_low": ([0.0, 1.0, 1.5], 0.1), "clip_high": ([0.0, -0.2], 0.28),
     "dual_clip": ([1.0, 0.5], 3.0), "value_clip": ([0.0], 0.5), "vf_coef": ([-1.0], 0.0),
-    "entropy_coef": ([-0.01], 0.01), "gamma": ([1.5, -0.1], 0.99), "lam": ([-0.1, 1.01], 1.0),
+    "entropy_coef": ([-0.01], 0.01), "gamma": ([1.5, -0.1], 0.99), "lam": ([-0.1, 1.01], 1.0), "advantage_epsilon": ([0.0, -1e-6, 2.0], 1e-4),
     "num_iterations": ([0, 10**4 + 1], 2), "missing_eos_penalty": ([math.inf, math.nan, 1e39, -1e7], -1.0), "reward_clip": ([0.0], 5.0),
     "learning_rate": ([0.0, -1e-5], 1e-4), "critic_learning_rate": ([0.0], 1e-4), "weight_decay": ([-0.1], 0.01),
     "max_grad_norm": ([0.0], 0.5), "warmup_steps": ([-1, 10**9 + 1], 5), "mini_batch_size": ([0, 10**6 + 1], 1),

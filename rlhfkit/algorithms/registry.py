@@ -148,13 +148,14 @@ def sequence_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -
 
 
 def _bandit(estimate: Callable[..., torch.Tensor]) -> Callable:
-    """Wrap a (B,) → (B,) estimator ``estimate(rewards, group_size, valid, reduce)`` into the
+    """Wrap a (B,) → (B,) estimator ``estimate(rewards, group_size, valid, reduce, eps)`` into the
     token-level registry signature; ``valid`` marks the rows with a response (an empty row is
     absent)."""
 
-    def estimator(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None):
+    def estimator(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None,
+                  eps=1e-6):
         mask = check_mask(response_mask, token_rewards.shape)
-        seq = estimate(sequence_rewards(token_rewards, mask), group_size, mask.any(dim=-1), reduce)
+        seq = estimate(sequence_rewards(token_rewards, mask), group_size, mask.any(dim=-1), reduce, eps)
         return adv.broadcast_sequence_advantages(seq, mask), None
 
     return estimator
@@ -164,7 +165,7 @@ _SEQUENCE = dict(needs_values=False, gives_returns=False, sequence_level=True)
 
 
 @ADVANTAGE_ESTIMATORS.register("gae", needs_groups=False, needs_values=True, gives_returns=True, sequence_level=False)
-def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=0.95, reduce=None):
+def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=0.95, reduce=None, eps=1e-6):
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values from a critic (values=None was given)")
     return adv.gae(token_rewards, values, response_mask, gamma, lam)
@@ -172,18 +173,19 @@ def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, 
 
 # Groups never span processes, so the group estimators need no reduce; the batch mean does.
 ADVANTAGE_ESTIMATORS.register("group", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce: adv.group_advantages(r, g, scale="std", valid=valid)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="std", eps=eps, valid=valid)))
 ADVANTAGE_ESTIMATORS.register("group_no_std", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce: adv.group_advantages(r, g, scale="none", valid=valid)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="none", valid=valid)))
 ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce: adv.rloo_advantages(r, g, valid=valid)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.rloo_advantages(r, g, valid=valid)))
 ADVANTAGE_ESTIMATORS.register("reinforce", needs_groups=False, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce)))
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False, needs_values=False, gives_returns=True,
                                sequence_level=False)
-def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None):
+def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None,
+                  eps=1e-6):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level discounted returns of the shaped
     rewards, whitened over the whole batch (a global baseline, no critic, no groups)."""
     zeros = torch.zeros_like(token_rewards)

@@ -178,6 +178,8 @@ class AlgorithmConfig:
     """GAE λ."""
     whiten_advantages: bool | None = None
     """Whiten advantages over the batch's response tokens (PPO)."""
+    advantage_epsilon: float = 1e-6
+    """ε of the group advantages (r - mean_g) / (std_g + ε) (GRPO's 'group' estimator), as verl's 1e-6; TRL uses 1e-4 (rlhfkit.trl's GRPOConfig sets that)."""
     num_iterations: int | None = None
     """K: passes (PPO epochs) over each batch; old log-probs are kept from before the first update."""
     missing_eos_penalty: float | None = None

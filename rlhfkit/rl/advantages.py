@@ -103,6 +103,7 @@ class AdvantageEstimation:
     gamma: float
     lam: float
     whiten_advantages: bool
+    advantage_epsilon: float
 
 
 def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: torch.Tensor,
@@ -118,7 +119,8 @@ def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: t
     rewards = token_level_rewards(scores, kl if args.kl_in_reward else None, response_mask, kl_coef)
     mask = response_mask & valid[:, None]
     advantages, returns = ADVANTAGE_ESTIMATORS.get(args.advantage_estimator)(
-        rewards, mask, values=values, group_size=args.group_size, gamma=args.gamma, lam=args.lam, reduce=reduce)
+        rewards, mask, values=values, group_size=args.group_size, gamma=args.gamma, lam=args.lam, reduce=reduce,
+        eps=args.advantage_epsilon)
     tokens = mask.sum() if reduce is None else reduce(mask.sum())
     if args.whiten_advantages and int(tokens) >= 2:  # batch statistics over every process's samples
         advantages = whiten(advantages, mask, reduce=reduce)

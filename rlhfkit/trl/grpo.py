@@ -243,6 +243,7 @@ class GRPOConfig(_Generation):
             algorithm="grpo", advantage_estimator=SCALE_REWARDS[self.scale_rewards], policy_loss=policy_loss,
             loss_agg=loss_agg, loss_horizon=self.max_completion_length if self.loss_type == "dr_grpo" else None,
             use_critic=False, kl_coef=self.beta, kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
+            advantage_epsilon=1e-4,  # TRL's (rewards - mean) / (std + 1e-4)
             importance_sampling_level=self.importance_sampling_level, dynamic_sampling=False,
             entropy_coef=self.entropy_coef,
             max_tool_calling_iterations=self.max_completion_length if iterations is None else iterations,

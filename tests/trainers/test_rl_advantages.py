@@ -101,3 +101,14 @@ def test_a_batch_no_function_scored_gives_zero_advantages_without_error(algorith
     adv, _, _, train_mask = compute_advantages(part(AdvantageEstimation, args), scores, nothing, mask, kl,
                                                values if args.use_critic else None, 0.05)
     assert (adv == 0).all() and not train_mask.any()
+
+
+def test_advantage_epsilon_reaches_the_group_estimator():
+    """(r - mean_g) / (std_g + ε) with the config's ε: scores 0 and 1 in a group of two have an
+    unbiased std of 1/√2, so ε = 1 gives ±0.5 / (1/√2 + 1)."""
+    args = RLConfig(algorithm="grpo", group_size=2, prompts_per_step=1, advantage_epsilon=1.0)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    adv, *_ = compute_advantages(part(AdvantageEstimation, args), torch.tensor([0.0, 1.0]), torch.ones(2, dtype=torch.bool),
+                                 mask, None, None, 0.0)
+    expected = 0.5 / (2 ** -0.5 + 1.0)
+    torch.testing.assert_close(adv[:, 0], torch.tensor([-expected, expected]))

@@ -127,6 +127,7 @@ class RemoteSampler(Sampler):
                    "perf/generator_wait_s": max(p["wait_s"] for p in parts),
                    **{f"perf/generator_time_{k}": v for k, v in parts[0]["timings"].items()}}
         self.restore(parts[0]["position"])
+        self.steps_done = step + 1  # what an evaluation's reward functions are told (trainer_state)
         return Batch(rows, rollout, scores, valid, metrics, parts[0]["samples"])
 
     def _share(self, parts: list[dict]) -> tuple:

@@ -86,6 +86,9 @@ class Sampler:
         self.models, self.tokenizer, self.engine, self.rewards, self.agent = models, models.tokenizer, engine, rewards, agent
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.steps_done = 0  # the step an evaluation's reward functions are told (trainer_state.global_step)
+        # trainer_state's steps per RL step: 1 (rlhfkit counts RL steps); TRL's drop-in trainers count
+        # optimizer steps (rlhfkit.trl sets num_iterations x steps_per_generation / accumulation).
+        self.state_steps_per_step = 1
         self.restore((0, 0))
 
     # ---------------------------------------------------------------- what the loop calls
@@ -173,7 +176,9 @@ class Sampler:
         """What the reward functions are told of the run (``trainer_state=``) at ``step`` (steps
         done): the step, ``max_steps``, the data epochs done (fractional) and this process's place."""
         epoch = self.data_epoch + self.data_pos / max(1, len(self.order))
-        return TrainingState(step, self.config.max_steps, epoch, distributed.is_main(), distributed.local_rank() == 0)
+        k = self.state_steps_per_step
+        return TrainingState(step * k, self.config.max_steps * k, epoch, distributed.is_main(),
+                             distributed.local_rank() == 0)
 
     def sampling_seeds(self, step: int, sampling_round: int, count: int) -> list[int]:
         """The sampling seed of each of this process's ``count`` prompts: fixed by (seed, step,

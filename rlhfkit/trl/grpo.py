@@ -298,6 +298,8 @@ class GRPOTrainer(TRLTrainerMixin, RLTrainer):
         super().__init__(model, reward_funcs, native, train_dataset, processing_class=processing_class,
                          reward_weights=weights, peft_config=peft_config, eval_dataset=eval_dataset, tools=tools,
                          environment_factory=environment_factory, callbacks=callbacks)
+        # Reward functions' trainer_state counts optimizer steps, as TRL's self.state does.
+        self.sampler.state_steps_per_step = self.trl_args.optimizer_steps_per_generation
 
 
 class RLOOTrainer(GRPOTrainer):

@@ -161,3 +161,18 @@ def test_conversational_quickstart_with_trls_reward_contract(tmp_path):
     trainer = GRPOTrainer(model=model, reward_funcs=reward_num_unique_letters, args=config, train_dataset=dataset)
     assert trainer.train().global_step == 1
     assert len(seen) == 4 and all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in seen)
+
+
+def test_reward_functions_see_trls_global_step_in_optimizer_steps(model_dir, tmp_path):
+    """TRL passes ``trainer_state`` (its ``self.state``): ``global_step`` counts optimizer steps,
+    here 2 per generation (num_iterations=2)."""
+    seen = []
+
+    def reward(completions, trainer_state, **kwargs):
+        seen.append((trainer_state.global_step, trainer_state.max_steps))
+        return [0.0] * len(completions)
+
+    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
+                        num_iterations=2, max_completion_length=4, max_steps=4, **CPU)
+    GRPOTrainer(model_dir, reward, config, [{"prompt": p} for p in ["abc", "hello"]]).train()
+    assert seen == [(0, 4), (2, 4)]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
+from . import efficiency
 
 
 @dataclass
@@ -90,6 +91,7 @@ def forward_response(
         if len(unique) < len(prompt_index):
             return _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, len(unique),
                                           temperature, with_entropy, entropy_grad, with_hidden, support)
+    efficiency.add_computed(input_ids.numel())
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -128,6 +130,7 @@ def _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inver
     B, P = input_ids.shape[0], input_ids.shape[1] - T
     rows = torch.arange(B, device=input_ids.device)
     first = torch.full((n_prompts,), B, device=input_ids.device).scatter_reduce(0, inverse, rows, "amin")
+    efficiency.add_computed(n_prompts * P + B * T)  # the prompt pass, then the rows' response pass
     head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
                  position_ids=positions[first, :P], logits_to_keep=1, output_hidden_states=with_hidden,
                  use_cache=True)

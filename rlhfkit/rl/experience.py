@@ -9,6 +9,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated
+from ..models import efficiency
 from ..models.rl_models import RLModels
 from ..rollout import Rollout
 from .advantages import AdvantageEstimation, RolloutCorrection, compute_advantages, kl_metrics, rollout_correction
@@ -84,9 +85,13 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
     # correction is computed here, else in the one on-policy pass of the loss — exactly once.
     masks = behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"]
     need_old = (args.kl_in_reward and args.kl_coef > 0) or not single_pass(args) or args.use_critic or masks
-    old_logprobs, old_values, kept_mass = (models.policy_outputs(rollout, with_values=args.use_critic)
-                                           if need_old else (None, None, None))
-    ref = models.reference_logprobs(rollout) if args.kl_coef > 0 else None
+    with efficiency.counting("logprob"):
+        old_logprobs, old_values, kept_mass = (models.policy_outputs(rollout, with_values=args.use_critic)
+                                               if need_old else (None, None, None))
+        ref = models.reference_logprobs(rollout) if args.kl_coef > 0 else None
+    passes = int(need_old) + int(args.kl_coef > 0)
+    if passes:
+        efficiency.add_needed("logprob", passes * efficiency.needed_tokens(rollout))
     valid = valid.to(device)
     kl = None
     if ref is not None and old_logprobs is not None:

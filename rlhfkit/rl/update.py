@@ -11,6 +11,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate, masked_mean, value_loss
+from ..models import efficiency
 from ..models.rl_models import RLModels
 from .advantages import RolloutCorrection, kl_metrics, rollout_correction
 from .experience import Experience
@@ -83,11 +84,14 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
             weight = distributed.reduce_sum(loss_weights(exp.mask[mb_rows], args.loss_agg)).clamp(min=1)
             tokens = distributed.reduce_sum(exp.mask[mb_rows].sum()).clamp(min=1)
             chunks = list(mb_rows.split(args.micro_batch_size or mini)) if len(mb_rows) else []
+            if len(mb_rows):
+                efficiency.add_needed("update", efficiency.needed_tokens(exp.rollout, mb_rows))
             n_micro = distributed.reduce_max(len(chunks))
             for i in range(n_micro):
                 real = i < len(chunks)
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
-                with distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext():
+                with (distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext(),
+                      efficiency.counting("update")):
                     loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef)
                     share = loss_weights(exp.mask[rows], args.loss_agg) / weight if real else torch.zeros(())
                     (loss_value * share * world).backward()

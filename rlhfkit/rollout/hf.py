@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from ..models import efficiency
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
 from ..data.padding import pad
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
@@ -86,6 +87,8 @@ class HFEngine:
             self.model.train(was_training)
         responses = sequences[:, ids.shape[1] :]
         response_mask, has_eos = response_mask_from_ids(responses, self.eos_id)
+        if efficiency.active():
+            self._count(prompt_mask, cache is not None, response_mask)
         rollout = Rollout(sequences, torch.cat([mask, response_mask], 1), response_mask, has_eos, ids.shape[1],
                           group_index(len(prompts), n, device))
         if self.logprobs:  # the log-prob of each drawn token under the distribution it was drawn from
@@ -94,6 +97,16 @@ class HFEngine:
 
     def sleep(self) -> None:
         """Nothing to release: the engine is the trained model."""
+
+    @staticmethod
+    def _count(prompt_mask: torch.Tensor, cached: bool, response_mask: torch.Tensor) -> None:
+        """The positions ``generate`` ran (``models.efficiency``): the prefill — each prompt's
+        columns but the last once when cached (``_prompt_cache``), then every row's last prompt
+        column; every row's whole prompt otherwise — and ``B`` positions per later decode step;
+        needed: each prompt's real tokens once, each row's real completion tokens but the last."""
+        (n, P), (B, W) = prompt_mask.shape, response_mask.shape
+        efficiency.add_computed((n * (P - 1) + B if cached else B * P) + B * max(W - 1, 0))
+        efficiency.add_needed("generate", prompt_mask.sum() + (response_mask.sum(-1) - 1).clamp(min=0).sum())
 
     def _prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
         """The cache of every prompt token but the last, computed once per prompt and repeated ``n``

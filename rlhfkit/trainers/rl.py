@@ -29,6 +29,7 @@ from ..data import load_prompt_dataset
 from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
+from ..models import efficiency
 from ..models.rl_models import ModelLoading, build_models
 from ..rewards.sources import build_rewards
 from ..rl import experience, update
@@ -128,7 +129,9 @@ class RLTrainer:
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
             self.run.step_begin()
-            batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
+            efficiency.reset()
+            with efficiency.counting("generate"):
+                batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
             if batch.samples is not None:  # some steps' samples, for the report
                 write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
             metrics = batch.metrics
@@ -137,6 +140,7 @@ class RLTrainer:
             with timer(timings, "update"):
                 if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
                     metrics.update(self.update(exp))                                # 6
+            metrics.update(efficiency.step_metrics(distributed.reduce_sum))  # perf/*_efficiency: positions needed/computed
             self.step += 1
             self.sampler.publish(self.step, timings)  # generator ranks go on with the weights of this step
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last

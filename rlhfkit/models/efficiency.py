@@ -1,0 +1,111 @@
+"""Efficiency counters of an RL step: token positions the forward passes computed against the
+minimum the step needs, per pass, machine-independent (``perf/*``).
+
+Three passes are counted:
+
+- ``generate``: the positions a rollout engine ran through the model — the prompt prefill (per
+  row, or per distinct prompt when its cache is shared) and ``B`` positions per later decode step,
+  finished rows and padding included. *Needed*: each distinct prompt's real tokens once, and each
+  completion's real tokens but its last (nothing is sampled after it).
+- ``logprob``: the no-gradient passes before the update (old log-probs, reference log-probs).
+  *Needed*, per pass run: each distinct prompt's real tokens once and each row's real tokens after
+  the prompt once.
+- ``update``: the forward passes of the update's micro-batches (each is also a backward pass over
+  the same positions). *Needed*, per pass over the batch (``num_iterations``): as ``logprob``, the
+  prompt once per distinct prompt of each minibatch.
+
+*Computed* is the width of what is fed to the model: ``rows x columns`` of a padded batch (after
+``forward_response`` trims the columns no row attends), or the prompt pass plus the rows'
+response pass when the prompt is shared. It is counted where the model is called
+(``policy.forward_response``, ``rollout.hf.HFEngine``) for the pass named by the enclosing
+``counting`` block; nothing is counted outside one (evaluation, generator ranks of an
+asynchronous run). A separate critic's passes (``critic='separate'``) are not counted.
+
+Counts are Python integers from shapes (computed) and device tensors from masks (needed): no
+synchronisation until ``step_metrics``, which sums them over the processes of the role in one
+all-reduce and returns ``perf/tokens_computed_<pass>``, ``perf/tokens_needed_<pass>`` and
+``perf/<pass>_efficiency`` = needed / computed (for the passes that ran).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+PASSES = ("generate", "logprob", "update")
+
+_current: list[str] = []
+_computed: dict[str, int] = dict.fromkeys(PASSES, 0)
+_needed: dict[str, torch.Tensor | int] = dict.fromkeys(PASSES, 0)
+
+
+def reset() -> None:
+    """Zero every counter (the start of a step)."""
+    for p in PASSES:
+        _computed[p], _needed[p] = 0, 0
+
+
+@contextmanager
+def counting(pass_name: str):
+    """Positions computed inside the block count toward ``pass_name``."""
+    if pass_name not in PASSES:
+        raise ValueError(f"unknown pass {pass_name!r}: one of {PASSES}")
+    _current.append(pass_name)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+def active() -> str | None:
+    return _current[-1] if _current else None
+
+
+def add_computed(positions: int) -> None:
+    """``positions`` token positions run through the model in the current pass (none: not counted)."""
+    if _current:
+        _computed[_current[-1]] += int(positions)
+
+
+def add_needed(pass_name: str, tokens) -> None:
+    """The minimum of one pass over some rows (``needed_tokens``), added to ``pass_name``."""
+    _needed[pass_name] = _needed[pass_name] + tokens
+
+
+def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Real tokens of ``rows`` of ``rollout`` (all rows when None) one pass needs: each distinct
+    prompt's (``prompt_index``) once, each row's tokens after the prompt once. A 0-d tensor."""
+    mask = rollout.attention_mask
+    B, P = mask.shape[0], mask.shape[1] - rollout.response_mask.shape[1]
+    if rows is not None:
+        rows = rows.to(mask.device)
+        mask = mask[rows]
+    prompt, response = mask[:, :P].sum(-1), mask[:, P:].sum()
+    index = rollout.prompt_index
+    if index is None:
+        return prompt.sum() + response
+    index = index.to(mask.device) if rows is None else index.to(mask.device)[rows]
+    # Rows of one prompt hold the same prompt tokens: the largest count per prompt index (< B).
+    per_prompt = torch.zeros(B, dtype=prompt.dtype, device=mask.device).scatter_reduce(0, index, prompt, "amax")
+    return per_prompt.sum() + response
+
+
+def step_metrics(reduce_sum=None) -> dict[str, float]:
+    """This step's counters summed over the processes (``reduce_sum``: a tensor's sum over them),
+    as ``perf/*`` metrics; then zeroed. One synchronisation."""
+    device = next((x.device for x in _needed.values() if isinstance(x, torch.Tensor)), torch.device("cpu"))
+    needed = [torch.as_tensor(_needed[p], device=device).to(torch.float64) for p in PASSES]
+    computed = torch.tensor([float(_computed[p]) for p in PASSES], dtype=torch.float64, device=device)
+    values = torch.cat([computed, torch.stack(needed)])
+    if reduce_sum is not None:
+        values = reduce_sum(values)
+    values = values.tolist()
+    reset()
+    out = {}
+    for i, p in enumerate(PASSES):
+        computed, needed = values[i], values[len(PASSES) + i]
+        out[f"perf/tokens_computed_{p}"], out[f"perf/tokens_needed_{p}"] = computed, needed
+        if computed > 0:
+            out[f"perf/{p}_efficiency"] = needed / computed
+    return out

@@ -77,3 +77,24 @@ def test_part_copies_the_values_of_the_fields_it_names(algorithm):
     passes = part(PARTS["rlhfkit.rl.experience.UpdatePasses"], config)
     assert passes.batch_size == config.batch_size
 
+
+
+# The phases and everything below them read parts; only the config itself, the trainers, the command
+# line, the TRL drop-ins and the ready-made tasks name RLConfig (they own a run's whole config).
+WHOLE_CONFIG_READERS = ("rlhfkit.config", "rlhfkit.trainers", "rlhfkit.cli", "rlhfkit.trl", "rlhfkit.tasks",
+                        "rlhfkit.quickstart", "rlhfkit.jobs", "rlhfkit.run.callbacks")
+
+
+def test_no_phase_takes_the_whole_rl_config():
+    """A module of the loop's phases (rl/, rollout/, agents/, models/, rewards/, data/, run/) that
+    imports RLConfig would be reading the whole config: refused, so phases keep taking parts."""
+    offenders = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        module = module_name(path)
+        if module == "rlhfkit" or any(module == owner or module.startswith(owner + ".") for owner in WHOLE_CONFIG_READERS):
+            continue  # the package root's lazy names, and the owners of a run's whole config
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+            if "RLConfig" in names:
+                offenders.append(f"{module}:{node.lineno}")
+    assert not offenders, f"import RLConfig (take a part instead): {offenders}"

@@ -290,6 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=60, help="training steps per algorithm (default 60)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
+    __import__("rlhfkit.serving", fromlist=["add_command"]).add_command(sub)  # rlhfkit serve: rlhfkit/serving.py
     return parser
 
 

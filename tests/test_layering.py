@@ -30,6 +30,8 @@ LAYERS = {
     "rlhfkit.report": 4, "rlhfkit.tasks": 4, "rlhfkit.tasks.calculator_demo": 7,
     #     agents: multi-turn episodes with tools and environments on a rollout engine
     "rlhfkit.agents": 4,
+    #     the OpenAI-compatible endpoint on a rollout engine, recording episodes as agents' rows
+    "rlhfkit.endpoint": 4,
     # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers;
     #     beside it, the RL loop's phases as functions (score, experience, update, evaluate), without the run
     "rlhfkit.run": 5, "rlhfkit.rl": 5,
@@ -37,6 +39,7 @@ LAYERS = {
     "rlhfkit.trainers": 6,
     # 7 — on top: the command line and its jobs, the quickstart, the toy task's ready-made RLTrainer
     "rlhfkit.cli": 7, "rlhfkit.trl": 7, "rlhfkit.__main__": 7, "rlhfkit.jobs": 7, "rlhfkit.quickstart": 7, "rlhfkit.tasks.toy": 7,
+    "rlhfkit.serving": 7,
 }
 
 

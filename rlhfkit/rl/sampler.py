@@ -156,7 +156,9 @@ class Sampler:
                  timings: dict | None = None) -> tuple[Rollout, list | None]:
         """Phase 2: ``group_size`` completions of each prompt of ``rows`` from the engine, made ready
         for the policy of ``version`` first (``engine_ready``), with the per-prompt seeds of
-        (``step``, ``sampling_round``) (``sampling_seeds``). Returns the rollout and, with an agent,
+        (``step``, ``sampling_round``) (``sampling_seeds``). An agent program
+        (``endpoint.program.ProgramAgent``) stands where the agent does: its episodes run the
+        user's program against the policy's endpoint. Returns the rollout and, with an agent,
         its episodes (one per row of the rollout; ``score`` reads them), else None."""
         G = self.config.group_size
         with engine_ready(self.engine, self.models, version, {} if timings is None else timings):
@@ -164,6 +166,8 @@ class Sampler:
             if self.agent is None:
                 return self.engine.generate([self.prompt_ids[i] for i in rows], G, self.sampling, seed=seeds), None
             episodes = self.agent.start(self.rows, rows, G)
+            if hasattr(self.agent, "version"):  # an agent program's endpoint records the weights' version
+                self.agent.version = version
             return self.agent.run(self.engine, episodes, self.sampling, seed=row_seeds(seeds, len(rows), G)), episodes
 
     def score(self, rows: list[int], rollout: Rollout, episodes: list | None = None):

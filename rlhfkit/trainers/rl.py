@@ -28,6 +28,7 @@ from ..config import RLConfig, part
 from ..data import load_prompt_dataset
 from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..data.chat_templates import use_chat_template
+from ..endpoint.program import agent_program as program_reward, program_agent
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import efficiency
 from ..models.rl_models import ModelLoading, build_models
@@ -62,6 +63,11 @@ class RLTrainer:
     ``get_reward()`` an extra reward source. Episodes run token in, token out
     (``rlhfkit.agents``); the loss sees only the tokens the policy sampled.
 
+    ``agent_program``: ``fn(client, row) -> reward | None``, an agent written against the
+    ``openai`` client (or ``rlhfkit.endpoint.AgentProgram(fn, timeout=...)``): each episode runs it
+    with a client on the policy's OpenAI-compatible endpoint, which records exactly what was
+    sampled (``rlhfkit.endpoint``); instead of ``tools`` / ``environment_factory``.
+
     ``callbacks``: ``transformers.TrainerCallback`` objects (``rlhfkit/run/callbacks.py``); one that
     sets ``control.should_training_stop`` ends the run after that step, evaluated and saved as a
     last step (not with ``rollout_workers``).
@@ -69,7 +75,7 @@ class RLTrainer:
 
     def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
                  processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None,
-                 tools=None, environment_factory=None, callbacks=None):
+                 tools=None, environment_factory=None, callbacks=None, agent_program=None):
         args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
@@ -96,7 +102,8 @@ class RLTrainer:
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self.tokenizer = self.models.tokenizer
         use_chat_template(self.tokenizer, args.chat_template)
-        self.sampler = self._build_sampler(model, train_rows, reward_funcs, reward_weights, tools, environment_factory)
+        self.sampler = self._build_sampler(model, train_rows, reward_funcs, reward_weights, tools, environment_factory,
+                                           agent_program)
         self.run.open(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
                       reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config,
                       tools=tools, environment_factory=environment_factory)
@@ -151,6 +158,7 @@ class RLTrainer:
             self.run.step_done(self.step, self._counters)                           # checkpoint
             if stop:
                 break
+        getattr(self.sampler.agent, "close", lambda: None)()  # an agent program's endpoint stops
         return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     # ---------------------------------------------------------------- the phases (rlhfkit/rl/)
@@ -192,7 +200,8 @@ class RLTrainer:
         return self.eval_rows is not None and (last or bool(every and self.step % every == 0))
 
     # ---------------------------------------------------------------- set-up and bookkeeping
-    def _build_sampler(self, model, train_rows, reward_funcs, reward_weights, tools, environment_factory) -> Sampler:
+    def _build_sampler(self, model, train_rows, reward_funcs, reward_weights, tools, environment_factory,
+                       agent_program=None) -> Sampler:
         """Phases 1-3's component (``rl.sampler.Sampler``; with ``rollout_workers``, a trainer rank's
         ``rl.pipeline.RemoteSampler``): the agent (tools, environments), the reward sources, the
         prompts' token ids (the eval prompts' too: ``eval_prompt_ids``) and the engine, sized for
@@ -203,6 +212,9 @@ class RLTrainer:
                                model_name(model))
         agent = build_agent(tokenizer, tools, environment_factory, options, limit)
         sources, weights = reward_funcs, reward_weights
+        if agent_program is not None:  # the program's episodes through the endpoint; its reward one more source
+            agent = program_agent(agent_program, agent, tokenizer, self.models, model_name(model))
+            sources, weights = sources + [program_reward], list(weights) + [1.0] if weights is not None else None
         if agent is not None and agent.has_environment_reward:  # get_reward(): one more source
             sources, weights = sources + [environment_reward], list(weights) + [1.0] if weights is not None else None
         rewards = build_rewards(sources, weights, tokenizer, self.models.device)

@@ -1,0 +1,168 @@
+"""The OpenAI chat-completions wire format: a request checked field by field (``parse_request``,
+a ``BadRequest`` in one line for anything wrong), messages put in the form our chat templates and
+the agent path use (``template_messages``), and the response built from what was sampled
+(``completion_response``).
+
+Fields taken: ``messages``, ``tools``, ``tool_choice``, ``temperature``, ``top_p``,
+``max_tokens`` / ``max_completion_tokens``, ``n``, ``stop``, ``seed``, ``logprobs``,
+``top_logprobs`` (0 only), ``model``, ``user``, ``stream`` (false only); every other field is
+ignored, as OpenAI-compatible servers do with fields they do not implement.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 16
+
+
+class BadRequest(ValueError):
+    """A request the endpoint refuses: HTTP 400 with ``{"error": {"message": <one line>, ...}}``."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(" ".join(str(message).split()))
+        self.param = param
+
+
+@dataclass
+class ChatRequest:
+    """A checked chat-completions request (``messages`` and ``tools`` as the client sent them)."""
+
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: object = "auto"
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    n: int = 1
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+    model: str | None = None
+
+
+def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
+    value = body.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise BadRequest(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r:.40}", name)
+    if not (low < value <= high if low_open else low <= value <= high):
+        raise BadRequest(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value}", name)
+    return value
+
+
+def parse_request(body) -> ChatRequest:
+    """The request ``body`` (parsed JSON) checked; raises ``BadRequest`` naming the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if body.get("stream"):
+        raise BadRequest("stream=true is not supported: ask without streaming", "stream")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of messages", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", "messages")
+        if m["role"] != "assistant" and not isinstance(m.get("content"), (str, list)):
+            raise BadRequest(f"messages[{i}] ({m['role']}) needs a content", "messages")
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                                                  and isinstance(t["function"].get("name"), str) for t in tools):
+            raise BadRequest('tools must be a list of {"type": "function", "function": {"name": ...}}', "tools")
+    choice = body.get("tool_choice", "auto")
+    if not (choice in ("auto", "none", "required") or isinstance(choice, dict)):
+        raise BadRequest(f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r:.40}",
+                         "tool_choice")
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("stop must be a string or a list of at most 4 non-empty strings", "stop")
+    if body.get("top_logprobs"):
+        raise BadRequest("top_logprobs is not supported (logprobs=true reports each sampled token's)", "top_logprobs")
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, bool) and logprobs is not None:
+        raise BadRequest(f"logprobs must be true or false, got {logprobs!r:.40}", "logprobs")
+    max_tokens = _number(body, "max_completion_tokens", 1, 10**7, integer=True)
+    max_tokens = _number(body, "max_tokens", 1, 10**7, integer=True) if max_tokens is None else max_tokens
+    return ChatRequest(messages, tools or None, choice, _number(body, "temperature", 0, 2),
+                       _number(body, "top_p", 0, 1, low_open=True), max_tokens,
+                       _number(body, "n", 1, MAX_N, integer=True) or 1, stop,
+                       _number(body, "seed", -2**63, 2**63 - 1, integer=True), bool(logprobs), body.get("model"))
+
+
+def _arguments(value):
+    if isinstance(value, str):
+        try:
+            return json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _content(value) -> str:
+    if isinstance(value, list):  # content parts: their text
+        return "".join(p.get("text", "") for p in value if isinstance(p, dict))
+    return value or ""
+
+
+def template_messages(messages: list[dict], call_names: dict[str, str]) -> list[dict]:
+    """The client's messages in the form the chat template (and the agent path) renders:
+    ``developer`` as ``system``, content parts joined, an assistant's tool calls as ``{"type":
+    "function", "function": {"name", "arguments": {...}}}`` (OpenAI sends the arguments as a JSON
+    string), a tool message with the ``name`` of the call it answers (``call_names``: call id ->
+    function name, the calls this endpoint returned, and those of the assistant messages given)."""
+    names = dict(call_names)
+    out = []
+    for m in messages:
+        role = "system" if m["role"] == "developer" else m["role"]
+        if role == "assistant":
+            calls = []
+            for c in m.get("tool_calls") or []:
+                fn = c.get("function", {})
+                names.setdefault(c.get("id"), fn.get("name"))
+                calls.append({"type": "function", "function": {"name": fn.get("name"),
+                                                               "arguments": _arguments(fn.get("arguments", {}))}})
+            out.append({"role": "assistant", "content": _content(m.get("content")),
+                        **({"tool_calls": calls} if calls else {})})
+        elif role == "tool":
+            name = m.get("name") or names.get(m.get("tool_call_id")) or "tool"
+            out.append({"role": "tool", "name": name, "content": _content(m.get("content"))})
+        else:
+            out.append({"role": role, "content": _content(m.get("content"))})
+    return out
+
+
+def openai_tool_calls(calls: list[dict], ids: list[str]) -> list[dict]:
+    """Parsed calls (``agents.parsing`` form) in OpenAI's form: ids, arguments as a JSON string."""
+    return [{"id": i, "type": "function", "function": {"name": c["function"]["name"],
+                                                       "arguments": json.dumps(c["function"]["arguments"])}}
+            for c, i in zip(calls, ids)]
+
+
+def completion_response(request_id: str, model: str, prompt_len: int, choices: list[dict]) -> dict:
+    """The ``chat.completion`` object. Each of ``choices``: ``message`` (the OpenAI message),
+    ``finish_reason``, ``token_ids`` (the sampled ids: an extension field, as vLLM's
+    ``return_token_ids``), ``tokens`` (their text) and ``logprobs`` (a list, or None)."""
+    out = []
+    for i, c in enumerate(choices):
+        logprobs = None
+        if c["logprobs"] is not None:
+            logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                                    for t, lp in zip(c["tokens"], c["logprobs"])], "refusal": None}
+        out.append({"index": i, "message": c["message"], "finish_reason": c["finish_reason"], "logprobs": logprobs,
+                    "token_ids": c["token_ids"]})
+    completion = sum(len(c["token_ids"]) for c in choices)
+    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": out, "system_fingerprint": None,
+            "usage": {"prompt_tokens": prompt_len, "completion_tokens": completion,
+                      "total_tokens": prompt_len + completion}}
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict:
+    return {"error": {"message": " ".join(str(message).split()), "type": kind, "param": param, "code": None}}

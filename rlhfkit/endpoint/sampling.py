@@ -1,0 +1,102 @@
+"""One batch of the endpoint's requests through the engine: sampled, cut (each request's own
+``max_tokens`` and ``stop``), decoded, parsed for tool calls, recorded in its episode and answered."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+
+import torch
+
+from ..agents.parsing import MalformedToolCall, parse_tool_calls
+from .protocol import completion_response, openai_tool_calls
+from .record import Call
+
+
+def answer_group(endpoint, group: list) -> list[dict]:
+    """The answers of ``group`` (``server.Pending`` requests sharing a sampling setting and ``n``):
+    one ``engine.generate`` call for all of them, sized for the longest ``max_new_tokens``."""
+    n = group[0].request.n
+    sampling = replace(group[0].sampling, max_new_tokens=max(p.sampling.max_new_tokens for p in group))
+    seeds = [p.seed for p in group]
+    out = endpoint.engine.generate([p.prompt_ids for p in group], n, sampling,
+                                   seed=None if any(s is None for s in seeds) else seeds)
+    lengths = out.response_mask.sum(-1).tolist()
+    rows = out.response_ids.tolist()
+    engine_logprobs = out.logprobs.tolist() if out.logprobs is not None else None
+    policy_logprobs = None
+    if engine_logprobs is None and endpoint.logprob_model is not None and any(p.request.logprobs for p in group):
+        policy_logprobs = _policy_logprobs(endpoint.logprob_model, out, sampling.temperature)
+    answers = []
+    for g, p in enumerate(group):
+        choices = []
+        for j in range(n):
+            r = g * n + j
+            ids = rows[r][:min(int(lengths[r]), p.sampling.max_new_tokens)]
+            ids, stopped = _cut_at_stop(endpoint.tokenizer, ids, p.request.stop)
+            sampled = engine_logprobs[r][:len(ids)] if engine_logprobs is not None else None
+            shown = sampled if sampled is not None else (policy_logprobs[r][:len(ids)] if policy_logprobs else None)
+            choices.append(_choice(endpoint, p, ids, sampled, shown, stopped, f"{p.turn}_{j}"))
+        answers.append(completion_response(f"chatcmpl-{uuid.uuid4().hex}", endpoint.model_name, len(p.prompt_ids),
+                                           choices))
+    return answers
+
+
+def _choice(endpoint, p, ids: list[int], sampled, shown, stopped: bool, tag: str) -> dict:
+    """One choice: its message (tool calls parsed with the agents' parser), finish reason, ids,
+    tokens and log-probs (``shown`` when the request asked); recorded in the request's episode."""
+    tokenizer = endpoint.tokenizer
+    eos = bool(ids) and ids[-1] == tokenizer.eos_token_id and not stopped
+    text = tokenizer.decode(ids[:-1] if eos else ids, skip_special_tokens=False)
+    if stopped:  # the stop string is not returned (OpenAI's rule); its tokens stay recorded
+        text = text[:min(text.find(s) for s in p.request.stop if s in text)]
+    content, calls, malformed = text, [], False
+    if p.request.tools and p.request.tool_choice != "none" and eos:
+        try:
+            content, calls = parse_tool_calls(text, tokenizer, p.request.tools)
+        except MalformedToolCall:
+            malformed = True
+    call_ids = [f"call_{p.record.id if p.record else uuid.uuid4().hex[:8]}_{tag}_{k}" for k in range(len(calls))]
+    message = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = openai_tool_calls(calls, call_ids)
+    finish = "tool_calls" if calls else "stop" if eos or stopped else "length"
+    if p.record is not None and endpoint.training:
+        reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        call = Call(list(p.prompt_ids), ids, sampled, endpoint.version, p.messages, p.request.tools, reply, eos,
+                    len(calls), malformed)
+        with p.record.lock:
+            if p.record.closed is None:
+                p.record.calls.append(call)
+                p.record.call_names.update({i: c["function"]["name"] for i, c in zip(call_ids, calls)})
+    tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids] if shown is not None else []
+    return {"message": message, "finish_reason": finish, "token_ids": ids, "tokens": tokens,
+            "logprobs": shown if p.request.logprobs else None}
+
+
+def _cut_at_stop(tokenizer, ids: list[int], stop: list[str]) -> tuple[list[int], bool]:
+    """``ids`` up to the token that completes the first ``stop`` string (kept: the model sampled
+    it, and the trainer trains it in that context), and whether one was found."""
+    if not stop:
+        return ids, False
+    text = ""
+    for k, i in enumerate(ids):
+        text += tokenizer.decode([i], skip_special_tokens=False)
+        if any(s in text for s in stop):
+            return ids[:k + 1], True
+    return ids, False
+
+
+@torch.no_grad()
+def _policy_logprobs(model, out, temperature: float) -> list[list[float]]:
+    """The policy's log-prob of each sampled token, as the trainer computes old log-probs
+    (``models.policy.forward_response``: logits over the sampling temperature)."""
+    from ..models.policy import forward_response
+
+    was_training = model.training
+    model.eval()
+    try:
+        lp = forward_response(model, out.input_ids, out.attention_mask, out.response_ids.shape[1], temperature).logprobs
+    finally:
+        model.train(was_training)
+    return (lp.float() * out.response_mask).tolist()

@@ -1,0 +1,267 @@
+"""``Endpoint``: an OpenAI-compatible chat-completions server on a rollout engine.
+
+The HTTP side (Starlette on uvicorn, in a thread of its own, on 127.0.0.1 and a free port) checks
+each request (``protocol``), renders it with the trainer's chat template (``record.request_prompt``)
+and queues it. The engine side runs on the *caller's* thread (``serve``): the trainer's, inside
+``engine_ready`` (its autocast and gathered weights), so the engine is never called from two
+threads. It takes the queued requests as one batch — every request that arrived within ``window``
+seconds of the first, or at once when every running episode has one waiting — and samples them
+with one ``engine.generate`` per sampling setting; then it decodes each turn, reads its tool
+calls (``agents.parsing.parse_tool_calls``), records it in its episode and answers.
+
+Two modes. Training (``training=True``, the trainer's): the run's sampling fields govern
+(temperature, top_p, top_k; a request's own are ignored, as the trainer's log-probs assume the
+run's), each episode's seeds are the trainer's (``record.EpisodeRecord.turn_seed``), a turn may
+sample what is left of the episode's budget (``max_tokens`` can only lower it), ``n`` must be 1.
+Serving (``rlhfkit serve``): the request's temperature (0: greedy), top_p, max_tokens, n and seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import random
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+
+from ..rollout.base import SamplingParams, sampling_seed
+from .protocol import BadRequest, ChatRequest, error_body, parse_request, template_messages
+from .record import EpisodeRecord, request_prompt
+from .sampling import answer_group
+
+
+@dataclass
+class Pending:
+    """A queued request: what to sample and where its answer goes."""
+
+    request: ChatRequest
+    record: EpisodeRecord | None
+    messages: list[dict]  # template form
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    seed: int | None
+    turn: int
+    future: Future
+
+
+class Endpoint:
+    """The server (``start``/``stop``, ``url``) and its engine loop (``serve``); see the module
+    docstring. ``logprob_model``: the model that reports log-probs when the engine gives none
+    (the policy: the HF engine in a synchronous run); ``max_positions``: the model's positions."""
+
+    def __init__(self, engine, tokenizer, sampling: SamplingParams, model_name: str = "policy", *, training=True,
+                 logprob_model=None, max_positions: int | None = None, window: float = 0.005,
+                 request_timeout: float = 600.0, host: str = "127.0.0.1", port: int = 0):
+        self.engine, self.tokenizer, self.sampling, self.model_name = engine, tokenizer, sampling, model_name
+        self.training, self.logprob_model, self.max_positions = training, logprob_model, max_positions
+        self.window, self.request_timeout, self.host, self.port = window, request_timeout, host, port
+        self.queue: queue.Queue[Pending] = queue.Queue()
+        self.episodes: dict[str, EpisodeRecord] = {}
+        self.version = 0  # optimizer steps behind the weights the engine samples (recorded with each call)
+        self.rewrites: dict[str, bool] = {}  # per tools: whether the template rewrites history
+        self.server = self.thread = None
+        self.batches = 0  # engine.generate calls made (for the measurements)
+        self.opened = 0  # episodes opened: a batch lists its requests in the order their episodes were
+
+    # ---------------------------------------------------------------- the HTTP side
+    @property
+    def url(self) -> str:
+        """The base URL of the OpenAI API (``.../v1``); an episode's is ``episode_url(id)``."""
+        return f"http://{self.host}:{self.port}/v1"
+
+    def episode_url(self, episode_id: str) -> str:
+        return f"http://{self.host}:{self.port}/episodes/{episode_id}/v1"
+
+    def start(self) -> "Endpoint":
+        """Serve on ``host``:``port`` (0: a free port) in a daemon thread; returns once it listens."""
+        try:
+            import starlette  # noqa: F401
+            import uvicorn
+        except ImportError as err:
+            raise ImportError(f"the endpoint needs starlette and uvicorn ({err}): pip install 'rlhfkit[serve]'") from None
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
+                                timeout_keep_alive=60)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
+                                       name="rlhfkit-endpoint")
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the endpoint did not start on {self.host}:{self.port}")
+            time.sleep(0.002)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (waits for the server thread, at most 5 s)."""
+        if self.server is not None:
+            self.server.should_exit = True
+            self.thread.join(timeout=5)
+            self.server = self.thread = None
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def models(request):
+            return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                             "created": 0, "owned_by": "rlhfkit"}]})
+
+        async def chat(request):
+            try:
+                body = await request.json()
+            except ValueError:
+                return JSONResponse(error_body("the request body is not JSON"), status_code=400)
+            try:
+                pending = self.prepare(parse_request(body), request.path_params.get("episode")
+                                       or request.headers.get("x-episode-id"))
+            except BadRequest as err:
+                return JSONResponse(error_body(str(err), param=err.param), status_code=400)
+            if isinstance(pending, dict):  # answered without sampling (no budget left)
+                return JSONResponse(pending)
+            self.queue.put(pending)
+            try:
+                answer = await asyncio.wait_for(asyncio.wrap_future(pending.future), self.request_timeout)
+            except (asyncio.TimeoutError, TimeoutError):
+                pending.future.cancel()
+                return JSONResponse(error_body(f"no answer within {self.request_timeout} s (the engine is not "
+                                               "serving this request)", "timeout"), status_code=504)
+            except BadRequest as err:
+                return JSONResponse(error_body(str(err)), status_code=400)
+            except Exception as err:  # noqa: BLE001 — the engine's errors, in one line
+                return JSONResponse(error_body(f"{type(err).__name__}: {err}", "server_error"), status_code=500)
+            return JSONResponse(answer)
+
+        async def http_error(request, exc):
+            return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}"),
+                                status_code=exc.status_code)
+
+        routes = [Route("/v1/models", models), Route("/episodes/{episode}/v1/models", models),
+                  Route("/v1/chat/completions", chat, methods=["POST"]),
+                  Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"])]
+        return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+
+    def prepare(self, request: ChatRequest, episode_id: str | None) -> Pending | dict:
+        """The request rendered and its sampling chosen (module docstring); refused in one line
+        when it cannot be served; a dict answer when the episode's budget is spent."""
+        record = None
+        if episode_id is not None:
+            record = self.episodes.get(episode_id)
+            if record is None:
+                raise BadRequest(f"unknown episode {episode_id!r} (its step is over, or the URL is wrong)")
+            if record.closed:
+                raise BadRequest(f"episode {episode_id!r} is over: {record.closed}")
+        if self.training and request.n != 1:
+            raise BadRequest("n must be 1 while training: an episode continues one completion per request", "n")
+        messages = template_messages(request.messages, record.call_names if record else {})
+        tools = request.tools
+        key = repr(tools)
+        if key not in self.rewrites:
+            from ..agents.templates import check_agent_template
+            try:
+                self.rewrites[key] = check_agent_template(self.tokenizer, tools, self.model_name)
+            except ValueError as err:
+                raise BadRequest(str(err)) from None
+        try:
+            with record.lock if record is not None else _nothing():
+                ids = request_prompt(self.tokenizer, record, messages, tools, self.rewrites[key])
+                turn = len(record.calls) if record is not None else 0
+        except Exception as err:  # noqa: BLE001 — a template error on the messages given
+            raise BadRequest(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None
+        return self._sampling(request, record, messages, ids, turn)
+
+    def _sampling(self, request, record, messages, ids, turn) -> Pending | dict:
+        room = request.max_tokens or self.sampling.max_new_tokens
+        if self.training:
+            sampling, seed = self.sampling, (record.turn_seed(sampling_seed, turn) if record is not None else None)
+            if record is not None and record.budget is not None:
+                room = min(room, record.budget - record.used(ids))
+        else:
+            t = 1.0 if request.temperature is None else request.temperature
+            sampling = SamplingParams(max_new_tokens=1, temperature=t or 1.0, top_p=request.top_p or 1.0,
+                                      top_k=0, greedy=t == 0)
+            seed = request.seed % 2**62 if request.seed is not None else random.getrandbits(62)
+        if self.max_positions is not None:
+            room = min(room, self.max_positions - len(ids))
+        if room < 1:
+            if not self.training or record is None or record.budget is None or record.used(ids) < record.budget:
+                raise BadRequest(f"the prompt is {len(ids)} tokens: no room left to sample "
+                                 f"({self.max_positions} positions)", "messages")
+            record.truncated = True  # the episode's budget is spent: it ends here, as a cut episode does
+            record.closed = "its token budget (max_new_tokens) is spent"
+            return _length_answer(self.model_name, len(ids))
+        return Pending(request, record, messages, ids, replace(sampling, max_new_tokens=room), seed, turn, Future())
+
+    # ---------------------------------------------------------------- the engine side (the caller's thread)
+    def serve(self, until, expected=None, poll: float = 0.01) -> None:
+        """Answer queued requests until ``until()`` is true: each batch is the first request and
+        every one arriving within ``window`` s — at once when ``expected()`` (the episodes that may
+        still send one) are all waiting."""
+        while not until():
+            try:
+                batch = [self.queue.get(timeout=poll)]
+            except queue.Empty:
+                continue
+            start = time.monotonic()
+            while True:
+                while not self.queue.empty():
+                    batch.append(self.queue.get_nowait())
+                left = self.window - (time.monotonic() - start)
+                if (expected is not None and len(batch) >= expected()) or left <= 0:
+                    break
+                try:
+                    batch.append(self.queue.get(timeout=left))
+                except queue.Empty:
+                    break
+            self.answer(batch)
+
+    def answer(self, batch: list[Pending]) -> None:
+        """Sample ``batch`` (one ``engine.generate`` per sampling setting), record and answer it."""
+        batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
+        batch.sort(key=lambda p: p.record.order if p.record is not None else 2**62)  # episodes in their order
+        groups: dict[tuple, list[Pending]] = {}
+        for p in batch:
+            s = p.sampling
+            groups.setdefault((s.temperature, s.top_p, s.top_k, s.greedy, p.request.n), []).append(p)
+        for group in groups.values():
+            self.batches += 1
+            try:
+                answers = answer_group(self, group)
+            except Exception as err:  # noqa: BLE001 — every request of the group gets the error
+                for p in group:
+                    p.future.set_exception(err)
+                continue
+            for p, a in zip(group, answers):
+                p.future.set_result(a)
+
+    def new_episode(self, seed: int | None = None, budget: int | None = None) -> EpisodeRecord:
+        self.opened += 1
+        record = EpisodeRecord(uuid.uuid4().hex[:16], seed, budget, order=self.opened)
+        self.episodes[record.id] = record
+        return record
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _length_answer(model: str, prompt_len: int) -> dict:
+    from .protocol import completion_response
+
+    return completion_response(f"chatcmpl-{uuid.uuid4().hex}", model, prompt_len,
+                               [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length",
+                                 "token_ids": [], "tokens": [], "logprobs": None}])

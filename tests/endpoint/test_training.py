@@ -1,0 +1,94 @@
+"""RLTrainer(agent_program=fn): the loop runs the user's program against the policy's endpoint,
+with the openai client only; the program's reward is a source, None leaves the conversation to the
+reward functions; an episode past its time limit is unscored; GRPO over the endpoint learns."""
+
+import json
+
+import pytest
+
+from rlhfkit import RLConfig, RLTrainer
+from rlhfkit.endpoint import AgentProgram
+from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
+from rlhfkit.tasks.tiny import chatml_tokenizer, tiny_causal_lm
+
+from .conftest import add
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROWS = [{"prompt": "say a", "target": "a"}, {"prompt": "say b", "target": "b"}]
+
+
+def share_of_target(client, row):
+    """One turn; the reward: the share of the target letter in the reply."""
+    r = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    text = r.choices[0].message.content or ""
+    return text.count(row["target"]) / max(1, len(text))
+
+
+def trainer(tmp_path, program, reward_funcs=(), **config):
+    tok = chatml_tokenizer()
+    args = RLConfig(**{**dict(algorithm="grpo", prompts_per_step=2, group_size=4, max_new_tokens=8, max_steps=2,
+                              output_dir=str(tmp_path / "run"), chat_template=TINY_TOOLS_TEMPLATE, kl_coef=0.0,
+                              save_steps=0, log_every=0, learning_rate=3e-3, seed=0), **config})
+    return RLTrainer(tiny_causal_lm(tok, seed=0), list(reward_funcs), args, ROWS, processing_class=tok,
+                     agent_program=program)
+
+
+def test_the_loop_trains_on_the_programs_episodes_and_stops_the_endpoint(tmp_path):
+    t = trainer(tmp_path, share_of_target)
+    history = t.train()
+    assert len(history) == 2 and "reward/agent_program_mean" in history[0] and "agent/turns_mean" in history[0]
+    assert history[0]["agent/turns_mean"] == 1.0
+    assert t.sampler.agent.endpoint is None  # stopped when training ended
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["completion"][-1]["role"] == "assistant"
+
+
+def test_none_leaves_the_recorded_conversation_to_the_reward_functions(tmp_path):
+    seen = {}
+
+    def last_reply_length(prompts, completions, environments=None, **columns):
+        seen["completions"] = completions
+        return [float(len(c[-1]["content"])) for c in completions]
+
+    t = trainer(tmp_path, lambda client, row: share_of_target(client, row) and None, [last_reply_length], max_steps=1)
+    row = t.train()[0]
+    assert row["reward/last_reply_length_mean"] > 0 and row["reward/mean"] == row["reward/last_reply_length_mean"]
+    assert all(c[-1]["role"] == "assistant" for c in seen["completions"])
+
+
+def test_an_episode_past_its_time_limit_is_unscored_and_the_step_goes_on(tmp_path):
+    import time
+
+    def slow_for_b(client, row):
+        reward = share_of_target(client, row)
+        if row["target"] == "b":
+            time.sleep(3)
+        return reward
+
+    t = trainer(tmp_path, AgentProgram(slow_for_b, timeout=1.0), max_steps=1)
+    start = time.perf_counter()
+    row = t.train()[0]
+    assert time.perf_counter() - start < 2.5  # the step did not wait for the sleeping programs
+    assert row["agent/timed_out_episodes"] == 4  # the 4 episodes of the 'b' prompt: unscored
+
+
+def test_a_program_that_always_raises_is_one_line(tmp_path):
+    def broken(client, row):
+        raise KeyError("answer")
+
+    with pytest.raises(RuntimeError, match="agent_program raised in every episode; the first: KeyError: 'answer'"):
+        trainer(tmp_path, broken, max_steps=1).train()
+
+
+def test_agent_program_beside_tools_is_refused(tmp_path):
+    tok = chatml_tokenizer()
+    with pytest.raises(ValueError, match="agent_program runs its own tools"):
+        RLTrainer(tiny_causal_lm(tok), [], RLConfig(output_dir=str(tmp_path)), ROWS, processing_class=tok,
+                  tools=[add], agent_program=share_of_target)
+
+
+def test_grpo_over_the_endpoint_raises_the_programs_reward(tmp_path):
+    history = trainer(tmp_path, share_of_target, max_steps=30, prompts_per_step=4, group_size=8).train()
+    start = sum(r["reward/mean"] for r in history[:5]) / 5
+    end = sum(r["reward/mean"] for r in history[-5:]) / 5
+    assert end - start > 0.2, (start, end)

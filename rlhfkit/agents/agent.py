@@ -29,7 +29,10 @@ class Agent:
         self.environment_factory = environment_factory
         if environment_factory is not None:
             check_environment_factory(environment_factory)
-        check_agent_template(tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name)
+        # A template that rewrites history (Qwen3's <think> handling) renders each turn's prompt;
+        # whether it does may depend on the tools it renders: found once per set of tools.
+        self._rewrites = {tuple(self.tools): check_agent_template(
+            tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name)}
 
     @property
     def has_environment_reward(self) -> bool:
@@ -50,7 +53,8 @@ class Agent:
                     tools.update(environment_tools(env))
                     if extra:
                         messages = _append_to_last_user(messages, extra)
-                episode = start_episode(self.tokenizer, messages, tools, env)
+                episode = start_episode(self.tokenizer, messages, tools, env, self._rewrites.get(tuple(tools)))
+                self._rewrites[tuple(tools)] = episode.rewrites
                 if self.prompt_limit is not None and len(episode.prompt_ids) > self.prompt_limit:
                     raise ValueError(f"{name}: row index {i} (0-based): the prompt with the tools' schemas is "
                                      f"{len(episode.prompt_ids)} tokens, longer than {self.prompt_limit} "

@@ -1,41 +1,47 @@
 """Multi-turn agent episodes, token in and token out, on any ``RolloutEngine``.
 
 An episode starts from its prompt's ids (the conversation and the tools' schemas rendered by the
-chat template, after the environment's ``reset``). Each turn the engine continues the *exact ids
-so far* — prompt, every sampled token, every appended tool suffix — never a re-rendering. A turn
-ends at the EOS token (the template's end of turn). Its text is decoded only to read tool calls
-(``parse_tool_calls``); each episode's calls run in the order written, the episodes' side by side
-(``calls.run_tool_calls``), and their results are appended as the template's tool-message suffix
-(``templates.tool_suffix``), tokenised once. An episode ends when a turn makes no tool call, a
-tool call is malformed or times out (``calls``: its environment is never read again),
-``max_tool_calling_iterations`` tool rounds have run, or its budget is spent.
+chat template, after the environment's ``reset``). A turn ends at the EOS token (the template's end
+of turn). Its text is decoded only to read tool calls (``parse_tool_calls``); each episode's calls
+run in the order written, the episodes' side by side (``calls.run_tool_calls``). An episode ends
+when a turn makes no tool call, a tool call is malformed or times out (``calls``: its environment
+is never read again), ``max_tool_calling_iterations`` tool rounds have run, or its budget is spent.
 
-The budget: an episode's response region — every sampled token and every appended tool suffix —
-holds at most ``max_new_tokens`` tokens. Each turn may sample what is left; a tool suffix that
-would leave no token for the next turn is not appended — nor are its tool messages: the
-conversation the reward functions and ``samples.jsonl`` see is the one the model saw — and the
-episode ends truncated. A truncated episode has no EOS for the trainer (``Rollout.has_eos`` False:
+What the next turn continues depends on the chat template (``templates.rewrites_history``):
+
+- a prefix-preserving template: the *exact ids so far* — prompt, every sampled token, every
+  appended tool suffix — never a re-rendering; the tool results are appended as the template's
+  tool-message suffix (``templates.tool_suffix``), tokenised once;
+- a template that rewrites history (Qwen3's drops earlier turns' ``<think>``): the template's own
+  rendering of the conversation so far (``templates.prompt_ids``), exactly as the model sees it at
+  inference. When that rendering starts with the current context (the tokens the last turn was
+  sampled after, and the turn), its new tokens are appended; else the history was rewritten and a
+  new *segment* starts: the whole rendering, then the next turn. Every sampled token thus lies in
+  exactly one segment, after exactly the tokens it was sampled after.
+
+The budget: an episode's response region as the model sees it — every sampled token and every
+tool suffix, i.e. the current context after the prompt (``Episode.used``) — holds at most
+``max_new_tokens`` tokens. Each turn may sample what is left; tool results that would leave no
+token for the next turn are not appended — nor are their tool messages: the conversation the
+reward functions and ``samples.jsonl`` see is the one the model saw — and the episode ends
+truncated. A truncated episode has no EOS for the trainer (``Rollout.has_eos`` False:
 ``mask_truncated_completions`` and the missing-EOS penalty take it as cut) and its ``length``,
 what the overlong penalty reads, is the whole budget, as for a single completion cut at
-``max_new_tokens``; any other episode's ``length`` is its response region. A tool result longer
+``max_new_tokens``; any other episode's ``length`` is what the budget counted. A tool result longer
 than ``max_tool_response_tokens`` is cut to that many tokens and marked ``[truncated]``.
 
-The trainer trains on the sampled tokens only: ``Rollout.response_mask`` is 1 on them and 0 on
-tool suffixes (tool output and template glue), while ``attention_mask`` covers every real token;
-the engine's log-probs (vLLM) sit at the sampled positions.
+The training rows: ``agents.rows``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from ..rollout.base import Rollout, SamplingParams, Seed, row_seeds, sampling_seed
-from ..data.padding import pad
-from .parsing import MalformedToolCall, parse_tool_calls
-from .templates import encode, prompt_ids, tool_suffix_ids
 from .calls import run_tool_calls
+from .parsing import MalformedToolCall, parse_tool_calls
+from .rows import episodes_rollout
+from .templates import encode, prompt_ids, rewrites_history, tool_suffix_ids
 from .tools import Tool
 
 TRUNCATION_MARK = " [truncated]"
@@ -43,14 +49,23 @@ TRUNCATION_MARK = " [truncated]"
 
 @dataclass
 class Episode:
-    """One rollout of an agent: its prompt, its response region and the conversation it produced."""
+    """One rollout of an agent: its prompt, its response region and the conversation it produced.
+
+    The response region ``ids`` holds, in order, every sampled token and every token of the
+    contexts between turns (tool suffixes; with a template that rewrites history, also the whole
+    re-rendering that starts a new segment); ``segment[j]`` is the segment of ``ids[j]`` (0: the
+    one the prompt starts), ``start`` where the current segment starts in ``prompt_ids + ids``."""
 
     prompt_ids: list[int]
     tools: dict[str, Tool]
     environment: object | None = None
-    ids: list[int] = field(default_factory=list)  # the response region: sampled tokens and tool suffixes
+    prompt_messages: list[dict] = field(default_factory=list)  # the prompt conversation (re-rendered each turn)
+    rewrites: bool = False  # the template rewrites history: every turn's prompt is rendered
+    ids: list[int] = field(default_factory=list)  # the response region: sampled tokens and contexts
     sampled: list[bool] = field(default_factory=list)  # True where the policy sampled the token
     logprobs: list[float] = field(default_factory=list)  # the engine's, 0.0 on tool suffixes
+    segment: list[int] = field(default_factory=list)  # the segment of each token of ids
+    start: int = 0  # where the current segment starts in prompt_ids + ids
     messages: list[dict] = field(default_factory=list)  # the generated assistant and tool messages
     turns: int = 0
     tool_calls: int = 0
@@ -65,6 +80,34 @@ class Episode:
     def schemas(self) -> list[dict] | None:
         return [t.schema for t in self.tools.values()] or None
 
+    @property
+    def context(self) -> list[int]:
+        """The current segment: the ids the next turn continues (and the turns sampled after them)."""
+        return (self.prompt_ids + self.ids)[self.start:]
+
+    @property
+    def used(self) -> int:
+        """What the budget counts: the current context after the prompt."""
+        return max(0, len(self.context) - len(self.prompt_ids))
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """The conversation after the prompt as the model saw it last (its current context after
+        the prompt): the response region when the history was never rewritten."""
+        context, n = self.context, len(self.prompt_ids)
+        return context[n:] if context[:n] == self.prompt_ids else context
+
+    def extend(self, ids: list[int], logprobs: list[float] | None = None, new_segment: bool = False) -> None:
+        """Append sampled ``ids`` (with their ``logprobs``) or, without logprobs, context ids —
+        as the first ids of a new segment with ``new_segment``."""
+        if new_segment:
+            self.start = len(self.prompt_ids) + len(self.ids)
+        number = (self.segment[-1] if self.segment else 0) + int(new_segment)
+        self.ids += ids
+        self.sampled += [logprobs is not None] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.segment += [number] * len(ids)
+
 
 @dataclass(frozen=True)
 class AgentOptions:
@@ -76,16 +119,20 @@ class AgentOptions:
     model_name: str = "model"
 
 
-def start_episode(tokenizer, messages: list[dict], tools: dict[str, Tool], environment=None) -> Episode:
-    """An episode of ``messages`` (the prompt conversation) with ``tools``."""
+def start_episode(tokenizer, messages: list[dict], tools: dict[str, Tool], environment=None,
+                  rewrites: bool | None = None) -> Episode:
+    """An episode of ``messages`` (the prompt conversation) with ``tools``; ``rewrites``: whether
+    the chat template rewrites history (None: ``templates.rewrites_history`` finds out)."""
     schemas = [t.schema for t in tools.values()] or None
-    return Episode(prompt_ids(tokenizer, messages, schemas), tools, environment)
+    rewrites = rewrites_history(tokenizer, schemas) if rewrites is None else rewrites
+    return Episode(prompt_ids(tokenizer, messages, schemas), tools, environment, list(messages), rewrites)
 
 
 def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingParams, options: AgentOptions,
                  seed: Seed = None) -> Rollout:
     """Run ``episodes`` to their end with ``engine`` and return them as one ``Rollout`` (rows in
-    the order of ``episodes``, ``prompt_index`` None: episodes do not share a prompt pass).
+    the order of ``episodes``, ``prompt_index`` None: episodes do not share a prompt pass;
+    ``agents.rows.episodes_rollout``).
 
     ``seed``: one per episode (or an int ``s``: episode ``i`` gets ``s + i``; None: the engine's
     stream). An episode's first turn samples with its seed, turn ``t`` with ``sampling_seed(seed,
@@ -100,16 +147,13 @@ def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingP
         turn_seeds = None if seeds is None else [seeds[k] if turn == 0 else sampling_seed(seeds[k], turn)
                                                  for k in active]
         active = [episodes[k] for k in active]
-        left = max(budget - len(e.ids) for e in active)
-        out = engine.generate([e.prompt_ids + e.ids for e in active], 1, replace(sampling, max_new_tokens=left),
-                              seed=turn_seeds)
+        left = max(budget - e.used for e in active)
+        out = engine.generate([e.context for e in active], 1, replace(sampling, max_new_tokens=left), seed=turn_seeds)
         with_logprobs = out.logprobs is not None
         pending = []
         for i, e in enumerate(active):
-            new, logprobs = _turn_tokens(out, i, budget - len(e.ids))
-            e.ids += new
-            e.sampled += [True] * len(new)
-            e.logprobs += logprobs
+            new, logprobs = _turn_tokens(out, i, budget - e.used)
+            e.extend(new, logprobs)
             e.turns += 1
             e.has_eos = bool(new) and new[-1] == eos
             text = tokenizer.decode(new[:-1] if e.has_eos else new, skip_special_tokens=False)
@@ -132,7 +176,7 @@ def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingP
             pending.append((e, [call["function"] for call in calls]))
         _answer_tool_calls(tokenizer, pending, budget, options)
     for e in episodes:
-        e.length = budget if e.truncated else len(e.ids)
+        e.length = budget if e.truncated else e.used
     return episodes_rollout(episodes, tokenizer.pad_token_id, with_logprobs)
 
 
@@ -146,7 +190,7 @@ def _turn_tokens(out: Rollout, row: int, room: int) -> tuple[list[int], list[flo
 
 def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOptions) -> None:
     """Run the pending calls (``(episode, [function, ...])``: each episode's in order, the episodes
-    side by side), then append each episode's tool messages and suffix — or, when the suffix
+    side by side), then add each episode's tool messages and the context they make — or, when that
     leaves no room for another token, neither: the episode ends truncated."""
     results = run_tool_calls([[(e.tools, f["name"], f["arguments"]) for f in fs] for e, fs in pending],
                              options.tool_call_timeout)
@@ -156,14 +200,20 @@ def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOpti
             e.timed_out = e.done = True
         tool_messages = [{"role": "tool", "name": f["name"], "content": _cut(tokenizer, a.text, options)}
                          for f, a in zip(fs, answers)]
-        suffix = tool_suffix_ids(tokenizer, tool_messages, e.schemas, options.model_name)
-        if len(e.ids) + len(suffix) >= budget:  # no room left to answer: the episode ends here, unanswered
+        if e.rewrites:  # the next prompt is the template's rendering of the conversation
+            rendered = prompt_ids(tokenizer, e.prompt_messages + e.messages + tool_messages, e.schemas)
+            context = e.context
+            new_segment = rendered[:len(context)] != context
+            added = rendered if new_segment else rendered[len(context):]
+            would_use = len(rendered) - len(e.prompt_ids)
+        else:  # the template's tool-message suffix, after the exact ids so far
+            added, new_segment = tool_suffix_ids(tokenizer, tool_messages, e.schemas, options.model_name), False
+            would_use = len(e.ids) + len(added)
+        if would_use >= budget:  # no room left to answer: the episode ends here, unanswered
             e.truncated = e.done = True
             continue
         e.messages += tool_messages
-        e.ids += suffix
-        e.sampled += [False] * len(suffix)
-        e.logprobs += [0.0] * len(suffix)
+        e.extend(added, new_segment=new_segment)
 
 
 def _cut(tokenizer, text: str, options: AgentOptions) -> str:
@@ -172,19 +222,3 @@ def _cut(tokenizer, text: str, options: AgentOptions) -> str:
     if limit is None or len(ids) <= limit:
         return text
     return tokenizer.decode(ids[:limit]) + TRUNCATION_MARK
-
-
-def episodes_rollout(episodes: list[Episode], pad_id: int, with_logprobs: bool = True) -> Rollout:
-    """The episodes as one batch: prompts left-padded, response regions right-padded;
-    ``response_mask`` on the sampled tokens, ``attention_mask`` on every real token, ``has_eos``
-    from the last turn (False for an episode the budget ended), ``logprobs`` the engine's (None
-    when it reports none: the HF engine)."""
-    prompts, prompt_mask = pad([e.prompt_ids for e in episodes], pad_id, "left")
-    ids, real = pad([e.ids for e in episodes], pad_id, min_width=1)
-    sampled = pad([[int(s) for s in e.sampled] for e in episodes], 0, min_width=1)[0]
-    logprobs = torch.zeros(sampled.shape, dtype=torch.float32)
-    for i, e in enumerate(episodes):
-        logprobs[i, :len(e.logprobs)] = torch.tensor(e.logprobs, dtype=torch.float32)
-    has_eos = torch.tensor([e.has_eos and not e.truncated for e in episodes], dtype=torch.bool)
-    return Rollout(torch.cat([prompts, ids], 1), torch.cat([prompt_mask, real], 1), sampled.long(), has_eos,
-                   prompts.shape[1], None, logprobs if with_logprobs else None)

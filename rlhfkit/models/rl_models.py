@@ -20,7 +20,7 @@ from .. import distributed
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
-from .policy import forward_response
+from .segments import forward_rollout, rollout_values
 
 
 @dataclass(frozen=True)
@@ -133,16 +133,15 @@ class RLModels:
         return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
 
     def _forward_inner(self, rollout: Rollout, *, with_values: bool, with_entropy: bool, entropy_grad: bool):
-        T = rollout.response_mask.shape[1]
-        out = forward_response(self.train_policy, rollout.input_ids, rollout.attention_mask, T, self.args.temperature,
-                               with_entropy=with_entropy, entropy_grad=entropy_grad,
-                               with_hidden=with_values and self.value_head is not None,
-                               prompt_index=self._prompt_index(rollout), support=self.engine_support(rollout))
+        out = forward_rollout(self.train_policy, rollout, self.args.temperature,
+                              with_entropy=with_entropy, entropy_grad=entropy_grad,
+                              with_hidden=with_values and self.value_head is not None,
+                              prompt_index=self._prompt_index(rollout), support=self.engine_support(rollout))
         values = None
         if with_values and self.value_head is not None:
             values = self.train_critic(out.hidden).squeeze(-1).float()
         elif with_values:
-            values = self.train_critic(rollout.input_ids, rollout.attention_mask, T)  # ScalarModel.values
+            values = rollout_values(self.train_critic, rollout)  # ScalarModel.values
         return out.logprobs, values, out.entropy, out.log_kept_mass
 
     @torch.no_grad()
@@ -161,10 +160,9 @@ class RLModels:
     def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
         model = self.reference if self.reference is not None else self.train_policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
-        T = rollout.response_mask.shape[1]
         with adapter_off, self.autocast():
-            return torch.cat([forward_response(model, r.input_ids, r.attention_mask, T, self.args.temperature,
-                                               prompt_index=self._prompt_index(r)).logprobs
+            return torch.cat([forward_rollout(model, r, self.args.temperature,
+                                              prompt_index=self._prompt_index(r)).logprobs
                               for r in self._chunks(rollout)])
 
     def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:

@@ -16,7 +16,8 @@ from ..algorithms import masked_sum
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
-from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
+from ..models import freeze, load_causal_lm, load_tokenizer
+from ..models.segments import forward_rollout
 from ..models.rl_models import resolve_device
 from ..rewards.sources import build_rewards
 from ..rollout import HFEngine, SamplingParams
@@ -132,9 +133,8 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
         lengths.append(rollout.response_mask.sum(-1).float())
         truncated.append((~rollout.has_eos).float())
         if ref is not None:
-            T = rollout.response_mask.shape[1]
-            lp = forward_response(policy, rollout.input_ids, rollout.attention_mask, T, sampling.temperature).logprobs
-            lq = forward_response(ref, rollout.input_ids, rollout.attention_mask, T, sampling.temperature).logprobs
+            lp = forward_rollout(policy, rollout, sampling.temperature).logprobs  # agent segments: each in its context
+            lq = forward_rollout(ref, rollout, sampling.temperature).logprobs
             kls.append(masked_sum(kl_penalty(lp, lq, "k1"), rollout.response_mask.bool(), dim=-1))
         samples += [{**{k: v[i] for k, v in out.extra.items()}, "prompt": d["prompt"], "completion": c,
                      "score": float(s)} for i, (d, c, s) in enumerate(zip(data, completions, out.scores))]

@@ -60,11 +60,13 @@ def reward_call(rewards: RewardFunctions, data: list[dict], rollout: Rollout, to
     ``environments=`` their environments. Returns ``(RewardOutput, completions)``."""
     prompts = [d["prompt"] for d in data]
     columns = {k: [d.get(k) for d in data] for k in data[0] if k != "prompt"}
+    ids = completion_ids(rollout)
     if episodes is None:
         completions = completions_in(prompts, decode_completions(rollout, tokenizer))
     else:
         completions, columns["environments"] = reward_inputs(episodes)
-    return rewards(prompts, completions, columns, completion_ids(rollout), trainer_state), completions
+        ids = [e.completion_ids for e in episodes]  # a rewritten history: the conversation as last seen
+    return rewards(prompts, completions, columns, ids, trainer_state), completions
 
 
 def completions_in(prompts: list, texts: list[str]) -> list:
@@ -76,7 +78,8 @@ def completions_in(prompts: list, texts: list[str]) -> list:
 def completion_ids(rollout: Rollout) -> list[list[int]]:
     """Each row's sampled completion as token ids, without padding: up to and including the EOS
     (TRL's ``completion_ids``); for an agent episode its whole response region (sampled tokens and
-    tool results)."""
+    tool results) — ``Episode.completion_ids``, which for a history the template rewrote is the
+    conversation after the prompt as the model saw it in its last turn."""
     lengths = rollout.attention_mask[:, rollout.prompt_len:].sum(-1).tolist()
     return [ids[:n] for ids, n in zip(rollout.response_ids.tolist(), lengths)]
 

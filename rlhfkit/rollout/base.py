@@ -51,7 +51,10 @@ class Rollout:
     ``prompt_index`` (B,): which prompt each row continues (``g`` for rows ``g*n .. g*n+n-1``), so
     the forward passes can run each prompt once for its group (``forward_response``);
     ``logprobs`` (B, T): the engine's own log-probability of each sampled token, when the engine is
-    not the trained model itself (vLLM), for the importance-sampling correction; None for HF.
+    not the trained model itself (vLLM), for the importance-sampling correction; None for HF;
+    ``segments`` (B, P+T): for agent episodes whose chat template rewrote their history
+    (``agents.rows``), the segment of each column — each segment is its own sequence in the
+    forward passes (``models.segments``); None: every row is one sequence.
     """
 
     input_ids: torch.Tensor
@@ -61,6 +64,7 @@ class Rollout:
     prompt_len: int
     prompt_index: torch.Tensor | None = None
     logprobs: torch.Tensor | None = None
+    segments: torch.Tensor | None = None
 
     @property
     def response_ids(self) -> torch.Tensor:
@@ -69,12 +73,14 @@ class Rollout:
     def select(self, rows: torch.Tensor) -> "Rollout":
         pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
         return Rollout(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows],
-                       self.has_eos[rows], self.prompt_len, pick(self.prompt_index), pick(self.logprobs))
+                       self.has_eos[rows], self.prompt_len, pick(self.prompt_index), pick(self.logprobs),
+                       pick(self.segments))
 
     def to(self, device) -> "Rollout":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Rollout(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
-                       self.has_eos.to(device), self.prompt_len, move(self.prompt_index), move(self.logprobs))
+                       self.has_eos.to(device), self.prompt_len, move(self.prompt_index), move(self.logprobs),
+                       move(self.segments))
 
 
 def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
@@ -82,7 +88,8 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
     left-padded and the response regions right-padded to the widest (``pad_id`` in ``input_ids``,
     0 in the masks and log-probs of the padding), so each row keeps its tokens, masks and
     positions. ``prompt_index`` stays per prompt — each rollout's is offset past the previous
-    ones' — and is None when any rollout has none (agent episodes). ``logprobs`` must be all there
+    ones' — and is None when any rollout has none (agent episodes); ``segments`` is kept (zeros, one
+    segment, for the rows of a part without them). ``logprobs`` must be all there
     or all None: parts of which only some carry the engine's log-probs are refused (dropping them
     would silently turn the rollout correction off)."""
     if not rollouts:
@@ -112,10 +119,14 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
         index.append(r.prompt_index + offset)
         offset += int(r.prompt_index.max()) + 1 if len(r.prompt_index) else 0
     logprobs = torch.cat([right(r.logprobs) for r in rollouts]) if all(with_logprobs) else None
+    segments = None  # a part without segments is one segment per row: zeros
+    if any(r.segments is not None for r in rollouts):
+        segments = torch.cat([widen(r.segments if r.segments is not None else torch.zeros_like(r.input_ids), r, 0)
+                              for r in rollouts])
     return Rollout(torch.cat([widen(r.input_ids, r, pad_id) for r in rollouts]),
                    torch.cat([widen(r.attention_mask, r, 0) for r in rollouts]),
                    torch.cat([right(r.response_mask) for r in rollouts]), torch.cat([r.has_eos for r in rollouts]),
-                   P, torch.cat(index) if index is not None else None, logprobs)
+                   P, torch.cat(index) if index is not None else None, logprobs, segments)
 
 
 def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:

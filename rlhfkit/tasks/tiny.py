@@ -102,3 +102,37 @@ def save_tiny_model(path, tokenizer=None, **kwargs) -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def thinking_template(keep_current_reasoning: bool = True) -> str:
+    """A compact ChatML template with tools that rewrites history the way Qwen3's does: an
+    assistant message's ``<think>…</think>`` is split off its content (``content.split('</think>')``)
+    and rendered — normalised to ``<think>\\n…\\n</think>\\n\\n`` — only for assistant turns after
+    the last user message that have reasoning, or for the last message (an empty block then); the
+    reasoning of every other turn is dropped. Tool results are user turns wrapped in
+    ``<tool_response>``, as Qwen3 renders them. ``keep_current_reasoning=False`` drops the
+    reasoning of every assistant turn but the last, after the last user message too (DeepSeek-R1's
+    template; Qwen3's across user turns). Tools are listed by name only, so tiny models have room.
+    (No whitespace control: every newline in it is rendered.)"""
+    keep = "loop.index0 > ns.last_query and (loop.last or reasoning)" if keep_current_reasoning else "loop.last"
+    return (
+        "{% set ns = namespace(last_query=-1) %}"
+        "{% for m in messages %}{% if m['role'] == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}"
+        "{% endfor %}"
+        "{% if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}"
+        "<|im_end|>\n{% endif %}"
+        "{% for m in messages %}"
+        "{% if m['role'] == 'assistant' %}"
+        "{% set content = m['content'] or '' %}{% set reasoning = '' %}"
+        "{% if '</think>' in content %}"
+        "{% set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+        "{% set content = content.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+        "<|im_start|>assistant\n"
+        "{% if " + keep + " %}<think>\n{{ reasoning }}\n</think>\n\n{% endif %}"
+        "{{ content }}{% for c in (m['tool_calls'] or []) %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
+        "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
+        "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response>"
+        "<|im_end|>\n"
+        "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rlhfkit.agents import AgentOptions, parse_tool_calls
+from rlhfkit.agents import AgentOptions, parse_tool_calls, tool_suffix
 from rlhfkit.agents.agent import Agent, agent_metrics, environment_reward
 from rlhfkit.rollout.base import SamplingParams
 
@@ -100,14 +100,16 @@ def test_bad_inputs_are_one_line(chatml):
         Agent(chatml, tools=[add], options=AgentOptions(model_name="mymodel"))
 
 
-def test_a_template_that_is_not_prefix_preserving_is_refused(chatml):
+def test_a_template_that_rewrites_history_is_accepted_and_renders_each_turn(chatml):
     # drops earlier assistant turns' content once a tool message follows (as reasoning templates do)
     chatml.chat_template = (
         "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}<|im_start|>assistant\n<|im_end|>\n"
         "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    agent = Agent(chatml, tools=[add], options=AgentOptions(model_name="mymodel"))
+    assert agent.start(ROWS, [0], 1)[0].rewrites
     with pytest.raises(ValueError, match="mymodel: the chat template is not prefix-preserving"):
-        Agent(chatml, tools=[add], options=AgentOptions(model_name="mymodel"))
+        tool_suffix(chatml, [{"role": "tool", "content": "1"}], None, "mymodel")  # no suffix to append
 
 
 def test_prompts_longer_than_the_limit_name_their_row(chatml):

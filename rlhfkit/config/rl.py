@@ -129,7 +129,7 @@ class AgentConfig:
     tool_call_timeout: float = 30.0
     """Agents: seconds one tool call may take (an episode's calls run one after another in the order written, the episodes' side by side). A call still running then returns {"error": ...} to the model and counts in agent/tool_errors; since its thread cannot be stopped, its episode ends there, its environment is never read again (no get_reward; None in environments=) and the sample is left unscored (agent/timed_out_episodes)."""
     chat_template: str | None = None
-    """The chat template prompts are rendered with: 'chatml_tools' (shipped: ChatML with tools, for SmolLM2-class models), a .jinja file, or the template inline. None: the tokenizer's own. Agents need one that ends an assistant turn with EOS and is prefix-preserving."""
+    """The chat template prompts are rendered with: 'chatml_tools' (shipped: ChatML with tools, for SmolLM2-class models), a .jinja file, or the template inline. None: the tokenizer's own. Agents need one that ends an assistant turn with EOS; one that rewrites history (Qwen3's <think> handling) renders every turn's prompt, and an episode it rewrites trains as several segments of one row."""
 
 
 @dataclass(frozen=True)

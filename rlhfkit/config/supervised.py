@@ -79,7 +79,7 @@ class SFTConfig(TrainConfig):
     assistant_only_loss: bool = True
     """Train on the assistant turns of 'messages' rows only (False: on every token of the conversation: system, user and tool turns too). TRL's field of that name defaults to False; rlhfkit's to True."""
     chat_template: str | None = None
-    """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped: ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a path to a Jinja file, or the template itself inline (text with '{%' or '{{'); None: the tokenizer's own. Multi-turn rows (several assistant turns, tool calls) need a prefix-preserving template."""
+    """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped: ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a path to a Jinja file, or the template itself inline (text with '{%' or '{{'); None: the tokenizer's own. Multi-turn rows (several assistant turns, tool calls) are rendered once with a prefix-preserving template; with one that rewrites history (Qwen3's <think> handling) each assistant turn is trained after the template's rendering of the conversation before it (several examples per conversation)."""
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ The rule of ``assistant_spans``, for the assistant message at index ``k``:
   rendering (its whole turn).
 
 This needs a *prefix-preserving* template: rendering a conversation and then one more message must
-only append text. Templates that rewrite earlier turns (Qwen3's thinking template drops the
-reasoning of earlier assistant turns) are refused; ``chatml_tools`` (shipped here) is one that works.
+only append text (``chatml_tools``, shipped here, is one). Templates that rewrite earlier turns
+(Qwen3's thinking template drops the reasoning of earlier assistant turns) raise
+``NotPrefixPreserving`` here; multi-turn SFT then trains each assistant turn after the template's
+rendering of the conversation before it (``sft_turns.encode_turn_by_turn``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def render(tokenizer, messages: list[dict], tools: list | None = None, generatio
                                          tokenize=False)
 
 
+class NotPrefixPreserving(ValueError):
+    """The chat template rewrites earlier turns when a message is added (one line naming the model)."""
+
+
 def _one_line(err: Exception) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())}"
 
@@ -93,25 +99,25 @@ def _one_line(err: Exception) -> str:
 def check_prefix_preserving(tokenizer, name: str, tools: list | None = None) -> None:
     """Render the fixed ``PROBE`` conversation (system, user, assistant tool call, tool result,
     assistant answer; with ``tools`` when given) one message at a time and refuse, in one line
-    starting with ``name``: a rendering that does not start with the one before (for an assistant
-    message: with the one before plus the generation prompt), and a template that raises on the
-    conversation or drops the tool call or its result."""
+    starting with ``name``: a template that raises on the conversation or drops the tool call or
+    its result, then (``NotPrefixPreserving``) a rendering that does not start with the one before
+    (for an assistant message: with the one before plus the generation prompt)."""
     try:
         texts = [""] + [render(tokenizer, PROBE[:k], tools) for k in range(1, len(PROBE) + 1)]
         prompts = [""] + [render(tokenizer, PROBE[:k], tools, generation=True) for k in range(1, len(PROBE))]
     except Exception as e:  # noqa: BLE001 — jinja and template errors have many types
         raise ValueError(f"{name}: the chat template cannot render a tool-call conversation ({_one_line(e)}); "
                          f"{ADVICE}") from None
+    call = texts[3][len(prompts[2]):] if texts[3].startswith(prompts[2]) else texts[3][len(texts[2]):]
+    if "get_weather" not in call or "Paris" not in call or "22 degrees" not in texts[4]:
+        lost = "the tool result" if "Paris" in call and "get_weather" in call else "the tool call"
+        raise ValueError(f"{name}: the chat template cannot render tool calls (it drops {lost}); {ADVICE}")
     for k, message in enumerate(PROBE[1:], start=1):
         assistant = message["role"] == "assistant"
         if not texts[k + 1].startswith(prompts[k] if assistant else texts[k]):
             what = "rendering plus the generation prompt" if assistant else "rendering"
-            raise ValueError(f"{name}: the chat template is not prefix-preserving (adding message {k} "
-                             f"({message['role']}) changes the {what} of the messages before it); {ADVICE}")
-    call, result = texts[3][len(prompts[2]):], texts[4][len(texts[3]):]
-    if "get_weather" not in call or "Paris" not in call or "22 degrees" not in result:
-        lost = "the tool result" if "Paris" in call and "get_weather" in call else "the tool call"
-        raise ValueError(f"{name}: the chat template cannot render tool calls (it drops {lost}); {ADVICE}")
+            raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (adding message {k} "
+                                      f"({message['role']}) changes the {what} of the messages before it); {ADVICE}")
 
 
 def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
@@ -131,16 +137,17 @@ def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
         if message["role"] == "assistant":
             prompt = render(tokenizer, messages[:k], tools, generation=True)
             if not upto.startswith(prompt) or not prompt.startswith(before):
-                raise ValueError(f"{name}: the chat template is not prefix-preserving (the rendering of messages "
-                                 f"0..{k} does not extend that of 0..{k - 1} plus the generation prompt); {ADVICE}")
+                raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (the rendering of "
+                                          f"messages 0..{k} does not extend that of 0..{k - 1} plus the generation "
+                                          f"prompt); {ADVICE}")
             found = upto.find(eos, len(prompt)) if eos else -1
             spans.append((len(prompt), found + len(eos) if found >= 0 else len(upto)))
         if not upto.startswith(before) or not text.startswith(upto):
-            raise ValueError(f"{name}: the chat template is not prefix-preserving (adding message {k} "
-                             f"({message['role']}) changes the rendering of the messages before it); {ADVICE}")
+            raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (adding message {k} "
+                                      f"({message['role']}) changes the rendering of the messages before it); {ADVICE}")
         before = upto
     return text, spans
 
 
-__all__ = ["ADVICE", "PROBE", "PROBE_TOOLS", "SHIPPED", "assistant_spans", "check_prefix_preserving", "render",
+__all__ = ["ADVICE", "NotPrefixPreserving", "PROBE", "PROBE_TOOLS", "SHIPPED", "assistant_spans", "check_prefix_preserving", "render",
            "resolve_chat_template", "tokenizer_name", "use_chat_template"]

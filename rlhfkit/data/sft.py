@@ -35,7 +35,8 @@ import torch
 from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
 from .padding import pad
 from .prompts import load_checked_rows, prompt_problem, short_repr, type_name
-from .sft_turns import TurnsEncoded, check_template, encode_conversation, is_multi_turn, messages_problem, tools_problem
+from .sft_turns import (TurnsEncoded, check_template, encode_conversation_rows, is_multi_turn, messages_problem,
+                        tools_problem)
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
 
@@ -102,8 +103,9 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
                     completion_only: bool = True, assistant_only: bool = True) -> list[Encoded]:
     """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
     policy: the prompt loses its start first, then the completion its end and its EOS), or, for a
-    multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation`` (every assistant turn
-    trained; the chat template checked first by ``sft_turns.check_template``), or for a ``text``
+    multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation_rows`` (every assistant turn
+    trained: one example, or several when the chat template rewrites history; the template checked
+    first by ``sft_turns.check_template``), or for a ``text``
     row ``encode_text``. ``completion_only`` / ``assistant_only`` False: every token of a
     prompt/completion / ``messages`` row is trained (see the module docstring).
     An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
@@ -114,9 +116,9 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
     out = []
     for i, row in enumerate(rows):
         try:
-            if i in turns:
-                enc = encode_conversation(row["messages"], tokenizer, max_length, row.get("tools") or None)
-                out.append(enc if assistant_only else replace(enc, prompt_len=0, mask=(1,) * len(enc.input_ids)))
+            if i in turns:  # one example, or one per run of turns when the template rewrites history
+                out += encode_conversation_rows(row["messages"], tokenizer, max_length, row.get("tools") or None,
+                                                assistant_only)
                 continue
             if "messages" in row:
                 (prompt, completion), whole = split_messages(row["messages"]), not assistant_only

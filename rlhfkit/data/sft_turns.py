@@ -14,15 +14,24 @@ last trained one are dropped (nothing learns from them); when the template emits
 the end of the last turn, the EOS id is appended and trained, as ``encode_pair`` does.
 Truncation as ``encode_pair``: the text before the first assistant turn loses its start first
 (down to one token), then the conversation loses its end (``truncated``).
+
+A chat template that rewrites history (Qwen3's drops the ``<think>`` of earlier assistant turns)
+renders a conversation otherwise than the model saw it while writing each turn: rendered whole,
+an earlier turn would be trained without its reasoning, after a history that did not exist yet.
+``encode_conversation_rows`` then trains every assistant turn as the model would see it
+(``encode_turn_by_turn``): after the template's rendering of the conversation before it (with
+the generation prompt), the turn as the template renders it last (its reasoning kept). A turn
+whose context extends the example so far continues that example; otherwise a new example starts —
+one conversation, several examples, each assistant turn trained exactly once.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .chat_templates import assistant_spans, check_prefix_preserving, tokenizer_name
+from .chat_templates import NotPrefixPreserving, assistant_spans, check_prefix_preserving, render, tokenizer_name
 from .encode import Encoded
 from .prompts import message_problem, short_repr, type_name
 
@@ -122,14 +131,18 @@ def messages_problem(messages: Any) -> str | None:
 
 def check_template(rows: list[dict], tokenizer) -> None:
     """Before encoding multi-turn rows: the tokenizer has a chat template, and — when a row has
-    tool calls or tools — the template renders them and is prefix-preserving (``PROBE``)."""
+    tool calls or tools — the template renders them (``PROBE``; a template that rewrites history
+    is fine: its conversations are encoded turn by turn)."""
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError(f"{tokenizer_name(tokenizer)}: multi-turn 'messages' rows need a chat template and the "
                          "tokenizer has none; set chat_template (e.g. 'chatml_tools' for ChatML models)")
     with_tools = [r for r in rows if r.get("tools") or any(m.get("tool_calls") for m in r["messages"])]
     if with_tools:
         tools = next((r["tools"] for r in with_tools if r.get("tools")), None)
-        check_prefix_preserving(tokenizer, tokenizer_name(tokenizer), tools)
+        try:
+            check_prefix_preserving(tokenizer, tokenizer_name(tokenizer), tools)
+        except NotPrefixPreserving:
+            pass
 
 
 def encode_conversation(messages: list[dict], tokenizer, max_length: int | None = None,
@@ -153,6 +166,51 @@ def encode_conversation(messages: list[dict], tokenizer, max_length: int | None 
     return _truncate(ids, mask, max_length)
 
 
+def encode_conversation_rows(messages: list[dict], tokenizer, max_length: int | None = None,
+                             tools: list | None = None, assistant_only: bool = True) -> list[TurnsEncoded]:
+    """The examples of one conversation: ``encode_conversation`` (one example) when the template
+    renders it prefix-preservingly, else ``encode_turn_by_turn`` (see the module docstring).
+    ``assistant_only=False``: every token trained — of the one example, or, for a template that
+    rewrites history, of the conversation's final rendering (one example)."""
+    try:
+        enc = encode_conversation(messages, tokenizer, max_length, tools)
+        return [enc if assistant_only else replace(enc, prompt_len=0, mask=(1,) * len(enc.input_ids))]
+    except NotPrefixPreserving:
+        if assistant_only:
+            return encode_turn_by_turn(messages, tokenizer, max_length, tools)
+    ids = tokenizer(render(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
+    return [_truncate(ids, [1] * len(ids), max_length)]
+
+
+def encode_turn_by_turn(messages: list[dict], tokenizer, max_length: int | None = None,
+                        tools: list | None = None) -> list[TurnsEncoded]:
+    """Every assistant turn trained after the template's rendering of the conversation before it
+    plus the generation prompt (untrained), as the template renders the turn last (trained, to
+    its EOS text, or its end with the EOS id added for the last turn); consecutive turns share an
+    example while each turn's context extends it (see the module docstring)."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    eos, examples, ids, mask = tokenizer.eos_token or "", [], [], []
+    turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+    for k in turns:
+        prompt = render(tokenizer, messages[:k], tools, generation=True)
+        upto = render(tokenizer, messages[:k + 1], tools)
+        if not upto.startswith(prompt):
+            raise ValueError(f"{tokenizer_name(tokenizer)}: the chat template does not render assistant message {k} "
+                             "(0-based) after the conversation before it and the generation prompt, so the turn "
+                             "cannot be told apart from its context; set chat_template (e.g. 'chatml_tools')")
+        found = upto.find(eos, len(prompt)) if eos else -1
+        turn = encode(upto[len(prompt):found + len(eos) if found >= 0 else len(upto)])
+        if found < 0 and k == turns[-1]:
+            turn.append(tokenizer.eos_token_id)
+        context = encode(prompt)
+        if ids and context[:len(ids)] != ids:  # the history was rewritten: a new example
+            examples.append(_truncate(ids, mask, max_length))
+            ids, mask = [], []
+        mask += [0] * (len(context) - len(ids)) + [1] * len(turn)
+        ids = context + turn
+    return examples + [_truncate(ids, mask, max_length)]
+
+
 def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsEncoded:
     """``encode_pair``'s policy: the untrained start loses tokens first (down to one), then the end."""
     over, truncated = max_length is not None and len(ids) > max_length, False
@@ -167,5 +225,5 @@ def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsE
     return TurnsEncoded(ids, mask.index(1), truncated, over, tuple(mask))
 
 
-__all__ = ["TurnsEncoded", "check_template", "encode_conversation", "is_multi_turn", "messages_problem",
-           "tools_problem", "turn_problem"]
+__all__ = ["TurnsEncoded", "check_template", "encode_conversation", "encode_conversation_rows", "encode_turn_by_turn",
+           "is_multi_turn", "messages_problem", "tools_problem", "turn_problem"]

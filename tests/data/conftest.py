@@ -12,5 +12,5 @@ FORGETFUL_TEMPLATE = (
 
 @pytest.fixture()
 def forgetful_template() -> str:
-    """A chat template that is not prefix-preserving (multi-turn training must refuse it)."""
+    """A chat template that is not prefix-preserving (multi-turn training renders each turn)."""
     return FORGETFUL_TEMPLATE

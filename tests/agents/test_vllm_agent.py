@@ -89,3 +89,38 @@ def test_rl_steps_with_an_environment_on_the_vllm_engine(tmp_path):
                         environment_factory=Calculator).train()
     assert len(history) == 2 and all("agent/turns_mean" in r for r in history)
     assert history[-1]["rollout/logprob_diff_max"] < 1e-3  # the engine's log-probs are the trainer's
+
+
+def test_vllm_episodes_whose_history_is_rewritten_train_in_each_turns_context(monkeypatch, engine_threads):
+    """A thinking template that drops every earlier turn's reasoning (the turn's text, made the
+    reasoning of a forced tool call): each turn is prompted with the template's rendering, so the
+    episodes are several segments; the trainer's log-prob of every sampled token, computed in the
+    context it was sampled in (models.segments), is the engine's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlhfkit.models.segments import forward_rollout
+    from rlhfkit.rollout.vllm import VLLMEngine, hf_weights
+    from rlhfkit.tasks.tiny import thinking_template
+
+    torch.manual_seed(0)
+    tok = chatml_tokenizer()
+    tok.chat_template = thinking_template(False)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    policy = LlamaForCausalLM(config).float().eval()
+    with torch.no_grad():
+        policy.lm_head.weight[tok.eos_token_id] = policy.lm_head.weight.mean(0) + 0.02
+    monkeypatch.setattr(episode_module, "parse_tool_calls", lambda text, t, tools: (
+        f"<think>{text}</think>", [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]))
+    engine = VLLMEngine(policy, tok, max_model_len=1536, seed=0, kv_cache_gb=0.25)
+    engine.sync_weights(hf_weights(policy), version=0)
+    episodes = [start_episode(tok, [{"role": "user", "content": f"{i}+1?"}], make_tools([add])) for i in range(6)]
+    rollout = run_episodes(engine, tok, episodes, SamplingParams(max_new_tokens=240),
+                           AgentOptions(max_tool_calling_iterations=2), seed=5)
+    assert rollout.segments is not None and max(e.segment[-1] for e in episodes) >= 1
+    mask = rollout.response_mask.bool()
+    for i, e in enumerate(episodes):
+        assert rollout.response_ids[i][mask[i]].tolist() == [t for t, s in zip(e.ids, e.sampled) if s]
+    trainer = forward_rollout(policy, rollout, 1.0).logprobs
+    assert (trainer - rollout.logprobs)[mask].abs().max() < LOGPROB_TOL

@@ -87,6 +87,11 @@ def floor(trainer, rows: int, prompt_ids, new_tokens: int) -> dict:
     return {"floor_generate": gen, "floor_update": update}
 
 
+# The efficiency counters (rlhfkit.models.efficiency): token positions computed vs needed, per pass.
+PERF_COUNTERS = ("perf/tokens_computed_", "perf/tokens_needed_", "perf/generate_efficiency", "perf/logprob_efficiency",
+                 "perf/update_efficiency")
+
+
 def run_one(a) -> dict:
     import transformers
 
@@ -103,6 +108,9 @@ def run_one(a) -> dict:
               "lora_r": a.lora_r, "share_prompt": not a.no_share_prompt, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
               "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
               "peak_rss_gb": peak_rss_gb()}
+    result.update({k: mean(k) for k in history[-1] if k.startswith(PERF_COUNTERS)})
+    if a.no_floor:
+        return result
     T = int(max(r["rollout/response_length_max"] for r in history))
     prompt_ids = [trainer.sampler.prompt_ids[i] for i in range(a.prompts)]
     f = floor(trainer, a.prompts * trainer.args.group_size, prompt_ids, T)
@@ -138,6 +146,8 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--no-floor", action="store_true",
+                   help="skip the bare floor (its unshared forward/backward would set the peak RSS)")
     p.add_argument("--json", action="store_true", help="print one JSON line (used by --compare)")
     a = p.parse_args()
     if a.compare or a.compare_engines:
@@ -179,7 +189,11 @@ def print_rows(rows: list[dict], header: bool = True) -> None:
     if header:
         print(" ".join(f"{c:>15}" for c in cols))
     for r in rows:
-        print(" ".join(f"{r[c]:>15.3f}" if isinstance(r[c], float) else f"{str(r[c]):>15}" for c in cols), flush=True)
+        print(" ".join(f"{r[c]:>15.3f}" if isinstance(r.get(c), float) else f"{str(r.get(c, '-')):>15}" for c in cols),
+              flush=True)
+        perf = {k.removeprefix("perf/"): round(v, 4) for k, v in r.items() if k.startswith(PERF_COUNTERS)}
+        if perf:
+            print("  efficiency:", " ".join(f"{k}={v:g}" for k, v in sorted(perf.items())), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,15 @@
 """TRL's GRPO step on the work ``benchmarks/rl_step.py`` times, for a ratio measured on one machine.
 
     pip install trl==1.16.0            # in an environment of its own (it is not an rlhfkit dependency)
-    python benchmarks/trl_grpo_step.py --prompts 4 --group-size 4 --new-tokens 32
+    python benchmarks/trl_grpo_step.py --prompts 4 --group-size 4 --new-tokens 32 [--bf16]
+    # both ratios in one command: TRL and rlhfkit alternated, float32 and bf16, each run its own process
+    .venv/bin/python benchmarks/trl_grpo_step.py --compare --trl-python /tmp/trlenv/bin/python --rounds 2
+
+``--compare`` runs, ``--rounds`` times, for float32 then bf16: this script under ``--trl-python``
+(TRL), then ``benchmarks/rl_step.py --kl-coef 0 --no-floor --json`` under this interpreter
+(rlhfkit; bf16 = ``--autocast bfloat16``, as TRL's ``bf16=True`` autocasts float32 weights), and
+prints each run, the load average before and after, and per dtype the medians and the ratios
+rlhfkit / TRL of step time and peak RSS.
 
 SmolLM2-135M-Instruct (the same GGUF-converted Hugging Face directory rlhfkit uses), float32, the
 same arithmetic prompts and rewards, ``beta=0`` (no reference, as ``rl_step.py --kl-coef 0``), one
@@ -14,8 +22,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -25,7 +39,17 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--model", default=None, help="a Hugging Face directory (default: SmolLM2-135M-Instruct's GGUF, "
+                   "converted; --compare resolves it here and passes the directory to TRL's interpreter)")
+    p.add_argument("--bf16", action="store_true", help="TRL's bf16=True (autocast; its default)")
+    p.add_argument("--compare", action="store_true", help="TRL and rlhfkit alternated; prints both ratios")
+    p.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="with --compare: an interpreter with trl")
+    p.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each framework per dtype")
+    p.add_argument("--dtypes", default="float32,bf16", help="with --compare")
+    p.add_argument("--rlhfkit-args", default="", help="with --compare: extra rl_step.py arguments (a lever)")
     a = p.parse_args()
+    if a.compare:
+        return compare(a)
 
     import torch
     from datasets import Dataset
@@ -36,7 +60,7 @@ def main() -> None:
     from rlhfkit.rewards import get_reward_function
     from rlhfkit.tasks.arithmetic import make_rows
 
-    model_dir = str(resolve_model_dir(smollm2_gguf()))
+    model_dir = a.model or str(resolve_model_dir(smollm2_gguf()))
     rows = make_rows(256, 0)
     data = Dataset.from_list(rows)  # prompt: chat messages, answer: the number
     rewards = [get_reward_function(name) for name in ("math_answer", "answer_format")]
@@ -57,14 +81,48 @@ def main() -> None:
     batch = a.prompts * a.group_size
     config = GRPOConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, num_generations=a.group_size,
                         max_completion_length=a.new_tokens, learning_rate=1e-6, beta=0.0, max_steps=a.warmup + a.steps,
-                        logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no", seed=0,
+                        logging_steps=1, report_to="none", use_cpu=True, bf16=a.bf16, save_strategy="no", seed=0,
                         gradient_accumulation_steps=1, steps_per_generation=1, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=model_dir, reward_funcs=rewards, args=config, train_dataset=data, callbacks=[timer])
     torch.manual_seed(0)
     trainer.train()
     steps = timer.times[a.warmup:]
-    print(json.dumps({"framework": "trl", "batch": f"{a.prompts}x{a.group_size}x{a.new_tokens}",
-                      "step_s": sum(steps) / len(steps), "steps": steps}), flush=True)
+    print(json.dumps({"framework": "trl", "batch": f"{a.prompts}x{a.group_size}x{a.new_tokens}", "bf16": a.bf16,
+                      "step_s": sum(steps) / len(steps), "steps": steps,
+                      "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}), flush=True)
+
+
+def compare(a) -> None:
+    from rlhfkit.models.sources import resolve_model_dir, smollm2_gguf
+
+    here = Path(__file__).resolve().parent
+    model_dir = a.model or str(resolve_model_dir(smollm2_gguf()))
+    work = ["--model", model_dir, "--prompts", str(a.prompts), "--group-size", str(a.group_size), "--new-tokens", str(a.new_tokens),
+            "--warmup", str(a.warmup), "--steps", str(a.steps)]
+    print(f"load before: {os.getloadavg()}", flush=True)
+    results: dict = {}
+    for dtype in a.dtypes.split(","):
+        bf16 = dtype == "bf16"
+        runs = {"trl": [a.trl_python, str(here / "trl_grpo_step.py"), *work, *(["--bf16"] if bf16 else [])],
+                "rlhfkit": [sys.executable, str(here / "rl_step.py"), *work, "--kl-coef", "0", "--no-floor", "--json",
+                            *(["--autocast", "bfloat16"] if bf16 else []), *a.rlhfkit_args.split()]}
+        for r in range(a.rounds):
+            for name, cmd in runs.items():
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode:
+                    sys.exit(f"{name} {dtype} failed:\n{out.stderr[-3000:]}")
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                results.setdefault((dtype, name), []).append(row)
+                extra = {k: round(v, 3) for k, v in row.items() if k.endswith("_efficiency")}
+                print(f"{dtype:8} round {r} {name:8} step {row['step_s']:.2f} s  peak RSS {row['peak_rss_gb']:.2f} GB"
+                      f"  load {os.getloadavg()[0]:.2f} {extra or ''}", flush=True)
+    print(f"load after: {os.getloadavg()}", flush=True)
+    for dtype in a.dtypes.split(","):
+        med = {n: (statistics.median(r["step_s"] for r in results[(dtype, n)]),
+                   statistics.median(r["peak_rss_gb"] for r in results[(dtype, n)])) for n in ("trl", "rlhfkit")}
+        print(f"{dtype}: rlhfkit {med['rlhfkit'][0]:.2f} s / TRL {med['trl'][0]:.2f} s = "
+              f"{med['rlhfkit'][0] / med['trl'][0]:.2f}x time (goal <= 0.33);  peak RSS {med['rlhfkit'][1]:.2f} / "
+              f"{med['trl'][1]:.2f} GB = {med['rlhfkit'][1] / med['trl'][1]:.2f}x (goal <= 0.6)", flush=True)
 
 
 if __name__ == "__main__":

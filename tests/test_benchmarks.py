@@ -22,6 +22,7 @@ def test_rl_step_benchmark_runs(tiny_model_dir, extra):
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["peak_rss_gb"] > 0
+    assert 0 < row["perf/generate_efficiency"] <= 1 and 0 < row["perf/update_efficiency"] <= 1  # the counters
 
 
 @pytest.mark.slow

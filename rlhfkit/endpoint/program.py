@@ -65,6 +65,9 @@ class ProgramAgent:
         self.tokenizer, self.models, self.model_name = tokenizer, models, model_name
         self.endpoint: Endpoint | None = None
         self.version = 0  # set by the Sampler before each run: the weights the engine samples
+        # A batch closes once every running episode has a request waiting, or this long after its first
+        # request: the time an episode may spend between two calls (its tools) and still join the batch.
+        self.window = 0.2
         self._http = None
 
     def start(self, rows: list[dict], indices, group_size: int, name: str = "train_dataset") -> list[Episode]:
@@ -146,7 +149,7 @@ class ProgramAgent:
             positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
             self.endpoint = Endpoint(engine, self.tokenizer, None, self.model_name, training=True,
                                      logprob_model=policy, max_positions=positions,
-                                     request_timeout=self.program.timeout).start()
+                                     request_timeout=self.program.timeout, window=self.window).start()
             self._http = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
         return self.endpoint
 

@@ -205,22 +205,25 @@ class Endpoint:
     # ---------------------------------------------------------------- the engine side (the caller's thread)
     def serve(self, until, expected=None, poll: float = 0.01) -> None:
         """Answer queued requests until ``until()`` is true: each batch is the first request and
-        every one arriving within ``window`` s — at once when ``expected()`` (the episodes that may
-        still send one) are all waiting."""
+        every one arriving until the queue has been quiet for ``window`` s (1 s at most) — at once
+        when ``expected()`` (the episodes that may still send one) are all waiting."""
         while not until():
             try:
                 batch = [self.queue.get(timeout=poll)]
             except queue.Empty:
                 continue
-            start = time.monotonic()
+            start = last = time.monotonic()
             while True:
                 while not self.queue.empty():
                     batch.append(self.queue.get_nowait())
-                left = self.window - (time.monotonic() - start)
+                    last = time.monotonic()
+                now = time.monotonic()
+                left = min(self.window - (now - last), 1.0 - (now - start))  # a quiet gap, or 1 s in all
                 if (expected is not None and len(batch) >= expected()) or left <= 0:
                     break
                 try:
                     batch.append(self.queue.get(timeout=left))
+                    last = time.monotonic()
                 except queue.Empty:
                     break
             self.answer(batch)

@@ -102,7 +102,9 @@ def openai_agent(client, row):
                              "content": json.dumps(add(**json.loads(call.function.arguments)))})
 
 
-CALL = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
+# Compact JSON: the template renders the call back with spaces, so re-tokenising the agent's
+# messages would give other ids than the sampled ones (the drift this endpoint never has).
+CALL = '<tool_call>{"name":"add","arguments":{"a":1,"b":2}}</tool_call><|im_end|>'
 SCRIPT = [[CALL, "no tool<|im_end|>", CALL], ["3<|im_end|>", "4<|im_end|>"]]
 
 

@@ -99,7 +99,7 @@ def test_a_request_nobody_serves_times_out_instead_of_hanging(tiny):
     try:
         start = time.perf_counter()
         with pytest.raises(openai.APIStatusError) as err:
-            client(tiny).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+            client(tiny, timeout=5).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
         assert err.value.status_code == 504 and "no answer within 0.5 s" in err.value.body["message"]
         assert time.perf_counter() - start < 3
     finally:
@@ -127,3 +127,16 @@ def test_rlhfkit_serve_answers_the_openai_client(tmp_path, chatml):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0, proc.stderr.read()
+
+
+@pytest.mark.slow
+def test_the_episodes_per_second_benchmark_runs():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "endpoint_episodes.py"
+    out = subprocess.run([sys.executable, str(script), "--episodes", "4", "--group-size", "2", "--turns", "2",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "endpoint / in-process time" in out.stdout

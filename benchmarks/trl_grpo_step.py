@@ -46,6 +46,9 @@ def main() -> None:
     p.add_argument("--trl-python", default="/tmp/trlenv/bin/python", help="with --compare: an interpreter with trl")
     p.add_argument("--rounds", type=int, default=2, help="with --compare: runs of each framework per dtype")
     p.add_argument("--dtypes", default="float32,bf16", help="with --compare")
+    p.add_argument("--threads", type=int, default=None,
+                   help="with --compare: OMP/MKL threads of every run (1: no thread waits on a descheduled sibling "
+                        "when other work shares the cores)")
     p.add_argument("--rlhfkit-args", default="", help="with --compare: extra rl_step.py arguments (a lever)")
     a = p.parse_args()
     if a.compare:
@@ -100,6 +103,8 @@ def compare(a) -> None:
     work = ["--model", model_dir, "--prompts", str(a.prompts), "--group-size", str(a.group_size), "--new-tokens", str(a.new_tokens),
             "--warmup", str(a.warmup), "--steps", str(a.steps)]
     print(f"load before: {os.getloadavg()}", flush=True)
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+                              if a.threads else {}))
     results: dict = {}
     for dtype in a.dtypes.split(","):
         bf16 = dtype == "bf16"
@@ -108,7 +113,7 @@ def compare(a) -> None:
                             *(["--autocast", "bfloat16"] if bf16 else []), *a.rlhfkit_args.split()]}
         for r in range(a.rounds):
             for name, cmd in runs.items():
-                out = subprocess.run(cmd, capture_output=True, text=True)
+                out = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if out.returncode:
                     sys.exit(f"{name} {dtype} failed:\n{out.stderr[-3000:]}")
                 row = json.loads(out.stdout.strip().splitlines()[-1])

@@ -91,7 +91,7 @@ def forward_response(
         if len(unique) < len(prompt_index):
             return _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, len(unique),
                                           temperature, with_entropy, entropy_grad, with_hidden, support)
-    efficiency.add_computed(input_ids.numel())
+    efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -154,6 +154,13 @@ def _response_outputs(logits, targets, hidden, temperature, with_entropy, entrop
             entropy = entropy_from_logits(logits)
     kept = log_kept_mass(logits.detach(), targets, *support) if support is not None else None
     return ResponseForward(logprobs, entropy, hidden, kept)
+
+
+def _recomputes(model) -> bool:
+    """Activation checkpointing will run the layers' forward again in the backward pass (counted
+    twice by ``models.efficiency``)."""
+    return torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training
+                                           for m in model.modules())
 
 
 def _can_share_prompt(model) -> bool:

@@ -55,6 +55,19 @@ def test_forward_computes_by_hand(shared, computed):
     assert efficiency.step_metrics()["perf/tokens_computed_logprob"] == 0  # zeroed
 
 
+def test_checkpointing_counts_the_recomputation():
+    """Under activation checkpointing the layers run again in the backward: twice the positions
+    (and no shared prompt there), 2 x 4 x 6."""
+    model = tiny_causal_lm(char_tokenizer(), hidden_size=32, seed=0)
+    model.gradient_checkpointing_enable()
+    model.train()
+    r = handmade()
+    efficiency.reset()
+    with efficiency.counting("update"):
+        forward_response(model, r.input_ids, r.attention_mask, 4, prompt_index=r.prompt_index).logprobs.sum().backward()
+    assert efficiency.step_metrics()["perf/tokens_computed_update"] == 2 * 4 * 6
+
+
 def test_generate_count_by_hand():
     prompt_mask, response = MASK[::2, :4], MASK[:, 4:]  # 2 prompts; 4 rows, W = 4 decode steps
     efficiency.reset()

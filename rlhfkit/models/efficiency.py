@@ -77,7 +77,7 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Real tokens of ``rows`` of ``rollout`` (all rows when None) one pass needs: each distinct
     prompt's (``prompt_index``) once, each row's tokens after the prompt once. A 0-d tensor."""
     mask = rollout.attention_mask
-    B, P = mask.shape[0], mask.shape[1] - rollout.response_mask.shape[1]
+    P = mask.shape[1] - rollout.response_mask.shape[1]
     if rows is not None:
         rows = rows.to(mask.device)
         mask = mask[rows]
@@ -86,8 +86,11 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     if index is None:
         return prompt.sum() + response
     index = index.to(mask.device) if rows is None else index.to(mask.device)[rows]
-    # Rows of one prompt hold the same prompt tokens: the largest count per prompt index (< B).
-    per_prompt = torch.zeros(B, dtype=prompt.dtype, device=mask.device).scatter_reduce(0, index, prompt, "amax")
+    # Rows of one prompt hold the same prompt tokens: the largest count per prompt. The indices of a
+    # slice of a larger rollout (another process's rows, a minibatch) need not be below its row count:
+    # renumbered to 0 .. distinct - 1 first.
+    _, index = torch.unique(index, return_inverse=True)
+    per_prompt = torch.zeros(len(index), dtype=prompt.dtype, device=mask.device).scatter_reduce(0, index, prompt, "amax")
     return per_prompt.sum() + response
 
 

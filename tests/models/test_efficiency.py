@@ -118,3 +118,18 @@ def test_one_step_run(monkeypatch):
     assert row["perf/tokens_needed_generate"] == needed - sum(r.attention_mask[:, prompt_cols:].sum(-1).tolist()) + sum(
         max(n - 1, 0) for n in lengths)
     assert 0 < row["perf/update_efficiency"] <= 1 and 0 < row["perf/generate_efficiency"] <= 1
+
+
+def test_needed_tokens_of_a_slice_whose_prompt_indices_exceed_its_rows():
+    """A process's rows of a larger batch keep their global prompt indices (here 4 and 5, in a rollout
+    of 4 rows and a minibatch of 2 of them): each distinct prompt still counts once."""
+    from rlhfkit.models.efficiency import needed_tokens
+    from rlhfkit.rollout import Rollout
+
+    attention = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    response = attention[:, 3:]
+    rollout = Rollout(torch.zeros_like(attention), attention, response, torch.ones(4, dtype=torch.bool), 3,
+                      torch.tensor([4, 4, 5, 5]))
+    # prompts: 2 tokens (index 4) + 3 tokens (index 5); responses: 2 + 1 + 2 + 1
+    assert int(needed_tokens(rollout)) == 2 + 3 + 6
+    assert int(needed_tokens(rollout, torch.tensor([1, 2]))) == 2 + 3 + 1 + 2

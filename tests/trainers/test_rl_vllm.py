@@ -132,7 +132,9 @@ def test_the_step_benchmark_compares_the_engines(tmp_path):
                           "--kv-cache-gb", "0.25"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[0].split()[0] == "engine" and [line.split()[0] for line in lines[1:]] == ["hf", "vllm"]
+    rows = [line for line in lines if not line.startswith("  efficiency:")]  # each row is followed by its counters
+    assert rows[0].split()[0] == "engine" and [line.split()[0] for line in rows[1:]] == ["hf", "vllm"]
+    assert sum(line.startswith("  efficiency:") for line in lines) == 2
 
 
 def test_an_adapter_the_engine_cannot_take_merged_is_refused_at_construction_in_one_line(tmp_path):

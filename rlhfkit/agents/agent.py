@@ -66,6 +66,10 @@ class Agent:
         """The episodes to their end (``run_episodes``; ``seed``: one per episode), as one ``Rollout``."""
         return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed)
 
+    def close(self) -> None:
+        """Release what the agent holds when the run ends: nothing here (an agent program's
+        ``endpoint.program.ProgramAgent`` stops its endpoint)."""
+
 
 def agent_metrics(episodes: list[Episode]) -> dict:
     """``agent/turns_mean`` and ``agent/tool_calls_mean`` per episode, ``agent/tool_errors`` (calls

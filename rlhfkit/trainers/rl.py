@@ -158,7 +158,8 @@ class RLTrainer:
             self.run.step_done(self.step, self._counters)                           # checkpoint
             if stop:
                 break
-        getattr(self.sampler.agent, "close", lambda: None)()  # an agent program's endpoint stops
+        if self.sampler.agent is not None:
+            self.sampler.agent.close()  # an agent program's endpoint stops
         return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     # ---------------------------------------------------------------- the phases (rlhfkit/rl/)

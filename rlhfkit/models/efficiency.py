@@ -9,14 +9,14 @@ Three passes are counted:
   completion's real tokens but its last (nothing is sampled after it).
 - ``logprob``: the no-gradient passes before the update (old log-probs, reference log-probs).
   *Needed*, per pass run: each distinct prompt's real tokens once and each row's real tokens after
-  the prompt once.
+  the prompt but its last once (the last token's logits predict nothing the loss reads).
 - ``update``: the forward passes of the update's micro-batches (each is also a backward pass over
   the same positions). *Needed*, per pass over the batch (``num_iterations``): as ``logprob``, the
   prompt once per distinct prompt of each minibatch.
 
 *Computed* is the width of what is fed to the model: ``rows x columns`` of a padded batch (after
-``forward_response`` trims the columns no row attends), or the prompt pass plus the rows'
-response pass when the prompt is shared. It is counted where the model is called
+``forward_response`` trims the columns no row attends), or of the packed groups when the prompt is
+shared (``models.packing``). It is counted where the model is called
 (``policy.forward_response``, ``rollout.hf.HFEngine``) for the pass named by the enclosing
 ``counting`` block; nothing is counted outside one (evaluation, generator ranks of an
 asynchronous run). A separate critic's passes (``critic='separate'``) are not counted.
@@ -75,13 +75,14 @@ def add_needed(pass_name: str, tokens) -> None:
 
 def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Real tokens of ``rows`` of ``rollout`` (all rows when None) one pass needs: each distinct
-    prompt's (``prompt_index``) once, each row's tokens after the prompt once. A 0-d tensor."""
+    prompt's (``prompt_index``) once, each row's tokens after the prompt but its last once. A 0-d
+    tensor."""
     mask = rollout.attention_mask
     P = mask.shape[1] - rollout.response_mask.shape[1]
     if rows is not None:
         rows = rows.to(mask.device)
         mask = mask[rows]
-    prompt, response = mask[:, :P].sum(-1), mask[:, P:].sum()
+    prompt, response = mask[:, :P].sum(-1), (mask[:, P:].sum(-1) - 1).clamp(min=0).sum()
     index = rollout.prompt_index
     if index is None:
         return prompt.sum() + response

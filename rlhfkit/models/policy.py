@@ -16,6 +16,7 @@ import torch
 
 from ..algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 from . import efficiency
+from .packing import PackedGroups, pack_groups
 
 
 @dataclass
@@ -69,9 +70,10 @@ def forward_response(
     computed without gradient unless ``entropy_grad`` (the entropy bonus needs it).
 
     ``prompt_index`` (B,): which prompt each row continues (rows with equal index have identical
-    prompt columns, as the ``G`` completions of a group do). When given, each distinct prompt runs
-    through the model once and its key/value cache is shared by its rows — the same results (and
-    gradients, which flow back through the shared cache) for ``~(G-1)/G`` less prompt compute.
+    prompt columns, as the ``G`` completions of a group do). When given, the rows of each prompt
+    run as one packed sequence (``models.packing``): the prompt once, the completions after it
+    without padding — the same results and gradients for the prompt's ``(G-1)/G`` and the padding's
+    compute. Rows that cannot be packed (an attention without 4-D masks) run as they are.
 
     ``support`` ``(top_k, top_p)``: also return ``log_kept_mass`` (no gradient), the log of the
     probability mass the sampler's truncation keeps at each position (``algorithms.log_kept_mass``);
@@ -85,12 +87,12 @@ def forward_response(
                                temperature, with_entropy, entropy_grad, with_hidden, prompt_index, support)
         return ResponseForward(*(None if x is None else _pad_columns(x, T) for x in
                                  (out.logprobs, out.entropy, out.hidden, out.log_kept_mass)))
+    if prompt_index is not None:
+        packed = pack_groups(model, input_ids, attention_mask, T, prompt_index)
+        if packed is not None:
+            return _forward_packed(model, packed, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden,
+                                   support)
     positions = position_ids_from_mask(attention_mask)
-    if prompt_index is not None and _can_share_prompt(model):
-        unique, inverse = torch.unique(prompt_index, return_inverse=True)
-        if len(unique) < len(prompt_index):
-            return _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, len(unique),
-                                          temperature, with_entropy, entropy_grad, with_hidden, support)
     efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
     out = model(
         input_ids=input_ids,
@@ -122,26 +124,21 @@ def _pad_columns(x: torch.Tensor, T: int) -> torch.Tensor:
     return torch.cat([x, pad], 1)
 
 
-def _forward_shared_prompt(model, input_ids, attention_mask, positions, T, inverse, n_prompts, temperature,
-                           with_entropy, entropy_grad, with_hidden, support) -> ResponseForward:
-    """The prompt columns once per distinct prompt (keeping its cache), then every row's response
-    columns on top of its prompt's cache. Response token 0 is predicted by the prompt pass's last
-    position, tokens 1..T-1 by the response pass."""
-    B, P = input_ids.shape[0], input_ids.shape[1] - T
-    rows = torch.arange(B, device=input_ids.device)
-    first = torch.full((n_prompts,), B, device=input_ids.device).scatter_reduce(0, inverse, rows, "amin")
-    efficiency.add_computed(n_prompts * P + B * T)  # the prompt pass, then the rows' response pass
-    head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                 position_ids=positions[first, :P], logits_to_keep=1, output_hidden_states=with_hidden,
-                 use_cache=True)
-    cache = output_cache(head)
-    cache.batch_select_indices(inverse)  # differentiable gather: row i reads its prompt's keys/values
-    tail = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=positions[:, P:],
-                 **with_cache(cache), logits_to_keep=T, output_hidden_states=with_hidden, use_cache=True)
-    logits = torch.cat([head.logits[inverse], tail.logits[:, :-1]], 1)
-    hidden = (torch.cat([head.hidden_states[-1][inverse, -1:], tail.hidden_states[-1][:, :-1]], 1)
-              if with_hidden else None)
-    return _response_outputs(logits, input_ids[:, -T:], hidden, temperature, with_entropy, entropy_grad, support)
+def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden,
+                    support) -> ResponseForward:
+    """One pass over the packed groups (``models.packing``); the outputs of the real response tokens,
+    in the batch's (B, T) layout."""
+    efficiency.add_computed(packed.computed * (2 if _recomputes(model) else 1))
+    out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask(model), position_ids=packed.position_ids,
+                logits_to_keep=packed.input_ids.shape[1] - packed.first_kept, output_hidden_states=with_hidden,
+                use_cache=False)
+    logits = out.logits[packed.group, packed.column]  # (M, V): the predicting column of each real response token
+    hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column][None] if with_hidden else None
+    targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]
+    res = _response_outputs(logits[None], targets[None], hidden, temperature, with_entropy, entropy_grad, support)
+    B = input_ids.shape[0]
+    return ResponseForward(*(None if x is None else packed.scatter(x[0], B, T) for x in
+                             (res.logprobs, res.entropy, res.hidden, res.log_kept_mass)))
 
 
 def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad, support) -> ResponseForward:
@@ -161,12 +158,3 @@ def _recomputes(model) -> bool:
     twice by ``models.efficiency``)."""
     return torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training
                                            for m in model.modules())
-
-
-def _can_share_prompt(model) -> bool:
-    """Hugging Face layers drop ``past_key_values`` under gradient checkpointing in training mode
-    (even without grad), which would silently cut the response off its prompt; a DDP wrapper may
-    not run its module twice before one backward (the prompt pass, then the rows)."""
-    if type(model).__name__ == "DistributedDataParallel":
-        return False
-    return not any(getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules())

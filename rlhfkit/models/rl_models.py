@@ -166,10 +166,9 @@ class RLModels:
                               for r in self._chunks(rollout)])
 
     def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
-        # Under torchrun a sharded model's forward passes are collectives, and a shared prompt pass
-        # adds one where a micro-batch repeats a prompt: every process must run the same passes, so
-        # only generation (with gathered weights) shares the prompt there.
-        return rollout.prompt_index if self.args.share_prompt and distributed.role_size() == 1 else None
+        # Packed groups are one forward pass per micro-batch, as unpacked rows are: under torchrun
+        # every process still runs the same (collective) passes.
+        return rollout.prompt_index if self.args.share_prompt else None
 
     def _chunks(self, rollout: Rollout):
         size = self.args.micro_batch_size or rollout.input_ids.shape[0]

@@ -6,10 +6,9 @@ hinge, conservative DPO and the reference-free SimPO. The losses live in ``algor
 Each step takes ``batch_size x grad_accumulation`` pairs ``(x, y_w, y_l)`` of the data the reward-model trainer reads
 (``data.preferences``: prompt, chosen, rejected; text or chat messages) and computes, for the
 policy π_θ and the frozen reference π_ref, the summed log-probability of each completion
-(+ EOS) given its prompt: ``log π(y|x) = Σ_t log π(y_t | x, y_<t)``. Chosen and rejected rows share
-one pass over their prompt (``models.forward_response`` with ``prompt_index``: the prompt's
-key/value cache is computed once and read by both continuations, as in the RL loop), in a single
-process; under torchrun each row runs in full.
+(+ EOS) given its prompt: ``log π(y|x) = Σ_t log π(y_t | x, y_<t)``. Chosen and rejected rows run
+as one packed row (``models.forward_response`` with ``prompt_index``, ``models.packing``: the prompt
+once, both completions after it without padding, as in the RL loop), on any number of processes.
 
 The reference is, in this order: ``ref_model`` when given; the adapter-disabled base when the
 policy is a LoRA model (no second copy); else a frozen copy of the initial policy. With
@@ -161,9 +160,8 @@ class DPOTrainer(SupervisedTrainer):
     def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
         ids, mask, completion_mask, index = self._collate(pairs)
-        share = distributed.role_size() == 1  # DDP/FSDP2: one forward per backward
-        with self._autocast():
-            out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index if share else None)
+        with self._autocast():  # a pair's two completions packed after its prompt: one pass (models.packing)
+            out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index)
         return (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
 
     @torch.no_grad()

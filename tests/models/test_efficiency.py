@@ -26,21 +26,24 @@ MASK = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 0],
 
 def handmade(prompt_index=True) -> Rollout:
     ids = torch.randint(3, 20, MASK.shape) * MASK
+    ids[1, :4], ids[3, :4] = ids[0, :4], ids[2, :4]  # the rows of a prompt hold the same prompt tokens
     response = MASK[:, 4:]
     return Rollout(ids, MASK, response, torch.ones(4, dtype=torch.bool), 4,
                    torch.tensor([0, 0, 1, 1]) if prompt_index else None)
 
 
 def test_needed_by_hand():
-    assert efficiency.needed_tokens(handmade()) == 3 + 2 + (3 + 1 + 2 + 1)  # each prompt once: 12
-    assert efficiency.needed_tokens(handmade(prompt_index=False)) == 3 + 3 + 2 + 2 + 7  # 17
-    assert efficiency.needed_tokens(handmade(), torch.tensor([1, 3])) == 3 + 2 + 1 + 1
+    # Each prompt once, each completion's tokens but its last: 3 + 2 + (2 + 0 + 1 + 0) = 8.
+    assert efficiency.needed_tokens(handmade()) == 3 + 2 + (2 + 0 + 1 + 0)
+    assert efficiency.needed_tokens(handmade(prompt_index=False)) == 3 + 3 + 2 + 2 + 3  # 13
+    assert efficiency.needed_tokens(handmade(), torch.tensor([1, 3])) == 3 + 2 + 0 + 0
 
 
-@pytest.mark.parametrize("shared, computed", [(False, 4 * (3 + 3)), (True, 2 * 3 + 4 * 3)])
+@pytest.mark.parametrize("shared, computed", [(False, 4 * (3 + 3)), (True, 2 * (3 + 2))])
 def test_forward_computes_by_hand(shared, computed):
     """Column 0 and the last response column are trimmed: 3 prompt + 3 response columns; shared, the
-    prompt pass runs 2 prompts x 3 columns, then 4 rows x 3 response columns."""
+    groups are packed (``models.packing``): 2 rows of the 3 prompt columns, then A's completions'
+    tokens but their last (2 + 0), B's (1 + 0) and one padding column."""
     model = tiny_causal_lm(char_tokenizer(), hidden_size=32, seed=0).eval()
     r = handmade()
     efficiency.reset()
@@ -49,15 +52,15 @@ def test_forward_computes_by_hand(shared, computed):
     efficiency.add_needed("logprob", efficiency.needed_tokens(r))
     forward_response(model, r.input_ids, r.attention_mask, 4)  # outside a counting block: not counted
     m = efficiency.step_metrics()
-    assert (m["perf/tokens_computed_logprob"], m["perf/tokens_needed_logprob"]) == (computed, 12)
-    assert m["perf/logprob_efficiency"] == pytest.approx(12 / computed)
+    assert (m["perf/tokens_computed_logprob"], m["perf/tokens_needed_logprob"]) == (computed, 8)
+    assert m["perf/logprob_efficiency"] == pytest.approx(8 / computed)
     assert "perf/update_efficiency" not in m and m["perf/tokens_computed_update"] == 0
     assert efficiency.step_metrics()["perf/tokens_computed_logprob"] == 0  # zeroed
 
 
 def test_checkpointing_counts_the_recomputation():
     """Under activation checkpointing the layers run again in the backward: twice the positions
-    (and no shared prompt there), 2 x 4 x 6."""
+    of the packed groups, 2 x 2 x 5."""
     model = tiny_causal_lm(char_tokenizer(), hidden_size=32, seed=0)
     model.gradient_checkpointing_enable()
     model.train()
@@ -65,7 +68,7 @@ def test_checkpointing_counts_the_recomputation():
     efficiency.reset()
     with efficiency.counting("update"):
         forward_response(model, r.input_ids, r.attention_mask, 4, prompt_index=r.prompt_index).logprobs.sum().backward()
-    assert efficiency.step_metrics()["perf/tokens_computed_update"] == 2 * 4 * 6
+    assert efficiency.step_metrics()["perf/tokens_computed_update"] == 2 * 2 * 5
 
 
 def test_generate_count_by_hand():
@@ -90,8 +93,12 @@ def by_loops(rollout, shared: bool) -> tuple[int, int]:
     prompts = {}
     for row, g in zip(mask, index):
         prompts[g] = sum(row[:P])
-    needed = sum(prompts.values()) + sum(sum(row[P:]) for row in mask)
-    computed = len(prompts) * (P - start) + B * used if shared else B * (P - start + used)
+    needed = sum(prompts.values()) + sum(max(sum(row[P:]) - 1, 0) for row in mask)
+    # Packed (shared): a row per prompt of its prompt columns, then its completions' tokens but their last.
+    kept = {}
+    for row, g in zip(mask, index):
+        kept[g] = kept.get(g, 0) + max(sum(row[P:]) - 1, 0)
+    computed = len(prompts) * (P - start + max(kept.values())) if shared else B * (P - start + used)
     return computed, needed
 
 
@@ -114,9 +121,7 @@ def test_one_step_run(monkeypatch):
     assert row["perf/tokens_computed_update"] == 2 * computed
     prompt_cols, W = r.prompt_len, r.response_mask.shape[1]
     assert row["perf/tokens_computed_generate"] == 2 * (prompt_cols - 1) + 4 + 4 * (W - 1)
-    lengths = r.response_mask.sum(-1).tolist()
-    assert row["perf/tokens_needed_generate"] == needed - sum(r.attention_mask[:, prompt_cols:].sum(-1).tolist()) + sum(
-        max(n - 1, 0) for n in lengths)
+    assert row["perf/tokens_needed_generate"] == needed  # each completion's tokens but its last
     assert 0 < row["perf/update_efficiency"] <= 1 and 0 < row["perf/generate_efficiency"] <= 1
 
 
@@ -130,6 +135,6 @@ def test_needed_tokens_of_a_slice_whose_prompt_indices_exceed_its_rows():
     response = attention[:, 3:]
     rollout = Rollout(torch.zeros_like(attention), attention, response, torch.ones(4, dtype=torch.bool), 3,
                       torch.tensor([4, 4, 5, 5]))
-    # prompts: 2 tokens (index 4) + 3 tokens (index 5); responses: 2 + 1 + 2 + 1
-    assert int(needed_tokens(rollout)) == 2 + 3 + 6
-    assert int(needed_tokens(rollout, torch.tensor([1, 2]))) == 2 + 3 + 1 + 2
+    # prompts: 2 tokens (index 4) + 3 tokens (index 5); responses of 2 + 1 + 2 + 1, each but its last
+    assert int(needed_tokens(rollout)) == 2 + 3 + 2
+    assert int(needed_tokens(rollout, torch.tensor([1, 2]))) == 2 + 3 + 0 + 1

@@ -509,29 +509,38 @@ def test_forward_response_shared_prompt_matches_full_pass(arch):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_forward_response_shared_prompt_runs_each_prompt_once():
+def test_forward_response_shared_prompt_packs_each_group_into_one_row():
+    """One pass of one row per prompt: the prompt once, then each response's tokens but its last
+    (row 1's ended a column early), no padding inside a group."""
     model = _model()
     ids, mask, index = _grouped_batch(G=3, T=4)
     seen = []
-    model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
+    model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].clone()))
     with torch.no_grad():
         forward_response(model, ids, mask, 4, prompt_index=index)
     P = ids.shape[1] - 4
-    assert seen == [(3, P), (9, 4)]  # 3 prompts once, then 9 responses on top of their caches
+    assert [tuple(x.shape) for x in seen] == [(3, P + 3 * 3)]
+    assert seen[0][0, P:].tolist() == ids[0, P:P + 3].tolist() + ids[1, P:P + 2].tolist() + ids[2, P:P + 3].tolist() + [0]
 
 
-def test_forward_response_shared_prompt_falls_back_under_gradient_checkpointing():
-    """HF layers drop the cache under gradient checkpointing in training mode; the full pass is used."""
+def test_forward_response_shared_prompt_under_gradient_checkpointing():
+    """Packing is one plain forward pass, so it holds under activation checkpointing (which drops a
+    cached prompt's keys): the same log-probs and gradients as the unpacked rows."""
     model = _model()
     enable_activation_checkpointing(model)
     model.train()
     ids, mask, index = _grouped_batch(T=3)
-    with torch.no_grad():
-        shared = forward_response(model, ids, mask, 3, prompt_index=index).logprobs
-        model.eval()
-        full = forward_response(model, ids, mask, 3).logprobs
     resp = mask[:, -3:].bool()
-    torch.testing.assert_close(shared[resp], full[resp], atol=1e-5, rtol=1e-5)
+    results = []
+    for prompt_index in (None, index):
+        model.zero_grad()
+        out = forward_response(model, ids, mask, 3, prompt_index=prompt_index).logprobs
+        (out * resp).sum().backward()
+        results.append((out[resp], [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    (lp0, g0), (lp1, g1) = results
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g1, g0, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
 def test_forward_response_skips_columns_no_row_attends():

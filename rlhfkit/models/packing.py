@@ -1,0 +1,138 @@
+"""Group packing: the rows that continue one prompt run as one packed sequence, the prompt once and
+the completions side by side after it, each completion attending to the prompt and to itself only.
+
+A group of ``G`` completions of a prompt of ``p`` tokens laid out as ``G`` padded rows costs
+``G·(P + T)`` positions per forward pass; packed, it costs ``p + Σ (L_i - 1)``: the prompt once,
+each completion's tokens without its last one (whose logits predict nothing the loss reads), and no
+padding inside the group. The attention mask of a packed row is a tree (the prompt is the trunk,
+each completion a branch)::
+
+    columns   [ left pad | prompt | c1 t0 .. | c2 t0 .. | ... | right pad ]
+    positions   0 ..       0..p-1   p ..       p ..
+
+Completion ``j``'s tokens take the positions they have in their own row (``p, p+1, ...``), so rotary
+or learned position embeddings see what they saw in the unpacked row; their keys are the prompt's
+and their own earlier ones. The logits of the prompt's last column predict every completion's first
+token; completion token ``t >= 1`` is predicted by the packed column of token ``t - 1``.
+
+It is a layout, not an approximation: the log-probs, entropies, hidden states and gradients are the
+padded rows' (up to float summation order; ``tests/models/test_models.py`` checks them against the
+plain pass). It needs an attention that takes an explicit 4-D mask (Hugging Face's ``sdpa`` and
+``eager``); ``pack_groups`` returns None where it cannot apply and the caller runs the rows as they
+are. One forward pass per micro-batch, as without packing: it holds under activation checkpointing,
+DDP and FSDP2 (where every process must run the same passes), unlike a cached prompt pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PACKABLE_ATTENTION = ("sdpa", "eager")
+
+
+@dataclass
+class PackedGroups:
+    """The packed rows of a batch and where each needed output lies in them."""
+
+    input_ids: torch.Tensor  # (n, N): one packed row per distinct prompt
+    position_ids: torch.Tensor  # (n, N)
+    allowed: torch.Tensor  # (n, 1, N, N) bool: query column i may attend key column k
+    first_kept: int  # P - 1: logits are kept from this column on (``logits_to_keep = N - first_kept``)
+    group: torch.Tensor  # (M,) the packed row of each needed output (a real response token of some row)
+    column: torch.Tensor  # (M,) its predicting column, counted from ``first_kept``
+    row: torch.Tensor  # (M,) the batch row it belongs to
+    step: torch.Tensor  # (M,) its response column
+
+    @property
+    def computed(self) -> int:
+        """Token positions one forward pass over the packed rows runs."""
+        return self.input_ids.numel()
+
+    def attention_mask(self, model) -> torch.Tensor:
+        """The 4-D mask in the form the model's attention takes: boolean for ``sdpa``, additive
+        (0 where allowed, the dtype's lowest value elsewhere) for ``eager``."""
+        if attention_implementation(model) == "sdpa":
+            return self.allowed
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device).masked_fill_(
+            ~self.allowed, torch.finfo(dtype).min)
+
+    def scatter(self, values: torch.Tensor, rows: int, width: int) -> torch.Tensor:
+        """(M, ...) outputs in packed order -> (rows, width, ...) in the batch's layout, zeros at the
+        columns no real response token occupies. Differentiable."""
+        out = values.new_zeros((rows, width, *values.shape[1:]))
+        return out.index_put((self.row, self.step), values)
+
+
+def attention_implementation(model) -> str | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None)
+
+
+def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
+                prompt_index: torch.Tensor) -> PackedGroups | None:
+    """Pack rows ``[left pad | prompt | response | right pad]`` (``response_len`` response columns)
+    by ``prompt_index`` (equal index: identical prompt columns). None where packing does not apply:
+    the model's attention takes no 4-D mask, every prompt is distinct, a row's attended columns are
+    not one contiguous prompt and one contiguous response, or rows said to share a prompt do not."""
+    if attention_implementation(model) not in PACKABLE_ATTENTION:
+        return None
+    device = input_ids.device
+    B, W = input_ids.shape
+    T, P = response_len, W - response_len
+    if P < 1:
+        return None
+    _, inverse = torch.unique(prompt_index.to(device), return_inverse=True)
+    n = int(inverse.max()) + 1
+    if n == B:
+        return None
+    mask = attention_mask.bool()
+    cols = torch.arange(W, device=device)
+    plen, rlen = mask[:, :P].sum(-1), mask[:, P:].sum(-1)
+    contiguous = (mask[:, :P] == (cols[:P] >= P - plen[:, None])).all() & (mask[:, P:] == (cols[:T] < rlen[:, None])).all()
+    rows = torch.arange(B, device=device)
+    first = torch.full((n,), B, device=device).scatter_reduce(0, inverse, rows, "amin")  # a row of each prompt
+    same_prompt = ((input_ids[:, :P] == input_ids[first[inverse], :P]) | ~mask[:, :P]).all() & (plen == plen[first[inverse]]).all()
+    if not bool(contiguous & same_prompt) or int(plen.min()) < 1:
+        return None
+
+    keep = (rlen - 1).clamp(min=0)  # each response's tokens but its last go into the packed row
+    # Where row r's kept tokens start: after the prompt and the kept tokens of the earlier rows of its group.
+    before = torch.zeros_like(keep)
+    for g_rows in _rows_by_group(inverse, n):
+        before[g_rows] = torch.cumsum(keep[g_rows], 0) - keep[g_rows]
+    totals = torch.zeros(n, dtype=keep.dtype, device=device).scatter_add_(0, inverse, keep)
+    N = P + int(totals.max())
+
+    ids = torch.zeros((n, N), dtype=input_ids.dtype, device=device)
+    positions = torch.zeros((n, N), dtype=torch.long, device=device)
+    branch = torch.full((n, N), -2, dtype=torch.long, device=device)  # -2 padding, -1 prompt, r: row r's tokens
+    ids[:, :P] = input_ids[first, :P]
+    prompt_real = mask[first, :P]
+    positions[:, :P] = (prompt_real.long().cumsum(-1) - 1).clamp(min=0)
+    branch[:, :P] = torch.where(prompt_real, -1, -2)
+    t = torch.arange(T, device=device)[None, :]
+    kept = t < keep[:, None]  # (B, T): response tokens placed in the packed rows
+    dest_row = inverse[:, None].expand(B, T)[kept]
+    dest_col = (P + before[:, None] + t).expand(B, T)[kept]
+    ids[dest_row, dest_col] = input_ids[:, P:][kept]
+    positions[dest_row, dest_col] = (plen[:, None] + t).expand(B, T)[kept]
+    branch[dest_row, dest_col] = rows[:, None].expand(B, T)[kept]
+
+    key_real = branch >= -1
+    causal = torch.ones((N, N), dtype=torch.bool, device=device).tril()
+    same_branch = (branch[:, None, :] == -1) | (branch[:, None, :] == branch[:, :, None])
+    allowed = (key_real[:, None, :] & causal & same_branch) | torch.eye(N, dtype=torch.bool, device=device)
+
+    needed = t < rlen[:, None]  # (B, T): every real response token gets its log-prob
+    column = torch.where(t == 0, P - 1, P + before[:, None] + t - 1) - (P - 1)
+    return PackedGroups(ids, positions, allowed[:, None], P - 1, inverse[:, None].expand(B, T)[needed],
+                        column.expand(B, T)[needed], rows[:, None].expand(B, T)[needed], t.expand(B, T)[needed])
+
+
+def _rows_by_group(inverse: torch.Tensor, n: int):
+    order = torch.argsort(inverse, stable=True)
+    counts = torch.bincount(inverse, minlength=n).tolist()
+    return order.split(counts)

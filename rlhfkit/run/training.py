@@ -89,7 +89,10 @@ class NonFiniteGuard:
 
     def check_weights(self, params, lr: float) -> None:
         """Raise one line when any of ``params`` (this process's shards under FSDP2) holds NaN or
-        ±inf after an update: the largest |w| of each tensor (NaN propagates), one all-reduce."""
+        ±inf after an update, one all-reduce. Each tensor's 2-norm flags it (NaN and ±inf propagate;
+        on the CPU it is ~10x faster than the largest |w|, ~0.15 s a step for 135M weights); a flagged
+        tensor is then checked element by element, so a finite tensor whose norm overflows is not
+        taken for a broken one."""
         from .. import distributed
 
         local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
@@ -99,8 +102,8 @@ class NonFiniteGuard:
                 groups.setdefault((t.dtype, t.device), []).append(t.detach())
         bad = torch.zeros((), dtype=torch.long)
         for tensors in groups.values():
-            largest = torch.stack(torch._foreach_norm(tensors, float("inf")))
-            bad = bad + (~torch.isfinite(largest)).sum().cpu()
+            flagged = (~torch.isfinite(torch.stack(torch._foreach_norm(tensors)))).nonzero().flatten().tolist()
+            bad = bad + sum(int(not bool(torch.isfinite(tensors[i]).all())) for i in flagged)
         if int(distributed.reduce_sum(bad)):
             dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in local})
             advice = "lower learning_rate" + ("" if dtypes == ["float32"] else ", or use dtype=float32")

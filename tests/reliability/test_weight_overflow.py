@@ -51,3 +51,19 @@ def test_float16_weights_that_overflow_name_the_dtype(tmp_path):
     with pytest.raises(ValueError, match=r"weights in float16\): the update overflowed\. Nothing non-finite is "
                                          r"saved; lower learning_rate, or use dtype=float32$"):
         trainer.train()
+
+
+def test_the_weight_check_flags_nan_and_inf_but_not_a_finite_tensor_whose_norm_overflows():
+    """The check's first pass is each tensor's 2-norm: 1e30s overflow it in float32, yet every
+    element is finite, so nothing is raised; a NaN or an inf is."""
+    from rlhfkit.run.training import NonFiniteGuard
+
+    guard = NonFiniteGuard(limit=3)
+    big = torch.full((8,), 1e30)
+    assert not torch.isfinite(torch.linalg.vector_norm(big))
+    guard.check_weights([big, torch.ones(3)], lr=1e-3)
+    for value in (float("nan"), float("inf")):
+        broken = torch.ones(5)
+        broken[2] = value
+        with pytest.raises(ValueError, match="weights became non-finite"):
+            guard.check_weights([torch.ones(3), broken], lr=1e-3)

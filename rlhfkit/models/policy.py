@@ -127,18 +127,33 @@ def _pad_columns(x: torch.Tensor, T: int) -> torch.Tensor:
 def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden,
                     support) -> ResponseForward:
     """One pass over the packed groups (``models.packing``); the outputs of the real response tokens,
-    in the batch's (B, T) layout."""
+    in the batch's (B, T) layout.
+
+    The kept logits ``(n, K, V)`` are read where they lie, not gathered into a copy: a column ``>= 1``
+    predicts one token (the next of its completion), so the log-probs of all of them come from one
+    ``(n, K)`` grid of targets; column 0 (the prompt's last) predicts the first token of every row of
+    its group and is computed on those rows' copies of its logits, ``B x V``."""
     efficiency.add_computed(packed.computed * (2 if _recomputes(model) else 1))
     out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask(model), position_ids=packed.position_ids,
                 logits_to_keep=packed.input_ids.shape[1] - packed.first_kept, output_hidden_states=with_hidden,
                 use_cache=False)
-    logits = out.logits[packed.group, packed.column]  # (M, V): the predicting column of each real response token
-    hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column][None] if with_hidden else None
-    targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]
-    res = _response_outputs(logits[None], targets[None], hidden, temperature, with_entropy, entropy_grad, support)
+    logits = out.logits
+    targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]  # (M,) the token each output scores
+    first = packed.step == 0
+    grid = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
+    grid[packed.group[~first], packed.column[~first]] = targets[~first]
+    per_column = _response_outputs(logits, grid, None, temperature, with_entropy, entropy_grad, support)
+    heads = _response_outputs(logits[packed.group[first], 0], targets[first], None, temperature, False, False, support)
+
+    def pick(values, head_values=None):  # (n, K) -> (M,), column 0's target-dependent values from ``heads``
+        taken = values[packed.group, packed.column]
+        return taken if head_values is None else taken.masked_scatter(first, head_values)
+
+    hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
     B = input_ids.shape[0]
-    return ResponseForward(*(None if x is None else packed.scatter(x[0], B, T) for x in
-                             (res.logprobs, res.entropy, res.hidden, res.log_kept_mass)))
+    outputs = (pick(per_column.logprobs, heads.logprobs), None if per_column.entropy is None else pick(per_column.entropy),
+               hidden, None if support is None else pick(per_column.log_kept_mass, heads.log_kept_mass))
+    return ResponseForward(*(None if x is None else packed.scatter(x, B, T) for x in outputs))
 
 
 def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad, support) -> ResponseForward:

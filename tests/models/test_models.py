@@ -495,12 +495,14 @@ def test_forward_response_shared_prompt_matches_full_pass(arch):
     for prompt_index in (None, index):
         model.zero_grad()
         out = forward_response(model, ids, mask, T, temperature=0.7, with_entropy=True, entropy_grad=True,
-                               with_hidden=True, prompt_index=prompt_index)
+                               with_hidden=True, prompt_index=prompt_index, support=(5, 0.9))
         resp = mask[:, -T:].bool()
         ((out.logprobs + out.entropy) * resp).sum().backward()
         results.append((out.logprobs[resp], out.entropy[resp], out.hidden[resp],
-                        [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    (lp0, ent0, h0, g0), (lp1, ent1, h1, g1) = results
+                        [p.grad.clone() for p in model.parameters() if p.grad is not None], out.log_kept_mass[resp]))
+    (lp0, ent0, h0, g0, k0), (lp1, ent1, h1, g1, k1) = results
+    assert (k0 < 0).any()  # top-k 5 of the vocabulary truncates
+    torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(h1, h0, atol=1e-5, rtol=1e-5)

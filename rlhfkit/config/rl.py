@@ -75,7 +75,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
     share_prompt: bool = True
-    """Run each prompt through the model once per group and share its key/value cache with the group's G completions, in generation and in the log-prob/update passes (same results, less compute; the update passes skip it under gradient_checkpointing, and under torchrun only generation shares)."""
+    """Run each prompt through the model once per group: generation shares its key/value cache with the group's G completions, and the log-prob/update passes pack the group into one row (the prompt, then each completion without padding; ``models/packing.py``). Same results, less compute, on any number of processes and under gradient_checkpointing."""
     critic_init: str | None = None
     """Directory of a trained reward model to initialise the separate critic from; None: from the policy."""
     parallelism: str = "fsdp"

@@ -115,7 +115,7 @@ def minibatch_generator(seed: int, step: int) -> torch.Generator:
 
 def group_by_prompt(exp: Experience, rows: torch.Tensor, *, share_prompt: bool) -> torch.Tensor:
     """With ``share_prompt``, a minibatch's rows ordered by prompt, so micro-batches hold whole
-    groups whose prompt pass is shared (gradient accumulation over a minibatch does not depend on
+    groups that pack into one row each (gradient accumulation over a minibatch does not depend on
     the order); else ``rows`` as they are."""
     index = exp.rollout.prompt_index
     if not share_prompt or index is None:

@@ -212,6 +212,8 @@ class OptimConfig(OptimBase):
     """Rows per optimizer step; None: the whole batch (one step per pass)."""
     micro_batch_size: int | None = None
     """Rows per forward/backward (gradient accumulation inside a mini-batch); None: the mini-batch."""
+    skip_zero_gradient_rows: bool = True
+    """Leave out of the update's forward/backward the rows whose loss has no gradient: an advantage of exactly 0 on every token (a GRPO/RLOO group whose completions all scored alike) when nothing else reaches them (no critic, no entropy bonus, no KL in the loss). The weights are the same (their share of the loss's denominator is kept); the update's per-token metrics (policy/entropy, clip fractions) cover the rows it ran, and policy/zero_gradient_rows_frac says how many it left out."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ Three passes are counted:
   the prompt but its last once (the last token's logits predict nothing the loss reads).
 - ``update``: the forward passes of the update's micro-batches (each is also a backward pass over
   the same positions). *Needed*, per pass over the batch (``num_iterations``): as ``logprob``, the
-  prompt once per distinct prompt of each minibatch.
+  prompt once per distinct prompt of each minibatch, over the rows whose loss has a gradient (the
+  rows ``rl.update.zero_gradient_rows`` leaves out are not needed).
 
 *Computed* is the width of what is fed to the model: ``rows x columns`` of a padded batch (after
 ``forward_response`` trims the columns no row attends), or of the packed groups when the prompt is

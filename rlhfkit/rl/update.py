@@ -49,6 +49,20 @@ class MinibatchUpdate(UpdateLoss):
     micro_batch_size: int | None
     seed: int
     share_prompt: bool
+    skip_zero_gradient_rows: bool
+
+
+def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -> torch.Tensor | None:
+    """(B,) True for the rows whose loss has no gradient, which the update need not run: an
+    advantage of exactly 0 on every token (or no token), when nothing else reaches the row — every
+    policy loss of ``POLICY_LOSSES`` is a multiple of the advantage per token (clipped, weighted by
+    the rollout correction or not), so such a row adds exact zeros. None (every row runs) with the
+    option off, a critic (the value loss), an entropy bonus, or β·KL in the loss."""
+    if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0:
+        return None
+    if exp.ref_logprobs is not None and not args.kl_in_reward and kl_coef != 0:
+        return None
+    return ((exp.advantages * exp.mask) == 0).all(-1)
 
 
 def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: float, step: int,
@@ -67,6 +81,11 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
     Processes with fewer micro-batches run zero-weight ones, so every process runs the same
     number of (collective) forward and backward passes.
 
+    Rows without gradient (``zero_gradient_rows``) keep their share of each minibatch's loss
+    denominator but are not run; the per-token metrics average over the rows that ran. A minibatch
+    none of whose rows has a gradient still runs one zero-weight pass, so the optimizer steps on
+    zero gradients (AdamW's moments and weight decay move, as they would after running the rows).
+
     ``kl_coef``: β of this step; ``step``: RL steps done (it seeds the minibatch order,
     ``minibatch_generator``); ``optimizer_step``: clips, steps and zeroes the gradients, returning
     ``{"perf/grad_norm": ...}`` (the trainer's, on its run's optimizer). The loss of each
@@ -75,18 +94,23 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
     first = distributed.role_rank() * B  # this process's rows are global rows first .. first + B - 1
     mini = args.mini_batch_size or B * world
     gen = minibatch_generator(args.seed, step)
+    skip = zero_gradient_rows(args, exp, kl_coef)
+    skip_cpu = skip.cpu() if skip is not None else None
     sums: dict[str, torch.Tensor] = {}
-    n_steps = 0
+    n_steps = n_ran = 0
     for _ in range(args.num_iterations):
         for global_rows in torch.randperm(B * world, generator=gen).split(mini):
             mb_rows = global_rows[(global_rows >= first) & (global_rows < first + B)] - first
             mb_rows = group_by_prompt(exp, mb_rows, share_prompt=args.share_prompt)
             weight = distributed.reduce_sum(loss_weights(exp.mask[mb_rows], args.loss_agg)).clamp(min=1)
-            tokens = distributed.reduce_sum(exp.mask[mb_rows].sum()).clamp(min=1)
+            if skip_cpu is not None:
+                mb_rows = mb_rows[~skip_cpu[mb_rows]]
+            tokens = distributed.reduce_sum(exp.mask[mb_rows].sum())  # the per-token metrics' denominator
+            ran = bool(tokens > 0)
             chunks = list(mb_rows.split(args.micro_batch_size or mini)) if len(mb_rows) else []
             if len(mb_rows):
                 efficiency.add_needed("update", efficiency.needed_tokens(exp.rollout, mb_rows))
-            n_micro = distributed.reduce_max(len(chunks))
+            n_micro = max(distributed.reduce_max(len(chunks)), 1)
             for i in range(n_micro):
                 real = i < len(chunks)
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
@@ -95,16 +119,28 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
                     loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef)
                     share = loss_weights(exp.mask[rows], args.loss_agg) / weight if real else torch.zeros(())
                     (loss_value * share * world).backward()
-                token_share = exp.mask[rows].sum() / tokens if real else torch.zeros(())
+                token_share = exp.mask[rows].sum() / tokens.clamp(min=1) if real else torch.zeros(())
                 for k, v in m.items():
                     if k.endswith("_max"):  # a maximum over micro-batches, minibatches and processes
+                        v = v if real else torch.full_like(v, float("-inf"))
                         sums[k] = torch.maximum(sums[k], v) if k in sums else v
                     else:
                         sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
             sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + optimizer_step()["perf/grad_norm"] / world
-            n_steps += 1
-    return {k: distributed.reduce_tensor_max(v) if k.endswith("_max") else distributed.reduce_sum(v) / n_steps
-            for k, v in sums.items()}
+            n_steps, n_ran = n_steps + 1, n_ran + ran
+    out = {}
+    for k, v in sums.items():  # the losses and grad norm: per optimizer step; the rest: per minibatch that ran rows
+        if k.endswith("/loss") or k == "perf/grad_norm":
+            out[k] = distributed.reduce_sum(v) / n_steps
+        elif k.endswith("_max"):
+            v = distributed.reduce_tensor_max(v)
+            if n_ran:
+                out[k] = v
+        elif n_ran:
+            out[k] = distributed.reduce_sum(v) / n_ran
+    if skip is not None:
+        out["policy/zero_gradient_rows_frac"] = distributed.reduce_sum(skip.sum().float()) / (B * world)
+    return out
 
 
 def minibatch_generator(seed: int, step: int) -> torch.Generator:

@@ -90,7 +90,9 @@ PRESETS = {"ppo-1-iteration": dict(algorithm="ppo", num_iterations=1), "ppo-4-it
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate", "token_mask"])
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_applies_the_correction_once_per_step(preset, mode, monkeypatch):
-    trainer = toy_trainer(max_steps=2, rollout_is=mode, rollout_is_threshold=1.3, **PRESETS[preset])
+    # Every row runs (none is left out for a zero advantage), so every token's weight reaches a loss call.
+    trainer = toy_trainer(max_steps=2, rollout_is=mode, rollout_is_threshold=1.3, skip_zero_gradient_rows=False,
+                          **PRESETS[preset])
     engine = trainer.sampler.engine = PerturbedEngine(trainer, noise=0.01)
     recorder = RecordingLosses(trainer)
     monkeypatch.setattr(update_module, "POLICY_LOSSES", recorder)

@@ -43,6 +43,7 @@ def build_trainer(a):
                    progress_bar=False, seed=0, critic=a.critic, gradient_checkpointing=a.gradient_checkpointing,
                    autocast=a.autocast, share_prompt=not a.no_share_prompt, rollout_engine=a.engine,
                    vllm_kv_cache_gb=a.kv_cache_gb, micro_batch_size=a.micro_batch_size,
+                   skip_zero_gradient_rows=not a.no_skip_zero_gradient_rows,
                    **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}))
     peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
     return RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0),
@@ -105,9 +106,10 @@ def run_one(a) -> dict:
     result = {"engine": a.engine, "batch": f"{a.prompts}x{a.group_size}x{a.new_tokens}", "algorithm": a.algorithm,
               "dtype": a.dtype, "autocast": a.autocast,
               "checkpointing": a.gradient_checkpointing, "critic": a.critic if trainer.args.use_critic else "-",
-              "lora_r": a.lora_r, "share_prompt": not a.no_share_prompt, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
+              "lora_r": a.lora_r, "share_prompt": not a.no_share_prompt,
+              "skip_zero_gradient_rows": not a.no_skip_zero_gradient_rows, **{f"time_{k}": v for k, v in phases.items()}, "step_s": step,
               "tokens_per_s": mean("perf/tokens_per_s"), "response_len": mean("rollout/response_length_mean"),
-              "peak_rss_gb": peak_rss_gb()}
+              "zero_gradient_rows_frac": mean("policy/zero_gradient_rows_frac"), "peak_rss_gb": peak_rss_gb()}
     result.update({k: mean(k) for k in history[-1] if k.startswith(PERF_COUNTERS)})
     if a.no_floor:
         return result
@@ -139,6 +141,8 @@ def main() -> None:
     p.add_argument("--lora-r", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--autocast", default=None, help="bfloat16: mixed-precision matmuls, float32 weights")
+    p.add_argument("--no-skip-zero-gradient-rows", action="store_true",
+                   help="run the update over every row, also those whose loss has no gradient (a zero advantage)")
     p.add_argument("--no-share-prompt", action="store_true",
                    help="encode the prompt for every completion (share_prompt=False), to measure what sharing saves")
     p.add_argument("--prompts", type=int, default=4)

@@ -3,13 +3,16 @@
     pip install trl==1.16.0            # in an environment of its own (it is not an rlhfkit dependency)
     python benchmarks/trl_grpo_step.py --prompts 4 --group-size 4 --new-tokens 32 [--bf16]
     # both ratios in one command: TRL and rlhfkit alternated, float32 and bf16, each run its own process
-    .venv/bin/python benchmarks/trl_grpo_step.py --compare --trl-python /tmp/trlenv/bin/python --rounds 2
+    .venv/bin/python benchmarks/trl_grpo_step.py --compare --trl-python /tmp/trlenv/bin/python --rounds 2 [--every-row]
 
 ``--compare`` runs, ``--rounds`` times, for float32 then bf16: this script under ``--trl-python``
 (TRL), then ``benchmarks/rl_step.py --kl-coef 0 --no-floor --json`` under this interpreter
 (rlhfkit; bf16 = ``--autocast bfloat16``, as TRL's ``bf16=True`` autocasts float32 weights), and
 prints each run, the load average before and after, and per dtype the medians and the ratios
-rlhfkit / TRL of step time and peak RSS.
+rlhfkit / TRL of step time and peak RSS. ``--every-row`` adds a third run per round, rlhfkit with
+``--no-skip-zero-gradient-rows``: its update runs every row as TRL's does, also the rows whose
+zero advantage gives them no gradient (``skip_zero_gradient_rows``, on by default, leaves them out:
+the same weights, less compute; how much depends on the batch, so both ratios are printed).
 
 SmolLM2-135M-Instruct (the same GGUF-converted Hugging Face directory rlhfkit uses), float32, the
 same arithmetic prompts and rewards, ``beta=0`` (no reference, as ``rl_step.py --kl-coef 0``), one
@@ -50,6 +53,8 @@ def main() -> None:
                    help="with --compare: OMP/MKL threads of every run (1: no thread waits on a descheduled sibling "
                         "when other work shares the cores)")
     p.add_argument("--rlhfkit-args", default="", help="with --compare: extra rl_step.py arguments (a lever)")
+    p.add_argument("--every-row", action="store_true",
+                   help="with --compare: also run rlhfkit with --no-skip-zero-gradient-rows (the update over every row)")
     a = p.parse_args()
     if a.compare:
         return compare(a)
@@ -111,6 +116,8 @@ def compare(a) -> None:
         runs = {"trl": [a.trl_python, str(here / "trl_grpo_step.py"), *work, *(["--bf16"] if bf16 else [])],
                 "rlhfkit": [sys.executable, str(here / "rl_step.py"), *work, "--kl-coef", "0", "--no-floor", "--json",
                             *(["--autocast", "bfloat16"] if bf16 else []), *a.rlhfkit_args.split()]}
+        if a.every_row:  # rlhfkit running the update over every row, as TRL does (no zero-gradient row left out)
+            runs["rlhfkit-every-row"] = [*runs["rlhfkit"], "--no-skip-zero-gradient-rows"]
         for r in range(a.rounds):
             for name, cmd in runs.items():
                 out = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -118,16 +125,18 @@ def compare(a) -> None:
                     sys.exit(f"{name} {dtype} failed:\n{out.stderr[-3000:]}")
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 results.setdefault((dtype, name), []).append(row)
-                extra = {k: round(v, 3) for k, v in row.items() if k.endswith("_efficiency")}
-                print(f"{dtype:8} round {r} {name:8} step {row['step_s']:.2f} s  peak RSS {row['peak_rss_gb']:.2f} GB"
+                extra = {k: round(v, 3) for k, v in row.items() if k.endswith(("_efficiency", "zero_gradient_rows_frac"))}
+                print(f"{dtype:8} round {r} {name:17} step {row['step_s']:.2f} s  peak RSS {row['peak_rss_gb']:.2f} GB"
                       f"  load {os.getloadavg()[0]:.2f} {extra or ''}", flush=True)
     print(f"load after: {os.getloadavg()}", flush=True)
     for dtype in a.dtypes.split(","):
+        names = [n for (d, n) in results if d == dtype]
         med = {n: (statistics.median(r["step_s"] for r in results[(dtype, n)]),
-                   statistics.median(r["peak_rss_gb"] for r in results[(dtype, n)])) for n in ("trl", "rlhfkit")}
-        print(f"{dtype}: rlhfkit {med['rlhfkit'][0]:.2f} s / TRL {med['trl'][0]:.2f} s = "
-              f"{med['rlhfkit'][0] / med['trl'][0]:.2f}x time (goal <= 0.33);  peak RSS {med['rlhfkit'][1]:.2f} / "
-              f"{med['trl'][1]:.2f} GB = {med['rlhfkit'][1] / med['trl'][1]:.2f}x (goal <= 0.6)", flush=True)
+                   statistics.median(r["peak_rss_gb"] for r in results[(dtype, n)])) for n in names}
+        for n in names[1:]:
+            print(f"{dtype}: {n} {med[n][0]:.2f} s / TRL {med['trl'][0]:.2f} s = "
+                  f"{med[n][0] / med['trl'][0]:.2f}x time (goal <= 0.33);  peak RSS {med[n][1]:.2f} / "
+                  f"{med['trl'][1]:.2f} GB = {med[n][1] / med['trl'][1]:.2f}x (goal <= 0.6)", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ nothing else names it. Every entry of a registry declares the same trait keys:
   group_size >= 2), ``needs_values`` (values from a critic), ``gives_returns`` (returns a critic
   can learn from), ``sequence_level`` (one reward per sequence, the bandit formulation);
 - policy losses: ``importance_sampling_levels`` (the levels of ``importance_sampling_level`` it
-  takes: a loss without an importance ratio takes "token" only);
+  takes: a loss without an importance ratio takes "token" only) and ``zero_at_zero_advantage``
+  (True: a row whose advantage is 0 on every token has no gradient, as when the per-token loss is
+  a multiple of the advantage; the update may then leave such rows out, ``skip_zero_gradient_rows``);
 - KL estimators: ``loss_gradient`` — the divergence whose gradient the estimator's gradient
   follows when it is put in the loss (None: it cannot go in the loss), and ``why_not_in_loss``;
 - rollout IS modes: ``level`` ("token" or "sequence": whose ratio weighs a token) and ``masks``
@@ -137,7 +139,7 @@ POLICY_LOSSES = Registry(
     "policy loss",
     ("logprobs", "old_logprobs", "advantages", "response_mask"),
     ("agg", "horizon", "clip_low", "clip_high", "dual_clip", "weights", "importance_sampling_level"),
-    traits=("importance_sampling_levels",),
+    traits=("importance_sampling_levels", "zero_at_zero_advantage"),
 )
 KL_ESTIMATORS = Registry("KL estimator", ("logprobs", "ref_logprobs"), traits=("loss_gradient", "why_not_in_loss"))
 
@@ -196,7 +198,7 @@ def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, ga
     return adv.whiten(returns, response_mask, reduce=reduce), returns
 
 
-@POLICY_LOSSES.register("ppo_clip", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS)
+@POLICY_LOSSES.register("ppo_clip", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS, zero_at_zero_advantage=True)
 def _ppo_clip(logprobs, old_logprobs, advantages, response_mask, *, agg="token-mean", horizon=None,
               clip_low=0.2, clip_high=0.2, dual_clip=None, weights=None, importance_sampling_level="token"):
     """PPO's clipped surrogate; ``importance_sampling_level="sequence"`` is GSPO (``ppo_policy_loss``)."""
@@ -205,7 +207,7 @@ def _ppo_clip(logprobs, old_logprobs, advantages, response_mask, *, agg="token-m
                            importance_sampling_level=importance_sampling_level)
 
 
-@POLICY_LOSSES.register("vanilla", importance_sampling_levels=("token",))
+@POLICY_LOSSES.register("vanilla", importance_sampling_levels=("token",), zero_at_zero_advantage=True)
 def _vanilla(logprobs, old_logprobs, advantages, response_mask, *, agg="seq-mean-token-sum", horizon=None,
              clip_low=None, clip_high=None, dual_clip=None, weights=None, importance_sampling_level="token"):
     """Plain policy gradient; the clip arguments are accepted for the shared signature and unused.
@@ -216,7 +218,7 @@ def _vanilla(logprobs, old_logprobs, advantages, response_mask, *, agg="seq-mean
     return pg_loss(logprobs, old_logprobs, advantages, response_mask, agg=agg, horizon=horizon, weights=weights)
 
 
-@POLICY_LOSSES.register("cispo", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS)
+@POLICY_LOSSES.register("cispo", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS, zero_at_zero_advantage=True)
 def _cispo(logprobs, old_logprobs, advantages, response_mask, *, agg="token-mean", horizon=None,
            clip_low=None, clip_high=4.0, dual_clip=None, weights=None, importance_sampling_level="token"):
     """CISPO (``cispo_policy_loss``): the ratio capped at ``1 + clip_high`` (default 4: a cap of 5,

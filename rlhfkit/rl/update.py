@@ -54,11 +54,14 @@ class MinibatchUpdate(UpdateLoss):
 
 def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -> torch.Tensor | None:
     """(B,) True for the rows whose loss has no gradient, which the update need not run: an
-    advantage of exactly 0 on every token (or no token), when nothing else reaches the row — every
-    policy loss of ``POLICY_LOSSES`` is a multiple of the advantage per token (clipped, weighted by
-    the rollout correction or not), so such a row adds exact zeros. None (every row runs) with the
-    option off, a critic (the value loss), an entropy bonus, or β·KL in the loss."""
+    advantage of exactly 0 on every token (or no token), when nothing else reaches the row — the
+    policy loss declares ``zero_at_zero_advantage`` (the built-in ones are multiples of the
+    advantage per token, clipped, weighted by the rollout correction or not), so such a row adds
+    exact zeros. None (every row runs) with the option off, a loss that does not declare it, a
+    critic (the value loss), an entropy bonus, or β·KL in the loss."""
     if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0:
+        return None
+    if not POLICY_LOSSES.traits(args.policy_loss)["zero_at_zero_advantage"]:
         return None
     if exp.ref_logprobs is not None and not args.kl_in_reward and kl_coef != 0:
         return None

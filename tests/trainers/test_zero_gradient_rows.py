@@ -74,3 +74,23 @@ def test_every_row_runs_when_the_loss_has_another_term(overrides):
     """An entropy bonus or β·KL in the loss reaches every row: none is left out."""
     _, history = train(half_flat, max_steps=1, **overrides)
     assert "policy/zero_gradient_rows_frac" not in history[0]
+
+
+def test_a_policy_loss_that_does_not_declare_it_runs_every_row():
+    """A registered loss with ``zero_at_zero_advantage=False`` (here the vanilla loss plus a term of
+    its own) keeps every row in the update."""
+    from rlhfkit.algorithms import POLICY_LOSSES
+
+    name = "test_vanilla_plus_a_regulariser"
+    if name not in POLICY_LOSSES:
+        vanilla = POLICY_LOSSES.get("vanilla")
+
+        @POLICY_LOSSES.register(name, importance_sampling_levels=("token",), zero_at_zero_advantage=False)
+        def _loss(logprobs, old_logprobs, advantages, response_mask, **kw):
+            loss, metrics = vanilla(logprobs, old_logprobs, advantages, response_mask, **kw)
+            return loss + 1e-3 * (logprobs * response_mask).pow(2).mean(), metrics
+
+    _, history = train(half_flat, max_steps=1, policy_loss=name)
+    assert "policy/zero_gradient_rows_frac" not in history[0]
+    _, history = train(half_flat, max_steps=1, policy_loss="vanilla")
+    assert history[0]["policy/zero_gradient_rows_frac"] > 0

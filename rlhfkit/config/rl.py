@@ -75,7 +75,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
     share_prompt: bool = True
-    """Run each prompt through the model once per group: generation shares its key/value cache with the group's G completions, and the log-prob/update passes pack the group into one row (the prompt, then each completion without padding; ``models/packing.py``). Same results, less compute, on any number of processes and under gradient_checkpointing."""
+    """Run each prompt through the model once per group: generation shares its key/value cache with the group's G completions, and the log-prob/update passes pack the group into one row (the prompt, then each completion without padding; ``models/packing.py``: for full-attention architectures, where it computes less, else the rows run as they are). Same results, less compute, on any number of processes and under gradient_checkpointing."""
     critic_init: str | None = None
     """Directory of a trained reward model to initialise the separate critic from; None: from the policy."""
     parallelism: str = "fsdp"

@@ -17,10 +17,17 @@ token; completion token ``t >= 1`` is predicted by the packed column of token ``
 
 It is a layout, not an approximation: the log-probs, entropies, hidden states and gradients are the
 padded rows' (up to float summation order; ``tests/models/test_models.py`` checks them against the
-plain pass). It needs an attention that takes an explicit 4-D mask (Hugging Face's ``sdpa`` and
-``eager``); ``pack_groups`` returns None where it cannot apply and the caller runs the rows as they
-are. One forward pass per micro-batch, as without packing: it holds under activation checkpointing,
-DDP and FSDP2 (where every process must run the same passes), unlike a cached prompt pass.
+plain pass) — for models whose tokens meet only through full causal attention, with positions from
+``position_ids``. So it applies to the architectures of ``PACKABLE_MODELS`` (no ALiBi, whose biases
+come from a 2-D mask; no recurrent, convolution or linear-attention layers, which would run across
+the packed completions) with an attention that takes an explicit 4-D mask (Hugging Face's ``sdpa``
+and ``eager``), and where a model has sliding-window layers only when no unpacked row is longer
+than the window (a 4-D mask replaces the window). It also applies only where it computes less:
+the packed attention is dense over a longer row (``N² `` pairs per group), which loses to the padded
+rows for long completions. ``pack_groups`` returns None otherwise and the caller runs the rows as
+they are. One forward pass per micro-batch, as without packing: it holds under activation
+checkpointing, DDP and FSDP2 (where every process must run the same passes), unlike a cached
+prompt pass.
 """
 
 from __future__ import annotations
@@ -30,6 +37,10 @@ from dataclasses import dataclass
 import torch
 
 PACKABLE_ATTENTION = ("sdpa", "eager")
+# Decoder-only model types whose layers are full causal attention (a sliding window aside) with
+# rotary or learned positions read from ``position_ids``, and position-wise MLPs (MoE included).
+PACKABLE_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gpt2",
+                             "gpt_neox", "olmo", "olmo2", "granite", "phi", "phi3", "stablelm", "smollm3"})
 
 
 @dataclass
@@ -66,21 +77,57 @@ class PackedGroups:
         return out.index_put((self.row, self.step), values)
 
 
+def model_config(model):
+    """The Hugging Face config of ``model`` (through a DDP wrapper), or None."""
+    return getattr(getattr(model, "module", model), "config", None)
+
+
 def attention_implementation(model) -> str | None:
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None)
+    return getattr(model_config(model), "_attn_implementation", None)
+
+
+def packable_model(model, width: int) -> bool:
+    """Whether packing gives ``model``'s own results for rows of ``width`` columns: an architecture
+    of ``PACKABLE_MODELS``, a 4-D-mask attention, and no sliding window narrower than the rows."""
+    config = model_config(model)
+    if config is None or attention_implementation(model) not in PACKABLE_ATTENTION:
+        return False
+    if getattr(config, "model_type", None) not in PACKABLE_MODELS:
+        return False
+    layer_types = getattr(config, "layer_types", None) or []
+    if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        return False
+    window = getattr(config, "sliding_window", None)
+    uses_window = window is not None and (not layer_types or "sliding_attention" in layer_types)
+    return not uses_window or width <= window
+
+
+def packing_computes_less(model, packed: tuple[int, int], padded: tuple[int, int]) -> bool:
+    """Whether ``packed`` rows x columns cost less than ``padded`` rows x columns: per position the
+    layers' weights (``2 * (4 h^2 + 3 h i)`` per layer), per attended pair ``4 h`` per layer, every
+    pair of a row counted (neither a dense 4-D mask nor a padding mask skips any)."""
+    config = model_config(model)
+    h = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
+    inner = getattr(config, "intermediate_size", None) or 4 * h
+    per_position, per_pair = 2 * (4 * h * h + 3 * h * inner), 4 * h
+
+    def cost(rows, columns):
+        return rows * columns * per_position + rows * columns * columns * per_pair
+
+    return cost(*packed) <= cost(*padded)
 
 
 def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
                 prompt_index: torch.Tensor) -> PackedGroups | None:
     """Pack rows ``[left pad | prompt | response | right pad]`` (``response_len`` response columns)
     by ``prompt_index`` (equal index: identical prompt columns). None where packing does not apply:
-    the model's attention takes no 4-D mask, every prompt is distinct, a row's attended columns are
-    not one contiguous prompt and one contiguous response, or rows said to share a prompt do not."""
-    if attention_implementation(model) not in PACKABLE_ATTENTION:
-        return None
+    not ``packable_model``, every prompt is distinct, a row's attended columns are not one
+    contiguous prompt and one contiguous response, rows said to share a prompt do not, or the
+    packed rows would cost more (``packing_computes_less``)."""
     device = input_ids.device
     B, W = input_ids.shape
+    if not packable_model(model, W):
+        return None
     T, P = response_len, W - response_len
     if P < 1:
         return None
@@ -105,6 +152,8 @@ def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, re
         before[g_rows] = torch.cumsum(keep[g_rows], 0) - keep[g_rows]
     totals = torch.zeros(n, dtype=keep.dtype, device=device).scatter_add_(0, inverse, keep)
     N = P + int(totals.max())
+    if not packing_computes_less(model, (n, N), (B, W)):
+        return None
 
     ids = torch.zeros((n, N), dtype=input_ids.dtype, device=device)
     positions = torch.zeros((n, N), dtype=torch.long, device=device)

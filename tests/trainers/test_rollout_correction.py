@@ -80,6 +80,9 @@ class RecordingLosses:
             return loss(logprobs, old, advantages, mask, **kw)
         return recorded
 
+    def traits(self, name):
+        return POLICY_LOSSES.traits(name)
+
 
 PRESETS = {"ppo-1-iteration": dict(algorithm="ppo", num_iterations=1), "ppo-4-iterations": dict(algorithm="ppo"),
            "grpo": dict(algorithm="grpo"), "dr_grpo": dict(algorithm="dr_grpo"),

@@ -26,18 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rlhfkit.tasks.tiny import add, openai_tool_loop  # noqa: E402  (after the path: run from a clone)
+
 TURNS = 3
 CALL = {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
 
 
 class Timed:
@@ -59,19 +51,9 @@ class Timed:
 
 
 def program(client, row):
-    """The agent, written against the openai client only."""
-    from transformers.utils import get_json_schema
-
-    messages = [{"role": "user", "content": row["prompt"]}]
-    for _ in range(TURNS):  # as max_tool_calling_iterations = TURNS - 1 in process
-        r = client.chat.completions.create(model="policy", messages=messages, tools=[get_json_schema(add)])
-        message = r.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return None
-        for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": json.dumps(add(**json.loads(call.function.arguments)))})
+    """The agent, written against the openai client only (``TURNS`` replies at most, as
+    max_tool_calling_iterations = TURNS - 1 in process)."""
+    return openai_tool_loop(client, row, (add,), max_turns=TURNS)
 
 
 def main(argv=None) -> None:

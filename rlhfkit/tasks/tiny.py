@@ -136,3 +136,39 @@ def thinking_template(keep_current_reasoning: bool = True) -> str:
         "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
         "{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+    """
+    return a + b
+
+
+def openai_tool_loop(client, row, tools=(add,), max_turns: int | None = None) -> None:
+    """An agent program written against the ``openai`` client only (``RLTrainer(agent_program=)``):
+    send the conversation with the ``tools``' schemas (``transformers.utils.get_json_schema``), run
+    every tool call the reply makes, send the results back; until a reply makes no call, or after
+    ``max_turns`` replies (None: no limit). ``row["prompt"]``: the user's message. Returns None (the
+    episode's reward comes from the trainer's reward functions)."""
+    import json
+
+    from transformers.utils import get_json_schema
+
+    by_name = {fn.__name__: fn for fn in tools}
+    schemas = [get_json_schema(fn) for fn in tools]
+    messages = [{"role": "user", "content": row["prompt"]}]
+    turn = 0
+    while max_turns is None or turn < max_turns:
+        turn += 1
+        message = client.chat.completions.create(model="policy", messages=messages, tools=schemas).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return None
+        for call in message.tool_calls:
+            result = by_name[call.function.name](**json.loads(call.function.arguments))
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+    return None

@@ -8,22 +8,12 @@ import pytest
 import torch
 
 from rlhfkit.rollout.base import build_rollout
-from rlhfkit.tasks.tiny import chatml_tokenizer
+from rlhfkit.tasks.tiny import add, chatml_tokenizer  # noqa: F401  (add: the tests' tool)
 
 
 @pytest.fixture
 def chatml():
     return chatml_tokenizer()
-
-
-def add(a: int, b: int) -> int:
-    """Add two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-    """
-    return a + b
 
 
 def turn_ending_model(tokenizer, positions: int = 2048):

@@ -19,6 +19,7 @@ from rlhfkit.models import forward_response
 from rlhfkit.rollout import HFEngine
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
+from rlhfkit.tasks.tiny import openai_tool_loop
 
 from .conftest import ScriptedEngine, add, turn_ending_model
 
@@ -88,18 +89,7 @@ class AddEnv:
 
 def openai_agent(client, row):
     """The same episode written against the ``openai`` client only: run the calls, send the results."""
-    from transformers.utils import get_json_schema
-
-    messages = [{"role": "user", "content": row["prompt"]}]
-    while True:
-        r = client.chat.completions.create(model="policy", messages=messages, tools=[get_json_schema(add)])
-        message = r.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return None
-        for call in message.tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call.id,
-                             "content": json.dumps(add(**json.loads(call.function.arguments)))})
+    return openai_tool_loop(client, row, (add,))
 
 
 # Compact JSON: the template renders the call back with spaces, so re-tokenising the agent's

@@ -73,7 +73,8 @@ def forward_response(
     prompt columns, as the ``G`` completions of a group do). When given, the rows of each prompt
     run as one packed sequence (``models.packing``): the prompt once, the completions after it
     without padding — the same results and gradients for the prompt's ``(G-1)/G`` and the padding's
-    compute. Rows that cannot be packed (an attention without 4-D masks) run as they are.
+    compute. Where packing does not apply (``models.packing.pack_groups``: another architecture or
+    attention, a narrower sliding window, long completions) the rows run as they are.
 
     ``support`` ``(top_k, top_p)``: also return ``log_kept_mass`` (no gradient), the log of the
     probability mass the sampler's truncation keeps at each position (``algorithms.log_kept_mass``);

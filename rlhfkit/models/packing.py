@@ -21,8 +21,10 @@ plain pass) — for models whose tokens meet only through full causal attention,
 ``position_ids``. So it applies to the architectures of ``PACKABLE_MODELS`` (no ALiBi, whose biases
 come from a 2-D mask; no recurrent, convolution or linear-attention layers, which would run across
 the packed completions) with an attention that takes an explicit 4-D mask (Hugging Face's ``sdpa``
-and ``eager``), and where a model has sliding-window layers only when no unpacked row is longer
-than the window (a 4-D mask replaces the window). It also applies only where it computes less:
+and ``eager``), where a model has sliding-window layers only when no unpacked row is longer than
+the window (a 4-D mask replaces the window), and where its rotary frequencies depend on the length
+of the pass (``dynamic``, ``longrope``) only when every row is short enough for them to be the
+fixed ones (``rope_length_limit``). It also applies only where it computes less:
 the packed attention is dense over a longer row (``N² `` pairs per group), which loses to the padded
 rows for long completions. ``pack_groups`` returns None otherwise and the caller runs the rows as
 they are. One forward pass per micro-batch, as without packing: it holds under activation
@@ -61,6 +63,20 @@ class PackedGroups:
         """Token positions one forward pass over the packed rows runs."""
         return self.input_ids.numel()
 
+    def model_inputs(self, model) -> dict:
+        """The packed pass's keyword arguments but the ones of its outputs: ``input_ids``, the 4-D
+        ``attention_mask``, ``position_ids``, and ``output_router_logits=False`` where the model's config
+        turns the router logits on. An MoE model's load-balancing loss (``aux_loss``, computed in its
+        forward whenever the router logits are output) reads the attention mask as (batch, seq) and
+        fails on a 4-D one; rlhfkit never reads that loss (its losses are those of ``algorithms``, its
+        TRL configs refuse ``router_aux_loss_coef``), and turning it off changes no logit, so packing
+        stays exact and skips that loss's work."""
+        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask(model),
+                  "position_ids": self.position_ids}
+        if getattr(model_config(model), "output_router_logits", False):
+            inputs["output_router_logits"] = False
+        return inputs
+
     def attention_mask(self, model) -> torch.Tensor:
         """The 4-D mask in the form the model's attention takes: boolean for ``sdpa``, additive
         (0 where allowed, the dtype's lowest value elsewhere) for ``eager``."""
@@ -86,9 +102,49 @@ def attention_implementation(model) -> str | None:
     return getattr(model_config(model), "_attn_implementation", None)
 
 
+def rope_length_limit(config) -> int | None:
+    """The longest row, in tokens, for which the rotary frequencies of ``config`` are the same in a
+    packed pass, in the padded rows' pass and in ``generate``; None where they never depend on the
+    length (no rope scaling, ``linear``, ``yarn``, ``llama3``, ...).
+
+    Transformers' ``dynamic_rope_update`` recomputes them from ``max(position_ids) + 1`` of each pass
+    for ``longrope`` and for every type named ``*dynamic*``; a packed row's largest position is one
+    less than the padded rows' (a completion's last token is not in it), so past the limit the two
+    can differ (Phi-3 at ``original + 1`` tokens: short factors packed, long ones padded):
+
+    - ``longrope``: the short factors up to ``original_max_position_embeddings`` tokens (seq_len
+      ``<= original``), in every pass, so the limit is that length;
+    - ``dynamic`` (NTK): the original frequencies while seq_len ``< max_position_embeddings``,
+      whatever a longer earlier pass grew them to (they are kept, not reset, at exactly that length),
+      so the limit is ``max_position_embeddings - 1``.
+
+    Past the limit no pass reproduces what ``generate`` sampled with (its frequencies follow the
+    running length while decoding; Phi-3's recomputes its cache once, at the crossing), and the padded
+    pass's choice follows its batch's longest row; a batch with such a row is not packed and runs as
+    it always has (for ``longrope`` rows all past ``original + 1`` would pack alike, but only because
+    transformers reads the positions, not the packed row's wider length: not relied on). Rope
+    parameters are read from ``rope_parameters`` (transformers 5, also one dict per layer type) or
+    ``rope_scaling`` (``rope_type`` or the older ``type``); the smallest limit of them all is kept."""
+    limits = []
+    for name in ("rope_parameters", "rope_scaling"):
+        params = getattr(config, name, None)
+        if not isinstance(params, dict):
+            continue
+        for rope in [p for p in params.values() if isinstance(p, dict)] or [params]:
+            rope_type = rope.get("rope_type") or rope.get("type") or "default"
+            if "dynamic" in rope_type:
+                limits.append(getattr(config, "max_position_embeddings", 0) - 1)
+            elif rope_type == "longrope":
+                limits.append(rope.get("original_max_position_embeddings")
+                              or getattr(config, "original_max_position_embeddings", None)
+                              or getattr(config, "max_position_embeddings", 0))
+    return min(limits, default=None)
+
+
 def packable_model(model, width: int) -> bool:
-    """Whether packing gives ``model``'s own results for rows of ``width`` columns: an architecture
-    of ``PACKABLE_MODELS``, a 4-D-mask attention, and no sliding window narrower than the rows."""
+    """Whether packing gives ``model``'s own results for rows of at most ``width`` tokens: an
+    architecture of ``PACKABLE_MODELS``, a 4-D-mask attention, no sliding window narrower than the
+    rows, and rows within ``rope_length_limit`` where the rotary frequencies depend on the length."""
     config = model_config(model)
     if config is None or attention_implementation(model) not in PACKABLE_ATTENTION:
         return False
@@ -96,6 +152,9 @@ def packable_model(model, width: int) -> bool:
         return False
     layer_types = getattr(config, "layer_types", None) or []
     if any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        return False
+    limit = rope_length_limit(config)
+    if limit is not None and width > limit:
         return False
     window = getattr(config, "sliding_window", None)
     uses_window = window is not None and (not layer_types or "sliding_attention" in layer_types)
@@ -121,23 +180,23 @@ def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, re
                 prompt_index: torch.Tensor) -> PackedGroups | None:
     """Pack rows ``[left pad | prompt | response | right pad]`` (``response_len`` response columns)
     by ``prompt_index`` (equal index: identical prompt columns). None where packing does not apply:
-    not ``packable_model``, every prompt is distinct, a row's attended columns are not one
-    contiguous prompt and one contiguous response, rows said to share a prompt do not, or the
-    packed rows would cost more (``packing_computes_less``)."""
+    not ``packable_model`` for the longest row (its attended tokens), every prompt is distinct, a
+    row's attended columns are not one contiguous prompt and one contiguous response, rows said to
+    share a prompt do not, or the packed rows would cost more (``packing_computes_less``)."""
     device = input_ids.device
     B, W = input_ids.shape
-    if not packable_model(model, W):
-        return None
     T, P = response_len, W - response_len
     if P < 1:
+        return None
+    mask = attention_mask.bool()
+    plen, rlen = mask[:, :P].sum(-1), mask[:, P:].sum(-1)
+    if not packable_model(model, int((plen + rlen).max())):
         return None
     _, inverse = torch.unique(prompt_index.to(device), return_inverse=True)
     n = int(inverse.max()) + 1
     if n == B:
         return None
-    mask = attention_mask.bool()
     cols = torch.arange(W, device=device)
-    plen, rlen = mask[:, :P].sum(-1), mask[:, P:].sum(-1)
     contiguous = (mask[:, :P] == (cols[:P] >= P - plen[:, None])).all() & (mask[:, P:] == (cols[:T] < rlen[:, None])).all()
     rows = torch.arange(B, device=device)
     first = torch.full((n,), B, device=device).scatter_reduce(0, inverse, rows, "amin")  # a row of each prompt

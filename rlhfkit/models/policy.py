@@ -74,7 +74,8 @@ def forward_response(
     run as one packed sequence (``models.packing``): the prompt once, the completions after it
     without padding — the same results and gradients for the prompt's ``(G-1)/G`` and the padding's
     compute. Where packing does not apply (``models.packing.pack_groups``: another architecture or
-    attention, a narrower sliding window, long completions) the rows run as they are.
+    attention, a narrower sliding window, rows past the original length of a length-dependent rope,
+    long completions) the rows run as they are.
 
     ``support`` ``(top_k, top_p)``: also return ``log_kept_mass`` (no gradient), the log of the
     probability mass the sampler's truncation keeps at each position (``algorithms.log_kept_mass``);
@@ -135,9 +136,8 @@ def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with
     ``(n, K)`` grid of targets; column 0 (the prompt's last) predicts the first token of every row of
     its group and is computed on those rows' copies of its logits, ``B x V``."""
     efficiency.add_computed(packed.computed * (2 if _recomputes(model) else 1))
-    out = model(input_ids=packed.input_ids, attention_mask=packed.attention_mask(model), position_ids=packed.position_ids,
-                logits_to_keep=packed.input_ids.shape[1] - packed.first_kept, output_hidden_states=with_hidden,
-                use_cache=False)
+    out = model(**packed.model_inputs(model), logits_to_keep=packed.input_ids.shape[1] - packed.first_kept,
+                output_hidden_states=with_hidden, use_cache=False)
     logits = out.logits
     targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]  # (M,) the token each output scores
     first = packed.step == 0

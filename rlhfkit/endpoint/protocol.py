@@ -6,7 +6,8 @@ the agent path use (``template_messages``), and the response built from what was
 Fields taken: ``messages``, ``tools``, ``tool_choice``, ``temperature``, ``top_p``,
 ``max_tokens`` / ``max_completion_tokens``, ``n``, ``stop``, ``seed``, ``logprobs``,
 ``top_logprobs`` (0 only), ``model``, ``user``, ``stream`` (false only); every other field is
-ignored, as OpenAI-compatible servers do with fields they do not implement.
+ignored, as OpenAI-compatible servers do with fields they do not implement. The messages' content
+parts and tool-call fields are checked as OpenAI's API has them (``_check_message``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,55 @@ def _number(body: dict, name: str, low: float, high: float, integer: bool = Fals
     return value
 
 
+def _kind(value) -> str:
+    """What a JSON value is, for an error message."""
+    if value is None:
+        return "nothing"
+    if value == "":
+        return "an empty string"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _check_message(i: int, m: dict) -> None:
+    """The fields of ``messages[i]`` as OpenAI's API has them: content parts objects (a text
+    part's ``text`` a string), an assistant's ``tool_calls`` a list of ``{"id", "type":
+    "function", "function": {"name", "arguments"}}`` with ``arguments`` a JSON string (an object is
+    taken too; absent: no arguments), a tool message's ``tool_call_id`` a string; ``BadRequest``
+    naming the message index and the field otherwise."""
+    def refuse(where: str, expected: str, value):
+        raise BadRequest(f"messages[{i}].{where}: expected {expected}, got {_kind(value)}", "messages")
+
+    if isinstance(m.get("content"), list):
+        for k, part in enumerate(m["content"]):
+            if not isinstance(part, dict):
+                refuse(f"content[{k}]", "an object (a content part)", part)
+            if "text" in part and not isinstance(part["text"], str):
+                refuse(f"content[{k}].text", "a string", part["text"])
+    if m["role"] == "tool" and m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
+        refuse("tool_call_id", "a string", m["tool_call_id"])
+    calls = m.get("tool_calls") if m["role"] == "assistant" else None
+    if calls is None:
+        return
+    if not isinstance(calls, list):
+        refuse("tool_calls", "a list of tool calls", calls)
+    for k, call in enumerate(calls):
+        where = f"tool_calls[{k}]"
+        if not isinstance(call, dict):
+            refuse(where, "an object with 'id', 'type' and 'function'", call)
+        if call.get("id") is not None and not isinstance(call["id"], str):
+            refuse(f"{where}.id", "a string", call["id"])
+        fn = call.get("function")
+        if not isinstance(fn, dict):
+            refuse(f"{where}.function", "an object with 'name' and 'arguments'", fn)
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            refuse(f"{where}.function.name", "a string", fn.get("name"))
+        if fn.get("arguments") is not None and not isinstance(fn["arguments"], (str, dict)):
+            refuse(f"{where}.function.arguments", "a JSON string (or an object)", fn["arguments"])
+
+
 def parse_request(body) -> ChatRequest:
     """The request ``body`` (parsed JSON) checked; raises ``BadRequest`` naming the field."""
     if not isinstance(body, dict):
@@ -70,6 +120,7 @@ def parse_request(body) -> ChatRequest:
             raise BadRequest(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", "messages")
         if m["role"] != "assistant" and not isinstance(m.get("content"), (str, list)):
             raise BadRequest(f"messages[{i}] ({m['role']}) needs a content", "messages")
+        _check_message(i, m)
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
@@ -127,7 +178,7 @@ def template_messages(messages: list[dict], call_names: dict[str, str]) -> list[
                 fn = c.get("function", {})
                 names.setdefault(c.get("id"), fn.get("name"))
                 calls.append({"type": "function", "function": {"name": fn.get("name"),
-                                                               "arguments": _arguments(fn.get("arguments", {}))}})
+                                                               "arguments": _arguments(fn.get("arguments") or {})}})
             out.append({"role": "assistant", "content": _content(m.get("content")),
                         **({"tool_calls": calls} if calls else {})})
         elif role == "tool":

@@ -9,7 +9,8 @@ reward (a number) or None (the reward functions then score the recorded conversa
 ``run``): ``run`` starts the endpoint (once; ``close`` stops it), runs ``group_size`` episodes per
 prompt on threads, and serves their requests on the caller's thread (``Endpoint.serve``) until
 every program has returned or its time limit (``AgentProgram.timeout``) has passed — an episode
-past it is refused further requests and left unscored, as an episode whose tool call timed out.
+past it is refused further requests and left unscored, as an episode whose tool call timed out; so
+is an episode whose program raised, or returned (a reward or None) without calling the model.
 The episodes' training rows come from the recorded ids (``record.episode_from_calls``,
 ``agents.rows.episodes_rollout``).
 """
@@ -110,7 +111,7 @@ class ProgramAgent:
                            expected=lambda: sum(not f.done() for f in futures))
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        errors = self._fill(episodes, records, futures, sampling.max_new_tokens)
+        errors, uncalled = self._fill(episodes, records, futures, sampling.max_new_tokens)
         for r in records:
             endpoint.episodes.pop(r.id, None)
         if errors and len(errors) == len(episodes):
@@ -118,11 +119,18 @@ class ProgramAgent:
         if errors:
             warnings.warn(f"agent_program raised in {len(errors)} of {len(episodes)} episodes (left unscored); the "
                           f"first: {errors[0]}", stacklevel=2)
+        if uncalled:
+            warnings.warn(f"agent_program returned without calling the model in {uncalled} of {len(episodes)} "
+                          "episodes (left unscored: nothing was sampled, its reward is ignored)", stacklevel=2)
         with_logprobs = all(c.logprobs is not None for r in records for c in r.calls)
         return episodes_rollout(episodes, self.tokenizer.pad_token_id, with_logprobs)
 
-    def _fill(self, episodes, records, futures, budget: int) -> list[str]:
-        errors = []
+    def _fill(self, episodes, records, futures, budget: int) -> tuple[list[str], int]:
+        """Each episode's row from its recorded calls, and its ``ProgramResult``; an episode whose
+        program raised, ran past its time limit or returned without calling the model (no sampled
+        token: ``record.empty_episode``) is unscored — its reward ignored. Returns the programs'
+        errors and the count of episodes that returned without a call."""
+        errors, uncalled = [], 0
         for e, record, future in zip(episodes, records, futures):
             with record.lock:
                 record.closed = record.closed or f"past its time limit ({self.program.timeout} s)"
@@ -137,9 +145,11 @@ class ProgramAgent:
             row = e.row
             if calls:
                 e.__dict__.update(episode_from_calls(calls, self.tokenizer, budget, record.truncated).__dict__)
+            elif result.error is None:  # returned without a call: a reward for no sampled token is ignored
+                result, uncalled = ProgramResult(error="no model call"), uncalled + 1
             e.row, e.environment = row, result
             e.timed_out = result.error is not None  # unscored (``agents.agent.scored``), like a timed-out tool call
-        return errors
+        return errors, uncalled
 
     def _endpoint(self, engine) -> Endpoint:
         if self.endpoint is None:

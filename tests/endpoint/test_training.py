@@ -5,6 +5,7 @@ reward functions; an episode past its time limit is unscored; GRPO over the endp
 import json
 
 import pytest
+import torch
 
 from rlhfkit import RLConfig, RLTrainer
 from rlhfkit.endpoint import AgentProgram
@@ -92,3 +93,73 @@ def test_grpo_over_the_endpoint_raises_the_programs_reward(tmp_path):
     start = sum(r["reward/mean"] for r in history[:5]) / 5
     end = sum(r["reward/mean"] for r in history[-5:]) / 5
     assert end - start > 0.2, (start, end)
+
+
+
+def skips_the_model_once(target="a"):
+    """A program whose first episode of the ``target`` prompt returns a reward (far from the others)
+    without calling the model; the others reply once and return their reply's length (which differs
+    between the rows of a group)."""
+    import threading
+
+    lock, skipped = threading.Lock(), []
+
+    def program(client, row):
+        with lock:
+            skip = row["target"] == target and not skipped
+            skipped.append(skip)
+        if skip:
+            return 100.0
+        r = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+        return float(len(r.choices[0].token_ids))
+
+    return program
+
+
+
+def one_step_without_a_call(tmp_path, experience=False, **config):
+    """Phases 2-3 (and 4-5 with ``experience``) of one step: the rows, rollout, episodes, scores,
+    valid, metrics, experience, the row that made no call (``k``) and the warnings of phase 2."""
+    import warnings
+    from types import SimpleNamespace
+
+    t = trainer(tmp_path, skips_the_model_once(), max_steps=1, **config)
+    try:
+        rows = t.sampler.sample_prompts()
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            rollout, episodes = t.sampler.generate(rows)
+        scores, valid, metrics = t.sampler.score(rows, rollout, episodes)
+        exp = t.make_experience(rollout, scores, valid, metrics) if experience else None
+    finally:
+        t.sampler.agent.close()
+    empty = (rollout.response_mask.sum(-1) == 0).nonzero().flatten().tolist()
+    assert len(empty) == 1 and episodes[empty[0]].row["target"] == "a"
+    return SimpleNamespace(t=t, rows=rows, rollout=rollout, episodes=episodes, scores=scores, valid=valid,
+                           metrics=metrics, exp=exp, k=empty[0], said=[str(w.message) for w in said])
+
+
+def test_a_reward_returned_without_a_model_call_is_unscored(tmp_path):
+    """The episode sampled no token: its reward is ignored (``valid`` False, as an episode whose
+    program failed or ran out of time), and the other rows stay scored."""
+    s = one_step_without_a_call(tmp_path)
+    assert not s.valid[s.k] and int(s.valid.sum()) == 7
+    assert s.metrics["reward/valid_frac"] == 7 / 8 and s.metrics["agent/timed_out_episodes"] == 1
+    assert any("returned without calling the model in 1 of 8 episodes (left unscored" in w for w in s.said)
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError, reason="phase 5 (rl.advantages.compute_advantages -> "
+                   "algorithms.shaping.token_level_rewards) refuses a row with no response token, unscored or not")
+def test_the_group_of_an_episode_without_a_model_call_gets_the_advantages_without_it(tmp_path):
+    """The other rows of its group get the advantages they get when that episode is unscored (as
+    one past its time limit) — its ignored reward does not shift them, through the batch's reward
+    normalisation either."""
+    s = one_step_without_a_call(tmp_path, experience=True, algorithm="dr_grpo", normalize_rewards=True)
+    s.episodes[s.k].timed_out = True  # unscored, as an episode past its time limit
+    scores, valid, metrics = s.t.sampler.score(s.rows, s.rollout, s.episodes)
+    expected = s.t.make_experience(s.rollout, scores, valid, metrics).advantages
+    others = [i for i in range(s.k // 4 * 4, s.k // 4 * 4 + 4) if i != s.k]
+    assert any(s.exp.advantages[i].abs().sum() > 0 for i in others)
+    for i in others:
+        torch.testing.assert_close(s.exp.advantages[i], expected[i])
+    assert (s.exp.advantages[s.k] == 0).all()

@@ -8,6 +8,7 @@ import copy
 import torch
 
 from .. import distributed
+from ..models.loading import eos_token_ids
 from .episode import AgentOptions, Episode, run_episodes, start_episode
 from .templates import check_agent_template
 from .tools import check_environment_factory, environment_tools, make_tools, new_environment, reset_environment
@@ -18,13 +19,16 @@ class Agent:
     ``environment_factory``, a fresh environment (``reset(**row)``; its public methods are tools).
 
     ``prompt_limit``: the longest prompt (with the tools' schemas rendered) in tokens, None for no
-    limit; a longer one is refused in one line naming its row."""
+    limit; a longer one is refused in one line naming its row. ``eos_ids``: the ids that end the
+    model's turns besides the tokenizer's EOS (``models.loading.eos_token_ids(tokenizer, model)``:
+    Gemma 2's ``<end_of_turn>``), for finding where the template ends a turn."""
 
     def __init__(self, tokenizer, tools=None, environment_factory=None, options: AgentOptions | None = None,
-                 prompt_limit: int | None = None):
+                 prompt_limit: int | None = None, eos_ids=None):
         if not tools and environment_factory is None:
             raise ValueError("an agent needs tools=[...] and/or environment_factory=...")
         self.tokenizer, self.options, self.prompt_limit = tokenizer, options or AgentOptions(), prompt_limit
+        self.eos_ids = eos_token_ids(tokenizer, eos_ids)
         self.tools = make_tools(tools)
         self.environment_factory = environment_factory
         if environment_factory is not None:
@@ -32,7 +36,7 @@ class Agent:
         # A template that rewrites history (Qwen3's <think> handling) renders each turn's prompt;
         # whether it does may depend on the tools it renders: found once per set of tools.
         self._rewrites = {tuple(self.tools): check_agent_template(
-            tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name)}
+            tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name, self.eos_ids)}
 
     @property
     def has_environment_reward(self) -> bool:
@@ -64,7 +68,7 @@ class Agent:
 
     def run(self, engine, episodes: list[Episode], sampling, seed=None):
         """The episodes to their end (``run_episodes``; ``seed``: one per episode), as one ``Rollout``."""
-        return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed)
+        return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed, self.eos_ids)
 
     def close(self) -> None:
         """Release what the agent holds when the run ends: nothing here (an agent program's
@@ -127,12 +131,14 @@ def _append_to_last_user(messages: list[dict], text: str) -> list[dict]:
     return messages + [{"role": "user", "content": text}]
 
 
-def build_agent(tokenizer, tools, environment_factory, options: AgentOptions, prompt_limit: int | None) -> Agent | None:
+def build_agent(tokenizer, tools, environment_factory, options: AgentOptions, prompt_limit: int | None,
+                eos_ids=None) -> Agent | None:
     """The run's ``Agent`` from ``RLTrainer``'s ``tools`` / ``environment_factory`` and the config's
-    agent fields (``options``); None when neither is given (one completion per prompt, as before)."""
+    agent fields (``options``); None when neither is given (one completion per prompt, as before).
+    ``eos_ids``: the policy's end ids (``eos_token_ids(tokenizer, policy)``)."""
     if not tools and environment_factory is None:
         return None
-    return Agent(tokenizer, list(tools or []), environment_factory, options, prompt_limit)
+    return Agent(tokenizer, list(tools or []), environment_factory, options, prompt_limit, eos_ids)
 
 
 def model_name(model) -> str:

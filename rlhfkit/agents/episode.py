@@ -1,11 +1,14 @@
 """Multi-turn agent episodes, token in and token out, on any ``RolloutEngine``.
 
 An episode starts from its prompt's ids (the conversation and the tools' schemas rendered by the
-chat template, after the environment's ``reset``). A turn ends at the EOS token (the template's end
-of turn). Its text is decoded only to read tool calls (``parse_tool_calls``); each episode's calls
-run in the order written, the episodes' side by side (``calls.run_tool_calls``). An episode ends
-when a turn makes no tool call, a tool call is malformed or times out (``calls``: its environment
-is never read again), ``max_tool_calling_iterations`` tool rounds have run, or its budget is spent.
+chat template, after the environment's ``reset``). A turn ends where the engine ends a completion:
+at any of the model's end ids (``models.loading.eos_token_ids``: the tokenizer's EOS, or the
+template's end of turn when the model's generation config names it, as Gemma 2's
+``<end_of_turn>``). Its text is decoded only to read tool calls (``parse_tool_calls``); each
+episode's calls run in the order written, the episodes' side by side (``calls.run_tool_calls``).
+An episode ends when a turn makes no tool call, a tool call is malformed or times out (``calls``:
+its environment is never read again), ``max_tool_calling_iterations`` tool rounds have run, or its
+budget is spent.
 
 What the next turn continues depends on the chat template (``templates.rewrites_history``):
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..models.loading import eos_token_ids
 from ..rollout.base import Rollout, SamplingParams, Seed, row_seeds, sampling_seed
 from .calls import run_tool_calls
 from .parsing import MalformedToolCall, parse_tool_calls
@@ -70,7 +74,7 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     tool_errors: int = 0
-    has_eos: bool = False  # the last turn ended with the EOS token
+    has_eos: bool = False  # the last turn ended with an end id (the engine's eos_ids)
     truncated: bool = False  # the budget (max_new_tokens) ended it
     timed_out: bool = False  # a tool call timed out: the environment is never read again
     length: int = 0  # what the budget counted (max_new_tokens when it ended the episode): the overlong penalty's
@@ -129,15 +133,20 @@ def start_episode(tokenizer, messages: list[dict], tools: dict[str, Tool], envir
 
 
 def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingParams, options: AgentOptions,
-                 seed: Seed = None) -> Rollout:
+                 seed: Seed = None, eos_ids=None) -> Rollout:
     """Run ``episodes`` to their end with ``engine`` and return them as one ``Rollout`` (rows in
     the order of ``episodes``, ``prompt_index`` None: episodes do not share a prompt pass;
     ``agents.rows.episodes_rollout``).
 
     ``seed``: one per episode (or an int ``s``: episode ``i`` gets ``s + i``; None: the engine's
     stream). An episode's first turn samples with its seed, turn ``t`` with ``sampling_seed(seed,
-    t)``: its tokens never depend on which other episodes are still running."""
-    budget, eos = sampling.max_new_tokens, tokenizer.eos_token_id
+    t)``: its tokens never depend on which other episodes are still running.
+
+    A turn ends where the engine's rollout ends it (``Rollout.has_eos``: at any of its ``eos_ids``);
+    the tool suffix follows the template's end of turn, found among the tokenizer's EOS, ``eos_ids``
+    (the model's end ids: ``Agent``'s) and the engine's ``eos_ids``."""
+    budget = sampling.max_new_tokens
+    eos_ids = eos_token_ids(tokenizer, eos_ids, getattr(engine, "eos_ids", None))
     seeds = row_seeds(seed, len(episodes), 1)
     with_logprobs = True
     for turn in range(options.max_tool_calling_iterations + 1):
@@ -152,10 +161,9 @@ def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingP
         with_logprobs = out.logprobs is not None
         pending = []
         for i, e in enumerate(active):
-            new, logprobs = _turn_tokens(out, i, budget - e.used)
+            new, logprobs, e.has_eos = _turn_tokens(out, i, budget - e.used)
             e.extend(new, logprobs)
             e.turns += 1
-            e.has_eos = bool(new) and new[-1] == eos
             text = tokenizer.decode(new[:-1] if e.has_eos else new, skip_special_tokens=False)
             if not e.has_eos:  # out of budget mid-turn
                 e.messages.append({"role": "assistant", "content": text})
@@ -174,21 +182,22 @@ def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingP
                 continue
             e.tool_calls += len(calls)
             pending.append((e, [call["function"] for call in calls]))
-        _answer_tool_calls(tokenizer, pending, budget, options)
+        _answer_tool_calls(tokenizer, pending, budget, options, eos_ids)
     for e in episodes:
         e.length = budget if e.truncated else e.used
     return episodes_rollout(episodes, tokenizer.pad_token_id, with_logprobs)
 
 
-def _turn_tokens(out: Rollout, row: int, room: int) -> tuple[list[int], list[float]]:
-    """The ids the engine sampled for ``row`` up to and including its EOS, at most ``room``."""
+def _turn_tokens(out: Rollout, row: int, room: int) -> tuple[list[int], list[float], bool]:
+    """The ids the engine sampled for ``row`` up to and including its EOS, at most ``room``, their
+    log-probs, and whether they end the turn (the engine's EOS, not cut by ``room``)."""
     n = int(out.response_mask[row].sum())
     ids = out.response_ids[row, :n].tolist()[:room]
     logprobs = out.logprobs[row, :n].tolist()[:room] if out.logprobs is not None else [0.0] * len(ids)
-    return ids, logprobs
+    return ids, logprobs, bool(out.has_eos[row]) and 0 < n <= room
 
 
-def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOptions) -> None:
+def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOptions, eos_ids=None) -> None:
     """Run the pending calls (``(episode, [function, ...])``: each episode's in order, the episodes
     side by side), then add each episode's tool messages and the context they make — or, when that
     leaves no room for another token, neither: the episode ends truncated."""
@@ -207,7 +216,8 @@ def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOpti
             added = rendered if new_segment else rendered[len(context):]
             would_use = len(rendered) - len(e.prompt_ids)
         else:  # the template's tool-message suffix, after the exact ids so far
-            added, new_segment = tool_suffix_ids(tokenizer, tool_messages, e.schemas, options.model_name), False
+            added = tool_suffix_ids(tokenizer, tool_messages, e.schemas, options.model_name, eos_ids)
+            new_segment = False
             would_use = len(e.ids) + len(added)
         if would_use >= budget:  # no room left to answer: the episode ends here, unanswered
             e.truncated = e.done = True

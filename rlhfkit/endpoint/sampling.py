@@ -33,20 +33,23 @@ def answer_group(endpoint, group: list) -> list[dict]:
         for j in range(n):
             r = g * n + j
             ids = rows[r][:min(int(lengths[r]), p.sampling.max_new_tokens)]
+            # ended: the engine ended it (at any of its eos_ids, e.g. Gemma 2's <end_of_turn>), within max_tokens
+            ended = bool(out.has_eos[r]) and int(lengths[r]) <= p.sampling.max_new_tokens
             ids, stopped = _cut_at_stop(endpoint.tokenizer, ids, p.request.stop)
             sampled = engine_logprobs[r][:len(ids)] if engine_logprobs is not None else None
             shown = sampled if sampled is not None else (policy_logprobs[r][:len(ids)] if policy_logprobs else None)
-            choices.append(_choice(endpoint, p, ids, sampled, shown, stopped, f"{p.turn}_{j}"))
+            choices.append(_choice(endpoint, p, ids, ended, sampled, shown, stopped, f"{p.turn}_{j}"))
         answers.append(completion_response(f"chatcmpl-{uuid.uuid4().hex}", endpoint.model_name, len(p.prompt_ids),
                                            choices))
     return answers
 
 
-def _choice(endpoint, p, ids: list[int], sampled, shown, stopped: bool, tag: str) -> dict:
+def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: bool, tag: str) -> dict:
     """One choice: its message (tool calls parsed with the agents' parser), finish reason, ids,
-    tokens and log-probs (``shown`` when the request asked); recorded in the request's episode."""
+    tokens and log-probs (``shown`` when the request asked); recorded in the request's episode.
+    ``ended``: the engine ended the completion with one of its end ids (the last of ``ids``)."""
     tokenizer = endpoint.tokenizer
-    eos = bool(ids) and ids[-1] == tokenizer.eos_token_id and not stopped
+    eos = bool(ids) and ended and not stopped
     text = tokenizer.decode(ids[:-1] if eos else ids, skip_special_tokens=False)
     if stopped:  # the stop string is not returned (OpenAI's rule); its tokens stay recorded
         text = text[:min(text.find(s) for s in p.request.stop if s in text)]

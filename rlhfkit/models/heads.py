@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from ..algorithms import last_token_index
-from .loading import check_finite_weights, disable_dropout, resolve_dtype
+from .loading import check_finite_weights, disable_dropout, eos_token_ids, resolve_dtype
 from .sources import from_hub_or_dir, resolve_model_dir
 from .policy import position_ids_from_mask
 
@@ -230,21 +230,11 @@ def _sequence_head(seq):
     return None
 
 
-def _eos_ids(*sources) -> set[int]:
-    ids: set[int] = set()
-    for value in sources:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(v for v in value if isinstance(v, int))
-    return ids
-
-
 def _pooling_pad_id(config, tokenizer=None) -> int | None:
     """The pad id HF's last-non-pad pooling may use: the tokenizer's (else the config's) pad id
     unless it is an EOS id (then ``None``, with a warning)."""
     pad = tokenizer.pad_token_id if tokenizer is not None else getattr(config, "pad_token_id", None)
-    eos = _eos_ids(getattr(config, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None))
+    eos = eos_token_ids(config, tokenizer)
     if pad is not None and pad in eos:
         warnings.warn(f"pad id {pad} is an EOS id: HF sequence classification would score the token before the "
                       "final EOS, so the saved config has pad_token_id null (batch size 1 scores exactly; pad "

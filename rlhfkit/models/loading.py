@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from numbers import Integral
 from pathlib import Path
 
 import torch
@@ -44,6 +45,28 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+def eos_token_ids(*sources) -> tuple[int, ...]:
+    """Every id that ends a completion — a turn: the EOS ids of ``sources``, in order, each once.
+    A source is an id, a collection of ids, None, a model (its ``generation_config.eos_token_id``:
+    an id, a list or None), or anything with an ``eos_token_id`` (a tokenizer, a config).
+
+    The one rule for "where a response ends", as TRL 1.16's GRPO stops generation:
+    ``eos_token_ids(tokenizer, model)`` is the tokenizer's EOS plus every id the model's generation
+    config declares — Gemma 2's ``<end_of_turn>`` besides ``<eos>``, the first Llama 3 Instruct's
+    ``<|eot_id|>``, Phi-3's ``<|end|>``. Engines stop at any of them, and a response ends at the first
+    (``rollout.base.response_mask_from_ids``: ``response_mask``, ``has_eos``). An int is a set of one."""
+    ids: list[int] = []
+    for source in sources:
+        if isinstance(source, torch.nn.Module) or hasattr(source, "generation_config"):  # a model
+            source = getattr(getattr(source, "generation_config", None), "eos_token_id", None)
+        elif hasattr(source, "eos_token_id"):  # a tokenizer, a generation config, a model config
+            source = source.eos_token_id
+        for value in [] if source is None else [source] if isinstance(source, Integral) else source:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+    return tuple(ids)
 
 
 def load_tokenizer(source, what: str = "tokenizer"):

@@ -17,6 +17,7 @@ from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import freeze, load_causal_lm, load_tokenizer
+from ..models.loading import eos_token_ids
 from ..models.segments import forward_rollout
 from ..models.rl_models import resolve_device
 from ..rewards.sources import build_rewards
@@ -70,7 +71,8 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     agent, prompt_ids = None, None
     if tools or environment_factory is not None:
         options = AgentOptions(max_tool_calling_iterations, model_name=str(model) if isinstance(model, str) else "model")
-        agent = Agent(tokenizer, list(tools or []), environment_factory, options, limit)
+        agent = Agent(tokenizer, list(tools or []), environment_factory, options, limit,
+                      eos_ids=eos_token_ids(tokenizer, policy))
     else:
         prompt_ids = tokenize_prompts(rows, tokenizer, limit, name="eval dataset")  # too long: refused, naming the row
     with _eval_mode(policy, ref):

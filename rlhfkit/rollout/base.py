@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, fields
-from typing import Protocol, Sequence
+from typing import Collection, Protocol, Sequence
 
 import torch
 
 from ..config import RolloutConfig, check_ranges
 from ..data.padding import pad
+from ..models.loading import eos_token_ids
 
 
 _ROLLOUT_DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}
@@ -47,7 +48,10 @@ class Rollout:
     ``input_ids`` (B, P+T) = left-padded prompt (P columns) + response (T columns, right-padded);
     ``attention_mask`` (B, P+T) covers prompt tokens and response tokens up to the first EOS;
     ``response_mask`` (B, T): 1 on response tokens up to and including the first EOS;
-    ``has_eos`` (B,): whether the completion emitted EOS (False = truncated at the length limit);
+    ``has_eos`` (B,): whether the completion emitted EOS (False = truncated at the length limit).
+    "EOS" is any of the model's end ids (``models.loading.eos_token_ids``: the tokenizer's EOS and
+    the model's own, e.g. Gemma 2's ``<end_of_turn>``): the engine stops at them, so the mask, the
+    missing-EOS penalty and ``mask_truncated_completions`` (which read ``has_eos``) end there too;
     ``prompt_index`` (B,): which prompt each row continues (``g`` for rows ``g*n .. g*n+n-1``), so
     the forward passes can run each prompt once for its group (``forward_response``);
     ``logprobs`` (B, T): the engine's own log-probability of each sampled token, when the engine is
@@ -167,9 +171,10 @@ def row_seeds(seed: Seed, n_prompts: int, n: int) -> list[int] | None:
 
 
 class RolloutEngine(Protocol):
-    """``needs_sync``: the engine holds its own copy of the weights (``sync_weights(weights,
-    version)`` and ``synced_version``, as ``VLLMEngine``); ``sleep()`` releases what it can during
-    the update (a no-op for most engines).
+    """``eos_ids``: every id the engine stops at (``models.loading.eos_token_ids``); a completion
+    ends at the first of them. ``needs_sync``: the engine holds its own copy of the weights
+    (``sync_weights(weights, version)`` and ``synced_version``, as ``VLLMEngine``); ``sleep()``
+    releases what it can during the update (a no-op for most engines).
 
     ``seed`` fixes the sampling per prompt (``prompt_seeds``): each row draws from a stream of its
     own (``row_seeds``), so a row's tokens depend on its prompt, the weights and its seed, never on
@@ -177,6 +182,7 @@ class RolloutEngine(Protocol):
     ranks, sample what one process samples."""
 
     needs_sync: bool
+    eos_ids: tuple[int, ...]
 
     def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
                  seed: Seed = None) -> Rollout: ...
@@ -184,9 +190,11 @@ class RolloutEngine(Protocol):
     def sleep(self) -> None: ...
 
 
-def response_mask_from_ids(responses: torch.Tensor, eos_id: int,
+def response_mask_from_ids(responses: torch.Tensor, eos_id: int | Collection[int],
                            lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask by the *position* of the first EOS (never by token value: pad may equal EOS).
+    """Mask by the *position* of the first EOS (never by token value: pad may equal EOS). ``eos_id``:
+    the EOS id, or every id that ends a completion (``models.loading.eos_token_ids``: the first of
+    any of them ends it, kept in the mask).
 
     ``lengths`` (B,), when given, is the number of real tokens per row (the rest is filler that
     must never count, even when it holds the EOS id). Returns ``(response_mask (B, T) long,
@@ -195,7 +203,8 @@ def response_mask_from_ids(responses: torch.Tensor, eos_id: int,
     T = responses.shape[1]
     positions = torch.arange(T, device=responses.device)
     real = torch.ones_like(responses, dtype=torch.bool) if lengths is None else positions[None, :] < lengths[:, None]
-    is_eos = (responses == eos_id) & real
+    ends = torch.tensor(eos_token_ids(eos_id), dtype=responses.dtype, device=responses.device)
+    is_eos = torch.isin(responses, ends) & real
     has_eos = is_eos.any(-1)
     end = is_eos.long().argmax(-1) if lengths is None else torch.minimum(is_eos.long().argmax(-1), lengths - 1)
     end = torch.where(has_eos, end, torch.full_like(end, T - 1) if lengths is None else lengths - 1)
@@ -203,8 +212,9 @@ def response_mask_from_ids(responses: torch.Tensor, eos_id: int,
 
 
 def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], n: int,
-                  pad_id: int, eos_id: int) -> Rollout:
-    """Assemble a ``Rollout`` from prompt ids and per-completion response ids (len(prompts)*n)."""
+                  pad_id: int, eos_id: int | Collection[int]) -> Rollout:
+    """Assemble a ``Rollout`` from prompt ids and per-completion response ids (len(prompts)*n);
+    each response ends at its first id of ``eos_id`` (one id, or the engine's ``eos_ids``)."""
     if len(responses) != len(prompts) * n:
         raise ValueError(f"engine returned {len(responses)} completions for {len(prompts)} prompts x n={n}")
     prompt_ids, prompt_mask = pad(prompts, pad_id, "left")

@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from ..models import efficiency
+from ..models.loading import eos_token_ids
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
 from ..data.padding import pad
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
@@ -21,12 +22,18 @@ class HFEngine:
     ``g*n .. g*n+n-1`` share prompt ``g``. With ``share_prompt`` each prompt is encoded once and its
     key/value cache repeated for its ``n`` rows (``generate`` then only runs the last prompt token
     and the new tokens per row).
+
+    ``eos_id`` (the tokenizer's EOS id, or several): a completion ends at it and at every EOS id
+    the model's ``generation_config`` declares (``eos_ids``, ``models.loading.eos_token_ids``:
+    Gemma 2's ``<end_of_turn>``, Llama 3 Instruct's ``<|eot_id|>``), as TRL's GRPO stops.
     """
 
     needs_sync = False  # it samples from the trained model itself
 
-    def __init__(self, model, pad_id: int, eos_id: int, share_prompt: bool = True, logprobs: bool = False):
-        self.model, self.pad_id, self.eos_id, self.share_prompt = model, pad_id, eos_id, share_prompt
+    def __init__(self, model, pad_id: int, eos_id: int | Sequence[int], share_prompt: bool = True,
+                 logprobs: bool = False):
+        self.model, self.pad_id, self.share_prompt = model, pad_id, share_prompt
+        self.eos_ids = eos_token_ids(eos_id, model)  # read now: generate sets the model's generation config aside
         # Also report the sampler's log-prob of each token: needed where the engine's weights are not the
         # trained ones (a generator rank, rollout_workers: the behaviour policy of the correction).
         self.logprobs = logprobs
@@ -39,8 +46,8 @@ class HFEngine:
         from its global defaults (``top_k: 50``): a penalty or an n-gram ban the trainer's
         log-probs know nothing of. So the neutral value of every processor is written out here,
         and ``generate`` also runs with the model's own generation config set aside
-        (``_neutral_model_defaults``): the model can change nothing but the EOS and pad ids, which
-        come from the tokenizer."""
+        (``_neutral_model_defaults``): the model can change nothing but where a completion ends
+        (``eos_ids``: the tokenizer's EOS and the model's own); the pad id is the tokenizer's."""
         from transformers import GenerationConfig
 
         if sampling.max_new_tokens < 1:
@@ -50,7 +57,8 @@ class HFEngine:
                        forced_bos_token_id=None, forced_eos_token_id=None, encoder_repetition_penalty=1.0,
                        exponential_decay_length_penalty=None, guidance_scale=None, typical_p=1.0,
                        epsilon_cutoff=0.0, eta_cutoff=0.0, min_p=None, stop_strings=None, renormalize_logits=False)
-        common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=self.eos_id, pad_token_id=self.pad_id,
+        eos = self.eos_ids[0] if len(self.eos_ids) == 1 else list(self.eos_ids)
+        common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=self.pad_id,
                       use_cache=True, **neutral)
         if sampling.greedy:  # no warper runs without do_sample: temperature, top_p and top_k are left unset
             # (set, transformers would warn that they are "not valid and may be ignored")
@@ -86,7 +94,7 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         responses = sequences[:, ids.shape[1] :]
-        response_mask, has_eos = response_mask_from_ids(responses, self.eos_id)
+        response_mask, has_eos = response_mask_from_ids(responses, self.eos_ids)
         if efficiency.active():
             self._count(prompt_mask, cache is not None, response_mask)
         rollout = Rollout(sequences, torch.cat([mask, response_mask], 1), response_mask, has_eos, ids.shape[1],

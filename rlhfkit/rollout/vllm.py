@@ -38,6 +38,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..models.loading import eos_token_ids
 from .base import Rollout, SamplingParams, Seed, build_rollout, prompt_seeds
 from .weight_sync import hf_weights  # noqa: F401  (the engine's weights: rollout.weight_sync)
 
@@ -109,7 +110,9 @@ class VLLMEngine:
         if tensor_parallel_size != 1:
             raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size} is not supported: each training "
                              "process runs its own engine on its own device (size 1)")
-        self.pad_id, self.eos_id, self.sleep_mode = tokenizer.pad_token_id, tokenizer.eos_token_id, sleep
+        # Where a completion ends: the tokenizer's EOS and every EOS id of the policy's generation config (which
+        # vLLM never reads here: generation_config="vllm"), as stop_token_ids (``eos_token_ids``).
+        self.pad_id, self.eos_ids, self.sleep_mode = tokenizer.pad_token_id, eos_token_ids(tokenizer, policy), sleep
         self.seed, self.synced_version, self._asleep = seed, None, False
         config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
         if not self.on_gpu:
@@ -188,7 +191,7 @@ class VLLMEngine:
         config is never read (``generation_config="vllm"`` at construction)."""
         neutral = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0, min_tokens=0,
                        bad_words=None, logit_bias=None, allowed_token_ids=None, max_tokens=sampling.max_new_tokens,
-                       logprobs=0, stop_token_ids=[self.eos_id], ignore_eos=False, skip_special_tokens=False,
+                       logprobs=0, stop_token_ids=list(self.eos_ids), ignore_eos=False, skip_special_tokens=False,
                        detokenize=False)
         if sampling.greedy:
             return self._sampling_params(n=n, temperature=0.0, **neutral)
@@ -213,7 +216,7 @@ class VLLMEngine:
                 ids = list(completion.token_ids)
                 responses.append(ids)
                 logprobs.append([step[token].logprob for step, token in zip(completion.logprobs, ids)])
-        rollout = build_rollout(prompts, responses, n, self.pad_id, self.eos_id)
+        rollout = build_rollout(prompts, responses, n, self.pad_id, self.eos_ids)
         engine_logprobs = torch.zeros(rollout.response_mask.shape, dtype=torch.float32)
         for i, row in enumerate(logprobs):
             engine_logprobs[i, : len(row)] = torch.tensor(row, dtype=torch.float32)

@@ -4,7 +4,8 @@
 unknown tokens and a minimal chat template; ``chatml_tokenizer`` a ChatML one: ``<|im_start|>``
 and ``<|im_end|>`` (the EOS), printable ASCII (enough for JSON tool calls) and the shipped
 ``chatml_tools`` template. ``tiny_causal_lm`` builds a randomly initialised Llama of a few hundred
-thousand parameters around either.
+thousand parameters around either; ``tiny_turn_end_lm`` one whose turns end with a token other
+than its tokenizer's EOS (Gemma 2's ``<end_of_turn>``, Llama 3 Instruct's ``<|eot_id|>``).
 """
 
 from __future__ import annotations
@@ -51,31 +52,43 @@ CHATML_ALPHABET = string.ascii_letters + string.digits + string.punctuation + " 
 CHATML_SPECIAL_TOKENS = ("<pad>", "<|im_end|>", "<unk>", "<|im_start|>")
 
 
-def chatml_tokenizer(alphabet: str = CHATML_ALPHABET):
+def chatml_tokenizer(alphabet: str = CHATML_ALPHABET, eos_token: str = "<|im_end|>"):
     """A character-level fast tokenizer for ChatML: one id per character of ``alphabet`` (by
     default printable ASCII, enough for JSON tool calls), ``<|im_start|>`` and ``<|im_end|>`` as
     special tokens with ``<|im_end|>`` the EOS (as in Qwen and SmolLM2 instruct models), a distinct
-    pad token, and the shipped ``chatml_tools`` chat template."""
+    pad token, and the shipped ``chatml_tools`` chat template.
+
+    ``eos_token`` another name (e.g. ``"<eos>"``): a special token of its own, after the alphabet,
+    is the tokenizer's EOS while the template still ends turns with ``<|im_end|>`` — as Gemma 2's
+    ``<eos>`` and ``<end_of_turn>``; its model ends a turn only with ``tiny_causal_lm(end_of_turn=
+    "<|im_end|>")``."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from ..data.chat_templates import resolve_chat_template
 
+    specials = tuple(dict.fromkeys(CHATML_SPECIAL_TOKENS + (eos_token,)))
     vocab = {tok: i for i, tok in enumerate(CHATML_SPECIAL_TOKENS)}
     for ch in dict.fromkeys(alphabet):
         vocab.setdefault(ch, len(vocab))
+    vocab.setdefault(eos_token, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHATML_SPECIAL_TOKENS])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token="<pad>",
                                    unk_token="<unk>", padding_side="left")
     fast.chat_template = resolve_chat_template("chatml_tools")
     return fast
 
 
-def tiny_causal_lm(tokenizer, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0):
-    """A randomly initialised ``LlamaForCausalLM`` sized for the tokenizer (≈100k–500k params)."""
+def tiny_causal_lm(tokenizer, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0,
+                   end_of_turn: str | None = None):
+    """A randomly initialised ``LlamaForCausalLM`` sized for the tokenizer (≈100k–500k params).
+
+    ``end_of_turn``: a token other than the tokenizer's EOS that also ends a turn — the model's
+    ``generation_config.eos_token_id`` is then ``[EOS, that token's id]``, as Gemma 2's ``[<eos>,
+    <end_of_turn>]`` (and ``save_pretrained`` writes it to ``generation_config.json``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -92,7 +105,27 @@ def tiny_causal_lm(tokenizer, hidden_size: int = 64, layers: int = 2, heads: int
         tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)
+    if end_of_turn is not None:
+        model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(end_of_turn)]
+    return model
+
+
+def tiny_turn_end_lm(tokenizer, end_of_turn: str = "<|im_end|>", end_bias: float = 3.0, **kwargs):
+    """``tiny_causal_lm(tokenizer, end_of_turn=end_of_turn)`` whose head favours ``end_of_turn``
+    (an untied head with a bias of ``end_bias`` on it), so its sampled turns end after a few tokens,
+    with a token that is not its tokenizer's EOS when ``tokenizer`` is ``chatml_tokenizer(eos_token=
+    "<eos>")``: a Gemma-2-like model for the tests of where a turn ends."""
+    model = tiny_causal_lm(tokenizer, end_of_turn=end_of_turn, **kwargs)
+    old = model.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[tokenizer.convert_tokens_to_ids(end_of_turn)] = end_bias
+    model.lm_head = head
+    model.config.tie_word_embeddings = False
+    return model
 
 
 def save_tiny_model(path, tokenizer=None, **kwargs) -> str:

@@ -31,6 +31,7 @@ from ..data.chat_templates import use_chat_template
 from ..endpoint.program import agent_program as program_reward, program_agent
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import efficiency
+from ..models.loading import eos_token_ids
 from ..models.rl_models import ModelLoading, build_models
 from ..rewards.sources import build_rewards
 from ..rl import experience, update
@@ -211,7 +212,8 @@ class RLTrainer:
         limit = prompt_limit(args.max_prompt_length, args.max_new_tokens, self.models.policy.config)
         options = AgentOptions(args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout,
                                model_name(model))
-        agent = build_agent(tokenizer, tools, environment_factory, options, limit)
+        agent = build_agent(tokenizer, tools, environment_factory, options, limit,
+                            eos_token_ids(tokenizer, self.models.policy))  # the turn's end: the model's end ids too
         sources, weights = reward_funcs, reward_weights
         if agent_program is not None:  # the program's episodes through the endpoint; its reward one more source
             agent = program_agent(agent_program, agent, tokenizer, self.models, model_name(model))

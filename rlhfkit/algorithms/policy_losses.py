@@ -147,8 +147,8 @@ def cispo_policy_loss(
     ``policy/approx_kl``, ``policy/approx_kl_k3``, ``policy/ratio_mean``, ``policy/ratio_max``.
     """
     mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    if clip_high <= 0:
-        raise ValueError(f"clip_high must be > 0, got {clip_high}")
+    if clip_high <= -1:
+        raise ValueError(f"clip_high must be > -1 (the weight's cap 1 + clip_high > 0), got {clip_high}")
     ratio = importance_ratio(logprobs, old_logprobs, mask, importance_sampling_level)
     capped = ratio.clamp(max=1.0 + clip_high).detach()
     loss = aggregate(_weighted(-advantages * capped * logprobs, weights, mask), mask, agg, horizon)

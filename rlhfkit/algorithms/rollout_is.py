@@ -44,25 +44,34 @@ from .registry import Registry
 
 # ``f(log_ratio, response_mask, *, threshold) -> (weights, kept)``: ``log_ratio`` (B, T) per token,
 # or (B, 1) per sequence when the mode's ``level`` is "sequence"; ``weights`` broadcast to (B, T).
-ROLLOUT_IS_MODES = Registry("rollout IS mode", ("log_ratio", "response_mask"), ("threshold",),
+ROLLOUT_IS_MODES = Registry("rollout IS mode", ("log_ratio", "response_mask"), ("threshold", "low"),
                             traits=("level", "masks"))
 
 
 @ROLLOUT_IS_MODES.register("none", level="token", masks=False)
-def _no_correction(log_ratio, response_mask, *, threshold):
+def _no_correction(log_ratio, response_mask, *, threshold, low):
     return torch.ones_like(log_ratio), response_mask
 
 
-def _truncate(log_ratio, response_mask, *, threshold):
-    """``w = min(ρ, C)``; the mask is unchanged."""
-    return torch.exp(log_ratio).clamp(max=threshold), response_mask
+def _log(bound: float | None, default: float) -> float:
+    """A bound in log space (``None``: ``default``; 0 is ``-inf``: no lower bound)."""
+    return default if bound is None else (math.log(bound) if bound > 0 else -math.inf)
 
 
-def _mask(log_ratio, response_mask, *, threshold):
-    """Keep ``ρ ∈ [1/C, C]`` (compared in log space), with ``w = ρ``; the clamp only absorbs the
-    rounding of exp at the bounds."""
-    kept = response_mask & (log_ratio.abs() <= math.log(threshold))
-    return torch.exp(log_ratio).clamp(1.0 / threshold, threshold), kept
+def _truncate(log_ratio, response_mask, *, threshold, low):
+    """``w = min(ρ, C)`` (``max(·, low)`` too when a lower bound is given); the mask is unchanged."""
+    weights = torch.exp(log_ratio)
+    if threshold is not None or low is not None:
+        weights = weights.clamp(min=low, max=threshold)
+    return weights, response_mask
+
+
+def _mask(log_ratio, response_mask, *, threshold, low):
+    """Keep ``ρ ∈ [low, C]`` (``low`` defaults to ``1/C``; compared in log space), with ``w = ρ``."""
+    high = _log(threshold, math.inf)
+    floor = _log(low, -high)
+    kept = response_mask & (log_ratio <= high) & (log_ratio >= floor)
+    return torch.exp(log_ratio), kept
 
 
 ROLLOUT_IS_MODES.register("token_truncate", level="token", masks=False)(_truncate)
@@ -76,8 +85,9 @@ def rollout_is_weights(
     rollout_logprobs: torch.Tensor,
     response_mask: torch.Tensor,
     mode: str = "token_truncate",
-    threshold: float = 2.0,
+    threshold: float | None = 2.0,
     *,
+    low: float | None = None,
     reduce=None,
     reduce_max=None,
 ):
@@ -95,6 +105,11 @@ def rollout_is_weights(
       ``w_t = ρ_t``; ``sequence_mask``: rows with ``ρ_i ∉ [1/C, C]`` leave the mask, the others
       get ``w_t = ρ_i``.
 
+    ``low`` (optional, ``0 <= low < C``) sets the lower bound apart: the truncation modes then
+    also floor the weight at ``low`` (``w = clamp(ρ, low, C)``), the mask modes keep ``ρ ∈ [low,
+    C]`` (0: no lower bound). ``threshold=None`` is no upper bound (no cap, nothing masked above).
+    TRL's ``vllm_importance_sampling_clip_min`` / ``_clip_max`` are ``low`` / ``threshold``.
+
     Truncation suits most runs (it keeps every token and bounds the variance); masking suits a
     large mismatch, where a token the engine and the trainer disagree about is better dropped;
     the sequence modes suit sequence-level objectives (one reward and advantage per sequence).
@@ -106,7 +121,8 @@ def rollout_is_weights(
         rollout_logprobs: (B, T) the engine's log-probs of the same tokens (π_rollout).
         response_mask: (B, T) bool or 0/1.
         mode: one of ``ROLLOUT_IS_MODES``.
-        threshold: ``C > 1``, the truncation cap or the bounds ``[1/C, C]`` of the masks.
+        threshold: ``C > 1``, the truncation cap or the bounds ``[1/C, C]`` of the masks; None: no cap.
+        low: the lower bound, when not ``1/C`` (mask modes) or none (truncation modes).
         reduce, reduce_max: ``None`` (the metrics are this process's), or the sum and the max over
             every process (``distributed.reduce_sum``, ``reduce_tensor_max``): the metrics are then
             over every process's tokens, from the same formulas. The weights and mask stay local.
@@ -123,8 +139,12 @@ def rollout_is_weights(
     check_tensor("old_logprobs", old_logprobs, ndim=2)
     mask = check_mask(response_mask, old_logprobs.shape)
     correct, level = ROLLOUT_IS_MODES.get(mode), ROLLOUT_IS_MODES.traits(mode)["level"]
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not threshold > 1:
-        raise ValueError(f"rollout IS threshold must be a number > 1, got {threshold!r}")
+    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
+                                  or not threshold > 1):
+        raise ValueError(f"rollout IS threshold must be a number > 1 or None, got {threshold!r}")
+    if low is not None and (isinstance(low, bool) or not isinstance(low, numbers.Real) or not 0 <= low
+                            or (threshold is not None and not low < threshold)):
+        raise ValueError(f"rollout IS lower bound must be a number in [0, threshold), got {low!r}")
 
     dtype = torch.promote_types(torch.promote_types(old_logprobs.dtype, rollout_logprobs.dtype), torch.float32)
     zero = torch.zeros((), dtype=dtype, device=old_logprobs.device)
@@ -133,7 +153,7 @@ def rollout_is_weights(
         log_ratio = torch.where(mask, diff, zero).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         if level == "sequence":
             log_ratio = log_ratio.sum(dim=-1, keepdim=True).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-        weights, kept = correct(log_ratio, mask, threshold=threshold)
+        weights, kept = correct(log_ratio, mask, threshold=threshold, low=low)
         weights = torch.where(kept, weights.expand(mask.shape), zero).float()
         metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, reduce, reduce_max)
     return weights, kept, metrics

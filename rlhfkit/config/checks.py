@@ -24,10 +24,11 @@ RANGES: dict[str, str] = {
     "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": "[1, 1024]",
     # algorithm
     "loss_horizon": "[1, 1e7] or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
-    "clip_low": "(0, 1)", "clip_high": "> 0", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
+    "clip_low": "(0, 1)", "clip_high": "> -1", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
     "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "advantage_epsilon": "(0, 1]", "num_iterations": "[1, 1e4]",
     # the bound of a reward function's output (rewards.functions.MAX_ABS_REWARD)
-    "missing_eos_penalty": "[-1e6, 1e6] or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1",
+    "missing_eos_penalty": "[-1e6, 1e6] or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1 or None",
+    "rollout_is_threshold_low": "[0, 1e6] or None",
     "max_tool_calling_iterations": "[0, 1e6]", "max_tool_response_tokens": "[1, 1e9] or None",
     "tool_call_timeout": "(0, 1e6]",
     "overlong_penalty": "[0, 1e6]", "overlong_buffer_len": "[1, 1e7] or None", "max_sampling_rounds": "[1, 1e6]",

@@ -86,6 +86,8 @@ class ModelConfig:
 class RolloutConfig:
     prompts_per_step: int = 8
     """Distinct prompts sampled per RL step; the batch is prompts_per_step x group_size completions."""
+    drop_last: bool = False
+    """A step never spans two epochs of the data order: the last prompts of an epoch that do not fill a step are skipped (torch's DataLoader drop_last; TRL's GRPOTrainer). False: the step takes the next epoch's first prompts."""
     group_size: int | None = None
     """G completions per prompt (rows g*G .. g*G+G-1 share prompt g). None: the preset's (GRPO/RLOO 4, PPO/REINFORCE 1)."""
     max_new_tokens: int = 32
@@ -172,6 +174,8 @@ class AlgorithmConfig:
     """Weight of the value loss in the total loss (c1 of the PPO paper)."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (c2 of the PPO paper); 0 computes entropy as a metric only."""
+    entropy_agg: str | None = None
+    """How the entropy bonus is averaged: None, the policy loss's loss_agg; 'micro-batch-token-mean', each micro-batch's token mean divided by the micro-batches of the optimizer step (TRL's GRPOTrainer, whatever its loss_type)."""
     gamma: float = 1.0
     """Discount of GAE and REINFORCE++ returns; 1 is standard for LM episodes."""
     lam: float = 0.95
@@ -186,6 +190,10 @@ class AlgorithmConfig:
     """Score given to completions that never emit EOS (the EOS trick, e.g. -1). None: off."""
     mask_truncated_completions: bool = False
     """Completions that never emitted EOS (cut at max_new_tokens) leave the loss: they still count in their group's reward statistics but get no gradient (TRL's name; DAPO's overlong filtering)."""
+    masked_rows_count: bool = False
+    """With mask_truncated_completions: a truncated row still counts as a row (an empty one) in the denominator of a per-sequence loss_agg (seq-mean-*), as in TRL's GRPOTrainer. False: it leaves the denominator too. token-mean counts tokens either way."""
+    unscored_in_loss: bool = False
+    """Completions no reward function scored stay in the loss with advantage 0: their tokens count in its normaliser and their KL and entropy terms act (TRL's GRPOTrainer). False: they leave the loss entirely. Either way they are left out of every reward statistic."""
     overlong_buffer_len: int | None = None
     """DAPO's soft overlong punishment (eq. 13; verl's overlong_buffer.len): a completion longer than max_new_tokens - overlong_buffer_len tokens loses overlong_penalty x (excess / overlong_buffer_len) of score, the whole overlong_penalty at max_new_tokens. None: off, also under the dapo preset (DAPO used 4096 of 20480 tokens: set it to suit max_new_tokens, e.g. a quarter)."""
     overlong_penalty: float = 1.0
@@ -200,8 +208,12 @@ class AlgorithmConfig:
     """Whiten scores over the batch before advantages."""
     rollout_is: str = "token_truncate"
     """Importance-sampling correction for the gap between the engine's and the trainer's log-probs of the sampled tokens (ratio ρ = π_trainer / π_engine; rollout_is_weights in algorithms/rollout_is.py): none, token_truncate (each token's loss × min(ρ_t, threshold): TIS, Yao et al. 2025), token_mask (tokens with ρ_t outside [1/threshold, threshold] leave the update), sequence_truncate, sequence_mask (the same with the sequence's ρ). The HF engine samples from the trained weights themselves: its ρ is 1 and nothing changes."""
-    rollout_is_threshold: float = 2.0
-    """The threshold C (> 1) of rollout_is: the truncation cap, or the mask's bounds [1/C, C]."""
+    rollout_is_threshold: float | None = 2.0
+    """The threshold C (> 1) of rollout_is: the truncation cap, or the mask's bounds [1/C, C]. None: no cap, nothing masked above."""
+    rollout_is_threshold_low: float | None = None
+    """The lower bound of rollout_is when it is not 1/C (mask modes) or none (truncation modes): the truncation modes floor the weight at it, the mask modes drop ratios below it (0: no lower bound). TRL's vllm_importance_sampling_clip_min."""
+    rollout_is_zero_masked: bool = False
+    """The tokens (or sequences) a mask mode of rollout_is rejects keep their place in the loss's normaliser with weight 0 (TRL's GRPOTrainer). False: they leave the loss and its normaliser."""
 
 
 @dataclass(frozen=True)
@@ -285,6 +297,7 @@ def _validate(c: RLConfig) -> None:
 
     check_ranges(c)
     check_run_fields(c)
+    ENTROPY_AGGREGATIONS = (*AGGREGATIONS, "micro-batch-token-mean")
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
     levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
@@ -308,6 +321,15 @@ def _validate(c: RLConfig) -> None:
         (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
         (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
         (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
+        (c.rollout_is_threshold_low is None or c.rollout_is_threshold is None
+         or c.rollout_is_threshold_low < c.rollout_is_threshold, "rollout_is_threshold_low",
+         f"below rollout_is_threshold ({c.rollout_is_threshold}) or None"),
+        (c.clip_high > 0 or c.policy_loss == "cispo", "clip_high",
+         "> 0 (> -1 with the cispo loss, whose weight's cap is 1 + clip_high)"),
+        (not (c.unscored_in_loss and c.use_critic), "unscored_in_loss",
+         "False with a critic (an unscored row has no return for it to learn)"),
+        (c.entropy_agg in (None, *ENTROPY_AGGREGATIONS), "entropy_agg",
+         f"None or one of {', '.join(ENTROPY_AGGREGATIONS)}"),
         (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
         (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",
          f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None"),

@@ -104,6 +104,7 @@ class AdvantageEstimation:
     lam: float
     whiten_advantages: bool
     advantage_epsilon: float
+    unscored_in_loss: bool
 
 
 def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: torch.Tensor,
@@ -113,7 +114,8 @@ def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: t
     the KL is in the reward), then ``args.advantage_estimator`` and, when asked, whitening.
 
     Returns ``(advantages, returns, token_rewards, mask)``: all (B, T); ``mask`` is the response
-    mask with the invalid samples' rows cleared — the tokens the update trains on.
+    mask with the invalid samples' rows cleared — the tokens the update trains on — or, with
+    ``args.unscored_in_loss`` (TRL's rule), the whole response mask, the invalid rows' advantages 0.
     """
     response_mask = response_mask.bool()
     rewards = token_level_rewards(scores, kl if args.kl_in_reward else None, response_mask, kl_coef)
@@ -124,6 +126,9 @@ def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: t
     tokens = mask.sum() if reduce is None else reduce(mask.sum())
     if args.whiten_advantages and int(tokens) >= 2:  # batch statistics over every process's samples
         advantages = whiten(advantages, mask, reduce=reduce)
+    if args.unscored_in_loss:  # their advantage is 0, their tokens stay in the loss (and its normaliser)
+        advantages = torch.where(mask, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
+        mask = response_mask
     return advantages, returns, rewards, mask
 
 
@@ -132,7 +137,9 @@ class RolloutCorrection:
     """The fields of ``RLConfig`` that the rollout correction reads (``rollout_correction``)."""
 
     rollout_is: str
-    rollout_is_threshold: float
+    rollout_is_threshold: float | None
+    rollout_is_threshold_low: float | None
+    rollout_is_zero_masked: bool
 
 
 def rollout_correction(args: RolloutCorrection, old, behaviour, mask: torch.Tensor, log_kept_mass=None,
@@ -144,7 +151,9 @@ def rollout_correction(args: RolloutCorrection, old, behaviour, mask: torch.Tens
     tokens or sequences a mask mode rejects have left ``mask``; ``metrics`` are
     ``rollout/logprob_diff_mean`` and ``_max`` (|old - behaviour| over the response tokens),
     ``rollout/is_weight_mean`` and ``rollout/is_masked_frac`` — over every process, or of these
-    rows alone with ``local`` (a micro-batch of the update, which aggregates them itself).
+    rows alone with ``local`` (a micro-batch of the update, which aggregates them itself). With
+    ``args.rollout_is_zero_masked`` (TRL's rule) the rejected tokens keep their place in ``mask``,
+    with weight 0.
 
     Like with like: an engine that truncates (top-k / top-p) reports log-probs renormalised over
     the tokens it kept, so ``log_kept_mass`` (``RLModels.engine_support``) is subtracted from
@@ -159,10 +168,10 @@ def rollout_correction(args: RolloutCorrection, old, behaviour, mask: torch.Tens
     behaviour = behaviour.to(old.device)
     reduce = {} if local else dict(reduce=distributed.reduce_sum, reduce_max=distributed.reduce_tensor_max)
     weights, kept, metrics = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold,
-                                                **reduce)
+                                                low=args.rollout_is_threshold_low, **reduce)
     if own_sampler or args.rollout_is == "none":
         return None, mask, metrics
-    return weights, kept, metrics
+    return weights, mask if args.rollout_is_zero_masked else kept, metrics
 
 
 def kl_metrics(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mean=masked_mean) -> dict:

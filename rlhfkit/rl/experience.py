@@ -28,6 +28,7 @@ class Experience:
     returns: torch.Tensor | None
     is_weights: torch.Tensor | None = None  # rollout correction (vLLM): per-token weights of the policy loss
     correct_in_loss: bool = False  # the correction is computed in the loss (one on-policy pass, no old pass)
+    counted_rows: torch.Tensor | None = None  # (B,) rows a per-sequence loss counts; None: those with a token in mask
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class ExperienceMaking(AdvantageEstimation, RolloutCorrection, UpdatePasses):
     kl_estimator: str
     use_critic: bool
     mask_truncated_completions: bool
+    masked_rows_count: bool
 
 
 def single_pass(args: UpdatePasses) -> bool:
@@ -99,7 +101,10 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
         metrics.update(kl_metrics(old_logprobs, ref, mask, distributed.global_mean))  # scored or not
     advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
                                                             kl_coef, reduce=distributed.reduce_sum)
+    counted_rows = None
     if args.mask_truncated_completions:  # truncated completions keep their group statistics, leave the loss
+        if args.masked_rows_count:  # ... but still count as (empty) rows of a per-sequence loss (TRL's rule)
+            counted_rows = mask.any(-1)
         mask = mask_truncated(mask, rollout.has_eos.to(device))
     metrics["reward/token_reward_sum"] = distributed.global_mean(rewards.sum(-1), valid)
     metrics["policy/advantages_mean"] = distributed.global_mean(advantages, mask)
@@ -108,4 +113,4 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
         is_weights, mask, is_metrics = rollout_correction(args, old_logprobs, behaviour, mask, kept_mass)
         metrics.update(is_metrics)
     return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights,
-                      correct_in_loss)
+                      correct_in_loss, counted_rows)

@@ -63,6 +63,7 @@ class SamplerConfig:
 
     seed: int
     prompts_per_step: int
+    drop_last: bool
     group_size: int
     dynamic_sampling: bool
     max_sampling_rounds: int
@@ -141,9 +142,13 @@ class Sampler:
     def sample_prompts(self) -> list[int]:
         """Phase 1: this process's share of the next ``prompts_per_step`` prompts of a seeded
         per-epoch shuffle (every process of the role walks the same order; process r takes the r-th
-        slice). Returns their indices in the train rows."""
+        slice). With ``drop_last`` a step never spans two epochs: an epoch's last prompts that do not
+        fill a step are skipped. Returns their indices in the train rows."""
         rows = []
-        while len(rows) < self.config.prompts_per_step:
+        n = self.config.prompts_per_step
+        if self.config.drop_last and self.data_pos + n > len(self.order) and n <= len(self.order):
+            self.restore((self.data_epoch + 1, 0))
+        while len(rows) < n:
             if self.data_pos >= len(self.order):
                 self.restore((self.data_epoch + 1, 0))
             rows.append(self.order[self.data_pos])

@@ -31,6 +31,7 @@ class UpdateLoss(RolloutCorrection):
     dual_clip: float | None
     importance_sampling_level: str
     entropy_coef: float
+    entropy_agg: str | None
     kl_in_reward: bool
     kl_estimator: str
     use_critic: bool
@@ -105,7 +106,8 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
         for global_rows in torch.randperm(B * world, generator=gen).split(mini):
             mb_rows = global_rows[(global_rows >= first) & (global_rows < first + B)] - first
             mb_rows = group_by_prompt(exp, mb_rows, share_prompt=args.share_prompt)
-            weight = distributed.reduce_sum(loss_weights(exp.mask[mb_rows], args.loss_agg)).clamp(min=1)
+            counted = exp.counted_rows[mb_rows] if exp.counted_rows is not None else None
+            weight = distributed.reduce_sum(loss_weights(exp.mask[mb_rows], args.loss_agg, counted)).clamp(min=1)
             if skip_cpu is not None:
                 mb_rows = mb_rows[~skip_cpu[mb_rows]]
             tokens = distributed.reduce_sum(exp.mask[mb_rows].sum())  # the per-token metrics' denominator
@@ -119,9 +121,10 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
                 with (distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext(),
                       efficiency.counting("update")):
-                    loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef)
                     share = loss_weights(exp.mask[rows], args.loss_agg) / weight if real else torch.zeros(())
-                    (loss_value * share * world).backward()
+                    loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef,
+                                         weight=share * world, micro_steps=n_micro if real else 0)
+                    loss_value.backward()
                 token_share = exp.mask[rows].sum() / tokens.clamp(min=1) if real else torch.zeros(())
                 for k, v in m.items():
                     if k.endswith("_max"):  # a maximum over micro-batches, minibatches and processes
@@ -162,18 +165,26 @@ def group_by_prompt(exp: Experience, rows: torch.Tensor, *, share_prompt: bool) 
     return rows[torch.sort(index[rows.to(index.device)].cpu(), stable=True).indices]
 
 
-def loss_weights(mask: torch.Tensor, loss_agg: str) -> torch.Tensor:
-    """The share of a micro-batch in its minibatch's loss: tokens for ``loss_agg`` token-mean, else rows."""
+def loss_weights(mask: torch.Tensor, loss_agg: str, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The share of a micro-batch in its minibatch's loss: tokens for ``loss_agg`` token-mean, else
+    rows — ``rows`` (B,) bool when given (``Experience.counted_rows``), else those with a token."""
     if loss_agg == "token-mean":
         return mask.sum().float()
-    return (mask.sum(-1) > 0).sum().float()
+    return (rows if rows is not None else mask.sum(-1) > 0).sum().float()
 
 
-def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor, kl_coef: float):
+def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor, kl_coef: float, *,
+         weight: float | torch.Tensor = 1.0, micro_steps: int = 1):
     """The loss of one micro-batch of phase 6 (``update``) and its metrics: the policy loss
     ``args.policy_loss`` (weighted by the rollout correction), minus the entropy bonus, plus β·KL
     to the reference when the KL is not in the reward, plus the critic's value loss. Returns
     ``(loss, metrics)``, ``rows``: the experience's rows of the micro-batch.
+
+    ``weight``: the micro-batch's share of its optimizer step (``update`` backpropagates the loss
+    as returned, so it is multiplied in here). The entropy bonus is aggregated as the policy loss
+    (``loss_agg``) and weighted alike, unless ``args.entropy_agg`` is ``"micro-batch-token-mean"``
+    (TRL's GRPOTrainer): ``entropy_coef x (token mean of this micro-batch's entropy) /
+    micro_steps``, the micro-batches of the optimizer step, whatever ``weight``.
 
     Formulas: the ``POLICY_LOSSES`` and ``KL_ESTIMATORS`` of ``rlhfkit/algorithms/registry.py``
     (``algorithms/policy_losses.py``, with the importance ratio at ``args.importance_sampling_level``;
@@ -194,8 +205,9 @@ def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor
         importance_sampling_level=args.importance_sampling_level)
     metrics.update(is_metrics, **{"policy/loss": loss.detach()})
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
-    if args.entropy_coef > 0:
-        loss = loss - args.entropy_coef * aggregate(entropy, mask, args.loss_agg, horizon)
+    per_micro_batch = args.entropy_agg == "micro-batch-token-mean"
+    if args.entropy_coef > 0 and not per_micro_batch:
+        loss = loss - args.entropy_coef * aggregate(entropy, mask, args.entropy_agg or args.loss_agg, horizon)
     if exp.ref_logprobs is not None and not args.kl_in_reward:
         kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
@@ -205,4 +217,7 @@ def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor
                                        clip=args.value_clip, agg=args.loss_agg, horizon=horizon)
         loss = loss + args.vf_coef * v_loss
         metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
+    loss = loss * weight
+    if args.entropy_coef > 0 and per_micro_batch and micro_steps:
+        loss = loss - args.entropy_coef * masked_mean(entropy, mask) / micro_steps
     return loss, metrics

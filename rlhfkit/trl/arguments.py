@@ -114,7 +114,7 @@ def common(config, optimizer_steps: int) -> dict:
     autocast = "bfloat16" if config.bf16 else "float16" if config.fp16 else None
     return dict(
         output_dir=config.output_dir, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm, seed=config.seed, lr_scheduler=SCHEDULERS[scheduler],
+        max_grad_norm=config.max_grad_norm or None, seed=config.seed, lr_scheduler=SCHEDULERS[scheduler],
         warmup_steps=as_steps(config.warmup_steps, optimizer_steps), report_to=report, run_name=config.run_name,
         autocast=autocast, gradient_checkpointing=bool(config.gradient_checkpointing),
         device="cpu" if config.use_cpu else "auto", progress_bar=not config.disable_tqdm,

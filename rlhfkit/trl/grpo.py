@@ -145,15 +145,27 @@ class _Generation(TrainingArguments):
 
     def generations(self, n_rows: int) -> int:
         """RL steps (generations) of the run: ``max_steps`` optimizer steps, or ``num_train_epochs``
-        passes over ``n_rows`` prompts."""
+        passes over ``n_rows`` prompts as TRL counts them: an epoch is its whole generations only
+        (TRL's ``RepeatSampler`` drops the last incomplete one; the drop-in sets ``drop_last``), and
+        the optimizer steps are ``ceil(num_train_epochs x steps per epoch)`` (``Trainer``'s rule)."""
         per = self.optimizer_steps_per_generation
+        name = type(self).__name__
         if self.max_steps > 0:
             if self.max_steps % per:
-                raise ValueError(f"{type(self).__name__}: max_steps={self.max_steps} is not a whole number of "
+                raise ValueError(f"{name}: max_steps={self.max_steps} is not a whole number of "
                                  f"generations ({per} optimizer steps each: num_iterations x steps_per_generation / "
                                  "gradient_accumulation_steps)")
             return self.max_steps // per
-        return max(1, math.ceil(self.num_train_epochs * n_rows / (self.generation_batch_size // self.num_generations)))
+        prompts = self.generation_batch_size // self.num_generations
+        if n_rows < prompts:
+            raise ValueError(f"{name}: the train dataset has {n_rows} prompts, fewer than one generation takes "
+                             f"({prompts}: generation_batch_size / num_generations), so TRL would train 0 steps; "
+                             "add prompts or lower per_device_train_batch_size")
+        steps = math.ceil(self.num_train_epochs * (n_rows // prompts) * per)
+        if steps % per:
+            raise ValueError(f"{name}: num_train_epochs={self.num_train_epochs} gives {steps} optimizer steps, not a "
+                             f"whole number of generations ({per} optimizer steps each); set max_steps")
+        return steps // per
 
     def _rl_fields(self, n_rows: int, world: int) -> dict:
         """The fields GRPO and RLOO translate alike (the batch arithmetic of the module docstring)."""
@@ -170,6 +182,9 @@ class _Generation(TrainingArguments):
             top_k=self.top_k, clip_low=self.epsilon,
             clip_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
             mask_truncated_completions=self.mask_truncated_completions,
+            # TRL's rules: a masked truncated row still counts as a row, an unscored one stays in the loss with
+            # advantage 0, and an epoch's last incomplete generation is dropped
+            masked_rows_count=True, unscored_in_loss=True, drop_last=True,
             dtype=model_dtype(self),
             rollout_engine="vllm" if self.use_vllm else "hf", vllm_sleep=self.vllm_enable_sleep_mode,
             vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
@@ -218,7 +233,7 @@ class GRPOConfig(_Generation):
     HANDLED = _Generation.HANDLED | {
         "beta", "importance_sampling_level", "scale_rewards", "loss_type", "entropy_coef",
         "max_tool_calling_iterations", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-        "vllm_importance_sampling_clip_max", "use_bias_correction_kl"}
+        "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "use_bias_correction_kl"}
 
     def __post_init__(self):
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
@@ -227,13 +242,18 @@ class GRPOConfig(_Generation):
         check_choice(self, "scale_rewards", tuple(SCALE_REWARDS))
         check_choice(self, "importance_sampling_level", ("token", "sequence"))
         check_choice(self, "vllm_importance_sampling_mode", IS_MODES)
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        if high is not None and not high > 1 or low is not None and not (0 <= low and (high is None or low < high)):
+            raise ValueError(f"GRPOConfig fields 'vllm_importance_sampling_clip_min'={low!r} and "
+                             f"'vllm_importance_sampling_clip_max'={high!r} are not supported by rlhfkit: a cap above 1 "
+                             "(or None) and a floor in [0, cap) (or None)")
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         """The ``RLConfig`` of this config for a dataset of ``n_rows`` prompts on ``world`` processes."""
         policy_loss, loss_agg = LOSS_TYPES[self.loss_type]
         fields = self._rl_fields(n_rows, world)
         if self.loss_type == "cispo":  # TRL caps the ratio at epsilon_high itself; rlhfkit at 1 + clip_high
-            fields["clip_high"] -= 1.0
+            fields["clip_high"] -= 1.0  # (TRL's default epsilon_high 0.2 caps it at 0.2: -0.8 here, as TRL runs it)
         iterations = self.max_tool_calling_iterations
         if self.beta and self.use_bias_correction_kl:
             warn_once("GRPOConfig: rlhfkit's KL term is not weighted by the importance ratio as TRL's "
@@ -245,10 +265,13 @@ class GRPOConfig(_Generation):
             use_critic=False, kl_coef=self.beta, kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
             advantage_epsilon=1e-4,  # TRL's (rewards - mean) / (std + 1e-4)
             importance_sampling_level=self.importance_sampling_level, dynamic_sampling=False,
-            entropy_coef=self.entropy_coef,
+            entropy_coef=self.entropy_coef, entropy_agg="micro-batch-token-mean",
             max_tool_calling_iterations=self.max_completion_length if iterations is None else iterations,
+            # TRL's sampling correction: clip_max caps (None: no cap), clip_min floors (None: none), and a mask
+            # mode's rejected tokens stay in the normaliser with weight 0
             rollout_is=self.vllm_importance_sampling_mode if self.vllm_importance_sampling_correction else "none",
-            rollout_is_threshold=self.vllm_importance_sampling_clip_max or 2.0)
+            rollout_is_threshold=self.vllm_importance_sampling_clip_max,
+            rollout_is_threshold_low=self.vllm_importance_sampling_clip_min or 0.0, rollout_is_zero_masked=True)
         return RLConfig(**fields)
 
 

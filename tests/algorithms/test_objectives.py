@@ -220,8 +220,18 @@ def test_cispo_registry_entry_ignores_clip_low_and_dual_clip():
     got, _ = POLICY_LOSSES.get("cispo")(logprobs, old, adv, mask, agg="token-mean", horizon=None, clip_low=0.2,
                                         clip_high=4.0, dual_clip=3.0, weights=None, importance_sampling_level="token")
     assert torch.equal(got, want)
-    with pytest.raises(ValueError, match=r"clip_high must be > 0, got 0"):
-        cispo_policy_loss(logprobs, old, adv, mask, clip_high=0)
+    with pytest.raises(ValueError, match=r"clip_high must be > -1 \(the weight's cap 1 \+ clip_high > 0\), got -1"):
+        cispo_policy_loss(logprobs, old, adv, mask, clip_high=-1)
+
+
+def test_cispo_caps_below_one_as_trl_does_with_its_default_epsilon_high():
+    """TRL's loss_type="cispo" with its default epsilon_high=0.2 caps the ratio at 0.2 (clip_high -0.8 here):
+    on policy (ratio 1) every token's weight is 0.2, so the loss is 0.2 x the uncapped one."""
+    logprobs, old, adv, mask = _cispo_inputs()
+    on_policy = old.clone()
+    capped, _ = cispo_policy_loss(on_policy, old, adv, mask, clip_high=-0.8)
+    plain, _ = cispo_policy_loss(on_policy, old, adv, mask, clip_high=4.0)
+    assert torch.allclose(capped, 0.2 * plain)
 
 
 def test_cispo_sequence_level_caps_the_sequence_ratio():

@@ -102,7 +102,7 @@ class RewardModelTrainer(SupervisedTrainer):
             self.center_ids = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
                                for r in center_rows]
         seed_everything(args.seed)  # the same initial head on every process
-        model = _load_scalar_model(model, args.dtype)
+        model = self._load_model(model)
         if model.head.bias is not None:
             # Its Bradley–Terry gradient is exactly 0 (it shifts both scores of a pair), but summed
             # in float it is rounding noise of ~1e-9, which AdamW scales up to steps of ~lr: frozen,
@@ -128,6 +128,11 @@ class RewardModelTrainer(SupervisedTrainer):
         self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
+
+    def _load_model(self, model) -> ScalarModel:
+        """The ``ScalarModel`` to train (``_load_scalar_model``: a causal LM gets rlhfkit's fresh
+        head); the TRL drop-in overrides it with TRL's head."""
+        return _load_scalar_model(model, self.args.dtype)
 
     # ---------------------------------------------------------------- data
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:

@@ -71,10 +71,8 @@ class SFTTrainer(SupervisedTrainer):
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                         "model" if processing_class is None else "processing_class")
         use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
-        only = dict(completion_only=args.completion_only_loss, assistant_only=args.assistant_only_loss)
-        train = encode_sft_rows(train_rows, self.tokenizer, args.max_length, "train_dataset", **only)
-        self.eval_examples = (encode_sft_rows(eval_rows, self.tokenizer, args.max_length, "eval_dataset", **only)
-                              if eval_rows is not None else None)
+        train = self._encode_rows(train_rows, "train_dataset")
+        self.eval_examples = self._encode_rows(eval_rows, "eval_dataset") if eval_rows is not None else None
         # A training unit is one row of a batch: one example, or one packed row of max_length.
         self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
         seed_everything(args.seed)  # the same initial weights on every process
@@ -97,6 +95,13 @@ class SFTTrainer(SupervisedTrainer):
         self.order = self._epoch_order(0)
         self._start_training(args.max_steps if args.max_steps is not None
                              else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
+
+    def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
+        """The checked rows as training examples (``encode_sft_rows``: its truncation cuts a long
+        row's prompt start first); the TRL drop-in overrides it with TRL's tokens and truncation."""
+        a = self.args
+        return encode_sft_rows(rows, self.tokenizer, a.max_length, name, completion_only=a.completion_only_loss,
+                               assistant_only=a.assistant_only_loss)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:

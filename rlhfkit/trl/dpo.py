@@ -4,7 +4,9 @@ The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fie
 checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``DPOConfig``, with the batch
 arithmetic of ``supervised.py`` (``per_device_train_batch_size`` pairs per process per micro-step).
 TRL's ``loss_type`` names rlhfkit computes alike (``algorithms/dpo.py``) are ``LOSS_TYPES``; one
-loss at a time (TRL's lists of several, weighted by ``loss_weights``, are refused).
+loss at a time (TRL's lists of several, weighted by ``loss_weights``, are refused). The data are
+TRL's too (``_encode``): text rows are tokenised as TRL tokenises them (``supervised.trl_encode``:
+the tokenizer's special tokens, no second EOS), and ``max_length`` truncates as TRL's ``keep_start``.
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config.supervised import DPOConfig as NativeDPOConfig
-from ..data.encode import warn_once
+from ..data.encode import note_cut, note_unknown, warn_once
 from ..data.preferences import load_preference_dataset
-from ..trainers.dpo import DPOTrainer as NativeDPOTrainer
-from .supervised import SupervisedArguments, SupervisedTRLTrainer
+from ..trainers.dpo import DPOTrainer as NativeDPOTrainer, PreferencePair
+from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
 # TRL's loss_type -> rlhfkit's (algorithms/dpo.py): the same per-pair loss of the same log-probs.
 # TRL's 'sigmoid' ignores label_smoothing (its 'robust' uses it), so rlhfkit's conservative DPO is never on.
@@ -98,3 +100,27 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         tokenizer = self.trl_tokenizer(model, processing_class, pad_token=self.trl_args.pad_token)
         super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer, ref_model=ref_model,
                          peft_config=peft_config, callbacks=callbacks)
+
+    def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
+        """TRL's tokens (``trl_encode``) and truncation (``truncation_mode="keep_start"``), not
+        rlhfkit's (which cuts a long prompt's start and drops a pair whose completion does not fit):
+        each sequence, prompt + completion + EOS, keeps its first ``max_length`` tokens, so a long
+        completion loses its end and its EOS; a pair whose prompt alone fills ``max_length`` is
+        dropped."""
+        pairs, cut, limit = [], 0, self.args.max_length
+        for i, row in enumerate(rows):
+            try:
+                chosen, rejected = (trl_encode(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
+            except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
+                raise ValueError(f"{name}: pair {i} (0-based): {e}") from None
+            shared = min(chosen.prompt_len, rejected.prompt_len)  # TRL's: where either completion starts
+            prompt = chosen.input_ids[:shared]
+            if len(prompt) >= limit:
+                continue
+            room = limit - len(prompt)
+            completions = chosen.input_ids[shared:], rejected.input_ids[shared:]
+            cut += max(map(len, completions)) > room
+            pairs.append(PreferencePair(prompt, *(c[:room] for c in completions)))
+        note_cut(name, cut, len(pairs), "pairs", limit, "a completion's end, TRL's keep_start")
+        note_unknown(name, [(p.prompt, p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
+        return self.trl_kept_pairs(pairs, len(rows) - len(pairs), len(rows), name, limit, "whose prompt fills")

@@ -5,20 +5,23 @@ checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``SFTConfig``
 arithmetic of ``supervised.py``. Which tokens are trained follows TRL's rules: the completion of
 prompt/completion rows (``completion_only_loss``, None: True), every token of a ``messages`` row
 unless ``assistant_only_loss`` (rlhfkit's own default is the assistant turns only), every token of
-a ``dataset_text_field`` row.
+a ``dataset_text_field`` row. So are the tokens themselves (``SFTTrainer._encode_rows``): text rows
+tokenised as TRL tokenises them, and ``max_length`` truncating as TRL's ``keep_start``.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config.supervised import SFTConfig as NativeSFTConfig
-from ..data.sft import load_sft_dataset
+from ..data.encode import Encoded, note_cut, note_unknown
+from ..data.sft import encode_sft_rows, load_sft_dataset
+from ..data.sft_turns import TurnsEncoded
 from ..data.prompts import labelled_rows
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import check_choice
-from .supervised import SupervisedArguments, SupervisedTRLTrainer
+from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
 
 @dataclass
@@ -103,6 +106,64 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
         tokenizer = self.trl_tokenizer(model, processing_class, args.eos_token, args.pad_token, args.chat_template_path)
         super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=callbacks)
+
+    def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
+        """TRL's tokens and truncation, not rlhfkit's. Text rows and text prompt-completion rows are
+        tokenised as TRL tokenises them (``trl_encode``: the tokenizer's special tokens, no second
+        EOS); a dataset with chat rows as rlhfkit renders it. Truncation is
+        ``truncation_mode="keep_start"`` (rlhfkit's own cuts a long prompt's start first): each
+        example keeps its first ``max_length`` tokens, so a long completion loses its end and its
+        EOS, and without packing an example left with no trained token (its prompt fills
+        ``max_length``) is dropped, as TRL drops it."""
+        a, tok = self.args, self.tokenizer
+        limit = a.max_length
+        if all(_is_text_row(row) for row in rows):
+            whole = [_trl_text_row(row, tok, a.completion_only_loss) for row in rows]
+            note_unknown(name, [e.input_ids for e in whole], tok)
+        else:
+            whole = encode_sft_rows(rows, tok, None, name, completion_only=a.completion_only_loss,
+                                    assistant_only=a.assistant_only_loss)
+        out = [_keep_start(e, limit) for e in whole]
+        note_cut(name, sum(e.cut for e in out), len(out), "rows", limit, "their end, TRL's keep_start")
+        if a.packing:  # TRL's packing truncates and drops nothing
+            return out
+        kept = [e for e in out if _trains(e)]
+        if not kept:
+            raise ValueError(f"{name}: every row's prompt fills max_length={limit} tokens, leaving nothing to train "
+                             "(TRL drops such rows); raise max_length")
+        if len(kept) < len(out):
+            warnings.warn(f"{name}: dropped {len(out) - len(kept)} of {len(out)} rows whose prompt fills "
+                          f"max_length={limit} tokens (nothing left to train), as TRL does", stacklevel=2)
+        return kept
+
+
+def _is_text_row(row: dict) -> bool:
+    """A ``{"text"}`` row, or a prompt-completion row of two texts (no chat messages)."""
+    if "messages" in row:
+        return False
+    return "prompt" not in row or isinstance(row["prompt"], str) and isinstance(row["completion"], str)
+
+
+def _trl_text_row(row: dict, tokenizer, completion_only: bool) -> Encoded:
+    """A text row as TRL tokenises it: every token trained, or for a prompt-completion row only
+    the completion's (``completion_only``)."""
+    if "prompt" in row:
+        e = trl_encode(row["prompt"], row["completion"], tokenizer)
+        return e if completion_only else replace(e, prompt_len=0)
+    return replace(trl_encode("", row["text"], tokenizer), prompt_len=0)
+
+
+def _keep_start(e: Encoded, limit: int) -> Encoded:
+    """``e``'s first ``limit`` tokens (TRL's ``keep_start``)."""
+    if len(e.input_ids) <= limit:
+        return e
+    cut = dict(input_ids=e.input_ids[:limit], prompt_len=min(e.prompt_len, limit), truncated=True, cut=True)
+    return replace(e, **cut, mask=e.mask[:limit]) if isinstance(e, TurnsEncoded) else replace(e, **cut)
+
+
+def _trains(e: Encoded) -> bool:
+    """Whether ``e`` has a trained token (TRL's test: a label that is not -100)."""
+    return any(e.mask) if isinstance(e, TurnsEncoded) else e.prompt_len < len(e.input_ids)
 
 
 def _as_text_rows(dataset, field: str, formatting_func, name: str):

@@ -23,6 +23,7 @@ from transformers import TrainingArguments
 
 from .. import distributed
 from ..agents.agent import model_name
+from ..data.encode import Encoded, encode_pair
 from ..models import load_tokenizer
 from .arguments import as_steps, common, model_dtype, refuse_unsupported
 from .state import TRLTrainerMixin
@@ -95,6 +96,24 @@ class SupervisedArguments(TrainingArguments):
         return fields
 
 
+def trl_encode(prompt, completion, tokenizer) -> Encoded:
+    """``prompt`` + ``completion`` + EOS tokenised as TRL 1.16's SFT, DPO and reward trainers do,
+    not as rlhfkit's ``encode_pair``. Text prompt and completion: ``prompt`` and ``prompt +
+    completion + EOS`` are each tokenised as one text with the tokenizer's own special tokens (a
+    Llama's BOS; rlhfkit adds none and tokenises the two parts apart), the EOS string appended only
+    where the completion does not end with it, and the completion starts where the two token lists
+    diverge (TRL's ``common_prefix_length``). Chat messages: rlhfkit's rendering (``encode_pair``)."""
+    if not (isinstance(prompt, str) and isinstance(completion, str)):
+        return encode_pair(prompt, completion, tokenizer)
+    eos = tokenizer.eos_token
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    ids = tokenizer(prompt + completion + ("" if completion.endswith(eos) else eos))["input_ids"]
+    n = 0
+    while n < min(len(prompt_ids), len(ids)) and prompt_ids[n] == ids[n]:
+        n += 1
+    return Encoded(ids, n, False, False)
+
+
 class SupervisedTRLTrainer(TRLTrainerMixin):
     """TRL's trainer interface (``TRLTrainerMixin``) on a supervised trainer: optimizer steps are
     its steps; ``native`` turns TRL's arguments into the rlhfkit config and tokenizer."""
@@ -137,6 +156,18 @@ class SupervisedTRLTrainer(TRLTrainerMixin):
                                  ".jinja or .j2 file (cloning another tokenizer's template is not)")
             tok.chat_template = path.read_text(encoding="utf-8")
         return tok
+
+    @staticmethod
+    def trl_kept_pairs(pairs: list, dropped: int, total: int, name: str, limit: int, why: str) -> list:
+        """``pairs`` after TRL's length filter dropped ``dropped`` of ``total`` (``why``: which pairs,
+        before "max_length"): none left is an error, some dropped a warning."""
+        if not pairs:
+            raise ValueError(f"{name}: TRL drops pairs {why} max_length={limit} tokens, and that is every pair; raise "
+                             "max_length")
+        if dropped:
+            warnings.warn(f"{name}: dropped {dropped} of {total} pairs {why} max_length={limit} tokens, as TRL does",
+                          stacklevel=3)
+        return pairs
 
     def optimizer_steps_done(self) -> int:
         return self.step

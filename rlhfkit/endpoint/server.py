@@ -169,12 +169,14 @@ class Endpoint:
         if key not in self.rewrites:
             from ..agents.templates import check_agent_template
             try:
-                self.rewrites[key] = check_agent_template(self.tokenizer, tools, self.model_name)
+                self.rewrites[key] = check_agent_template(self.tokenizer, tools, self.model_name,
+                                                           getattr(self.engine, "eos_ids", None))
             except ValueError as err:
                 raise BadRequest(str(err)) from None
         try:
             with record.lock if record is not None else _nothing():
-                ids = request_prompt(self.tokenizer, record, messages, tools, self.rewrites[key])
+                ids = request_prompt(self.tokenizer, record, messages, tools, self.rewrites[key],
+                                     getattr(self.engine, "eos_ids", None))
                 turn = len(record.calls) if record is not None else 0
         except Exception as err:  # noqa: BLE001 — a template error on the messages given
             raise BadRequest(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None

@@ -118,7 +118,16 @@ def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: t
     ``args.unscored_in_loss`` (TRL's rule), the whole response mask, the invalid rows' advantages 0.
     """
     response_mask = response_mask.bool()
-    rewards = token_level_rewards(scores, kl if args.kl_in_reward else None, response_mask, kl_coef)
+    nonempty = response_mask.any(-1)  # an agent episode that never called the model has no token: unscored
+    valid = valid & nonempty
+    kl = kl if args.kl_in_reward else None
+    if bool(nonempty.all()):
+        rewards = token_level_rewards(scores, kl, response_mask, kl_coef)
+    else:
+        rewards = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
+        if bool(nonempty.any()):
+            rewards[nonempty] = token_level_rewards(scores[nonempty], None if kl is None else kl[nonempty],
+                                                    response_mask[nonempty], kl_coef)
     mask = response_mask & valid[:, None]
     advantages, returns = ADVANTAGE_ESTIMATORS.get(args.advantage_estimator)(
         rewards, mask, values=values, group_size=args.group_size, gamma=args.gamma, lam=args.lam, reduce=reduce,

@@ -130,8 +130,6 @@ def test_the_endpoint_answers_a_turn_ended_by_the_end_of_turn_as_stopped(tok):
         assert choice["finish_reason"] == "stop" and END not in choice["message"]["content"]
 
 
-@pytest.mark.xfail(strict=True, reason="endpoint/server.py checks the template with the tokenizer's EOS only "
-                   "(check_agent_template without the engine's eos_ids), so it refuses every request to such a model")
 def test_the_endpoint_server_serves_such_a_model(tok):
     import openai
 

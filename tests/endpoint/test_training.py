@@ -148,8 +148,6 @@ def test_a_reward_returned_without_a_model_call_is_unscored(tmp_path):
     assert any("returned without calling the model in 1 of 8 episodes (left unscored" in w for w in s.said)
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason="phase 5 (rl.advantages.compute_advantages -> "
-                   "algorithms.shaping.token_level_rewards) refuses a row with no response token, unscored or not")
 def test_the_group_of_an_episode_without_a_model_call_gets_the_advantages_without_it(tmp_path):
     """The other rows of its group get the advantages they get when that episode is unscored (as
     one past its time limit) — its ignored reward does not shift them, through the batch's reward

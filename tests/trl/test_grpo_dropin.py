@@ -88,6 +88,36 @@ def test_trls_defaults_are_kept():
     assert (rloo.group_size, rloo.kl_coef, rloo.kl_in_reward, rloo.advantage_estimator) == (2, 0.05, True, "rloo")
 
 
+def test_trls_rules_are_selected_where_rlhfkits_own_differ():
+    """The translation picks TRL's semantics (each checked against TRL itself in tests/trl_parity)."""
+    ours = GRPOConfig(output_dir="out", **CPU, use_vllm=True).to_rlhfkit(n_rows=64)
+    assert ours.entropy_agg == "micro-batch-token-mean" and ours.masked_rows_count and ours.unscored_in_loss
+    assert ours.drop_last and ours.rollout_is_zero_masked
+    assert (ours.rollout_is, ours.rollout_is_threshold, ours.rollout_is_threshold_low) == ("sequence_mask", 3.0, 0.0)
+    uncapped = GRPOConfig(output_dir="out", **CPU, use_vllm=True, vllm_importance_sampling_clip_max=None)
+    assert uncapped.to_rlhfkit(n_rows=64).rollout_is_threshold is None  # TRL: no cap (it was 2.0)
+    assert GRPOConfig(output_dir="out", **CPU, max_grad_norm=0).to_rlhfkit(n_rows=64).max_grad_norm is None
+
+
+@pytest.mark.parametrize("epsilon_high, cap", [(None, 0.2), (0.28, 0.28), (5.0, 5.0)])
+def test_cispo_caps_the_ratio_at_epsilon_high_as_trl(epsilon_high, cap):
+    """TRL's CISPO weight is min(ratio, epsilon_high) (epsilon_high defaults to epsilon, 0.2); rlhfkit's
+    is min(ratio, 1 + clip_high). The default used to be refused ('clip_high' must be > 0, got -0.8)."""
+    ours = GRPOConfig(output_dir="out", **CPU, loss_type="cispo", epsilon_high=epsilon_high).to_rlhfkit(n_rows=8)
+    assert ours.policy_loss == "cispo" and abs(1 + ours.clip_high - cap) < 1e-12
+
+
+@pytest.mark.parametrize("epochs, steps", [(1, 2), (3, 6), (1.5, 3)])
+def test_epochs_count_whole_generations_as_trl(epochs, steps):
+    """10 prompts, 4 per generation: TRL drops each epoch's incomplete last generation (2 an epoch,
+    where rlhfkit used to run 3), and takes ceil(epochs x steps per epoch) optimizer steps."""
+    config = GRPOConfig(output_dir="out", **CPU, per_device_train_batch_size=8, num_generations=2,
+                        num_train_epochs=epochs)
+    assert config.to_rlhfkit(n_rows=10).max_steps == steps
+    with pytest.raises(ValueError, match="fewer than one generation takes"):
+        config.to_rlhfkit(n_rows=3)
+
+
 @pytest.mark.parametrize("field, value, says", [
     ("deepspeed", "ds.json", "torchrun"), ("use_liger_kernel", True, "Liger"), ("push_to_hub", True, "save_model"),
     ("delta", 1.5, "only its default"), ("top_entropy_quantile", 0.2, "only its default"),

@@ -135,6 +135,35 @@ def test_samples_no_function_scores_are_masked_out():
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     assert not exp.mask[1::2].any() and exp.mask[0::2].any()
 
+def test_unscored_samples_stay_in_the_loss_with_advantage_zero_under_unscored_in_loss():
+    """TRL's rule (the drop-in's): an unscored row keeps its tokens in the loss, its advantage is 0."""
+    def only_some(prompts, completions, **kwargs):
+        return [None if i % 2 else float(len(c)) for i, c in enumerate(completions)]
+
+    tok = char_tokenizer()
+    args = RLConfig(algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0,
+                    unscored_in_loss=True)
+    trainer = RLTrainer(tiny_causal_lm(tok), [only_some], args, train_dataset=PROMPTS, processing_class=tok)
+    rows = trainer.sampler.sample_prompts()
+    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    scores, valid, metrics = trainer.sampler.score(rows, rollout)
+    exp = trainer.make_experience(rollout, scores, valid, metrics)
+    assert torch.equal(exp.mask, rollout.response_mask.bool().to(exp.mask.device))
+    assert (exp.advantages[1::2] == 0).all()
+
+
+@pytest.mark.parametrize("drop_last, position", [(False, (1, 2)), (True, (1, 3))])
+def test_drop_last_keeps_a_step_inside_one_epoch(drop_last, position):
+    """7 prompts, 3 a step: the third step takes the epoch's last prompt and two of the next epoch
+    (the order then stands at epoch 1, position 2), or, with drop_last, the next epoch's first three."""
+    tok = char_tokenizer()
+    args = RLConfig(algorithm="grpo", max_new_tokens=4, prompts_per_step=3, drop_last=drop_last)
+    trainer = RLTrainer(tiny_causal_lm(tok), [fraction_of_a], args, train_dataset=PROMPTS[:7], processing_class=tok)
+    for _ in range(3):
+        rows = trainer.sampler.sample_prompts()
+    assert trainer.sampler.position() == position and len(rows) == 3
+
+
 def test_a_failing_reward_function_is_named():
     def broken(prompts, completions, **kwargs):
         raise RuntimeError("boom")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("float32", "bfloat16", "float16")
-SCHEDULERS = ("constant", "linear", "cosine")
+SCHEDULERS = ("constant", "linear", "cosine", "hf_constant", "hf_linear", "hf_cosine")
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 
@@ -26,7 +26,7 @@ class OptimBase:
     warmup_steps: int = 0
     """Linear learning-rate warmup, in applied optimizer steps (a step skipped for a non-finite loss or gradient does not advance the schedule)."""
     lr_scheduler: str = "constant"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS); the warmup factor is (s+1)/(w+1) after s updates. hf_constant, hf_linear, hf_cosine: transformers' formulas (TRL's drop-in configs select them): warmup factor s/w, so the first update runs at learning rate 0."""
     max_consecutive_skips: int = 3
     """An optimizer step whose loss or gradient norm is not finite is skipped (weights untouched, counted in perf/skipped_steps); this many in a row stop the run with an error."""
 

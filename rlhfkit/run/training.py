@@ -26,9 +26,27 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
     """``LambdaLR`` whose factor after ``s`` applied updates (skipped steps do not count: see
     ``optimizer_step``) is ``(s+1)/(w+1)`` during warmup ``w``, then 1 (constant), ``1 - p``
     (linear) or ``0.5 (1 + cos(π p))`` (cosine, Loshchilov & Hutter 2017) with
-    ``p = (s - w) / (total - w)`` clipped to 1."""
+    ``p = (s - w) / (total - w)`` clipped to 1.
+
+    ``hf_constant``, ``hf_linear``, ``hf_cosine`` follow transformers' ``get_scheduler`` exactly
+    (``constant_with_warmup``, ``linear``, ``cosine``; what the TRL drop-ins select): ``s / w``
+    during warmup (the first update runs at learning rate 0), then 1, ``max(0, (total - s) /
+    max(1, total - w))`` or ``max(0, 0.5 (1 + cos(π p)))`` with ``p = (s - w) / max(1, total - w)``."""
     if kind not in SCHEDULERS:
         raise ValueError(f"lr_scheduler must be one of {', '.join(SCHEDULERS)}, got {kind!r}")
+
+    if kind.startswith("hf_"):
+        def factor(step: int) -> float:
+            if step < warmup_steps:
+                return step / max(1, warmup_steps)
+            if kind == "hf_linear":
+                return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+            if kind == "hf_cosine":
+                progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+                return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+            return 1.0
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     def factor(step: int) -> float:
         if step < warmup_steps:

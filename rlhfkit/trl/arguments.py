@@ -65,7 +65,10 @@ ADVICE = {
     "sync_ref_model": "a fixed reference (TR-DPO style syncing is not implemented)",
 }
 
-SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+# transformers' schedules (rlhfkit's hf_*: warmup factor s/w, the first update at learning rate 0);
+# plain "constant" ignores warmup_steps there, so ``common`` sets the warmup to 0 for it.
+SCHEDULERS = {"linear": "hf_linear", "cosine": "hf_cosine", "constant": "hf_constant",
+              "constant_with_warmup": "hf_constant"}
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 
 
@@ -100,7 +103,9 @@ def check_choice(config, field: str, allowed) -> None:
 
 def common(config, optimizer_steps: int) -> dict:
     """rlhfkit's values for the translated ``TrainingArguments`` fields of ``config``.
-    ``optimizer_steps``: the run's total (it turns a warmup or logging ratio into steps)."""
+    ``optimizer_steps``: the run's total (it turns a warmup or logging ratio into steps). The
+    schedule is transformers' own (``SCHEDULERS``: rlhfkit's ``hf_*``), with no warmup for plain
+    ``constant`` as there."""
     check_choice(config, "lr_scheduler_type", tuple(SCHEDULERS))
     check_choice(config, "optim", OPTIMIZERS)
     check_choice(config, "save_strategy", ("steps", "no"))
@@ -115,7 +120,8 @@ def common(config, optimizer_steps: int) -> dict:
     return dict(
         output_dir=config.output_dir, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
         max_grad_norm=config.max_grad_norm or None, seed=config.seed, lr_scheduler=SCHEDULERS[scheduler],
-        warmup_steps=as_steps(config.warmup_steps, optimizer_steps), report_to=report, run_name=config.run_name,
+        warmup_steps=0 if scheduler == "constant" else as_steps(config.warmup_steps, optimizer_steps),
+        report_to=report, run_name=config.run_name,
         autocast=autocast, gradient_checkpointing=bool(config.gradient_checkpointing),
         device="cpu" if config.use_cpu else "auto", progress_bar=not config.disable_tqdm,
         resume_from=config.resume_from_checkpoint)

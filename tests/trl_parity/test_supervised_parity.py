@@ -34,7 +34,8 @@ def _check(start, theirs, ours) -> None:
 
 def _steps(kind: str, model: str, rows: list[dict], kwargs: dict, tmp_path):
     """TRL's ``<kind>Trainer`` and rlhfkit's, each from ``model`` (a directory), ``rows`` (a
-    ``datasets.Dataset``) and its ``<kind>Config(**COMMON, **kwargs)``, after their one step."""
+    ``datasets.Dataset``) and its ``<kind>Config(**COMMON | kwargs)``, after their ``max_steps``
+    steps (1 unless ``kwargs`` says otherwise)."""
     import trl
     from datasets import Dataset
 
@@ -42,10 +43,10 @@ def _steps(kind: str, model: str, rows: list[dict], kwargs: dict, tmp_path):
 
     trainers = []
     for name, module in (("trl", trl), ("ours", dropin)):
-        config = getattr(module, f"{kind}Config")(output_dir=str(tmp_path / name), **COMMON, **kwargs)
+        config = getattr(module, f"{kind}Config")(output_dir=str(tmp_path / name), **COMMON | kwargs)
         trainer = getattr(module, f"{kind}Trainer")(model=model, args=config, train_dataset=Dataset.from_list(rows))
         trainer.train()
-        assert trainer.state.global_step == 1
+        assert trainer.state.global_step == config.max_steps
         trainers.append(trainer)
     return trainers
 
@@ -91,6 +92,17 @@ def test_sft_truncation(model_dir, tmp_path):
     tokens (a completion loses its end and its EOS) and drops the 2 rows whose prompt fills them. The
     step takes the 6 rows left (``per_device_train_batch_size=6``), so no row of the next epoch joins it."""
     kwargs = dict(per_device_train_batch_size=6, max_length=8)
+    theirs, ours = _sft_step(model_dir, PROMPT_COMPLETION, kwargs, tmp_path)
+    _check(start_weights(model_dir), theirs, ours)
+
+
+@pytest.mark.parametrize("scheduler,steps", [("linear", 2), ("cosine", 4), ("constant", 2)])
+def test_sft_warmup_schedule(model_dir, tmp_path, scheduler, steps):
+    """``warmup_steps=1`` then ``steps`` optimizer steps of all 8 rows (an epoch each, so the
+    shuffle cannot change a step): transformers' schedule, whose first update runs at learning rate
+    0 (AdamW's moments still take its gradient), then linear [1] or cosine [1, 0.75, 0.25] decay;
+    plain ``constant`` ignores the warmup (learning rate 1e-3 from the first step)."""
+    kwargs = dict(per_device_train_batch_size=8, warmup_steps=1, lr_scheduler_type=scheduler, max_steps=steps)
     theirs, ours = _sft_step(model_dir, PROMPT_COMPLETION, kwargs, tmp_path)
     _check(start_weights(model_dir), theirs, ours)
 

@@ -103,7 +103,7 @@ $(TRL_STAMP): pyproject.toml
 ## The drop-in classes against TRL 1.16 itself (tests marked trl, in .venv-trl): one optimizer step of each
 ## from the same weights, data and config, the same weights after it.
 test-trl: $(TRL_STAMP)
-	$(TRL_BIN)/python $(PYTEST) -m trl -p no:cacheprovider
+	$(TRL_BIN)/python $(PYTEST) -m trl -p no:cacheprovider tests/trl_parity
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) .pytest_cache .coverage build *.egg-info site

@@ -23,7 +23,7 @@ class TrainConfig(RunBase, OptimBase):
     learning_rate: float = 2e-5
     """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
     lr_scheduler: str = "cosine"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS)."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS). hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
     log_every: int = 10
     """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
     num_epochs: float = 1.0
@@ -89,7 +89,7 @@ class RewardModelConfig(TrainConfig):
     learning_rate: float = 1e-5
     """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6). One epoch (the default num_epochs): reward models overfit after the first (Ouyang et al. 2022, appendix C.2)."""
     lr_scheduler: str = "linear"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
     log_every: int = 1
     """Print a progress line every this many steps (0: silent)."""
     center: bool = True
@@ -105,7 +105,7 @@ class DPOConfig(TrainConfig):
     learning_rate: float = 1e-6
     """AdamW peak learning rate; 1e-6 is TRL's DPO default for real models (tiny random models want ~1e-3)."""
     lr_scheduler: str = "linear"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
     beta: float = 0.1
     """β: the strength of the implicit KL leash to the reference (DPO, hinge), IPO's τ (the target margin is 1/(2β)), or SimPO's reward scale."""
     loss_type: str = "sigmoid"

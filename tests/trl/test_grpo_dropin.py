@@ -82,7 +82,7 @@ def test_trls_defaults_are_kept():
     ours = config.to_rlhfkit(n_rows=64)
     assert (ours.learning_rate, ours.group_size, ours.max_new_tokens, ours.kl_coef, ours.seed) == (1e-6, 8, 512, 0.0, 42)
     assert (ours.loss_agg, ours.advantage_estimator, ours.clip_low, ours.clip_high) == ("token-mean", "group", 0.2, 0.2)
-    assert ours.gradient_checkpointing and ours.lr_scheduler == "linear" and ours.log_every == 10
+    assert ours.gradient_checkpointing and ours.lr_scheduler == "hf_linear" and ours.log_every == 10
     assert ours.max_steps == 3 * 64 // 1  # 3 epochs of 64 prompts, one prompt (8 completions) per generation
     rloo = RLOOConfig(output_dir="out", **CPU).to_rlhfkit(n_rows=64)
     assert (rloo.group_size, rloo.kl_coef, rloo.kl_in_reward, rloo.advantage_estimator) == (2, 0.05, True, "rloo")

@@ -168,7 +168,7 @@ def test_optimizer_steps_and_micro_batches_in_a_run_are_trls(kind, rows, models,
 def test_trls_defaults_are_kept():
     sft, dpo, rm = (c(output_dir="out", **CPU).to_rlhfkit(n_rows=80) for c in (SFTConfig, DPOConfig, RewardConfig))
     for ours, lr in ((sft, 2e-5), (dpo, 1e-6), (rm, 1e-4)):
-        assert (ours.learning_rate, ours.lr_scheduler, ours.seed, ours.log_every, ours.save_steps) == (lr, "linear", 42,
+        assert (ours.learning_rate, ours.lr_scheduler, ours.seed, ours.log_every, ours.save_steps) == (lr, "hf_linear", 42,
                                                                                                       10, 500)
         assert (ours.batch_size, ours.grad_accumulation, ours.max_length, ours.warmup_steps) == (8, 1, 1024, 0)
         assert ours.gradient_checkpointing and ours.dtype == "float32" and ours.report_to == ()

@@ -403,26 +403,3 @@ def test_rollout_weights_feed_the_loss_end_to_end():
     loss, _ = pg_loss(logprobs, logprobs, torch.ones(3), kept, agg="token-mean", weights=weights)
     # -(0.5·-1 + 1·-3 + 1.5·-4 + 2·-5 + 0.5·-6 + 0.5·-7 + 1·-8) / 7 = (0.5+3+6+10+3+3.5+8)/7 = 34/7
     assert loss.item() == pytest.approx(34 / 7, rel=1e-6)
-
-
-def test_trls_bounds_a_floor_no_cap_and_a_one_sided_mask():
-    """TRL's vllm_importance_sampling_clip_min / _max as ``low`` / ``threshold``, by hand:
-    ratios e^-1.5, e^0.5, e^1.5 (one row, one sequence of log-ratio sum 0.5)."""
-    old, rollout, mask = torch.tensor([[-1.5, 0.5, 1.5]]), torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool)
-    e = torch.tensor([[-1.5, 0.5, 1.5]]).exp()
-    w, kept, _ = rollout_is_weights(old, rollout, mask, "token_truncate", None)  # no cap, no floor
-    assert torch.allclose(w, e) and kept.all()
-    w, _, _ = rollout_is_weights(old, rollout, mask, "token_truncate", 3.0, low=0.5)  # clamp(rho, 0.5, 3)
-    assert torch.allclose(w, torch.tensor([[0.5, e[0, 1], 3.0]]))
-    w, kept, _ = rollout_is_weights(old, rollout, mask, "token_mask", 3.0, low=0.0)  # [0, 3]: only e^1.5 leaves
-    assert kept.tolist() == [[True, True, False]] and torch.allclose(w, torch.tensor([[e[0, 0], e[0, 1], 0.0]]))
-    _, kept, _ = rollout_is_weights(old, rollout, mask, "token_mask", 3.0)  # native [1/3, 3]: e^-1.5 leaves too
-    assert kept.tolist() == [[False, True, False]]
-    w, kept, _ = rollout_is_weights(old, rollout, mask, "sequence_mask", 1.5, low=0.0)  # e^0.5 = 1.65 > 1.5
-    assert not kept.any() and (w == 0).all()
-
-
-@pytest.mark.parametrize("low", [-0.1, 3.0, NAN, True])
-def test_a_floor_outside_zero_to_threshold_is_refused(low):
-    with pytest.raises(ValueError, match="lower bound"):
-        rollout_is_weights(t(OLD), t(ROLLOUT), t(MASK), "token_mask", 3.0, low=low)

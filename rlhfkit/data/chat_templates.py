@@ -11,10 +11,13 @@ The rule of ``assistant_spans``, for the assistant message at index ``k``:
 
 * start = ``len(render(messages[:k], add_generation_prompt=True))``: the assistant header
   (``<|im_start|>assistant\\n``) is the generation prompt, given at inference, so never trained;
-* end = just after the first EOS text (``tokenizer.eos_token``, e.g. ``<|im_end|>``) at or after
-  the start in ``render(messages[:k + 1])``, so the model learns to stop, while the glue after it
-  (ChatML's ``\\n``) is not trained; when the template emits no EOS text there, the end of that
-  rendering (its whole turn).
+* end = just after the first end text at or after the start in ``render(messages[:k + 1])``, so
+  the model learns to stop, while the glue after it (ChatML's ``\\n``) is not trained; when the
+  template emits no end text there, the end of that rendering (its whole turn). The end texts
+  (``end_texts``) are those of the model's end ids (``models.loading.eos_token_ids``): the
+  tokenizer's EOS (``<|im_end|>`` for Qwen) and every id the model's ``generation_config``
+  declares (Gemma 2's ``<end_of_turn>`` beside its tokenizer's ``<eos>``); without them, the
+  tokenizer's EOS alone.
 
 This needs a *prefix-preserving* template: rendering a conversation and then one more message must
 only append text (``chatml_tools``, shipped here, is one). Templates that rewrite earlier turns
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+
+from ..models.loading import eos_token_ids
 
 SHIPPED = {"chatml_tools": "chatml_tools.jinja"}  # name -> file in rlhfkit/data/templates/
 
@@ -120,16 +125,33 @@ def check_prefix_preserving(tokenizer, name: str, tools: list | None = None) -> 
                                       f"({message['role']}) changes the {what} of the messages before it); {ADVICE}")
 
 
+def end_texts(tokenizer, end_ids=None) -> tuple[str, ...]:
+    """The texts that end an assistant turn: the tokenizer's EOS text, then the text of each other
+    end id (``eos_token_ids(tokenizer, end_ids)``; ``end_ids`` the model's, e.g.
+    ``eos_token_ids(tokenizer, model)``), each once, none empty."""
+    ids = [i for i in eos_token_ids(tokenizer, end_ids) if i != tokenizer.eos_token_id]
+    texts = [tokenizer.eos_token or ""] + [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+    return tuple(t for t in dict.fromkeys(texts) if t)
+
+
+def turn_end(text: str, start: int, ends: tuple[str, ...]) -> int:
+    """Just after the first of the end texts ``ends`` found in ``text`` at or after ``start`` (the
+    longest where several begin there), or -1 when there is none."""
+    found = [(at, -len(e)) for e in ends for at in [text.find(e, start)] if at >= 0]
+    return min(found)[0] - min(found)[1] if found else -1
+
+
 def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
-                    name: str | None = None) -> tuple[str, list[tuple[int, int]]]:
+                    name: str | None = None, end_ids=None) -> tuple[str, list[tuple[int, int]]]:
     """(the rendering of ``messages``, the character span ``(start, end)`` of every assistant
-    turn's trained text): content and tool calls and the EOS text, not the header before or the
-    glue after (the rule in the module docstring). The first message must not be the assistant's
-    (the template renders no empty conversation to take its header from). A rendering that does
-    not extend the one before is refused in one line naming the tokenizer (``name``)."""
+    turn's trained text): content and tool calls and the end text (the first of ``end_texts(
+    tokenizer, end_ids)``), not the header before or the glue after (the rule in the module
+    docstring). The first message must not be the assistant's (the template renders no empty
+    conversation to take its header from). A rendering that does not extend the one before is
+    refused in one line naming the tokenizer (``name``)."""
     name = name or tokenizer_name(tokenizer)
     text = render(tokenizer, messages, tools)
-    eos, spans, before = tokenizer.eos_token, [], ""
+    ends, spans, before = end_texts(tokenizer, end_ids), [], ""
     if messages[0]["role"] == "assistant":
         raise ValueError("the first message is the assistant's; a conversation starts with a system or user message")
     for k, message in enumerate(messages):
@@ -140,8 +162,8 @@ def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
                 raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (the rendering of "
                                           f"messages 0..{k} does not extend that of 0..{k - 1} plus the generation "
                                           f"prompt); {ADVICE}")
-            found = upto.find(eos, len(prompt)) if eos else -1
-            spans.append((len(prompt), found + len(eos) if found >= 0 else len(upto)))
+            end = turn_end(upto, len(prompt), ends)
+            spans.append((len(prompt), end if end >= 0 else len(upto)))
         if not upto.startswith(before) or not text.startswith(upto):
             raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (adding message {k} "
                                       f"({message['role']}) changes the rendering of the messages before it); {ADVICE}")
@@ -149,5 +171,6 @@ def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
     return text, spans
 
 
-__all__ = ["ADVICE", "NotPrefixPreserving", "PROBE", "PROBE_TOOLS", "SHIPPED", "assistant_spans", "check_prefix_preserving", "render",
-           "resolve_chat_template", "tokenizer_name", "use_chat_template"]
+__all__ = ["ADVICE", "NotPrefixPreserving", "PROBE", "PROBE_TOOLS", "SHIPPED", "assistant_spans",
+           "check_prefix_preserving", "end_texts", "render", "resolve_chat_template", "tokenizer_name", "turn_end",
+           "use_chat_template"]

@@ -100,14 +100,16 @@ def _completion_problem(completion: Any) -> str | None:
 
 
 def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset",
-                    completion_only: bool = True, assistant_only: bool = True) -> list[Encoded]:
+                    completion_only: bool = True, assistant_only: bool = True, end_ids=None) -> list[Encoded]:
     """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
     policy: the prompt loses its start first, then the completion its end and its EOS), or, for a
     multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation_rows`` (every assistant turn
     trained: one example, or several when the chat template rewrites history; the template checked
     first by ``sft_turns.check_template``), or for a ``text``
     row ``encode_text``. ``completion_only`` / ``assistant_only`` False: every token of a
-    prompt/completion / ``messages`` row is trained (see the module docstring).
+    prompt/completion / ``messages`` row is trained (see the module docstring). ``end_ids``: the
+    model's end ids (``models.loading.eos_token_ids(tokenizer, model)``): a multi-turn row's
+    assistant turns end at the first of them (``sft_turns``); None: the tokenizer's EOS alone.
     An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
     One warning line each says how many rows were cut and how many hold unknown tokens."""
     turns = {i for i, row in enumerate(rows) if "messages" in row and is_multi_turn(row)}
@@ -118,7 +120,7 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
         try:
             if i in turns:  # one example, or one per run of turns when the template rewrites history
                 out += encode_conversation_rows(row["messages"], tokenizer, max_length, row.get("tools") or None,
-                                                assistant_only)
+                                                assistant_only, end_ids)
                 continue
             if "messages" in row:
                 (prompt, completion), whole = split_messages(row["messages"]), not assistant_only

@@ -8,12 +8,17 @@ assistant message and no tools keeps the prompt/completion path of ``encode_pair
 ``encode_conversation``: the whole conversation rendered once with the chat template
 (``tools=`` from the row), tokenised once with the fast tokenizer's character offsets, and a token
 trained (``mask`` 1) when any of its characters lies in an assistant span
-(``chat_templates.assistant_spans``: content, tool calls and the EOS text of each assistant turn;
-never system, user or tool turns, assistant headers or the glue after an EOS). Tokens after the
-last trained one are dropped (nothing learns from them); when the template emits no EOS text at
-the end of the last turn, the EOS id is appended and trained, as ``encode_pair`` does.
+(``chat_templates.assistant_spans``: content, tool calls and the end text of each assistant turn;
+never system, user or tool turns, assistant headers or the glue after an end text). Tokens after
+the last trained one are dropped (nothing learns from them); when the template emits no end text
+at the end of the last turn, the EOS id is appended and trained, as ``encode_pair`` does.
 Truncation as ``encode_pair``: the text before the first assistant turn loses its start first
 (down to one token), then the conversation loses its end (``truncated``).
+
+A turn ends at the first text of the model's end ids (``end_ids``, ``models.loading.eos_token_ids(
+tokenizer, model)``: the tokenizer's EOS and the model's ``generation_config.eos_token_id``; the SFT
+trainer passes them): a Gemma-2-like model's turn is trained up to its ``<end_of_turn>``, with no
+``<eos>`` after it. Without ``end_ids``, the tokenizer's EOS alone.
 
 A chat template that rewrites history (Qwen3's drops the ``<think>`` of earlier assistant turns)
 renders a conversation otherwise than the model saw it while writing each turn: rendered whole,
@@ -31,7 +36,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .chat_templates import NotPrefixPreserving, assistant_spans, check_prefix_preserving, render, tokenizer_name
+from .chat_templates import (NotPrefixPreserving, assistant_spans, check_prefix_preserving, end_texts, render,
+                             tokenizer_name, turn_end)
 from .encode import Encoded
 from .prompts import message_problem, short_repr, type_name
 
@@ -146,9 +152,10 @@ def check_template(rows: list[dict], tokenizer) -> None:
 
 
 def encode_conversation(messages: list[dict], tokenizer, max_length: int | None = None,
-                        tools: list | None = None) -> TurnsEncoded:
-    """One conversation, every assistant turn trained (the module docstring has the rules)."""
-    text, spans = assistant_spans(tokenizer, messages, tools)
+                        tools: list | None = None, end_ids=None) -> TurnsEncoded:
+    """One conversation, every assistant turn trained (the module docstring has the rules;
+    ``end_ids``: the model's end ids)."""
+    text, spans = assistant_spans(tokenizer, messages, tools, end_ids=end_ids)
     try:
         encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError:
@@ -160,36 +167,38 @@ def encode_conversation(messages: list[dict], tokenizer, max_length: int | None 
         raise ValueError("the chat template renders no assistant text to train on")
     last = len(mask) - mask[::-1].index(1)
     ids, mask = ids[:last], mask[:last]
-    eos = tokenizer.eos_token or ""
-    if not (eos and text[spans[-1][0]:spans[-1][1]].endswith(eos)):
+    if not text[spans[-1][0]:spans[-1][1]].endswith(end_texts(tokenizer, end_ids)):
         ids, mask = ids + [tokenizer.eos_token_id], mask + [1]
     return _truncate(ids, mask, max_length)
 
 
 def encode_conversation_rows(messages: list[dict], tokenizer, max_length: int | None = None,
-                             tools: list | None = None, assistant_only: bool = True) -> list[TurnsEncoded]:
+                             tools: list | None = None, assistant_only: bool = True,
+                             end_ids=None) -> list[TurnsEncoded]:
     """The examples of one conversation: ``encode_conversation`` (one example) when the template
     renders it prefix-preservingly, else ``encode_turn_by_turn`` (see the module docstring).
     ``assistant_only=False``: every token trained — of the one example, or, for a template that
-    rewrites history, of the conversation's final rendering (one example)."""
+    rewrites history, of the conversation's final rendering (one example). ``end_ids``: the
+    model's end ids (see the module docstring)."""
     try:
-        enc = encode_conversation(messages, tokenizer, max_length, tools)
+        enc = encode_conversation(messages, tokenizer, max_length, tools, end_ids)
         return [enc if assistant_only else replace(enc, prompt_len=0, mask=(1,) * len(enc.input_ids))]
     except NotPrefixPreserving:
         if assistant_only:
-            return encode_turn_by_turn(messages, tokenizer, max_length, tools)
+            return encode_turn_by_turn(messages, tokenizer, max_length, tools, end_ids)
     ids = tokenizer(render(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
     return [_truncate(ids, [1] * len(ids), max_length)]
 
 
 def encode_turn_by_turn(messages: list[dict], tokenizer, max_length: int | None = None,
-                        tools: list | None = None) -> list[TurnsEncoded]:
+                        tools: list | None = None, end_ids=None) -> list[TurnsEncoded]:
     """Every assistant turn trained after the template's rendering of the conversation before it
     plus the generation prompt (untrained), as the template renders the turn last (trained, to
-    its EOS text, or its end with the EOS id added for the last turn); consecutive turns share an
-    example while each turn's context extends it (see the module docstring)."""
+    its first end text (``end_ids``: the model's end ids), or its end with the EOS id added for the
+    last turn); consecutive turns share an example while each turn's context extends it (see the
+    module docstring)."""
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    eos, examples, ids, mask = tokenizer.eos_token or "", [], [], []
+    ends, examples, ids, mask = end_texts(tokenizer, end_ids), [], [], []
     turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     for k in turns:
         prompt = render(tokenizer, messages[:k], tools, generation=True)
@@ -198,8 +207,8 @@ def encode_turn_by_turn(messages: list[dict], tokenizer, max_length: int | None 
             raise ValueError(f"{tokenizer_name(tokenizer)}: the chat template does not render assistant message {k} "
                              "(0-based) after the conversation before it and the generation prompt, so the turn "
                              "cannot be told apart from its context; set chat_template (e.g. 'chatml_tools')")
-        found = upto.find(eos, len(prompt)) if eos else -1
-        turn = encode(upto[len(prompt):found + len(eos) if found >= 0 else len(upto)])
+        found = turn_end(upto, len(prompt), ends)
+        turn = encode(upto[len(prompt):found if found >= 0 else len(upto)])
         if found < 0 and k == turns[-1]:
             turn.append(tokenizer.eos_token_id)
         context = encode(prompt)

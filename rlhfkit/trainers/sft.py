@@ -29,8 +29,9 @@ from .. import distributed
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
-from ..models.loading import load_pretrained, load_tokenizer
+from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
+from ..models.sources import resolve_model_dir
 from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
@@ -71,6 +72,7 @@ class SFTTrainer(SupervisedTrainer):
         self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
                                         "model" if processing_class is None else "processing_class")
         use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
+        self.end_ids = _end_ids(model, self.tokenizer)  # where a chat row's assistant turns end
         train = self._encode_rows(train_rows, "train_dataset")
         self.eval_examples = self._encode_rows(eval_rows, "eval_dataset") if eval_rows is not None else None
         # A training unit is one row of a batch: one example, or one packed row of max_length.
@@ -101,7 +103,7 @@ class SFTTrainer(SupervisedTrainer):
         row's prompt start first); the TRL drop-in overrides it with TRL's tokens and truncation."""
         a = self.args
         return encode_sft_rows(rows, self.tokenizer, a.max_length, name, completion_only=a.completion_only_loss,
-                               assistant_only=a.assistant_only_loss)
+                               assistant_only=a.assistant_only_loss, end_ids=self.end_ids)
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -227,6 +229,24 @@ class SFTTrainer(SupervisedTrainer):
         merged, or the adapter alone with ``save_adapter``). Under torchrun every process must call
         this: the full weights are gathered, rank 0 writes."""
         export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
+
+
+def _end_ids(model, tokenizer) -> tuple[int, ...]:
+    """The ids that end the model's turns (``eos_token_ids(tokenizer, model)``); for a model path,
+    read before the model is loaded from what transformers will give it: its
+    ``generation_config.json``, else a generation config built from its ``config.json``."""
+    if isinstance(model, torch.nn.Module):
+        return eos_token_ids(tokenizer, model)
+    from transformers import AutoConfig, GenerationConfig
+
+    source = resolve_model_dir(model)
+    for read in (GenerationConfig.from_pretrained,
+                 lambda s: GenerationConfig.from_model_config(AutoConfig.from_pretrained(s))):
+        try:
+            return eos_token_ids(tokenizer, read(source))
+        except (OSError, ValueError):  # no such file (an adapter directory has neither)
+            pass
+    return eos_token_ids(tokenizer)
 
 
 def _load_model(path, dtype: str):

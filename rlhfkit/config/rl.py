@@ -175,7 +175,7 @@ class AlgorithmConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (c2 of the PPO paper); 0 computes entropy as a metric only."""
     entropy_agg: str | None = None
-    """How the entropy bonus is averaged: None, the policy loss's loss_agg; 'micro-batch-token-mean', each micro-batch's token mean divided by the micro-batches of the optimizer step (TRL's GRPOTrainer, whatever its loss_type)."""
+    """How the entropy bonus is averaged: None, as the policy loss (loss_agg); 'micro-batch-token-mean', each micro-batch's token mean divided by the micro-batches of the optimizer step (TRL's GRPOTrainer, whatever its loss_type)."""
     gamma: float = 1.0
     """Discount of GAE and REINFORCE++ returns; 1 is standard for LM episodes."""
     lam: float = 0.95
@@ -297,7 +297,7 @@ def _validate(c: RLConfig) -> None:
 
     check_ranges(c)
     check_run_fields(c)
-    ENTROPY_AGGREGATIONS = (*AGGREGATIONS, "micro-batch-token-mean")
+    ENTROPY_AGGREGATIONS = ("micro-batch-token-mean",)
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
     levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
@@ -328,6 +328,8 @@ def _validate(c: RLConfig) -> None:
          "> 0 (> -1 with the cispo loss, whose weight's cap is 1 + clip_high)"),
         (not (c.unscored_in_loss and c.use_critic), "unscored_in_loss",
          "False with a critic (an unscored row has no return for it to learn)"),
+        (not (c.unscored_in_loss and (c.dynamic_sampling or c.rollout_workers)), "unscored_in_loss",
+         "False with dynamic_sampling or rollout_workers (their filler rows are unscored too, and must stay out of the loss)"),
         (c.entropy_agg in (None, *ENTROPY_AGGREGATIONS), "entropy_agg",
          f"None or one of {', '.join(ENTROPY_AGGREGATIONS)}"),
         (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),

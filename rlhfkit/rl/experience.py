@@ -85,7 +85,8 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
     # Old log-probs are computed when something else needs them (the KL in the reward, a critic,
     # more than one pass) or a mask mode must know the kept tokens before the update; then the
     # correction is computed here, else in the one on-policy pass of the loss — exactly once.
-    masks = behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"]
+    masks = (behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"]
+             and not args.rollout_is_zero_masked)  # zero-masked: the mask does not change, the weights say it
     need_old = (args.kl_in_reward and args.kl_coef > 0) or not single_pass(args) or args.use_critic or masks
     with efficiency.counting("logprob"):
         old_logprobs, old_values, kept_mass = (models.policy_outputs(rollout, with_values=args.use_critic)
@@ -112,5 +113,7 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
     if not correct_in_loss:
         is_weights, mask, is_metrics = rollout_correction(args, old_logprobs, behaviour, mask, kept_mass)
         metrics.update(is_metrics)
+        if counted_rows is not None:  # a row the correction masked out leaves the denominator; a truncated one stays
+            counted_rows = counted_rows & (mask.any(-1) | ~rollout.has_eos.to(device))
     return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights,
                       correct_in_loss, counted_rows)

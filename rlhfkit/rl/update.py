@@ -116,6 +116,9 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
             if len(mb_rows):
                 efficiency.add_needed("update", efficiency.needed_tokens(exp.rollout, mb_rows))
             n_micro = max(distributed.reduce_max(len(chunks)), 1)
+            # the micro-batches of the optimizer step, over every process (TRL's entropy term divides by their
+            # number per process, gradient_accumulation_steps: equal on every process there)
+            micro_steps = float(distributed.reduce_sum(torch.tensor(float(len(chunks))))) / world
             for i in range(n_micro):
                 real = i < len(chunks)
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
@@ -123,7 +126,7 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
                       efficiency.counting("update")):
                     share = loss_weights(exp.mask[rows], args.loss_agg) / weight if real else torch.zeros(())
                     loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef,
-                                         weight=share * world, micro_steps=n_micro if real else 0)
+                                         weight=share * world, micro_steps=micro_steps if real else 0)
                     loss_value.backward()
                 token_share = exp.mask[rows].sum() / tokens.clamp(min=1) if real else torch.zeros(())
                 for k, v in m.items():
@@ -184,7 +187,9 @@ def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor
     as returned, so it is multiplied in here). The entropy bonus is aggregated as the policy loss
     (``loss_agg``) and weighted alike, unless ``args.entropy_agg`` is ``"micro-batch-token-mean"``
     (TRL's GRPOTrainer): ``entropy_coef x (token mean of this micro-batch's entropy) /
-    micro_steps``, the micro-batches of the optimizer step, whatever ``weight``.
+    micro_steps``, whatever ``weight``; ``update`` passes the micro-batches of the optimizer step
+    over every process divided by the processes (TRL's ``gradient_accumulation_steps``), so the term
+    is the mean of the micro-batches' token means on any number of processes.
 
     Formulas: the ``POLICY_LOSSES`` and ``KL_ESTIMATORS`` of ``rlhfkit/algorithms/registry.py``
     (``algorithms/policy_losses.py``, with the importance ratio at ``args.importance_sampling_level``;
@@ -207,7 +212,7 @@ def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
     per_micro_batch = args.entropy_agg == "micro-batch-token-mean"
     if args.entropy_coef > 0 and not per_micro_batch:
-        loss = loss - args.entropy_coef * aggregate(entropy, mask, args.entropy_agg or args.loss_agg, horizon)
+        loss = loss - args.entropy_coef * aggregate(entropy, mask, args.loss_agg, horizon)
     if exp.ref_logprobs is not None and not args.kl_in_reward:
         kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)

@@ -300,7 +300,7 @@ class RLOOConfig(_Generation):
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         fields = self._rl_fields(n_rows, world)
-        fields.update(algorithm="rloo", kl_coef=self.beta,
+        fields.update(algorithm="rloo", kl_coef=self.beta, rollout_is="none",  # TRL's RLOO corrects no vLLM gap
                       reward_clip=None if self.reward_clip_range is None else self.reward_clip_range[1])
         return RLConfig(**fields)
 

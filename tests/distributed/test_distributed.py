@@ -68,6 +68,11 @@ CASES = {
     "cispo-minibatches": dict(algorithm="cispo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=2),
     "dapo-mask-truncated": dict(algorithm="dapo", prompts_per_step=4, micro_batch_size=3, overlong_buffer_len=4,
                                 mask_truncated_completions=True),
+    # TRL's rules (the drop-in's): the micro-batch entropy term with processes holding unequal numbers of
+    # micro-batches (one global shuffle), and truncated rows masked but counted in a seq-mean denominator
+    "grpo-trl-entropy-masked-rows": dict(algorithm="grpo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=2,
+                                         entropy_coef=0.5, entropy_agg="micro-batch-token-mean",
+                                         mask_truncated_completions=True, masked_rows_count=True),
 }
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
+from rlhfkit.config import RLConfig
 from rlhfkit.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from rlhfkit.trl.arguments import NO_EFFECT, TRANSLATED
 
@@ -97,6 +98,14 @@ def test_trls_rules_are_selected_where_rlhfkits_own_differ():
     uncapped = GRPOConfig(output_dir="out", **CPU, use_vllm=True, vllm_importance_sampling_clip_max=None)
     assert uncapped.to_rlhfkit(n_rows=64).rollout_is_threshold is None  # TRL: no cap (it was 2.0)
     assert GRPOConfig(output_dir="out", **CPU, max_grad_norm=0).to_rlhfkit(n_rows=64).max_grad_norm is None
+    assert RLOOConfig(output_dir="out", **CPU, use_vllm=True).to_rlhfkit(n_rows=64).rollout_is == "none"  # TRL's RLOO
+
+
+@pytest.mark.parametrize("other", [dict(algorithm="dapo"), dict(rollout_workers=1)])
+def test_unscored_rows_in_the_loss_are_refused_beside_filler_rows(other):
+    """Dynamic sampling and generator ranks fill a step with unscored rows that must stay out of the loss."""
+    with pytest.raises(ValueError, match="'unscored_in_loss' must be False with dynamic_sampling or rollout_workers"):
+        RLConfig(**{"algorithm": "grpo", **other}, unscored_in_loss=True)
 
 
 @pytest.mark.parametrize("epsilon_high, cap", [(None, 0.2), (0.28, 0.28), (5.0, 5.0)])

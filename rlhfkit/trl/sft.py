@@ -122,7 +122,7 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
             note_unknown(name, [e.input_ids for e in whole], tok)
         else:
             whole = encode_sft_rows(rows, tok, None, name, completion_only=a.completion_only_loss,
-                                    assistant_only=a.assistant_only_loss)
+                                    assistant_only=a.assistant_only_loss, end_ids=self.end_ids)
         out = [_keep_start(e, limit) for e in whole]
         note_cut(name, sum(e.cut for e in out), len(out), "rows", limit, "their end, TRL's keep_start")
         if a.packing:  # TRL's packing truncates and drops nothing

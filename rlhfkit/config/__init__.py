@@ -11,6 +11,8 @@ trainers, which all read it; it imports no torch):
 - ``checks.py``: ``RANGES`` (the allowed range of every numeric field) and the one-line checks
   every config runs at construction (``check_ranges``, ``check_fields``, ``check_run_fields``);
 - ``io.py``: YAML files, ``key=value`` overrides and ``--help`` text, generic over any config.
+- ``trl_names.py``: TRL's field names and rlhfkit's for the same setting (the drop-in configs'
+  renames, ``rlhfkit/trl/``), which the unknown-key error of ``io.py`` answers with.
 
 Each field is documented right under it; that docstring is the only source of help text. Configs
 are frozen: nothing changes them at run time. This module re-exports the RL config's names, the

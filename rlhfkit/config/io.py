@@ -1,7 +1,7 @@
 """Config files and help text, generic over any frozen dataclass config: the docstring under each
 field as ``--help`` text, YAML files plus ``key=value`` overrides with one-line errors (unknown keys
-with close matches, wrong types, YAML syntax with file and line), and the resolved config saved
-back as YAML."""
+with close matches, or rlhfkit's name for a TRL field name: ``trl_names.py``; wrong types, YAML
+syntax with file and line), and the resolved config saved back as YAML."""
 
 from __future__ import annotations
 
@@ -140,8 +140,12 @@ def _parse_overrides(overrides) -> dict:
 def _unknown_key_message(key, value, fields, source: str) -> str:
     from ..algorithms.registry import did_you_mean  # torch is loaded on this error's path only
 
+    from .trl_names import trl_name_hint
+
     sections = " (sections are not supported: write fields at the top level)" if isinstance(value, dict) else ""
-    return f"unknown config key {key!r} from {source}{sections}.{did_you_mean(key, fields)}"
+    # a TRL field name gets rlhfkit's name for it (the drop-in's table), not a look-alike field
+    hint = trl_name_hint(key, fields) or did_you_mean(key, fields)
+    return f"unknown config key {key!r} from {source}{sections}.{hint}"
 
 
 def _check_type(key: str, value, annotation, source: str):

@@ -17,6 +17,7 @@ from ..config.supervised import DPOConfig as NativeDPOConfig
 from ..data.encode import note_cut, note_unknown, warn_once
 from ..data.preferences import load_preference_dataset
 from ..trainers.dpo import DPOTrainer as NativeDPOTrainer, PreferencePair
+from .metrics import DPO_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
 # TRL's loss_type -> rlhfkit's (algorithms/dpo.py): the same per-pair loss of the same log-probs.
@@ -89,6 +90,7 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
     its adapter off), as in TRL."""
 
     config_class, suffix, loss_key = DPOConfig, "DPO", "dpo/loss"
+    trl_table = DPO_METRICS
 
     def __init__(self, model, ref_model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, compute_metrics=None, callbacks=None, optimizers=(None, None),

@@ -27,6 +27,7 @@ from ..models.heads import HEAD_FILE
 from ..models.loading import check_finite_weights, resolve_dtype
 from ..models.sources import from_hub_or_dir, resolve_model_dir
 from ..trainers.reward_model import Pair, RewardModelTrainer
+from .metrics import REWARD_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
 
@@ -68,6 +69,7 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
     ``<Arch>ForSequenceClassification`` directory with one label."""
 
     config_class, suffix, loss_key = RewardConfig, "Reward", "rm/loss"
+    trl_table = REWARD_METRICS
 
     def __init__(self, model, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, compute_metrics=None, callbacks=None, optimizers=(None, None),

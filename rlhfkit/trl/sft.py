@@ -21,6 +21,7 @@ from ..data.sft_turns import TurnsEncoded
 from ..data.prompts import labelled_rows
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import check_choice
+from .metrics import SFT_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
 
@@ -87,6 +88,7 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
     SFT trainer. ``args``: an ``SFTConfig`` (default: TRL's, writing to ``<model name>-SFT``)."""
 
     config_class, suffix, loss_key = SFTConfig, "SFT", "sft/loss"
+    trl_table = SFT_METRICS
 
     def __init__(self, model, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,

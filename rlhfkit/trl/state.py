@@ -8,6 +8,7 @@ from pathlib import Path
 from ..agents.agent import model_name
 from ..data import load_prompt_dataset
 from .. import distributed
+from .metrics import rl_metrics, with_trl_names
 
 
 class TRLTrainerMixin:
@@ -49,12 +50,22 @@ class TRLTrainerMixin:
     @property
     def state(self):
         """TRL's ``trainer.state``: a ``transformers.TrainerState`` whose ``global_step`` counts
-        optimizer steps, as TRL's does, and ``log_history`` holds the logged rows."""
+        optimizer steps, as TRL's does, and ``log_history`` holds the logged rows with TRL's metric
+        names beside rlhfkit's and TRL's ``step`` (``metrics.py``)."""
         from transformers import TrainerState
 
         state = TrainerState(global_step=self.optimizer_steps_done(), max_steps=self.optimizer_steps_total())
-        state.log_history = list(getattr(self, "history", []))
+        table, per_row = self.trl_metrics(), self.optimizer_steps_per_row()
+        state.log_history = [with_trl_names(row, table, per_row) for row in getattr(self, "history", [])]
         return state
+
+    def trl_metrics(self) -> dict:
+        """TRL's metric name -> rlhfkit's, for ``log_history`` (``metrics.py``)."""
+        return rl_metrics(self.trl_args, self.sampler.rewards.names)
+
+    def optimizer_steps_per_row(self) -> int:
+        """Optimizer steps per logged rlhfkit step (TRL's ``step`` of a ``log_history`` row)."""
+        return self.trl_args.optimizer_steps_per_generation
 
     def optimizer_steps_done(self) -> int:
         """Optimizer steps taken so far (each trainer says how it counts them)."""

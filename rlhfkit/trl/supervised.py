@@ -169,6 +169,14 @@ class SupervisedTRLTrainer(TRLTrainerMixin):
                           stacklevel=3)
         return pairs
 
+    trl_table: dict = {}  # TRL's metric name -> rlhfkit's (metrics.py), each trainer's own
+
+    def trl_metrics(self) -> dict:
+        return self.trl_table
+
+    def optimizer_steps_per_row(self) -> int:
+        return 1
+
     def optimizer_steps_done(self) -> int:
         return self.step
 

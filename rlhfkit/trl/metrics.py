@@ -1,0 +1,74 @@
+"""TRL 1.16's metric names beside rlhfkit's in ``trainer.state.log_history``: one table per trainer,
+TRL's name -> rlhfkit's, for the metrics rlhfkit computes alike (no value is made up: a TRL metric
+without an rlhfkit equivalent — ``num_tokens``, ``frac_reward_zero_std``, ``mean_token_accuracy``,
+``completions/min_length``, the reward functions' ``/std`` ... — is absent, as is TRL's end-of-run
+summary row). Each row keeps rlhfkit's names (``metrics.jsonl``'s) and gains TRL's; its ``step`` is
+TRL's, the optimizer steps taken (``trainer.state.global_step``), which for GRPO and RLOO is
+rlhfkit's RL step times the optimizer steps per generation (``trainer.history`` keeps rlhfkit's).
+
+Sources of TRL's names: ``trl/trainer/{grpo,rloo,sft,dpo,reward}_trainer.py`` (``_metrics`` and
+``log``) and ``transformers.Trainer``'s ``loss``, ``grad_norm``, ``learning_rate``, ``epoch``;
+TRL's evaluation rows prefix ``eval_``.
+"""
+
+from __future__ import annotations
+
+# GRPOConfig / RLOOConfig runs (rlhfkit's RL loop). "loss" is TRL's total loss: rlhfkit's policy/loss
+# equals it only without a KL or entropy term in the loss (``GRPO_METRICS`` leaves it out otherwise).
+RL_METRICS = {
+    "loss": "policy/loss",
+    "grad_norm": "perf/grad_norm",
+    "learning_rate": "perf/lr",
+    "completions/mean_length": "rollout/response_length_mean",
+    "completions/max_length": "rollout/response_length_max",
+    "completions/clipped_ratio": "rollout/truncated_frac",  # completions without an EOS
+    "reward": "reward/mean",
+    "reward_std": "reward/std",
+    "entropy": "policy/entropy",
+}
+# GRPO only: TRL's per-token k3 KL to the reference (logged when beta > 0) and its clip region
+# (ratio below 1 - epsilon with a negative advantage, or above 1 + epsilon_high with a positive one)
+GRPO_ONLY = {"kl": "kl/k3", "clip_ratio/region_mean": "policy/clip_frac"}
+
+SFT_METRICS = {"loss": "sft/loss", "grad_norm": "sft/grad_norm", "learning_rate": "sft/lr", "epoch": "sft/epoch",
+               "eval_loss": "eval/loss"}
+
+# rewards/*, logps/* are TRL's names already
+DPO_METRICS = {"loss": "dpo/loss", "grad_norm": "perf/grad_norm", "learning_rate": "perf/lr", "epoch": "dpo/epoch",
+               "eval_loss": "eval/loss", **{f"eval_{k}": f"eval/{k}" for k in (
+                   "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                   "logps/rejected")}}
+
+REWARD_METRICS = {"loss": "rm/loss", "grad_norm": "perf/grad_norm", "learning_rate": "perf/lr", "epoch": "rm/epoch",
+                  "accuracy": "rm/accuracy", "margin": "rm/margin_mean", "mean_reward": "rm/reward_mean",
+                  "eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval_margin": "eval/margin_mean",
+                  "eval_mean_reward": "eval/reward_mean"}
+
+
+def rl_metrics(config, reward_names) -> dict:
+    """The table of a ``GRPOConfig`` / ``RLOOConfig`` run: ``RL_METRICS``, GRPO's ``GRPO_ONLY``
+    (``kl`` only with ``beta > 0``, the clip region not for ``cispo``, whose clipping TRL logs as
+    ``cispo_clip_ratio``), ``loss`` only where rlhfkit's policy loss is TRL's whole loss, and
+    ``rewards/<function>/mean`` for each reward function (``reward_names``)."""
+    table = dict(RL_METRICS)
+    grpo = hasattr(config, "loss_type")
+    if grpo:
+        table.update(GRPO_ONLY)
+        if not config.beta:
+            del table["kl"]
+        if config.loss_type == "cispo":
+            del table["clip_ratio/region_mean"]
+    if grpo and (config.beta or config.entropy_coef):
+        del table["loss"]  # TRL's loss adds beta x KL and subtracts the entropy bonus; policy/loss has neither
+    table.update({f"rewards/{name}/mean": f"reward/{name}_mean" for name in reward_names})
+    return table
+
+
+def with_trl_names(row: dict, table: dict, steps_per_row: int = 1) -> dict:
+    """``row`` (rlhfkit's names) with TRL's added from ``table`` where rlhfkit logged the metric,
+    and ``step`` as TRL counts it (optimizer steps: ``steps_per_row`` per rlhfkit step)."""
+    out = dict(row)
+    out.update({trl: row[ours] for trl, ours in table.items() if ours in row})
+    if "step" in row:
+        out["step"] = row["step"] * steps_per_row
+    return out

@@ -1,0 +1,74 @@
+"""TRL code reads ``trainer.state.log_history`` by TRL's metric names (``log_history[-1]["reward"]``);
+the drop-in's rows carry them beside rlhfkit's (rlhfkit/trl/metrics.py), with TRL's ``step``."""
+
+import pytest
+
+from rlhfkit.tasks.tiny import save_tiny_model
+from rlhfkit.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
+from rlhfkit.trl.metrics import rl_metrics
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CPU = dict(use_cpu=True, bf16=False, report_to="none", logging_steps=1)
+PAIRS = [{"prompt": "ab", "chosen": "cd", "rejected": "zz"}, {"prompt": "x", "chosen": "yz", "rejected": "q"}]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+def reward_len(completions, **kwargs):
+    return [-abs(8 - len(completion)) for completion in completions]
+
+
+def test_grpo_log_history_has_trls_names_beside_rlhfkits(model_dir, tmp_path):
+    # 2 micro-steps per generation, each its own optimizer step: TRL's step is twice rlhfkit's
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      steps_per_generation=2, max_completion_length=8, max_steps=4, **CPU)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=args,
+                          train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
+    trainer.train()
+    last, ours = trainer.state.log_history[-1], trainer.history[-1]
+    assert last["reward"] == ours["reward/mean"] and last["reward_std"] == ours["reward/std"]
+    assert last["rewards/reward_len/mean"] == ours["reward/reward_len_mean"]
+    assert last["loss"] == ours["policy/loss"] and last["grad_norm"] == ours["perf/grad_norm"]
+    assert last["learning_rate"] == ours["perf/lr"] and last["entropy"] == ours["policy/entropy"]
+    assert last["completions/mean_length"] == ours["rollout/response_length_mean"]
+    assert last["completions/clipped_ratio"] == ours["rollout/truncated_frac"]
+    assert last["clip_ratio/region_mean"] == ours["policy/clip_frac"]
+    assert "kl" not in last  # TRL logs kl only with beta > 0
+    assert last["reward/mean"] == ours["reward/mean"]  # rlhfkit's names stay
+    assert last["step"] == trainer.state.global_step == 4 and ours["step"] == 2
+    assert [r["step"] for r in trainer.state.log_history] == [2, 4]
+
+
+def test_grpo_table_follows_the_config():
+    base = dict(output_dir="out", **CPU)
+    plain = rl_metrics(GRPOConfig(**base), ["f"])
+    assert "kl" not in plain and plain["loss"] == "policy/loss" and plain["rewards/f/mean"] == "reward/f_mean"
+    with_kl = rl_metrics(GRPOConfig(beta=0.1, use_bias_correction_kl=False, **base), [])
+    assert with_kl["kl"] == "kl/k3" and "loss" not in with_kl  # TRL's loss then holds beta x KL
+    assert "loss" not in rl_metrics(GRPOConfig(entropy_coef=0.01, **base), [])
+    assert "clip_ratio/region_mean" not in rl_metrics(GRPOConfig(loss_type="cispo", **base), [])
+
+
+@pytest.mark.parametrize("config_class, trainer_class, data, names", [
+    (SFTConfig, SFTTrainer, [{"prompt": "ab", "completion": "cd"}, {"prompt": "x", "completion": "yz"}],
+     {"loss": "sft/loss", "grad_norm": "sft/grad_norm", "learning_rate": "sft/lr", "epoch": "sft/epoch"}),
+    (DPOConfig, DPOTrainer, PAIRS, {"loss": "dpo/loss", "grad_norm": "perf/grad_norm", "learning_rate": "perf/lr",
+                                    "rewards/margins": "rewards/margins", "eval_loss": "eval/loss",
+                                    "eval_rewards/accuracies": "eval/rewards/accuracies"}),
+    (RewardConfig, RewardTrainer, PAIRS, {"loss": "rm/loss", "accuracy": "rm/accuracy", "margin": "rm/margin_mean",
+                                          "mean_reward": "rm/reward_mean", "eval_accuracy": "eval/accuracy"}),
+], ids=["sft", "dpo", "reward"])
+def test_supervised_log_history_has_trls_names(config_class, trainer_class, data, names, model_dir, tmp_path):
+    evaluates = any(k.startswith("eval_") for k in names)
+    args = config_class(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=1,
+                        eval_strategy="steps" if evaluates else "no", eval_steps=1, **CPU)
+    trainer = trainer_class(model=model_dir, args=args, train_dataset=data, eval_dataset=data if evaluates else None)
+    trainer.train()
+    last, ours = trainer.state.log_history[-1], trainer.history[-1]
+    for trl, rlhfkit in names.items():
+        assert last[trl] == ours[rlhfkit], trl
+    assert last["step"] == trainer.state.global_step == 1

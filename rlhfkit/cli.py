@@ -1,7 +1,8 @@
 """The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``dpo``, ``rl``, ``eval``, ``report``, ``data``, ``demo``.
 
 Training commands take ``--config recipe.yaml`` and ``key=value`` overrides; ``--help`` lists every
-key with its documentation. Bad input is one line on stderr and exit status 2.
+key with its documentation. Bad input is one line on stderr and exit status 2 (``--traceback`` or
+``RLHFKIT_TRACEBACK=1``: after its traceback; ``run/errors.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .run import interrupts
+from .run import errors, interrupts
 
 
 def _train(job_cls, args, run) -> int:
@@ -22,7 +23,7 @@ def _train(job_cls, args, run) -> int:
 
     if args.help:
         print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite] "
-              "[--nproc-per-node N]\n")
+              "[--nproc-per-node N] [--traceback]\n")
         print((job_cls.__doc__ or "").strip() + "\n\nkeys:\n" + format_help(job_cls))
         return 0
     overrides = list(args.overrides)
@@ -160,11 +161,11 @@ def _quickstart(args) -> int:
 
 
 def _report(args) -> int:
-    from .report import write_report
+    from .report import find_runs, write_report
     from .run.trace import merge
 
-    if Path(args.run_dir, "metrics.jsonl").is_file():  # write_report names a missing one
-        merge(args.run_dir, remove=False)  # the timeline of a run that did not finish (or still runs)
+    for run in find_runs(args.run_dir):  # one line names a folder without runs
+        merge(run, remove=False)  # the timeline of a run that did not finish (or still runs)
     print(write_report(args.run_dir))
     return 0
 
@@ -268,7 +269,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="replace an existing --output file that is not an earlier eval result")
     e.set_defaults(func=_eval)
     r = sub.add_parser("report", allow_abbrev=False, help="regenerate a run directory's plots and report.html")
-    r.add_argument("run_dir")
+    r.add_argument("run_dir", nargs="+", help="run directories or folders of runs (overlaid in one report)")
     r.set_defaults(func=_report)
     d = sub.add_parser("data", allow_abbrev=False,
                        help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
@@ -291,6 +292,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
     __import__("rlhfkit.serving", fromlist=["add_command"]).add_command(sub)  # rlhfkit serve: rlhfkit/serving.py
+    for command in sub.choices.values():  # every command's: run/errors.py (RLHFKIT_TRACEBACK=1 does the same)
+        command.add_argument("--traceback", action="store_true", help="print the traceback before a one-line error")
     return parser
 
 
@@ -321,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     try:
+        args.traceback = errors.traceback_wanted(args.traceback)  # --traceback or RLHFKIT_TRACEBACK=1
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
@@ -335,24 +339,9 @@ def _run(args) -> int:
             return _train(getattr(jobs, args.job), args, runners[args.command])
         return args.func(args)
     except (ValueError, OSError) as err:  # OSError: disk full, read-only, not a directory, ... (its path named)
-        from . import distributed
-
         if interrupts.received() is not None:  # a failure the interrupt caused: its one line instead
             raise
-        if isinstance(err, OSError) and not isinstance(err, ValueError):
-            where = err.filename or ""
-            err = f"{where}: {err.strerror or err}" if where else (err.strerror or str(err))
-
-        if distributed.joined():  # raised after the processes joined: possibly on this rank alone
-            print(f"rlhfkit {args.command}: error: [rank {distributed.global_rank()}] {err}", file=sys.stderr)
-        elif os.environ.get("RANK", "0") == "0":  # before: every rank raised it, rank 0 says it
-            print(f"rlhfkit {args.command}: error: {err}", file=sys.stderr)
-        else:  # torchrun stops every rank when one exits: leave rank 0 the time to say it first
-            import time
-
-            time.sleep(ERROR_GRACE_S)
-            print(f"rlhfkit {args.command}: error: [rank {os.environ['RANK']}] {err}", file=sys.stderr)
-        return 2
+        return errors.report_error(args.command, err, args.traceback)  # one line (--traceback: after its traceback)
 
 
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse takes these for values, not options
@@ -385,12 +374,6 @@ def _unknown_options(parser: argparse.ArgumentParser, tokens: list[str]) -> str 
 def _did_you_mean(flag: str, known: list[str]) -> str:
     close = [k for k in known if k.startswith(flag) and len(flag) > 2] or difflib.get_close_matches(flag, known, n=1)
     return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
-
-
-ERROR_GRACE_S = float(os.environ.get("RLHFKIT_ERROR_GRACE_S", "10"))
-"""How long a rank other than 0 waits before exiting on an error found before the processes joined:
-rank 0, which found it too, prints it and exits, and torchrun then stops this rank. Only if this
-rank is still running after that (rank 0 did not fail) does it print the error itself."""
 
 
 if __name__ == "__main__":

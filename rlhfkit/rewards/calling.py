@@ -31,7 +31,9 @@ import inspect
 import math
 import numbers
 import os
+import sysconfig
 import threading
+import traceback
 from dataclasses import dataclass
 
 CONTRACT = ("completion_ids", "trainer_state", "log_metric", "log_extra")
@@ -140,5 +142,38 @@ def run_concurrently(awaitables: list) -> list:
     return asyncio.run_coroutine_threadsafe(gather(), _event_loop()).result()
 
 
+def _not_the_users() -> tuple:
+    """Folders whose files are not the user's code: rlhfkit's own, the standard library's,
+    site-packages' (every install scheme's, the virtual environment's included)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the rlhfkit package
+    paths = sysconfig.get_paths()
+    folders = {here, *(paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))}
+    return tuple(os.path.join(os.path.abspath(f), "") for f in folders if f)
+
+
+_INSTALLED = tuple(os.sep + name + os.sep for name in ("site-packages", "dist-packages"))
+
+
+def where_user_code_raised(error: BaseException) -> str:
+    """Where ``error`` was raised in the user's own code: the innermost frame of its traceback in a
+    file that is not rlhfkit's, the standard library's nor site-packages' (nor ``<string>``-like),
+    as ``my_rewards.py:12 in score`` (the path relative to the current directory when inside
+    it, else in full); ``""`` when no frame is the user's."""
+    skipped, found = _not_the_users(), None
+    for frame, line in traceback.walk_tb(error.__traceback__):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if not frame.f_code.co_filename.startswith("<") and not path.startswith(skipped) and \
+                not any(part in path for part in _INSTALLED):
+            found = (path, line, frame.f_code.co_name)
+    if found is None:
+        return ""
+    path, line, name = found
+    try:
+        inside = path.startswith(os.path.join(os.getcwd(), ""))
+    except OSError:  # the current directory was removed
+        inside = False
+    return f"{os.path.relpath(path) if inside else path}:{line} in {name}"
+
+
 __all__ = ["CONTRACT", "RESERVED_COLUMNS", "RUN_METRICS", "RewardLogs", "TrainingState", "accepted_keywords", "contract_keywords",
-           "is_async_callable", "run_concurrently"]
+           "is_async_callable", "run_concurrently", "where_user_code_raised"]

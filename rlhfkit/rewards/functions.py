@@ -17,9 +17,11 @@ does not apply to this sample" (e.g. a code checker on a math prompt).
 sample is the weighted sum over the functions that returned a number for it (a NaN-sum); a sample
 no function scored is marked invalid and the trainer masks it out. A function that raises or
 returns something malformed stops training with a ``ValueError`` naming the function, the row and
-the start of the prompt. So does a score outside ``±MAX_ABS_REWARD`` (1e6), and a weight outside
-it: the batch statistics (means, stds, whitening) are float32, where sums and squares of scores
-near 3e38 overflow to inf — a reward that large is a bug or a unit to rescale, not a signal.
+the start of the prompt (one that raised: ending with where it raised in the user's own file,
+``(my_rewards.py:12 in score)``, ``calling.where_user_code_raised``). So does a score outside
+``±MAX_ABS_REWARD`` (1e6), and a weight outside it: the batch statistics (means, stds, whitening)
+are float32, where sums and squares of scores near 3e38 overflow to inf — a reward that large is a
+bug or a unit to rescale, not a signal.
 
 Functions are named in YAML configs through ``REWARD_FUNCTIONS`` (``@register_reward_function``)
 or by an import path ``module:function``, resolved by ``get_reward_function`` (``import_path``:
@@ -42,7 +44,7 @@ import torch
 
 from ..algorithms.registry import did_you_mean
 from .calling import (CONTRACT, RewardLogs, accepted_keywords, contract_keywords, is_async_callable,
-                      run_concurrently)
+                      run_concurrently, where_user_code_raised)
 from .reasoning_gym import reasoning_gym_reward
 
 RewardFunction = Callable[..., list]
@@ -270,14 +272,19 @@ def _check_batch(prompts: list, completions: list, columns: dict[str, list], com
 
 
 def _failure(name: str, e: BaseException, prompts: list) -> ValueError:
-    """The one line for a function that raised: its name, the error, the batch and its first prompt."""
+    """The one line for a function that raised: its name, the error, the batch and its first prompt,
+    ending with where it raised in the user's own file, ``(my_rewards.py:12 in score)``."""
+    where = where_user_code_raised(e)
+    where = f" ({where})" if where else ""
     hint = ""
     if isinstance(e, TypeError) and "unexpected keyword" in str(e):
         hint = "; every dataset column is passed as a keyword list, so accept **kwargs"
     if isinstance(e, ValueError) and str(e).startswith(f"reward function {name!r}"):  # from log_metric / log_extra
-        return ValueError(str(e))
-    return ValueError(f"reward function {name!r} raised {type(e).__name__}: {e} "
-                      f"(batch of {len(prompts)}; first prompt {_preview(prompts[0]) if prompts else '-'}){hint}")
+        return ValueError(f"{e}{where}")
+    first = _preview(prompts[0]) if prompts else "-"
+    message = " ".join(str(e).split()) if "\n" in str(e) else e  # one line (a parser's error spans several)
+    return ValueError(f"reward function {name!r} raised {type(e).__name__}: {message} "
+                      f"(batch of {len(prompts)}; first prompt {first}){hint}{where}")
 
 
 def _to_tensor(name: str, raw: Any, prompts: list, batch: int) -> torch.Tensor:

@@ -139,12 +139,15 @@ def parse_request(body) -> ChatRequest:
     logprobs = body.get("logprobs", False)
     if not isinstance(logprobs, bool) and logprobs is not None:
         raise BadRequest(f"logprobs must be true or false, got {logprobs!r:.40}", "logprobs")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"model must be a string (the served model's name), got {_kind(model)}", "model")
     max_tokens = _number(body, "max_completion_tokens", 1, 10**7, integer=True)
     max_tokens = _number(body, "max_tokens", 1, 10**7, integer=True) if max_tokens is None else max_tokens
     return ChatRequest(messages, tools or None, choice, _number(body, "temperature", 0, 2),
                        _number(body, "top_p", 0, 1, low_open=True), max_tokens,
                        _number(body, "n", 1, MAX_N, integer=True) or 1, stop,
-                       _number(body, "seed", -2**63, 2**63 - 1, integer=True), bool(logprobs), body.get("model"))
+                       _number(body, "seed", -2**63, 2**63 - 1, integer=True), bool(logprobs), model or None)
 
 
 def _arguments(value):
@@ -199,13 +202,14 @@ def openai_tool_calls(calls: list[dict], ids: list[str]) -> list[dict]:
 def completion_response(request_id: str, model: str, prompt_len: int, choices: list[dict]) -> dict:
     """The ``chat.completion`` object. Each of ``choices``: ``message`` (the OpenAI message),
     ``finish_reason``, ``token_ids`` (the sampled ids: an extension field, as vLLM's
-    ``return_token_ids``), ``tokens`` (their text) and ``logprobs`` (a list, or None)."""
+    ``return_token_ids``), ``tokens`` (their text), ``bytes`` (each token's own UTF-8 bytes:
+    ``tokens.TokenBytes``) and ``logprobs`` (a list, or None)."""
     out = []
     for i, c in enumerate(choices):
         logprobs = None
         if c["logprobs"] is not None:
-            logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                                    for t, lp in zip(c["tokens"], c["logprobs"])], "refusal": None}
+            logprobs = {"content": [{"token": t, "logprob": lp, "bytes": b, "top_logprobs": []}
+                                    for t, lp, b in zip(c["tokens"], c["logprobs"], c["bytes"])], "refusal": None}
         out.append({"index": i, "message": c["message"], "finish_reason": c["finish_reason"], "logprobs": logprobs,
                     "token_ids": c["token_ids"]})
     completion = sum(len(c["token_ids"]) for c in choices)
@@ -215,5 +219,6 @@ def completion_response(request_id: str, model: str, prompt_len: int, choices: l
                       "total_tokens": prompt_len + completion}}
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None) -> dict:
-    return {"error": {"message": " ".join(str(message).split()), "type": kind, "param": param, "code": None}}
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": " ".join(str(message).split()), "type": kind, "param": param, "code": code}}

@@ -11,6 +11,7 @@ import torch
 from ..agents.parsing import MalformedToolCall, parse_tool_calls
 from .protocol import completion_response, openai_tool_calls
 from .record import Call
+from .tokens import TokenBytes, hidden_ids, visible_text
 
 
 def answer_group(endpoint, group: list) -> list[dict]:
@@ -39,8 +40,8 @@ def answer_group(endpoint, group: list) -> list[dict]:
             sampled = engine_logprobs[r][:len(ids)] if engine_logprobs is not None else None
             shown = sampled if sampled is not None else (policy_logprobs[r][:len(ids)] if policy_logprobs else None)
             choices.append(_choice(endpoint, p, ids, ended, sampled, shown, stopped, f"{p.turn}_{j}"))
-        answers.append(completion_response(f"chatcmpl-{uuid.uuid4().hex}", endpoint.model_name, len(p.prompt_ids),
-                                           choices))
+        model = getattr(p.request, "model", None) or endpoint.model_name  # the name asked for (a served one)
+        answers.append(completion_response(f"chatcmpl-{uuid.uuid4().hex}", model, len(p.prompt_ids), choices))
     return answers
 
 
@@ -50,9 +51,10 @@ def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: b
     ``ended``: the engine ended the completion with one of its end ids (the last of ``ids``)."""
     tokenizer = endpoint.tokenizer
     eos = bool(ids) and ended and not stopped
-    text = tokenizer.decode(ids[:-1] if eos else ids, skip_special_tokens=False)
-    if stopped:  # the stop string is not returned (OpenAI's rule); its tokens stay recorded
-        text = text[:min(text.find(s) for s in p.request.stop if s in text)]
+    text = visible_text(tokenizer, ids[:-1] if eos else ids, _hidden(endpoint))  # no <pad>: vLLM's default
+    found = [text.find(s) for s in p.request.stop if s in text] if stopped else []
+    if found:  # the stop string is not returned (OpenAI's rule); its tokens stay recorded
+        text = text[:min(found)]
     content, calls, malformed = text, [], False
     if p.request.tools and p.request.tool_choice != "none" and eos:
         try:
@@ -72,9 +74,21 @@ def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: b
             if p.record.closed is None:
                 p.record.calls.append(call)
                 p.record.call_names.update({i: c["function"]["name"] for i, c in zip(call_ids, calls)})
-    tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids] if shown is not None else []
+    asked = shown is not None and p.request.logprobs
+    tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids] if asked else []
     return {"message": message, "finish_reason": finish, "token_ids": ids, "tokens": tokens,
-            "logprobs": shown if p.request.logprobs else None}
+            "bytes": _token_bytes(endpoint, ids) if asked else [], "logprobs": shown if asked else None}
+
+
+def _hidden(endpoint) -> set[int]:
+    """The special ids ``content`` leaves out: the endpoint's (found once), else the tokenizer's."""
+    hidden = getattr(endpoint, "hidden_ids", None)
+    return hidden if hidden is not None else hidden_ids(endpoint.tokenizer)
+
+
+def _token_bytes(endpoint, ids: list[int]) -> list[list[int]]:
+    of = getattr(endpoint, "token_bytes", None)
+    return of(ids) if of is not None else TokenBytes(endpoint.tokenizer)(ids)
 
 
 def _cut_at_stop(tokenizer, ids: list[int], stop: list[str]) -> tuple[list[int], bool]:

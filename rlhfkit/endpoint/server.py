@@ -14,6 +14,14 @@ Two modes. Training (``training=True``, the trainer's): the run's sampling field
 run's), each episode's seeds are the trainer's (``record.EpisodeRecord.turn_seed``), a turn may
 sample what is left of the episode's budget (``max_tokens`` can only lower it), ``n`` must be 1.
 Serving (``rlhfkit serve``): the request's temperature (0: greedy), top_p, max_tokens, n and seed.
+
+A request is rendered with the chat template as given, whatever the template; only a later request
+of a training episode, which may continue the sampled turn token for token, needs a template that
+ends an assistant turn with an EOS token (``agents.templates.check_agent_template``; refused in one
+line otherwise). A request naming a model the endpoint does not serve (``served``: its name, and
+``policy`` while training) is HTTP 404 ``model_not_found``, as OpenAI's API answers. ``content`` is
+the text without special tokens (``tokens.visible_text``); log-probs carry each token's own bytes
+(``tokens.TokenBytes``).
 """
 
 from __future__ import annotations
@@ -66,6 +74,28 @@ class Endpoint:
         self.server = self.thread = None
         self.batches = 0  # engine.generate calls made (for the measurements)
         self.opened = 0  # episodes opened: a batch lists its requests in the order their episodes were
+        self._hidden = self._bytes = None
+
+    @property
+    def served(self) -> tuple[str, ...]:
+        """The model names a request may give: the endpoint's, and ``policy`` while training (the
+        name agent programs send); any other is HTTP 404 ``model_not_found``, as OpenAI's API has it."""
+        return tuple(dict.fromkeys((self.model_name, "policy") if self.training else (self.model_name,)))
+
+    @property
+    def hidden_ids(self) -> set[int]:
+        """The special ids ``content`` leaves out (``tokens.hidden_ids``), found once."""
+        if self._hidden is None:
+            from .tokens import hidden_ids
+            self._hidden = hidden_ids(self.tokenizer)
+        return self._hidden
+
+    def token_bytes(self, ids: list[int]) -> list[list[int]]:
+        """Each token's own UTF-8 bytes (``tokens.TokenBytes``)."""
+        if self._bytes is None:
+            from .tokens import TokenBytes
+            self._bytes = TokenBytes(self.tokenizer)
+        return self._bytes(ids)
 
     # ---------------------------------------------------------------- the HTTP side
     @property
@@ -114,8 +144,8 @@ class Endpoint:
         from starlette.routing import Route
 
         async def models(request):
-            return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                                             "created": 0, "owned_by": "rlhfkit"}]})
+            return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                             "owned_by": "rlhfkit"} for name in self.served]})
 
         async def chat(request):
             try:
@@ -123,7 +153,13 @@ class Endpoint:
             except ValueError:
                 return JSONResponse(error_body("the request body is not JSON"), status_code=400)
             try:
-                pending = self.prepare(parse_request(body), request.path_params.get("episode")
+                parsed = parse_request(body)
+                if parsed.model is not None and parsed.model not in self.served:
+                    served = ", ".join(f"`{m}`" for m in self.served)
+                    return JSONResponse(error_body(f"The model `{parsed.model}` does not exist or you do not have "
+                                                   f"access to it; this endpoint serves {served}",
+                                                   param="model", code="model_not_found"), status_code=404)
+                pending = self.prepare(parsed, request.path_params.get("episode")
                                        or request.headers.get("x-episode-id"))
             except BadRequest as err:
                 return JSONResponse(error_body(str(err), param=err.param), status_code=400)
@@ -165,6 +201,21 @@ class Endpoint:
             raise BadRequest("n must be 1 while training: an episode continues one completion per request", "n")
         messages = template_messages(request.messages, record.call_names if record else {})
         tools = request.tools
+        # Only a later request of a training episode may continue a sampled turn token for token, which
+        # needs a template that ends the turn with an EOS token; any other request is rendered as given.
+        rewrites = self._rewrites(tools) if self.training and record is not None and record.calls else True
+        try:
+            with record.lock if record is not None else _nothing():
+                ids = request_prompt(self.tokenizer, record, messages, tools, rewrites,
+                                     getattr(self.engine, "eos_ids", None))
+                turn = len(record.calls) if record is not None else 0
+        except Exception as err:  # noqa: BLE001 — a template error on the messages given
+            raise BadRequest(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None
+        return self._sampling(request, record, messages, ids, turn)
+
+    def _rewrites(self, tools) -> bool:
+        """Whether the template rewrites history (``agents.templates.check_agent_template``, once per
+        tools); refused in one line when its turns cannot be continued token for token."""
         key = repr(tools)
         if key not in self.rewrites:
             from ..agents.templates import check_agent_template
@@ -173,14 +224,7 @@ class Endpoint:
                                                            getattr(self.engine, "eos_ids", None))
             except ValueError as err:
                 raise BadRequest(str(err)) from None
-        try:
-            with record.lock if record is not None else _nothing():
-                ids = request_prompt(self.tokenizer, record, messages, tools, self.rewrites[key],
-                                     getattr(self.engine, "eos_ids", None))
-                turn = len(record.calls) if record is not None else 0
-        except Exception as err:  # noqa: BLE001 — a template error on the messages given
-            raise BadRequest(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None
-        return self._sampling(request, record, messages, ids, turn)
+        return self.rewrites[key]
 
     def _sampling(self, request, record, messages, ids, turn) -> Pending | dict:
         room = request.max_tokens or self.sampling.max_new_tokens
@@ -201,7 +245,7 @@ class Endpoint:
                                  f"({self.max_positions} positions)", "messages")
             record.truncated = True  # the episode's budget is spent: it ends here, as a cut episode does
             record.closed = "its token budget (max_new_tokens) is spent"
-            return _length_answer(self.model_name, len(ids))
+            return _length_answer(request.model or self.model_name, len(ids))
         return Pending(request, record, messages, ids, replace(sampling, max_new_tokens=room), seed, turn, Future())
 
     # ---------------------------------------------------------------- the engine side (the caller's thread)

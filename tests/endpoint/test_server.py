@@ -54,7 +54,7 @@ def test_tool_calls_come_back_in_openai_form(chatml):
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
     engine = ScriptedEngine(chatml, [[call], ['<tool_call>{"name": add}</tool_call><|im_end|>']])
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
-    with serving(Endpoint(engine, chatml, SamplingParams(max_new_tokens=200), training=False)) as endpoint:
+    with serving(Endpoint(engine, chatml, SamplingParams(max_new_tokens=200), "m", training=False)) as endpoint:
         c = client(endpoint)
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "1+2"}], tools=tools)
         m = r.choices[0]

@@ -58,19 +58,32 @@ def test_none_leaves_the_recorded_conversation_to_the_reward_functions(tmp_path)
 
 
 def test_an_episode_past_its_time_limit_is_unscored_and_the_step_goes_on(tmp_path):
-    import time
+    """The 'b' programs reply once, then block until the step is over: the step ends at their time
+    limit without them (still blocked when ``train`` returns, so nothing waited for them), their 4
+    episodes unscored, the 'a' episodes scored. What happened is asserted, not how long it took."""
+    import threading
+
+    release, lock, state = threading.Event(), threading.Lock(), {"finished": 0}
 
     def slow_for_b(client, row):
         reward = share_of_target(client, row)
         if row["target"] == "b":
-            time.sleep(3)
+            release.wait(60)  # past the time limit, until the test lets it go
+            with lock:
+                state["finished"] += 1
         return reward
 
-    t = trainer(tmp_path, AgentProgram(slow_for_b, timeout=1.0), max_steps=1)
-    start = time.perf_counter()
-    row = t.train()[0]
-    assert time.perf_counter() - start < 2.5  # the step did not wait for the sleeping programs
-    assert row["agent/timed_out_episodes"] == 4  # the 4 episodes of the 'b' prompt: unscored
+    t = trainer(tmp_path, AgentProgram(slow_for_b, timeout=2.0), max_steps=1)
+    try:
+        history = t.train()
+        with lock:
+            seen = dict(state)
+    finally:
+        release.set()
+    assert seen["finished"] == 0  # the step went on while the 'b' programs were still running
+    row = history[0]
+    assert row["agent/timed_out_episodes"] == 4  # the 4 episodes of the 'b' prompt: cut at the limit, unscored
+    assert row["reward/valid_frac"] == 0.5 and len(history) == 1  # the 'a' episodes were scored, the step ended
 
 
 def test_a_program_that_always_raises_is_one_line(tmp_path):

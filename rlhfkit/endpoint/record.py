@@ -72,19 +72,28 @@ class EpisodeRecord:
         return max(0, len(ids) - len(self.calls[0].prompt_ids)) if self.calls else 0
 
 
+def extends_last_call(record: EpisodeRecord | None, messages: list[dict], tools: list[dict] | None) -> bool:
+    """Whether a request continues the episode's last call: its turn ended at EOS, the tools are the
+    same, and the messages are that call's, then the reply it returned, then new ones."""
+    last = record.calls[-1] if record is not None and record.calls else None
+    if last is None or not last.has_eos or tools != last.tools:
+        return False
+    n = len(last.messages)
+    return messages[:n] == last.messages and len(messages) > n and messages[n] == last.reply
+
+
 def request_prompt(tokenizer, record: EpisodeRecord | None, messages: list[dict], tools: list[dict] | None,
                    rewrites: bool, eos_ids=None) -> list[int]:
     """The prompt ids of a request (module docstring): the exact ids so far plus the new messages'
-    suffix when the request extends the episode's last call, else the template's rendering.
-    ``eos_ids``: the model's end-of-turn ids (``models.loading.eos_token_ids``; None: the tokenizer's EOS)."""
-    last = record.calls[-1] if record is not None and record.calls else None
-    if last is not None and not rewrites and last.has_eos and tools == last.tools:
-        n = len(last.messages)
-        if messages[:n] == last.messages and len(messages) > n and messages[n] == last.reply:
-            try:
-                return last.prompt_ids + last.ids + tool_suffix_ids(tokenizer, messages[n + 1:], tools, eos_ids=eos_ids)
-            except ValueError:  # the template is not prefix-preserving for these messages: render them
-                pass
+    suffix when the request extends the episode's last call (``extends_last_call``), else the
+    template's rendering. ``eos_ids``: the model's end-of-turn ids (``models.loading.eos_token_ids``;
+    None: the tokenizer's EOS)."""
+    if not rewrites and extends_last_call(record, messages, tools):
+        last, n = record.calls[-1], len(record.calls[-1].messages)
+        try:
+            return last.prompt_ids + last.ids + tool_suffix_ids(tokenizer, messages[n + 1:], tools, eos_ids=eos_ids)
+        except ValueError:  # the template is not prefix-preserving for these messages: render them
+            pass
     return prompt_ids(tokenizer, messages, tools)
 
 

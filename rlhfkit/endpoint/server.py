@@ -15,9 +15,9 @@ run's), each episode's seeds are the trainer's (``record.EpisodeRecord.turn_seed
 sample what is left of the episode's budget (``max_tokens`` can only lower it), ``n`` must be 1.
 Serving (``rlhfkit serve``): the request's temperature (0: greedy), top_p, max_tokens, n and seed.
 
-A request is rendered with the chat template as given, whatever the template; only a later request
-of a training episode, which may continue the sampled turn token for token, needs a template that
-ends an assistant turn with an EOS token (``agents.templates.check_agent_template``; refused in one
+A request is rendered with the chat template as given, whatever the template; only a request of a
+training episode that extends its last call, continuing the sampled turn token for token, needs a
+template that ends an assistant turn with an EOS token (``agents.templates.check_agent_template``; refused in one
 line otherwise). A request naming a model the endpoint does not serve (``served``: its name, and
 ``policy`` while training) is HTTP 404 ``model_not_found``, as OpenAI's API answers. ``content`` is
 the text without special tokens (``tokens.visible_text``); log-probs carry each token's own bytes
@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 
 from ..rollout.base import SamplingParams, sampling_seed
 from .protocol import BadRequest, ChatRequest, error_body, parse_request, template_messages
-from .record import EpisodeRecord, request_prompt
+from .record import EpisodeRecord, extends_last_call, request_prompt
 from .sampling import answer_group
 
 
@@ -201,14 +201,17 @@ class Endpoint:
             raise BadRequest("n must be 1 while training: an episode continues one completion per request", "n")
         messages = template_messages(request.messages, record.call_names if record else {})
         tools = request.tools
-        # Only a later request of a training episode may continue a sampled turn token for token, which
-        # needs a template that ends the turn with an EOS token; any other request is rendered as given.
-        rewrites = self._rewrites(tools) if self.training and record is not None and record.calls else True
         try:
             with record.lock if record is not None else _nothing():
+                # Only a training episode's request that extends its last call continues a sampled turn token
+                # for token, which needs a template ending the turn with an EOS token; others are rendered.
+                extends = self.training and extends_last_call(record, messages, tools)
+                rewrites = self._rewrites(tools) if extends else True
                 ids = request_prompt(self.tokenizer, record, messages, tools, rewrites,
                                      getattr(self.engine, "eos_ids", None))
                 turn = len(record.calls) if record is not None else 0
+        except BadRequest:
+            raise
         except Exception as err:  # noqa: BLE001 — a template error on the messages given
             raise BadRequest(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None
         return self._sampling(request, record, messages, ids, turn)

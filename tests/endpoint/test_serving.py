@@ -62,10 +62,10 @@ def test_chat_template_takes_effect(quickstart_dir, template, prompt):
     assert r.usage.prompt_tokens == len(tok(prompt, add_special_tokens=False)["input_ids"])
 
 
-def test_a_training_episode_is_checked_only_when_it_continues_a_sampled_turn():
-    """A training episode's first request renders the messages (no check); a request that extends
-    the turn the endpoint sampled is refused in one line when the template does not end that turn
-    with an EOS token (it could not be continued token for token)."""
+def test_a_training_episode_is_checked_only_where_it_continues_a_sampled_turn():
+    """A training episode's first request renders the messages (no check), as does one that edits
+    the history; a request that extends the turn the endpoint sampled is refused in one line when
+    the template does not end that turn with an EOS token (it could not be continued token for token)."""
     tok = chatml_tokenizer()
     tok.chat_template = ROLE_CONTENT
     engine = ScriptedEngine(tok, [["hi<|im_end|>"]] * 3)
@@ -78,6 +78,9 @@ def test_a_training_episode_is_checked_only_when_it_continues_a_sampled_turn():
         history = USER + [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
         with pytest.raises(openai.BadRequestError) as err:
             c.chat.completions.create(model="policy", messages=history)
+        edited = USER + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+        assert c.chat.completions.create(model="policy", messages=edited).choices[0].message.content == "hi"
+    assert len(record.calls) == 2  # the edited history was rendered and recorded, as a new segment
     message = err.value.body["message"]
     assert "does not end an assistant turn with an EOS token" in message and "\n" not in message
 

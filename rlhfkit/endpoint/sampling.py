@@ -36,7 +36,7 @@ def answer_group(endpoint, group: list) -> list[dict]:
             ids = rows[r][:min(int(lengths[r]), p.sampling.max_new_tokens)]
             # ended: the engine ended it (at any of its eos_ids, e.g. Gemma 2's <end_of_turn>), within max_tokens
             ended = bool(out.has_eos[r]) and int(lengths[r]) <= p.sampling.max_new_tokens
-            ids, stopped = _cut_at_stop(endpoint.tokenizer, ids, p.request.stop)
+            ids, stopped = _cut_at_stop(endpoint, ids, p.request.stop)
             sampled = engine_logprobs[r][:len(ids)] if engine_logprobs is not None else None
             shown = sampled if sampled is not None else (policy_logprobs[r][:len(ids)] if policy_logprobs else None)
             choices.append(_choice(endpoint, p, ids, ended, sampled, shown, stopped, f"{p.turn}_{j}"))
@@ -91,11 +91,26 @@ def _token_bytes(endpoint, ids: list[int]) -> list[list[int]]:
     return of(ids) if of is not None else TokenBytes(endpoint.tokenizer)(ids)
 
 
-def _cut_at_stop(tokenizer, ids: list[int], stop: list[str]) -> tuple[list[int], bool]:
+def _cut_at_stop(endpoint, ids: list[int], stop: list[str]) -> tuple[list[int], bool]:
     """``ids`` up to the token that completes the first ``stop`` string (kept: the model sampled
-    it, and the trainer trains it in that context), and whether one was found."""
+    it, and the trainer trains it in that context), and whether one was found. Stop strings are
+    looked for in the text ``content`` shows (no special token), spelled from the tokens' own bytes,
+    so a character split over several byte tokens is found where its last byte completes it."""
     if not stop:
         return ids, False
+    import codecs
+
+    hidden, decoder, text = _hidden(endpoint), codecs.getincrementaldecoder("utf-8")(errors="replace"), ""
+    longest = max(map(len, stop))
+    for k, (i, piece) in enumerate(zip(ids, _token_bytes(endpoint, ids))):
+        if i in hidden:
+            continue
+        new = decoder.decode(bytes(piece))  # "" until a character's last byte
+        text += new
+        tail = text[-(longest + len(new)):]  # a stop string first found now ends in the new text
+        if new and any(s in tail for s in stop):
+            return ids[:k + 1], True
+    return ids, False
     text = ""
     for k, i in enumerate(ids):
         text += tokenizer.decode([i], skip_special_tokens=False)

@@ -132,3 +132,18 @@ def test_a_training_endpoint_serves_policy_and_its_models_name(chatml):
         assert [c.chat.completions.create(model=n, messages=USER).model for n in names] == ["org/model", "policy"]
         with pytest.raises(openai.NotFoundError, match="The model `gpt-4o` does not exist"):
             c.chat.completions.create(model="gpt-4o", messages=USER)
+
+
+def test_a_stop_string_split_across_byte_tokens_stops(chatml):
+    """``stop`` is found in the text, not token by token: ``€`` is three byte-level tokens; a
+    special token's name is not text (``stop=["<pad>"]`` does not stop at a sampled ``<pad>``)."""
+    tok = byte_level_tokenizer()
+    turns = [["ab€cd<|im_end|>"], ["a<pad>b<|im_end|>"]]
+    with serving(Endpoint(ScriptedEngine(tok, turns), tok, SamplingParams(max_new_tokens=40), "m",
+                          training=False)) as endpoint:
+        c = client(endpoint)
+        euro = c.chat.completions.create(model="m", messages=USER, stop=["€"])
+        pad = c.chat.completions.create(model="m", messages=USER, stop=["<pad>"])
+    assert euro.choices[0].message.content == "ab" and euro.choices[0].finish_reason == "stop"
+    assert euro.choices[0].token_ids == tok("ab€", add_special_tokens=False)["input_ids"]  # cut after the stop
+    assert pad.choices[0].message.content == "ab" and pad.choices[0].token_ids[-1] == tok.eos_token_id

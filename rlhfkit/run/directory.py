@@ -23,7 +23,7 @@ from .trace import RANK_DIR, TRACE_FILE
 MARKER = ".rlhfkit-run"
 
 # What an rlhfkit run writes in its directory, and nothing else is removed by --overwrite.
-_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml", TRACE_FILE)
+_RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml", "run.json", TRACE_FILE)
 _RUN_GLOBS = ("config-resume-*.yaml", f"{RANK_DIR}/rank-*.jsonl", "data/train_dataset.jsonl",
               "data/eval_dataset.jsonl", "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*",
               "wandb/offline-run-*", "wandb/run-*", "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
@@ -100,13 +100,7 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
         _truncate_logs(path, resume_from)
     elif path.is_dir() and any(path.iterdir()):  # check_run_dir allowed it: a marked run to replace
         remove_previous_run(path)
-    path.mkdir(parents=True, exist_ok=True)
-    marker = path / MARKER
-    if not marker.is_file():
-        from .. import __version__
-
-        with writing(marker):
-            marker.write_text(json.dumps({"rlhfkit": __version__}) + "\n")
+    mark_run_dir(path)
     if config is not None:
         from ..config.io import save_config
 
@@ -114,6 +108,19 @@ def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from
         with writing(target):
             save_config(config, target)
     return path
+
+
+def mark_run_dir(path: Path) -> None:
+    """Create ``path`` if need be and mark it as an rlhfkit run directory (``MARKER``). The drop-in
+    TRL trainers (``rlhfkit/trl/output_dir.py``) also mark a directory of the user's own files that
+    holds none of ``run_outputs``, so that the run writes beside them, as TRL does."""
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / MARKER
+    if not marker.is_file():
+        from .. import __version__
+
+        with writing(marker):
+            marker.write_text(json.dumps({"rlhfkit": __version__}) + "\n")
 
 
 def run_outputs(path: Path) -> list[Path]:

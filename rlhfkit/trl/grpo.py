@@ -191,7 +191,7 @@ class _Generation(TrainingArguments):
             log_every=to_rl(self.logging_steps), save_steps=to_rl(self.save_steps) if self.save_strategy != "no" else 0,
             save_total_limit=self.save_total_limit,
             eval_every=to_rl(self.eval_steps or self.logging_steps) if self.eval_strategy != "no" else 0,
-            overwrite=False)
+            overwrite=True)  # TRL writes into an existing output_dir: output_dir.py replaces rlhfkit's files only
         return fields
 
 

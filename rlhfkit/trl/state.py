@@ -9,6 +9,7 @@ from ..agents.agent import model_name
 from ..data import load_prompt_dataset
 from .. import distributed
 from .metrics import rl_metrics, with_trl_names
+from .output_dir import claim_output_dir
 
 
 class TRLTrainerMixin:
@@ -31,6 +32,7 @@ class TRLTrainerMixin:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         n_rows = len(load_prompt_dataset(train_dataset))
         native = args.to_rlhfkit(n_rows, distributed.planned_world())
+        claim_output_dir(type(self).__name__, native.output_dir, native.resume_from)
         return native, eval_dataset if args.eval_strategy != "no" else None, args.reward_weights
 
     def trl_config(self, model, args, optimizers=(None, None)):

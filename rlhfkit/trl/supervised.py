@@ -26,6 +26,7 @@ from ..agents.agent import model_name
 from ..data.encode import Encoded, encode_pair
 from ..models import load_tokenizer
 from .arguments import as_steps, common, model_dtype, refuse_unsupported
+from .output_dir import claim_output_dir
 from .state import TRLTrainerMixin
 
 NO_LIMIT = 10**7  # TRL's max_length=None (no truncation): rlhfkit's largest max_length
@@ -92,7 +93,7 @@ class SupervisedArguments(TrainingArguments):
             save_steps=as_steps(self.save_steps, steps) if self.save_strategy != "no" else 0,
             save_total_limit=self.save_total_limit,
             eval_every=as_steps(self.eval_steps or self.logging_steps, steps) if self.eval_strategy != "no" else 0,
-            overwrite=False)
+            overwrite=True)  # TRL writes into an existing output_dir: output_dir.py replaces rlhfkit's files only
         return fields
 
 
@@ -131,6 +132,7 @@ class SupervisedTRLTrainer(TRLTrainerMixin):
             raise ValueError(f"{type(self).__name__}: eval_dataset as a dict of datasets is not supported by rlhfkit: "
                              "pass one dataset")
         native = args.to_rlhfkit(n_rows(train_dataset), distributed.planned_world())
+        claim_output_dir(type(self).__name__, native.output_dir, native.resume_from)
         return native, eval_dataset if args.eval_strategy != "no" else None
 
     @staticmethod

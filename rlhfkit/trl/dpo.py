@@ -17,6 +17,7 @@ from ..config.supervised import DPOConfig as NativeDPOConfig
 from ..data.encode import note_cut, note_unknown, warn_once
 from ..data.preferences import load_preference_dataset
 from ..trainers.dpo import DPOTrainer as NativeDPOTrainer, PreferencePair
+from .callbacks import trl_callbacks
 from .metrics import DPO_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
@@ -101,7 +102,7 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
                                            lambda d: len(load_preference_dataset(d)), optimizers, refused)
         tokenizer = self.trl_tokenizer(model, processing_class, pad_token=self.trl_args.pad_token)
         super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer, ref_model=ref_model,
-                         peft_config=peft_config, callbacks=callbacks)
+                         peft_config=peft_config, callbacks=trl_callbacks(callbacks, self))
 
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
         """TRL's tokens (``trl_encode``) and truncation (``truncation_mode="keep_start"``), not

@@ -27,6 +27,7 @@ from ..config import RLConfig
 from ..data.encode import warn_once
 from ..trainers.rl import RLTrainer
 from .arguments import check_choice, common, model_dtype, refuse_unsupported
+from .callbacks import trl_callbacks
 from .state import TRLTrainerMixin
 
 # TRL's loss_type -> (rlhfkit's policy_loss, loss_agg). "grpo": each sequence's token mean, averaged;
@@ -320,7 +321,7 @@ class GRPOTrainer(TRLTrainerMixin, RLTrainer):
                                                        reward_processing_classes, optimizers)
         super().__init__(model, reward_funcs, native, train_dataset, processing_class=processing_class,
                          reward_weights=weights, peft_config=peft_config, eval_dataset=eval_dataset, tools=tools,
-                         environment_factory=environment_factory, callbacks=callbacks)
+                         environment_factory=environment_factory, callbacks=trl_callbacks(callbacks, self))
         # Reward functions' trainer_state counts optimizer steps, as TRL's self.state does.
         self.sampler.state_steps_per_step = self.trl_args.optimizer_steps_per_generation
 

@@ -27,6 +27,7 @@ from ..models.heads import HEAD_FILE
 from ..models.loading import check_finite_weights, resolve_dtype
 from ..models.sources import from_hub_or_dir, resolve_model_dir
 from ..trainers.reward_model import Pair, RewardModelTrainer
+from .callbacks import trl_callbacks
 from .metrics import REWARD_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
@@ -87,7 +88,7 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
         a = self.trl_args
         tokenizer = self.trl_tokenizer(model, processing_class, a.eos_token, a.pad_token, a.chat_template_path)
         super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=callbacks)
+                         peft_config=peft_config, callbacks=trl_callbacks(callbacks, self))
 
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
         """TRL's tokens (``trl_encode``) and length rule, not rlhfkit's (which cuts a long prompt's

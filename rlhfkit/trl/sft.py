@@ -21,6 +21,7 @@ from ..data.sft_turns import TurnsEncoded
 from ..data.prompts import labelled_rows
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import check_choice
+from .callbacks import trl_callbacks
 from .metrics import SFT_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
@@ -107,7 +108,7 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
                                            lambda d: len(load_sft_dataset(d)), optimizers, refused)
         tokenizer = self.trl_tokenizer(model, processing_class, args.eos_token, args.pad_token, args.chat_template_path)
         super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=callbacks)
+                         peft_config=peft_config, callbacks=trl_callbacks(callbacks, self))
 
     def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
         """TRL's tokens and truncation, not rlhfkit's. Text rows and text prompt-completion rows are

@@ -72,3 +72,24 @@ def test_supervised_log_history_has_trls_names(config_class, trainer_class, data
     for trl, rlhfkit in names.items():
         assert last[trl] == ours[rlhfkit], trl
     assert last["step"] == trainer.state.global_step == 1
+
+
+class RecordsLikeTRL:
+    """A TRL-style callback: reads the logs and state by TRL's names, as under TRL's Trainer."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.seen.append((type(args).__name__, state.global_step, logs["reward"], state.log_history[-1]["reward"]))
+
+
+def test_a_trl_callback_sees_trls_names_args_and_steps(model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+                      steps_per_generation=2, max_completion_length=8, max_steps=4, **CPU)
+    callback = RecordsLikeTRL()
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=args, callbacks=[callback],
+                          train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
+    trainer.train()
+    assert callback.seen == [("GRPOConfig", 2 * row["step"], row["reward/mean"], row["reward/mean"])
+                             for row in trainer.history]

@@ -1,8 +1,8 @@
-"""Plots and the HTML run report (rlhfkit/report.py) on a synthetic run directory."""
+"""Plots and the HTML run report (rlhfkit/report/) on synthetic run directories: one run; several
+overlaid (tests/report/test_compare.py); in a real browser (tests/report/test_browser.py, slow)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 
@@ -10,6 +10,7 @@ import pytest
 
 from rlhfkit.config import RLConfig, save_config
 from rlhfkit.report import read_metrics, write_plots, write_report
+from rlhfkit.report.charts import ema
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -76,10 +77,11 @@ def test_report_is_self_contained_and_escaped(tmp_path):
     assert path == run / "report.html"
     page = path.read_text(encoding="utf-8")
     assert "<h1>my-run</h1>" in page
-    # plots embedded as base64 PNGs, no external files referenced
-    images = re.findall(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
-    assert "src=\"plots/" not in page and "<link" not in page and "<script" not in page
+    # one inline SVG chart per logged metric (perf/* too), nothing fetched: no file, no network
+    charts = re.findall(r'<div class="plot" data-metric="([^"]+)"><div class="title">[^<]*</div><svg class="chart"', page)
+    assert sorted(charts) == ["eval/loss", "kl/k1", "perf/step_time", "policy/entropy", "reward/mean", "reward/std"]
+    assert not re.search(r"""(src|href)=["']?(https?:|//|plots/)|<link|@import|url\((?!#)""", page)  # url(#clip): in the page
+    assert page.count("<script") == 2 and '<script type="application/json" id="report-data">' in page
     # samples: escaped, never raw
     assert "&lt;b&gt;answer 10.0&lt;/b&gt;" in page and "<b>answer" not in page
     assert "prompt &lt;1&gt; &amp; 0" in page
@@ -91,9 +93,28 @@ def test_report_is_self_contained_and_escaped(tmp_path):
     assert "No samples.jsonl" not in page and "No config.yaml" not in page
 
 
+def test_a_chart_draws_the_raw_line_faint_and_the_smoothed_line_over_it(tmp_path):
+    run = _run_dir(tmp_path)
+    page = write_report(run).read_text(encoding="utf-8")
+    chart = page.split('data-metric="reward/mean"')[1].split("</svg>")[0]
+    raw = re.findall(r'<path class="raw" data-run="0" stroke="#1f77b4" d="M([^"]+)"', chart)
+    smooth = re.findall(r'<path class="smooth" data-run="0" stroke="#1f77b4" d="M([^"]+)"', chart)
+    assert len(raw) == len(smooth) == 1 and raw[0].count("L") == smooth[0].count("L") == 9  # 10 points
+    assert raw[0] != smooth[0] and raw[0].split("L")[0] == smooth[0].split("L")[0]  # debiased: same first point
+    assert len(re.findall(r'<circle class="dot"', chart)) == 10  # a short line shows its points
+    sparse = page.split('data-metric="eval/loss"')[1].split("</svg>")[0]
+    assert len(re.findall(r'<circle class="dot"', sparse)) == 2  # logged every 5 steps: both points visible
+
+
+def test_ema_is_tensorboards_debiased_moving_average():
+    assert ema([1.0, 1.0, 1.0], 0.9) == pytest.approx([1.0, 1.0, 1.0])  # debiased: no pull towards 0
+    assert ema([0.0, 1.0], 0.5) == pytest.approx([0.0, 0.5 / 0.75])  # (0.5·0 + 0.5·1) / (1 - 0.5²)
+    assert ema([3.0, 5.0], 0.0) == [3.0, 5.0]
+
+
 def test_report_samples_spread_over_the_run(tmp_path):
     page = write_report(_run_dir(tmp_path)).read_text(encoding="utf-8")
-    steps = [int(s) for s in re.findall(r"<h3>Step (\d+)</h3>", page)]
+    steps = [int(s) for s in re.findall(r"<h4>Step (\d+)</h4>", page)]
     assert steps == [1, 4, 7, 10]  # at most 4 steps, first and last included
     assert page.count('<div class="sample">') == 4 * 4  # a few samples per step, not all 5
     assert "score 1" in page
@@ -101,7 +122,7 @@ def test_report_samples_spread_over_the_run(tmp_path):
 
 def test_report_with_few_sample_steps(tmp_path):
     page = write_report(_run_dir(tmp_path, steps=2)).read_text(encoding="utf-8")
-    assert re.findall(r"<h3>Step (\d+)</h3>", page) == ["1", "2"]
+    assert re.findall(r"<h4>Step (\d+)</h4>", page) == ["1", "2"]
 
 
 def test_report_notes_missing_optional_files(tmp_path):
@@ -127,7 +148,7 @@ def test_report_without_plottable_metrics(tmp_path):
     run.mkdir()
     _write_jsonl(run / "metrics.jsonl", [{"step": 1, "perf/step_time": 1.0}])
     page = write_report(run).read_text(encoding="utf-8")
-    assert "No plots" in page and "None of the main metrics" in page
+    assert "None of the main metrics" in page and 'data-metric="perf/step_time"' in page
 
 
 def test_report_for_sft_and_reward_model_runs(tmp_path):
@@ -139,7 +160,7 @@ def test_report_for_sft_and_reward_model_runs(tmp_path):
     names = sorted(p.name for p in write_plots(run))
     assert names == ["loss.png", "rm_accuracy.png"]
     page = write_report(run).read_text(encoding="utf-8")
-    assert page.count("data:image/png;base64,") == 2
+    assert sorted(re.findall(r'data-metric="([^"]+)"', page)) == ["rm/accuracy", "sft/loss"]
 
 
 def test_repeated_steps_are_merged_later_values_winning(tmp_path):
@@ -169,3 +190,15 @@ def test_report_shows_an_agent_conversation_with_tool_calls_and_results(tmp_path
     assert '<div class="turn assistant"><b>assistant</b><pre class="completion">→ add({&quot;a&quot;: 12, &quot;b&quot;: 7})</pre>' in page
     assert '<div class="turn tool"><b>tool</b><pre class="completion">19</pre>' in page
     assert "&lt;b&gt;19&lt;/b&gt;" in page  # escaped
+
+
+def test_a_conversational_prompt_shows_as_chat_turns_not_json(tmp_path):
+    from rlhfkit.run.metrics import write_samples
+
+    run = _run_dir(tmp_path, steps=2, samples=False)
+    prompt = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is <2+2>?"}]
+    write_samples(str(run), 1, [prompt], ["4"], [1.0], limit=1)  # as the RL loop writes it: JSON text
+    page = write_report(run).read_text()
+    assert ('<div class="chat prompt"><div class="turn system"><b>system</b><pre class="prompt">Answer briefly.</pre>'
+            '</div><div class="turn user"><b>user</b><pre class="prompt">What is &lt;2+2&gt;?</pre></div></div>') in page
+    assert "&quot;role&quot;" not in page and '<pre class="completion">4</pre>' in page

@@ -45,7 +45,7 @@ from .callbacks import Callbacks
 from .checkpoint import NEWEST, load_checkpoint, prune_checkpoints, save_checkpoint
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
-from .record import open_run
+from .record import open_run, record_end
 from . import trace
 from .training import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
@@ -186,6 +186,7 @@ class Run:
             with trace.span("save_final"):
                 save_final(Path(self.args.output_dir) / "final")
             finish_run(self.out_dir)
+        record_end(self.out_dir)  # run.json: the end time and duration of this session
         self.logger.close()
         self.callbacks.fire("on_train_end")
         trace.stop()  # every process's timeline is written before the barrier ...

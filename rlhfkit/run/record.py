@@ -2,19 +2,28 @@
 ``record_run`` writes ``config.yaml`` — the trainer config plus its model, data and rewards, as
 the job of the matching command (``config/jobs.py``), so ``rlhfkit <command> --config
 <run>/config.yaml`` reruns a run started from Python exactly as one started from the command
-line. Every trainer records its run here; the one writer of the record."""
+line. Every trainer records its run here; the one writer of the record.
+
+``run.json`` (``RUN_FILE``) records the run as an event — when and where it ran: ``record_start``
+(from ``open_run``) appends a session (start time, rlhfkit's git commit, the versions of rlhfkit,
+torch and transformers, Python, host, device, processes, command line) and ``record_end`` (from
+``Run.finish``) gives it its end time and duration. A run resumed inside its directory adds a
+session; ``rlhfkit report`` shows them (``report/runs.py:run_metadata``)."""
 
 from __future__ import annotations
 
 import ast
 import json
 import os
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..config.io import config_values, save_config
 from ..config.jobs import JOBS
-from ..files import writing
+from ..files import write_text_atomic, writing
 from ..models.sources import model_source
 from .directory import check_inputs_outside, prepare_run_dir, run_config_path
 
@@ -31,7 +40,90 @@ def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
               "critic_init": getattr(args, "critic_init", None)}
     check_inputs_outside(output_dir, args.overwrite, args.resume_from, inputs)
     prepare_run_dir(output_dir, args.overwrite, resume_from=args.resume_from)
-    return record_run(args, model, datasets, args.resume_from, **sources)
+    path = record_run(args, model, datasets, args.resume_from, **sources)
+    record_start(output_dir, args.resume_from)
+    return path
+
+
+RUN_FILE = "run.json"
+
+
+def record_start(output_dir, resume_from=None) -> Path:
+    """Append this session's start to ``<output_dir>/run.json`` (a resumed run keeps the earlier
+    sessions): ISO start time, rlhfkit's git commit (and whether its tree had changes), the
+    versions of rlhfkit, torch, transformers and Python, the host, the device, the number of
+    processes, the command line, ``resume_from``. What cannot be found is ``None``."""
+    import torch
+
+    from .. import __version__
+
+    path = Path(output_dir) / RUN_FILE
+    sessions = _sessions(path)
+    commit, dirty = _git_commit(Path(__file__).resolve().parents[2])
+    device = None
+    if torch.cuda.is_available():
+        device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    sessions.append({
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "started_unix": time.time(),
+        "ended": None, "duration_s": None, "git_commit": commit, "git_dirty": dirty,
+        "rlhfkit": __version__, "torch": torch.__version__, "transformers": _version("transformers"),
+        "python": sys.version.split()[0], "host": socket.gethostname(), "device": device or "cpu",
+        "processes": int(os.environ.get("WORLD_SIZE", "1")), "argv": list(sys.argv),
+        "resume_from": None if resume_from is None else str(resume_from),
+    })
+    write_text_atomic(path, json.dumps({"sessions": sessions}, indent=1) + "\n")
+    return path
+
+
+def record_end(output_dir) -> Path | None:
+    """The end of the session ``record_start`` opened: its end time and duration in ``run.json``
+    (nothing when the run has no directory or no record)."""
+    path = Path(output_dir) / RUN_FILE if output_dir else None
+    sessions = _sessions(path) if path is not None else []
+    if not sessions:
+        return None
+    now = time.time()
+    sessions[-1]["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))
+    started = sessions[-1].get("started_unix")
+    sessions[-1]["duration_s"] = round(now - started, 3) if isinstance(started, (int, float)) else None
+    write_text_atomic(path, json.dumps({"sessions": sessions}, indent=1) + "\n")
+    return path
+
+
+def _sessions(path: Path) -> list[dict]:
+    """The sessions ``run.json`` holds; none when it is missing or not ours (it is then replaced)."""
+    try:
+        sessions = json.loads(path.read_text(encoding="utf-8")).get("sessions")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [s for s in sessions if isinstance(s, dict)] if isinstance(sessions, list) else []
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def _git_commit(folder: Path) -> tuple[str | None, bool | None]:
+    """The commit checked out where rlhfkit's source lies, and whether tracked files differ from it
+    (None, None outside a git checkout, e.g. an installed wheel, or without git)."""
+    def git(*argv):
+        return subprocess.run(["git", "-C", str(folder), *argv], capture_output=True, text=True, timeout=10)
+
+    if not (folder / ".git").exists():  # an installed copy: a repository around it is not rlhfkit's
+        return None, None
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None, None
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    return head.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
 
 
 def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path | None:

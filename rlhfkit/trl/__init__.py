@@ -5,6 +5,12 @@ Each config is TRL 1.16's (``transformers.TrainingArguments`` plus TRL's fields,
 checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's config, and the trainers run
 rlhfkit's own loops. TRL fields rlhfkit does not support are refused in one line naming the field;
 none is ignored (``arguments.py``). The docs page "Coming from TRL" lists the mapping.
+
+A TRL user's habits: the renamed fields are listed in ``rlhfkit/config/trl_names.py`` (the command
+line's "did you mean" answers a TRL name with rlhfkit's; ``tests/trl/test_trl_names.py`` checks each
+entry against ``to_rlhfkit``); ``trainer.state.log_history`` and callbacks get TRL's metric names
+beside rlhfkit's (``metrics.py``, ``callbacks.py``); a rerun writes into an existing ``output_dir``
+as TRL does, replacing only rlhfkit's own run files (``output_dir.py``).
 """
 
 from .dpo import DPOConfig, DPOTrainer

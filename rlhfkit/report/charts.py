@@ -73,7 +73,8 @@ def chart_data(runs: list[RunData]) -> list[dict]:
                 steps, values = series(run.rows, name)
                 if steps:
                     lines.append([i, steps, [float(f"{v:.6g}") for v in values]])
-            charts.append({"m": name, "g": group, "s": lines})
+            if lines:  # a metric never finite (NaN every step) has nothing to draw
+                charts.append({"m": name, "g": group, "s": lines})
     return charts
 
 

@@ -104,3 +104,17 @@ def test_the_config_fields_that_differ_between_runs(tmp_path, make_run):
     section = page.split("<h2>Config differences</h2>")[1].split("</table>")[0]
     assert "<td>learning_rate</td><td>0.1</td><td>0.2</td><td>0.2</td>" in section
     assert "seed" not in section and "kl_coef" not in section  # equal, or one run's field only
+
+
+def test_non_finite_values_are_left_out_and_an_empty_log_is_no_error(tmp_path, make_run):
+    run = tmp_path / "runs" / "nan"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": NaN, "lr": 0.1}\n{"step": 2, "loss": NaN, "lr": Infinity}\n'
+                                       '{"step": 3, "loss": NaN, "lr": 0.3}\n')
+    (tmp_path / "runs" / "empty").mkdir()
+    (tmp_path / "runs" / "empty" / "metrics.jsonl").write_text("")
+    page = write_report(tmp_path / "runs").read_text(encoding="utf-8")
+    assert 'data-metric="loss"' not in page  # nothing finite to draw
+    assert len(re.findall(r"<circle class=\"dot\"", _chart(page, "lr"))) == 2  # steps 1 and 3
+    assert "NaN" not in page.split('id="report-data">')[1].split("</script>")[0]
+    assert "<td>steps</td><td>3 (last 3)</td><td>0</td>" in page or "<td>steps</td><td>0</td><td>3 (last 3)</td>" in page

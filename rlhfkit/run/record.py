@@ -61,7 +61,7 @@ def record_start(output_dir, resume_from=None) -> Path:
     sessions = _sessions(path)
     commit, dirty = _git_commit(Path(__file__).resolve().parents[2])
     device = None
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():  # a run on GPUs has loaded its model there; never start CUDA just to ask
         device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     sessions.append({
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "started_unix": time.time(),

@@ -22,7 +22,9 @@ def test_a_run_records_its_start_and_end_and_the_report_shows_them(tmp_path, tin
     (session,) = json.loads((tmp_path / "sft" / "run.json").read_text())["sessions"]
     assert session["rlhfkit"] == rlhfkit.__version__ and session["torch"] == torch.__version__
     assert session["host"] == socket.gethostname() and session["python"] == sys.version.split()[0]
-    assert session["transformers"] and session["device"] == "cpu" and session["processes"] == 1
+    gpus = torch.cuda.is_initialized()  # the run trained on a GPU (device auto on a GPU machine)
+    assert session["device"] == (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if gpus else "cpu")
+    assert session["transformers"] and session["processes"] == 1
     assert len(session["git_commit"] or "x" * 40) == 40  # this checkout's commit (None outside a checkout)
     assert session["ended"] and 0 < session["duration_s"] < 600
     page = write_report(tmp_path / "sft").read_text()

@@ -71,8 +71,7 @@ def record_start(output_dir, resume_from=None) -> Path:
         "processes": int(os.environ.get("WORLD_SIZE", "1")), "argv": list(sys.argv),
         "resume_from": None if resume_from is None else str(resume_from),
     })
-    write_text_atomic(path, json.dumps({"sessions": sessions}, indent=1) + "\n")
-    return path
+    return _write_sessions(path, sessions)
 
 
 def record_end(output_dir) -> Path | None:
@@ -86,7 +85,20 @@ def record_end(output_dir) -> Path | None:
     sessions[-1]["ended"] = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(now))
     started = sessions[-1].get("started_unix")
     sessions[-1]["duration_s"] = round(now - started, 3) if isinstance(started, (int, float)) else None
-    write_text_atomic(path, json.dumps({"sessions": sessions}, indent=1) + "\n")
+    return _write_sessions(path, sessions)
+
+
+def _write_sessions(path: Path, sessions: list[dict]) -> Path | None:
+    """run.json, whole or not at all. It never stops a run: a failed write (a full disk, which the
+    run's next write then names in its one line) is a warning naming the file, and None."""
+    try:
+        write_text_atomic(path, json.dumps({"sessions": sessions}, indent=1) + "\n")
+    except OSError as err:
+        import warnings
+
+        warnings.warn(f"{path}: not written ({err.strerror or err}); the report shows what the run's other "
+                      "files tell", stacklevel=3)
+        return None
     return path
 
 

@@ -46,3 +46,11 @@ def test_a_resumed_session_is_added_and_the_durations_add_up(tmp_path):
 def test_record_end_without_a_record_writes_nothing(tmp_path):
     assert record_end(tmp_path) is None and record_end(None) is None
     assert not (tmp_path / "run.json").exists()
+
+
+def test_a_run_json_that_cannot_be_written_never_stops_the_run(tmp_path):
+    import pytest
+
+    (tmp_path / "run.json").mkdir()  # what cannot be replaced by a file
+    with pytest.warns(UserWarning, match=r"run\.json: not written \("):
+        assert record_start(tmp_path) is None

@@ -89,13 +89,16 @@ def record_end(output_dir) -> Path | None:
 
 
 def _write_sessions(path: Path, sessions: list[dict]) -> Path | None:
-    """run.json, whole or not at all. It never stops a run: a failed write (a full disk, which the
-    run's next write then names in its one line) is a warning naming the file, and None."""
+    """run.json, whole or not at all. It never stops a run: a failed write is a warning naming the
+    file, and None (a full disk, silently: the run's next write fails and its one line names it)."""
     try:
         write_text_atomic(path, json.dumps({"sessions": sessions}, indent=1) + "\n")
     except OSError as err:
+        import errno
         import warnings
 
+        if err.errno == errno.ENOSPC:  # the run's next write fails too, and its one line names the full disk
+            return None
         warnings.warn(f"{path}: not written ({err.strerror or err}); the report shows what the run's other "
                       "files tell", stacklevel=3)
         return None

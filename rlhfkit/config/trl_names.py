@@ -13,6 +13,17 @@ unknown key, and one without a counterpart is not listed (docs/guides/trl.md: "W
 
 from __future__ import annotations
 
+# TrainingArguments fields every drop-in translates alike
+_TRAINING_ARGUMENTS = {
+    "lr_scheduler_type": "lr_scheduler (linear: hf_linear, cosine: hf_cosine, constant: hf_constant)",
+    "resume_from_checkpoint": "resume_from",
+    "use_cpu": "device=cpu",
+    "disable_tqdm": "progress_bar=false",
+    "bf16": "autocast=bfloat16",
+    "fp16": "autocast=float16",
+    "model_init_kwargs": "dtype (model_init_kwargs={'dtype': ...})",
+}
+
 # GRPOConfig / RLOOConfig -> RLConfig
 RL_NAMES = {
     "num_generations": "group_size",
@@ -34,13 +45,7 @@ RL_NAMES = {
     "vllm_importance_sampling_clip_max": "rollout_is_threshold",
     "vllm_importance_sampling_clip_min": "rollout_is_threshold_low",
     "reward_clip_range": "reward_clip (c of TRL's (-c, c))",
-    "lr_scheduler_type": "lr_scheduler (linear: hf_linear, cosine: hf_cosine, constant: hf_constant)",
-    "resume_from_checkpoint": "resume_from",
-    "use_cpu": "device=cpu",
-    "disable_tqdm": "progress_bar=false",
-    "bf16": "autocast=bfloat16",
-    "fp16": "autocast=float16",
-    "model_init_kwargs": "dtype (model_init_kwargs={'dtype': ...})",
+    **_TRAINING_ARGUMENTS,
 }
 
 # SFTConfig / DPOConfig / RewardConfig -> rlhfkit's SFTConfig / DPOConfig / RewardModelConfig
@@ -50,13 +55,7 @@ SUPERVISED_NAMES = {
     "num_train_epochs": "num_epochs",
     "logging_steps": "log_every",
     "eval_steps": "eval_every",
-    "lr_scheduler_type": "lr_scheduler (linear: hf_linear, cosine: hf_cosine, constant: hf_constant)",
-    "resume_from_checkpoint": "resume_from",
-    "use_cpu": "device=cpu",
-    "disable_tqdm": "progress_bar=false",
-    "bf16": "autocast=bfloat16",
-    "fp16": "autocast=float16",
-    "model_init_kwargs": "dtype (model_init_kwargs={'dtype': ...})",
+    **_TRAINING_ARGUMENTS,
 }
 
 DPO_NAMES = {"precompute_ref_log_probs": "precompute_ref_logprobs"}

@@ -182,7 +182,8 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
              for k, v in saved.items()}
     assert sorted(saved.values()) == sorted(rank0.values())  # the copies are the trained, saved weights
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
-        [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "samples.jsonl", "trace.json"])
+        [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "run.json", "samples.jsonl",
+         "trace.json"])
 
 
 def test_a_callback_that_stops_one_process_stops_every_process(short_runs):

@@ -9,6 +9,20 @@ from rlhfkit.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig
 
 BASE = dict(output_dir="out", bf16=False, report_to="none", max_steps=10, disable_tqdm=False)  # its default follows the log level
 
+
+def training_arguments(cls) -> dict:
+    """Samples of the TrainingArguments renames every drop-in shares (config/trl_names.py), for ``cls``."""
+    return {
+        "lr_scheduler_type": (cls, dict(lr_scheduler_type="cosine"), "hf_cosine"),
+        "resume_from_checkpoint": (cls, dict(resume_from_checkpoint="out/checkpoint-2"), "out/checkpoint-2"),
+        "use_cpu": (cls, dict(use_cpu=True), "cpu"),
+        "disable_tqdm": (cls, dict(disable_tqdm=True), False),
+        "bf16": (cls, dict(bf16=True, use_cpu=True), "bfloat16"),
+        "fp16": (cls, dict(fp16=True, use_cpu=True), "float16"),
+        "model_init_kwargs": (cls, dict(model_init_kwargs={"dtype": "bfloat16"}), "bfloat16"),
+    }
+
+
 # TRL name -> (TRL config, its fields, the rlhfkit field's value); the field is the table's
 RL_SAMPLES = {
     "num_generations": (GRPOConfig, dict(num_generations=4), 4),
@@ -30,13 +44,6 @@ RL_SAMPLES = {
     "vllm_importance_sampling_clip_max": (GRPOConfig, dict(vllm_importance_sampling_clip_max=5.0), 5.0),
     "vllm_importance_sampling_clip_min": (GRPOConfig, dict(vllm_importance_sampling_clip_min=0.5), 0.5),
     "reward_clip_range": (RLOOConfig, dict(reward_clip_range=(-2.0, 2.0)), 2.0),
-    "lr_scheduler_type": (GRPOConfig, dict(lr_scheduler_type="cosine"), "hf_cosine"),
-    "resume_from_checkpoint": (GRPOConfig, dict(resume_from_checkpoint="out/checkpoint-2"), "out/checkpoint-2"),
-    "use_cpu": (GRPOConfig, dict(use_cpu=True), "cpu"),
-    "disable_tqdm": (GRPOConfig, dict(disable_tqdm=True), False),
-    "bf16": (GRPOConfig, dict(bf16=True, use_cpu=True), "bfloat16"),
-    "fp16": (GRPOConfig, dict(fp16=True, use_cpu=True), "float16"),
-    "model_init_kwargs": (GRPOConfig, dict(model_init_kwargs={"dtype": "bfloat16"}), "bfloat16"),
 }
 SUPERVISED_SAMPLES = {
     "per_device_train_batch_size": (SFTConfig, dict(per_device_train_batch_size=4), 4),
@@ -44,14 +51,9 @@ SUPERVISED_SAMPLES = {
     "num_train_epochs": (SFTConfig, dict(num_train_epochs=2.0, max_steps=-1), 2.0),
     "logging_steps": (SFTConfig, dict(logging_steps=3), 3),
     "eval_steps": (SFTConfig, dict(eval_steps=4, eval_strategy="steps"), 4),
-    "lr_scheduler_type": (SFTConfig, dict(lr_scheduler_type="cosine"), "hf_cosine"),
-    "resume_from_checkpoint": (SFTConfig, dict(resume_from_checkpoint="out/checkpoint-2"), "out/checkpoint-2"),
-    "use_cpu": (SFTConfig, dict(use_cpu=True), "cpu"),
-    "disable_tqdm": (SFTConfig, dict(disable_tqdm=True), False),
-    "bf16": (SFTConfig, dict(bf16=True, use_cpu=True), "bfloat16"),
-    "fp16": (SFTConfig, dict(fp16=True, use_cpu=True), "float16"),
-    "model_init_kwargs": (SFTConfig, dict(model_init_kwargs={"dtype": "bfloat16"}), "bfloat16"),
 }
+RL_SAMPLES.update(training_arguments(GRPOConfig))
+SUPERVISED_SAMPLES.update(training_arguments(SFTConfig))
 DPO_SAMPLES = {"precompute_ref_log_probs": (DPOConfig, dict(precompute_ref_log_probs=True), True)}
 
 CASES = [(table, samples, name) for table, samples in ((RL_NAMES, RL_SAMPLES), (SUPERVISED_NAMES, SUPERVISED_SAMPLES),

@@ -100,5 +100,5 @@ def test_a_slow_comparison_in_the_main_thread_is_cut_off(monkeypatch):
     monkeypatch.setattr(verifiable, "_TIMEOUT_S", 1.0)
     start = time.perf_counter()
     assert answers_match("(x+y+z)^{30}", "(x+y+1)^{30}") is False  # sympy takes ~8 s here
-    assert time.perf_counter() - start < 4.0
+    assert time.perf_counter() - start < 6.0  # cut at 1 s a call; uncut, sympy takes ~8 s even on an idle machine
     assert answers_match(r"\frac{1}{2}", "0.5")

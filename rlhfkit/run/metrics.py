@@ -14,11 +14,14 @@ from ..files import writing
 
 
 def to_floats(metrics: dict) -> dict[str, float]:
-    """Tensors → Python floats in one pass (one device synchronisation per step, not per metric)."""
-    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
-    values = torch.stack([metrics[k].detach().float().reshape(()) for k in keys]).tolist() if keys else []
+    """Tensors → Python floats in one pass per device (one synchronisation per step, not per metric)."""
     out = {k: float(v) for k, v in metrics.items() if not isinstance(v, torch.Tensor)}
-    out.update(zip(keys, values))
+    by_device: dict[torch.device, list[str]] = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor):
+            by_device.setdefault(v.device, []).append(k)
+    for keys in by_device.values():  # a step's metrics may mix CUDA tensors with CPU ones
+        out.update(zip(keys, torch.stack([metrics[k].detach().float().reshape(()) for k in keys]).tolist()))
     return out
 
 

@@ -7,9 +7,9 @@
 Nothing is downloaded: the model is a randomly initialised ``Qwen2ForCausalLM`` built from a config
 (on CUDA Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 heads / 2 KV heads, vocabulary 151936,
 tied embeddings; ~494M parameters) and the tokenizer a character-level one built locally, padded
-to the model's vocabulary (``qwen_like_tokenizer``). Each check builds a fresh model and trains it
-for ``--steps`` steps (the first is the warm-up, left out of the times) with a run directory, so the
-step timeline (``trace.json``) and the plots are written as in any run:
+to the model's vocabulary (``qwen_like_tokenizer``, ``benchmarks/models.py``). Each check builds a
+fresh model and trains it for ``--steps`` steps (the first is the warm-up, left out of the times)
+with a run directory, so the step timeline (``trace.json``) and the plots are written as in any run:
 
 - ``sft``: SFTTrainer, weights in bfloat16;         ``dpo``: DPOTrainer (policy + reference), bfloat16;
 - ``grpo``: RLTrainer GRPO on the HF engine, bf16;  ``ppo``: RLTrainer PPO (separate critic), bf16;
@@ -66,11 +66,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rlhfkit from this checkout, installed or not
 
+from benchmarks.models import QWEN25_05B, build_model, qwen_like_tokenizer  # noqa: E402
+
 CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp")
 # The model of each device: Qwen2.5-0.5B's shape on CUDA; the same architecture, tiny, on the CPU.
 MODELS = {
-    "cuda": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+    "cuda": QWEN25_05B,
     "cpu": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                 num_key_value_heads=1, vocab_size=256, max_position_embeddings=512),
 }
@@ -81,41 +82,6 @@ WORK = {
     "cpu": dict(prompt=16, new_tokens=8, prompts=2, group=2, ppo_prompts=2, sft_length=32, sft_batch=2,
                 dpo_length=24, dpo_batch=2),
 }
-ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n"
-SPECIALS = ("<pad>", "<|im_end|>", "<unk>", "<|im_start|>")
-
-
-def qwen_like_tokenizer(vocab_size: int):
-    """A character-level fast tokenizer of exactly ``vocab_size`` ids (as ``rlhfkit.tasks.tiny``
-    builds its own, no download): Qwen's special tokens (``<|im_end|>`` the EOS, a distinct pad),
-    printable ASCII, then filler tokens that text never encodes to but sampled ids decode to."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    for ch in ALPHABET:
-        vocab.setdefault(ch, len(vocab))
-    for i in range(len(vocab), vocab_size):
-        vocab[f"<t{i}>"] = i
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left")
-
-
-def build_model(shape: dict, tokenizer, device: torch.device, dtype: torch.dtype):
-    """A randomly initialised Qwen2 of ``shape``, made on ``device`` (no weights fetched)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(**shape, tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-                         use_sliding_window=False, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config)
-    return model.to(dtype)
 
 
 def text(i: int, length: int) -> str:

@@ -85,3 +85,25 @@ def test_gpu_check_names_a_failed_check_and_exits_1(monkeypatch, capsys):
     assert report["checks"]["dpo"] == {"ok": False, "error": "RuntimeError: no kernel image is available",
                                        "wall_s": report["checks"]["dpo"]["wall_s"]}
     assert "gpu_check: FAILED: dpo" in out.err
+
+
+SCALE = SCRIPT.with_name("scale.py")
+TINY_SCALE = ["--lengths", "8", "--sft-lengths", "32", "--dtypes", "float32", "--hidden", "64", "--vocab", "512",
+              "--layers", "1", "--warmup", "0", "--steps", "1"]
+
+
+def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
+    """``benchmarks/scale.py --only rlhfkit`` on a tiny Qwen2 (seconds): a JSON line per run, GRPO's
+    completions of exactly L tokens (the EOS the model cannot sample), the memory model, the table."""
+    out = subprocess.run([sys.executable, str(SCALE), "--only", "rlhfkit", *TINY_SCALE,
+                          "--json-out", str(tmp_path / "scale.jsonl")], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x) for x in (tmp_path / "scale.jsonl").read_text().splitlines()]
+    assert [(r["part"], r["side"], r["length"], r["tokens"]) for r in rows] == [("rl", "rlhfkit", 8, 2 * 4 * 8),
+                                                                                ("sft", "rlhfkit", 32, 2 * 32)]
+    for r in rows:
+        assert r["step_s"] > 0 and r["peak_gb"] > r["floor_gb"] > r["baseline_gb"] > 0, r
+        assert abs(r["floor_gb"] - r["baseline_gb"] - 16 * r["params"] / 1e9) < 1e-9  # float32 weights, grads, AdamW
+    assert rows[0]["exact_length"] and rows[0]["completion_len"] == [8.0]
+    assert "| rl | 8 | float32 | default (off) | rlhfkit |" in out.stdout

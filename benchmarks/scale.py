@@ -3,7 +3,7 @@ peak memory, step time and memory per 1k tokens above the floor, each run its ow
 
     # CPU: Qwen2.5-0.5B's widths, 2 layers; TRL in its own venv (make setup-trl)
     .venv/bin/python benchmarks/scale.py --trl-python .venv-trl/bin/python --rounds 2 --json-out scale.jsonl
-    # one CUDA GPU: full depth (24 layers)
+    # one CUDA GPU: full depth (24 layers); the TRL side needs trl 1.16 and datasets in that python
     python benchmarks/scale.py --device cuda --trl-python <python with trl 1.16>
     # smoke (seconds): one side, a tiny model
     .venv/bin/python benchmarks/scale.py --only rlhfkit --lengths 8 --sft-lengths 32 --dtypes float32 \\

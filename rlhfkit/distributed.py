@@ -351,6 +351,16 @@ def gathered(model: torch.nn.Module):
             m.set_reshard_after_forward(True)
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Every FSDP2 module of ``model`` frees the full parameters it gathered (a forward pass leaves the
+    root's gathered: its backward would need them). Nothing happens for unsharded models."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict on the CPU — gathered on every process of this role (a collective)."""
     if not role_active():

@@ -17,6 +17,7 @@ from .advantages import (
 )
 from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
+from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
 from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, value_loss
 from .policy_losses import (
@@ -43,6 +44,6 @@ __all__ = [
     "apply_missing_eos_penalty", "bradley_terry_loss", "broadcast_sequence_advantages", "cispo_policy_loss",
     "entropy_from_logits", "log_kept_mass", "gae", "group_advantages", "group_has_variance", "importance_ratio",
     "kl_penalty", "last_token_index", "mask_truncated", "masked_mean", "masked_sum", "masked_var", "overlong_penalty",
-    "pg_loss", "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "rollout_is_weights", "selective_logprobs",
+    "linear_logprobs", "pg_loss", "ppo_policy_loss", "reinforce_advantages", "rloo_advantages", "rollout_is_weights", "selective_logprobs",
     "sequence_rewards", "token_level_rewards", "value_loss", "whiten",
 ]

@@ -11,6 +11,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULERS = ("constant", "linear", "cosine", "hf_constant", "hf_linear", "hf_cosine")
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
+LM_HEADS = ("chunked", "full")  # models.lm_head.LM_HEAD_MODES
 
 
 @dataclass(frozen=True)
@@ -57,3 +58,5 @@ class RunBase:
     """Experiment trackers that get every logged metric, the run name and the config, besides metrics.jsonl (always written): any of tensorboard (event files in output_dir/runs), wandb, mlflow, trackio; each is an optional extra (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
     run_name: str | None = None
     """The run's name in the trackers; None: the output_dir's last component (or 'rlhfkit')."""
+    lm_head: str = "chunked"
+    """How log-probs, entropies and the SFT loss read the model's output layer (LM_HEADS). 'chunked': from the last hidden states through the head in chunks of rows, the softmax statistics in float32 and recomputed in backward, so no tokens x vocabulary logits tensor exists (models.lm_head; a model whose head is not a plain linear map, or whose forward changes the head's output, such as Gemma 2's soft-capping, runs 'full'). 'full': the model's own logits, as transformers computes them."""

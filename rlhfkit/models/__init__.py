@@ -2,7 +2,8 @@
 
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
+from .lm_head import set_lm_head
 from .policy import ResponseForward, forward_response
 
 __all__ = ["ResponseForward", "ScalarModel", "disable_dropout", "enable_activation_checkpointing", "forward_response", "freeze", "load_causal_lm",
-           "load_tokenizer"]
+           "load_tokenizer", "set_lm_head"]

@@ -16,6 +16,7 @@ import torch
 
 from ..algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 from . import efficiency
+from .lm_head import streamable, streamed_forward
 from .packing import PackedGroups, pack_groups
 
 
@@ -96,17 +97,24 @@ def forward_response(
                                    support)
     positions = position_ids_from_mask(attention_mask)
     efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=positions,
-        logits_to_keep=T + 1,
-        output_hidden_states=with_hidden,
-        use_cache=False,
-    )
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=T + 1,
+                  output_hidden_states=with_hidden, use_cache=False)
+    if streamable(model):
+        B = input_ids.shape[0]
+        out, stats = streamed_forward(model, lambda h: h[:, :-1].reshape(-1, h.shape[-1]), input_ids[:, -T:].reshape(-1),
+                                      **_stream_options(temperature, with_entropy, entropy_grad, support), **inputs)
+        hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
+        return ResponseForward(*(None if x is None else x.reshape(B, T) for x in stats[:2]), hidden,
+                               None if stats[2] is None else stats[2].reshape(B, T))
+    out = model(**inputs)
     hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
     return _response_outputs(out.logits[:, -(T + 1) : -1], input_ids[:, -T:], hidden, temperature,
                              with_entropy, entropy_grad, support)
+
+
+def _stream_options(temperature, with_entropy, entropy_grad, support) -> dict:
+    return dict(temperature=temperature, with_entropy=with_entropy,
+                entropy_grad=entropy_grad and torch.is_grad_enabled(), support=support)
 
 
 def _attended_span(attention_mask: torch.Tensor, T: int) -> tuple[int, int]:
@@ -136,10 +144,17 @@ def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with
     ``(n, K)`` grid of targets; column 0 (the prompt's last) predicts the first token of every row of
     its group and is computed on those rows' copies of its logits, ``B x V``."""
     efficiency.add_computed(packed.computed * (2 if _recomputes(model) else 1))
-    out = model(**packed.model_inputs(model), logits_to_keep=packed.input_ids.shape[1] - packed.first_kept,
-                output_hidden_states=with_hidden, use_cache=False)
-    logits = out.logits
+    inputs = dict(**packed.model_inputs(model), logits_to_keep=packed.input_ids.shape[1] - packed.first_kept,
+                  output_hidden_states=with_hidden, use_cache=False)
     targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]  # (M,) the token each output scores
+    B = input_ids.shape[0]
+    if streamable(model):  # each needed output's hidden state, column 0's once per row of its group
+        out, stats = streamed_forward(model, lambda h: h[packed.group, packed.column], targets,
+                                      **_stream_options(temperature, with_entropy, entropy_grad, support), **inputs)
+        hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
+        return ResponseForward(*(None if x is None else packed.scatter(x, B, T) for x in (*stats[:2], hidden, stats[2])))
+    out = model(**inputs)
+    logits = out.logits
     first = packed.step == 0
     grid = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
     grid[packed.group[~first], packed.column[~first]] = targets[~first]
@@ -151,7 +166,6 @@ def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with
         return taken if head_values is None else taken.masked_scatter(first, head_values)
 
     hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
-    B = input_ids.shape[0]
     outputs = (pick(per_column.logprobs, heads.logprobs), None if per_column.entropy is None else pick(per_column.entropy),
                hidden, None if support is None else pick(per_column.log_kept_mass, heads.log_kept_mass))
     return ResponseForward(*(None if x is None else packed.scatter(x, B, T) for x in outputs))

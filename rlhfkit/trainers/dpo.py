@@ -39,7 +39,7 @@ from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.D
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
-from ..models import forward_response, freeze, load_causal_lm, load_tokenizer
+from ..models import forward_response, freeze, load_causal_lm, load_tokenizer, set_lm_head
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
 from ..run.metrics import to_floats
@@ -101,6 +101,9 @@ class DPOTrainer(SupervisedTrainer):
             source = ref_model if ref_model is not None else copy.deepcopy(self.model)
             dtype = args.dtype if isinstance(ref_model, (str, os.PathLike)) else None
             self.reference = freeze(load_causal_lm(source, dtype)).to(self.device)
+        for m in (self.model, self.reference):  # before sharding: the head's probe runs on each process alone
+            if m is not None:
+                set_lm_head(m, args.lm_head)
         self._checkpoint_activations(self.model, peft_config is not None)  # after the reference copy
         self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
         self.train_model = distributed.shard(self.model, args.parallelism)

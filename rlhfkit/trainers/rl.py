@@ -30,7 +30,7 @@ from ..agents.agent import AgentOptions, build_agent, environment_reward, model_
 from ..data.chat_templates import use_chat_template
 from ..endpoint.program import agent_program as program_reward, program_agent
 from ..data.encode import prompt_limit, tokenize_prompts
-from ..models import efficiency
+from ..models import efficiency, set_lm_head
 from ..models.loading import eos_token_ids
 from ..models.rl_models import ModelLoading, build_models
 from ..rewards.sources import build_rewards
@@ -99,6 +99,9 @@ class RLTrainer:
         self.out_dir = self.run.out_dir
         seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
         self.models = build_models(model, processing_class, part(ModelLoading, args), peft_config, ref_model)
+        for m in (self.models.policy, self.models.reference):
+            if m is not None:
+                set_lm_head(m, args.lm_head)
         if distributed.role_size() > 1:  # then each process samples its own completions
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self.tokenizer = self.models.tokenizer

@@ -29,6 +29,7 @@ from .. import distributed
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
+from ..models.lm_head import set_lm_head, streamable, streamed_forward
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.sources import resolve_model_dir
@@ -84,6 +85,7 @@ class SFTTrainer(SupervisedTrainer):
         self._checkpoint_activations(model, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
+        set_lm_head(self.model, args.lm_head)
         self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
         self.device = next(self.model.parameters()).device
         # The module training and eval passes go through: the model itself (sharded in place by
@@ -156,12 +158,16 @@ class SFTTrainer(SupervisedTrainer):
         ``packed``: call the model with ``attention_mask=None`` and the position ids, from which
         transformers builds a block-diagonal causal mask (one block per packed example)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        mask = None if packed else batch["attention_mask"]
-        with self._autocast():
-            logits = self.train_model(input_ids=batch["input_ids"], attention_mask=mask,
-                                      position_ids=batch["position_ids"], use_cache=False).logits
+        inputs = dict(input_ids=batch["input_ids"], attention_mask=None if packed else batch["attention_mask"],
+                      position_ids=batch["position_ids"], use_cache=False)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
+        with self._autocast():
+            if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
+                _, (logprobs, _, _) = streamed_forward(self.train_model, lambda h: h[:, :-1][keep], targets[keep],
+                                                       **inputs)
+                return -logprobs.sum(), int(keep.sum())
+            logits = self.train_model(**inputs).logits
         # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.
         loss = F.cross_entropy(logits[:, :-1][keep].float(), targets[keep], reduction="sum")
         return loss, int(keep.sum())

@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 
 from rlhfkit.models import ScalarModel, disable_dropout, enable_activation_checkpointing, forward_response, freeze, load_causal_lm, load_tokenizer
 from rlhfkit.models.policy import position_ids_from_mask
+from rlhfkit.models.lm_head import streamable
 from rlhfkit.data.padding import pad
 from rlhfkit.rewards.reward_model import RewardModelFunction
 from rlhfkit.tasks.tiny import char_tokenizer, save_tiny_model, tiny_causal_lm
@@ -517,6 +518,7 @@ def test_forward_response_shared_prompt_packs_each_group_into_one_row():
     model = _model()
     ids, mask, index = _grouped_batch(G=3, T=4)
     seen = []
+    assert streamable(model)  # asked once per model, by a one-token pass of its own (not counted below)
     model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].clone()))
     with torch.no_grad():
         forward_response(model, ids, mask, 4, prompt_index=index)
@@ -554,6 +556,7 @@ def test_forward_response_skips_columns_no_row_attends():
     ids = torch.cat([torch.full((2, extra_left), 9), ids, torch.full((2, extra_right), 7)], 1)
     mask = torch.cat([torch.zeros(2, extra_left, dtype=torch.long), mask, torch.zeros(2, extra_right, dtype=torch.long)], 1)
     widths = []
+    streamable(model)  # the once-per-model probe of the streamed head runs before the hook counts
     model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: widths.append(inp[0].shape[1]))
     with torch.no_grad():
         out = forward_response(model, ids, mask, T, with_entropy=True, with_hidden=True)

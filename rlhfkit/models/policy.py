@@ -16,6 +16,7 @@ import torch
 
 from ..algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 from . import efficiency
+from .aligned import align_left
 from .lm_head import streamable, streamed_forward
 from .packing import PackedGroups, pack_groups
 
@@ -95,20 +96,26 @@ def forward_response(
         if packed is not None:
             return _forward_packed(model, packed, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden,
                                    support)
-    positions = position_ids_from_mask(attention_mask)
     efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=T + 1,
-                  output_hidden_states=with_hidden, use_cache=False)
+    aligned = align_left(model, input_ids, attention_mask, T)
+    if aligned is not None:  # no attention mask: SDPA's fused causal kernels (models.aligned)
+        keep, pick = aligned.keep, aligned.pick
+        inputs = dict(input_ids=aligned.input_ids, attention_mask=None)
+    else:
+        keep, pick = T + 1, (lambda values: values[:, :-1])
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                      position_ids=position_ids_from_mask(attention_mask))
+    inputs.update(logits_to_keep=keep, output_hidden_states=with_hidden, use_cache=False)
+    B = input_ids.shape[0]
     if streamable(model):
-        B = input_ids.shape[0]
-        out, stats = streamed_forward(model, lambda h: h[:, :-1].reshape(-1, h.shape[-1]), input_ids[:, -T:].reshape(-1),
+        out, stats = streamed_forward(model, lambda h: pick(h).reshape(-1, h.shape[-1]), input_ids[:, -T:].reshape(-1),
                                       **_stream_options(temperature, with_entropy, entropy_grad, support), **inputs)
-        hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
+        hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
         return ResponseForward(*(None if x is None else x.reshape(B, T) for x in stats[:2]), hidden,
                                None if stats[2] is None else stats[2].reshape(B, T))
     out = model(**inputs)
-    hidden = out.hidden_states[-1][:, -(T + 1) : -1] if with_hidden else None
-    return _response_outputs(out.logits[:, -(T + 1) : -1], input_ids[:, -T:], hidden, temperature,
+    hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
+    return _response_outputs(pick(out.logits), input_ids[:, -T:], hidden, temperature,
                              with_entropy, entropy_grad, support)
 
 

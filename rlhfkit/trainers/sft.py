@@ -30,6 +30,7 @@ from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.lm_head import set_lm_head, streamable, streamed_forward
+from ..models.packing import packable_model
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.sources import resolve_model_dir
@@ -160,6 +161,10 @@ class SFTTrainer(SupervisedTrainer):
         batch = {k: v.to(self.device) for k, v in batch.items()}
         inputs = dict(input_ids=batch["input_ids"], attention_mask=None if packed else batch["attention_mask"],
                       position_ids=batch["position_ids"], use_cache=False)
+        if not packed and packable_model(self.model, batch["input_ids"].shape[1]):
+            # One example per row, padded at its end: the causal mask alone is exact for its tokens, so
+            # no mask (SDPA's fused causal kernels, no (B, 1, L, L) mask: models.aligned); positions 0, 1, ...
+            inputs.update(attention_mask=None, position_ids=None)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         with self._autocast():

@@ -27,6 +27,7 @@ TABLE = {
     "num_iterations": ([0, 10**4 + 1], 2), "missing_eos_penalty": ([math.inf, math.nan, 1e39, -1e7], -1.0), "reward_clip": ([0.0], 5.0),
     "learning_rate": ([0.0, -1e-5], 1e-4), "critic_learning_rate": ([0.0], 1e-4), "weight_decay": ([-0.1], 0.01),
     "max_grad_norm": ([0.0], 0.5), "warmup_steps": ([-1, 10**9 + 1], 5), "mini_batch_size": ([0, 10**6 + 1], 1),
+    "max_tokens_per_micro_batch": ([0, -1, 1.5, 10**9 + 1], 4096),
     "micro_batch_size": ([0, 10**6 + 1], 1), "grad_accumulation": ([0, 10**6 + 1], 2), "max_steps": ([-1, 99999999999999999999], 0), "seed": ([-1, 2**31], 3),
     "save_steps": ([-1, 10**9 + 1], 10), "save_total_limit": ([0, 10**9 + 1], 1), "log_every": ([-1, 10**9 + 1], 0),
     "num_logged_samples": ([-1, 10**6 + 1], 0), "eval_every": ([-1, 10**9 + 1], 5), "eval_max_new_tokens": ([0, 10**7 + 1], 4),

@@ -36,6 +36,7 @@ RANGES: dict[str, str] = {
     "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
     "max_grad_norm": "> 0 or None", "warmup_steps": "[0, 1e9]", "mini_batch_size": "[1, 1e6] or None",
     "micro_batch_size": "[1, 1e6] or None", "grad_accumulation": "[1, 1e6]", "max_consecutive_skips": "[1, 1e9]",
+    "max_tokens_per_micro_batch": "[1, 1e9] or None",
     # run
     "max_steps": "[0, 1e9] or None", "seed": "[0, 2147483647]", "save_steps": "[0, 1e9]",
     "save_total_limit": "[1, 1e9] or None", "log_every": "[0, 1e9]", "num_logged_samples": "[0, 1e6]",

@@ -223,7 +223,9 @@ class OptimConfig(OptimBase):
     mini_batch_size: int | None = None
     """Rows per optimizer step; None: the whole batch (one step per pass)."""
     micro_batch_size: int | None = None
-    """Rows per forward/backward (gradient accumulation inside a mini-batch); None: the mini-batch."""
+    """Rows per forward/backward (gradient accumulation inside a mini-batch), and per no-gradient log-prob pass (old log-probs, reference, critic values); None: the mini-batch (the batch for the log-prob passes), bounded by max_tokens_per_micro_batch."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of each micro-batch of the update and of the log-prob passes (verl's dynamic batch size): rows are sorted by length and filled greedily into micro-batches of at most this many tokens, counted as the padded pass computes them — rows x (prompt columns from the earliest attended one + response columns up to the last attended one) of the micro-batch (``models/micro_batches.py``). A single row longer than the budget runs alone (no error); with share_prompt a prompt's group stays in one micro-batch when it fits. With micro_batch_size also set both bounds hold. The loss weights are those of one batch, so the update is the same up to float rounding. None: 16384 tokens when micro_batch_size is None (TRL's default micro-batch of 8 rows at 2048 tokens a row: short completions run as one micro-batch, as before; long ones never more tokens at once than TRL's 8 rows), else no token bound (micro_batch_size rows, as TRL's per_device_train_batch_size, which the TRL drop-in sets)."""
     skip_zero_gradient_rows: bool = True
     """Leave out of the update's forward/backward the rows whose loss has no gradient: an advantage of exactly 0 on every token (a GRPO/RLOO group whose completions all scored alike) when nothing else reaches them (no critic, no entropy bonus, no KL in the loss). The weights are the same (their share of the loss's denominator is kept); the update's per-token metrics (policy/entropy, clip fractions) cover the rows it ran, and policy/zero_gradient_rows_frac says how many it left out."""
 

@@ -20,6 +20,7 @@ from .. import distributed
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
+from .micro_batches import row_spans, split_rows, token_budget
 from .segments import forward_rollout, rollout_values
 
 
@@ -40,6 +41,7 @@ class ModelSetup:
     top_p: float
     share_prompt: bool
     micro_batch_size: int | None
+    max_tokens_per_micro_batch: int | None
     save_adapter: bool
 
 
@@ -147,9 +149,9 @@ class RLModels:
     @torch.no_grad()
     def policy_outputs(self, rollout: Rollout, *, with_values: bool):
         """Old log-probs, values (``with_values``) and ``log_kept_mass`` (None unless
-        ``engine_support``) before any update, in micro-batches."""
-        parts = [self._forward(r, with_values=with_values) for r in self._chunks(rollout)]
-        cat = lambda i: torch.cat([p[i] for p in parts]) if parts[0][i] is not None else None  # noqa: E731
+        ``engine_support``) before any update, in micro-batches (``micro_batches``)."""
+        parts, order = self._in_micro_batches(rollout, lambda r: self._forward(r, with_values=with_values))
+        cat = lambda i: self._in_order(torch.cat([p[i] for p in parts]), order) if parts[0][i] is not None else None  # noqa: E731
         return cat(0), cat(1), cat(3)
 
     def train_outputs(self, rollout: Rollout, *, with_values: bool, entropy_grad: bool):
@@ -161,19 +163,50 @@ class RLModels:
         model = self.reference if self.reference is not None else self.train_policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         with adapter_off, self.autocast():
-            return torch.cat([forward_rollout(model, r, self.args.temperature,
-                                              prompt_index=self._prompt_index(r)).logprobs
-                              for r in self._chunks(rollout)])
+            parts, order = self._in_micro_batches(rollout, lambda r: forward_rollout(
+                model, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs)
+            return self._in_order(torch.cat(parts), order)
 
     def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
         # Packed groups are one forward pass per micro-batch, as unpacked rows are: under torchrun
         # every process still runs the same (collective) passes.
         return rollout.prompt_index if self.args.share_prompt else None
 
-    def _chunks(self, rollout: Rollout):
-        size = self.args.micro_batch_size or rollout.input_ids.shape[0]
-        for rows in torch.arange(rollout.input_ids.shape[0], device=self.device).split(size):
-            yield rollout.select(rows)
+    def micro_batches(self, rollout: Rollout) -> list[torch.Tensor]:
+        """The rows (CPU indices) of each micro-batch of the no-gradient passes: at most
+        ``micro_batch_size`` rows and the token budget in force (``micro_batches.token_budget``),
+        grouped by length, a prompt's group kept whole with ``share_prompt`` when it fits
+        (``micro_batches.split_rows``); without a budget, consecutive slices of ``micro_batch_size``."""
+        B, T = rollout.input_ids.shape[0], rollout.response_mask.shape[1]
+        budget = token_budget(self.args.micro_batch_size, self.args.max_tokens_per_micro_batch)
+        if budget is None:
+            return split_rows(torch.arange(B), None, None, max_rows=self.args.micro_batch_size)
+        lead, tail = row_spans(rollout.attention_mask, T)
+        return split_rows(torch.arange(B), lead, tail, max_rows=self.args.micro_batch_size, max_tokens=budget,
+                          groups=rollout.prompt_index if self.args.share_prompt else None,
+                          prompt_region=rollout.input_ids.shape[1] > T)
+
+    def _in_micro_batches(self, rollout: Rollout, run) -> tuple[list, torch.Tensor | None]:
+        """``run`` on each micro-batch's rows; returns its results and the rows they cover, in
+        order (None: the batch's own order). Under a token budget the number of micro-batches can
+        differ between processes: a process with fewer runs filler passes (one row, result
+        dropped), so every process runs the same (collective) forward passes."""
+        chunks = self.micro_batches(rollout)
+        budget = token_budget(self.args.micro_batch_size, self.args.max_tokens_per_micro_batch)
+        # the count is agreed before any pass: a pass is a collective under FSDP2, the all-reduce one too
+        n = distributed.reduce_max(len(chunks)) if budget is not None else len(chunks)
+        parts = [run(rollout.select(rows.to(self.device))) for rows in chunks]
+        for _ in range(n - len(chunks)):
+            run(rollout.select(torch.zeros(1, dtype=torch.long, device=self.device)))
+        order = torch.cat(chunks)
+        return parts, None if bool((order == torch.arange(len(order))).all()) else order
+
+    @staticmethod
+    def _in_order(x: torch.Tensor, order: torch.Tensor | None) -> torch.Tensor:
+        """Rows ``x`` laid out as ``order`` (the micro-batches' rows, in turn) back in the batch's order."""
+        if order is None:
+            return x
+        return x.new_empty(x.shape).index_copy_(0, order.to(x.device), x)
 
     def save_policy(self, path: Path, tokenizer=None) -> None:
         """The policy as a Hugging Face directory (LoRA: merged, or the adapter alone with

@@ -12,6 +12,7 @@ import torch
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate, masked_mean, value_loss
 from ..models import efficiency
+from ..models.micro_batches import row_spans, split_rows, token_budget
 from ..models.rl_models import RLModels
 from .advantages import RolloutCorrection, kl_metrics, rollout_correction
 from .experience import Experience
@@ -42,12 +43,13 @@ class UpdateLoss(RolloutCorrection):
 @dataclass(frozen=True)
 class MinibatchUpdate(UpdateLoss):
     """The fields of ``RLConfig`` that phase 6 reads (``update``): the passes, minibatches and
-    micro-batches, the seed of the minibatch order, whether micro-batches keep groups together,
+    micro-batches (rows and tokens), the seed of the minibatch order, whether micro-batches keep groups together,
     and the loss's."""
 
     num_iterations: int
     mini_batch_size: int | None
     micro_batch_size: int | None
+    max_tokens_per_micro_batch: int | None
     seed: int
     share_prompt: bool
     skip_zero_gradient_rows: bool
@@ -75,8 +77,9 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
 
     Minibatches are drawn from the *global* batch (every process's rows, in process order) by one
     permutation that every process draws alike, so one update of a batch gives the same weights
-    on any number of processes; each process trains on its own rows of each minibatch. A
-    micro-batch's loss is weighted by its share of the global minibatch (tokens for token-mean,
+    on any number of processes; each process trains on its own rows of each minibatch, in
+    micro-batches of at most ``micro_batch_size`` rows and the token budget (``micro_batch_split``;
+    their number may differ between minibatches and processes). A micro-batch's loss is weighted by its share of the global minibatch (tokens for token-mean,
     rows otherwise) times the number of processes (FSDP2 and DDP average gradients over them), so
     accumulation gives the gradient of one batch. Its metrics are weighted the same way — the
     losses by that share, the per-token means (KL, entropy, clip fraction) by its share of the
@@ -100,6 +103,7 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
     gen = minibatch_generator(args.seed, step)
     skip = zero_gradient_rows(args, exp, kl_coef)
     skip_cpu = skip.cpu() if skip is not None else None
+    split = micro_batch_split(args, exp)
     sums: dict[str, torch.Tensor] = {}
     n_steps = n_ran = 0
     for _ in range(args.num_iterations):
@@ -112,7 +116,7 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
                 mb_rows = mb_rows[~skip_cpu[mb_rows]]
             tokens = distributed.reduce_sum(exp.mask[mb_rows].sum())  # the per-token metrics' denominator
             ran = bool(tokens > 0)
-            chunks = list(mb_rows.split(args.micro_batch_size or mini)) if len(mb_rows) else []
+            chunks = split(mb_rows)
             if len(mb_rows):
                 efficiency.add_needed("update", efficiency.needed_tokens(exp.rollout, mb_rows))
             n_micro = max(distributed.reduce_max(len(chunks)), 1)
@@ -150,6 +154,23 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
     if skip is not None:
         out["policy/zero_gradient_rows_frac"] = distributed.reduce_sum(skip.sum().float()) / (B * world)
     return out
+
+
+def micro_batch_split(args: MinibatchUpdate, exp: Experience) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """The micro-batches of a minibatch's rows (``models.micro_batches.split_rows``): at most
+    ``micro_batch_size`` rows and the token budget in force (``token_budget``: the one of
+    ``max_tokens_per_micro_batch``), a prompt's group kept whole with ``share_prompt`` when it fits.
+    Without a budget, consecutive slices of ``micro_batch_size`` rows (the whole minibatch when None)."""
+    budget = token_budget(args.micro_batch_size, args.max_tokens_per_micro_batch)
+    if budget is None:
+        return lambda rows: split_rows(rows, None, None, max_rows=args.micro_batch_size)
+    rollout = exp.rollout
+    T = rollout.response_mask.shape[1]
+    lead, tail = row_spans(rollout.attention_mask, T)
+    groups = rollout.prompt_index if args.share_prompt else None
+    prompt_region = rollout.attention_mask.shape[1] > T
+    return lambda rows: split_rows(rows, lead, tail, max_rows=args.micro_batch_size, max_tokens=budget,
+                                   groups=groups, prompt_region=prompt_region)
 
 
 def minibatch_generator(seed: int, step: int) -> torch.Generator:

@@ -107,3 +107,19 @@ def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
         assert abs(r["floor_gb"] - r["baseline_gb"] - 16 * r["params"] / 1e9) < 1e-9  # float32 weights, grads, AdamW
     assert rows[0]["exact_length"] and rows[0]["completion_len"] == [8.0]
     assert "| rl | 8 | float32 | default (off) | rlhfkit |" in out.stdout
+
+
+def test_decode_benchmark_alternates_the_decode_modes_on_a_tiny_model():
+    """``benchmarks/decode.py --model tiny`` (seconds): one JSON line per completion limit, every
+    variant timed, none failed, and the loop sampling the tokens generate samples."""
+    out = subprocess.run([sys.executable, str(SCRIPT.with_name("decode.py")), "--model", "tiny", "--new-tokens", "4,8",
+                          "--reps", "1", "--threads", "1", "--variants", "generate,loop,static"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [json.loads(x) for x in out.stdout.strip().splitlines()]
+    assert not [x for x in lines if "error" in x or "loop" in x.get("warning", "")], lines
+    results = [x for x in lines if "max_new_tokens" in x]
+    assert [r["max_new_tokens"] for r in results] == [4, 8], lines
+    for r in results:
+        assert r["rows"] == 16 and set(r["tokens_per_s"]) == {"generate", "loop", "static"}
+        assert all(v > 0 for v in r["tokens_per_s"].values()) and r["speedup"]["generate"] == 1.0

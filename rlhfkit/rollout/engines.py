@@ -11,7 +11,7 @@ import torch
 
 from .. import distributed
 from ..models.rl_models import RLModels
-from .hf import HFEngine
+from .hf import DEFAULT_DECODE, HFEngine
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,15 @@ def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int
 
     With ``rollout_workers``: a generator rank's HF engine also returns its log-probs (it samples
     from received weights, the behaviour policy of the correction); a trainer rank only evaluates,
-    always with HF generate on its policy (no second engine beside the training models)."""
+    always with HF generate on its policy (no second engine beside the training models).
+
+    The HF engine decodes as ``args.hf_decode`` says (``HFEngine``'s ``decode``: "loop", "generate"
+    or "static"); a config without that field (``RLConfig`` before it has one) gets the default."""
     tokenizer = models.tokenizer
     generator = distributed.is_generator()
     if args.rollout_engine == "hf" or (args.rollout_workers and not generator):
         return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt,
-                        logprobs=generator)
+                        logprobs=generator, decode=getattr(args, "hf_decode", DEFAULT_DECODE))
     from .vllm import VLLMEngine
     from .weight_sync import check_engine_weights
 

@@ -1,0 +1,199 @@
+"""The HF engine's own decode loop (``HFEngine(decode="loop")``): the same model calls
+``generate`` makes, without its per-step machinery, and with finished rows dropped.
+
+``generate`` (transformers 5.x) runs every row until the last one ends, grows its key/value cache
+by ``torch.cat`` each step (a copy of the whole cache per layer and token: quadratic in the
+length), runs the logits-processor list and the stopping criteria, and turns the sampler's choice
+into a (rows, vocabulary) score tensor it takes the argmax of. This loop calls the model with the
+inputs ``generate`` builds (the positions that skip left padding, the 2D mask — None when the
+prompts have no padding, as ``generate`` drops an all-ones mask —, ``logits_to_keep=1``), draws
+with the engine's ``TokenSampler``, and:
+
+- keeps the key/value cache in buffers allocated once for the whole call (``growing_layer``): a
+  step writes its one column in place and attends over a view of the filled columns, the same
+  keys ``generate`` attends over;
+- drops a row from the batch (its tokens, mask, position and cache rows) the step it draws an
+  EOS, so later steps compute only the rows still running; ``generate`` feeds a finished row pad
+  tokens to the end. Dropping rows changes what a step's matrix products see only in how many
+  rows they hold: a row's tokens are those of ``generate`` up to float rounding of a different
+  batch size (the same exactness a seeded prompt already has alone or beside others).
+  Rows are dropped only when the sampler draws each row from its own stream (per-row seeds) or
+  greedily: unseeded sampling draws one ``torch.multinomial`` over the batch from torch's global
+  stream, so there every row runs to the end, as in ``generate``, and draws what it draws.
+
+Layers that are not plain full-attention layers (sliding windows, linear attention) keep the cache
+layer transformers builds for them; rows are then dropped only if every layer can drop them.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ..models.policy import output_cache, position_ids_from_mask, with_cache
+
+
+@functools.cache
+def growing_layer():
+    """The class ``GrowingLayer``, defined on first use (rlhfkit imports transformers lazily)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A full-attention cache layer with room for ``capacity`` columns, allocated at its first
+        update: each update writes its columns in place and returns views of the filled ones
+        (``DynamicLayer`` concatenates, copying the whole cache every step)."""
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity, self.length = capacity, 0
+            self.key_buffer = self.value_buffer = None
+
+        def lazy_initialization(self, key_states, value_states):
+            self.device, self.is_initialized = key_states.device, True
+            self._allocate(key_states.shape[0], key_states, value_states)
+
+        def _allocate(self, rows: int, like_k, like_v):
+            b, h, _, d = like_k.shape
+            self.key_buffer = like_k.new_empty((rows, h, self.capacity, d))
+            self.value_buffer = like_v.new_empty((rows, like_v.shape[1], self.capacity, like_v.shape[-1]))
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            start, end = self.length, self.length + key_states.shape[-2]
+            if end > self.capacity:
+                raise RuntimeError(f"decode cache: {end} columns for a capacity of {self.capacity}")
+            self.key_buffer[:, :, start:end].copy_(key_states)
+            self.value_buffer[:, :, start:end].copy_(value_states)
+            self.length = end
+            self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.length
+
+        def reset(self) -> None:
+            super().reset()
+            self.length, self.key_buffer, self.value_buffer = 0, None, None
+
+        def crop(self, tokens_to_remove: int) -> None:
+            raise NotImplementedError("the decode cache only grows")
+
+        def _rebuild(self, take) -> None:
+            """New buffers holding ``take(old filled part)`` (only the filled columns are copied)."""
+            if not self.length:
+                return
+            keys, values = take(self.keys), take(self.values)
+            self._allocate(keys.shape[0], keys, values)
+            self.key_buffer[:, :, : self.length].copy_(keys)
+            self.value_buffer[:, :, : self.length].copy_(values)
+            self.keys = self.key_buffer[:, :, : self.length]
+            self.values = self.value_buffer[:, :, : self.length]
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._rebuild(lambda t: t.repeat_interleave(repeats, dim=0))
+
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self._rebuild(lambda t: t.index_select(0, indices.to(t.device)))
+
+    return GrowingLayer
+
+
+def decode_cache(model, capacity: int):
+    """A ``DynamicCache`` for ``model`` whose plain full-attention layers are ``GrowingLayer`` s of
+    ``capacity`` columns (``growing_layer``); other layer kinds stay as transformers builds them."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    layer = growing_layer()
+    cache = DynamicCache(config=model.config)
+    if not cache.layers:  # a config transformers cannot read layer types from: it adds DynamicLayers lazily
+        cache.layer_class_to_replicate = None
+        cache.layers = [layer(capacity) for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
+    cache.layers = [layer(capacity) if type(l) is DynamicLayer else l for l in cache.layers]
+    return cache
+
+
+def _can_drop_rows(cache) -> bool:
+    return all(callable(getattr(l, "batch_select_indices", None)) for l in cache.layers)
+
+
+@dataclass
+class Decoded:
+    """``responses`` (B, W): each row's tokens, ``pad_id`` after its EOS, W the steps run (until
+    every row ended or the limit, as ``generate``); ``logprobs`` (B, W) of the drawn tokens (0 after
+    a row's EOS), or None; ``computed``: token positions the model ran (``models.efficiency``)."""
+
+    responses: torch.Tensor
+    logprobs: torch.Tensor | None
+    computed: int
+
+
+@torch.no_grad()
+def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampler, max_new_tokens: int,
+           eos_ids, pad_id: int, share_prompt: bool, logprobs: bool, drop_rows: bool = True) -> Decoded:
+    """``n`` completions of each left-padded prompt (``prompt_ids``/``prompt_mask``: one row per
+    prompt), rows ``g*n .. g*n+n-1`` continuing prompt ``g``, drawn by ``sampler.draw`` (a
+    ``rollout.hf.TokenSampler``). ``share_prompt``: every prompt column but the last is encoded
+    once per prompt and its cache repeated for the ``n`` rows, as ``HFEngine._prompt_cache``.
+    ``drop_rows``: drop finished rows (only honoured when ``sampler.row_independent``)."""
+    (G, P), device = prompt_ids.shape, prompt_ids.device
+    B = G * n
+    ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+    cache = decode_cache(model, P + max_new_tokens)
+    shared = share_prompt and n > 1 and P > 1 and int(prompt_mask[:, :-1].sum(-1).min()) >= 1
+    if shared:  # the prefix once per prompt, with the mask passed as HFEngine._prompt_cache passes it
+        out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
+                    position_ids=position_ids_from_mask(prompt_mask[:, :-1]), use_cache=True, logits_to_keep=1,
+                    **with_cache(cache))
+        cache = output_cache(out)
+        cache.batch_repeat_interleave(n)
+        computed, fed = G * (P - 1) + B, slice(P - 1, P)
+    else:
+        computed, fed = B * P, slice(0, P)
+    padded = not bool((mask == 1).all())  # generate drops an all-ones mask
+    full_mask = torch.cat([mask, mask.new_ones((B, max_new_tokens))], 1) if padded else None
+    positions = position_ids_from_mask(mask)
+    out = model(input_ids=ids[:, fed], attention_mask=full_mask[:, :P] if padded else None,
+                position_ids=positions[:, fed], use_cache=True, logits_to_keep=1, **with_cache(cache))
+    cache = output_cache(out)
+    logits = out.logits[:, -1].float()
+    del out
+    position = positions[:, -1]
+
+    responses = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    drawn = torch.zeros((B, max_new_tokens), device=device) if logprobs else None
+    ends = torch.tensor(list(eos_ids), dtype=torch.long, device=device)
+    rows = torch.arange(B, device=device)  # the original row of each row still in the batch
+    drop = drop_rows and sampler.row_independent and _can_drop_rows(cache)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)  # without dropping: rows fed pad, as generate
+    width = 0
+    for step in range(max_new_tokens):
+        tokens, token_logprobs = sampler.draw(logits, rows if drop else None, logprobs)
+        tokens = tokens[:, 0]
+        if not drop:
+            tokens = torch.where(finished, pad_id, tokens)
+        responses[rows, step] = tokens
+        if logprobs:  # the engine masks them past each row's EOS
+            drawn[rows, step] = token_logprobs[:, 0]
+        width = step + 1
+        done = torch.isin(tokens, ends) if drop else torch.isin(tokens, ends) | finished
+        if step + 1 == max_new_tokens or bool(done.all()):
+            break
+        if drop and bool(done.any()):
+            keep = (~done).nonzero()[:, 0]
+            rows, tokens, position = rows[keep], tokens[keep], position[keep]
+            cache.batch_select_indices(keep)
+            full_mask = full_mask[keep] if padded else None
+        elif not drop:
+            finished = done
+        position = position + 1
+        out = model(input_ids=tokens[:, None], attention_mask=full_mask[:, : P + step + 1] if padded else None,
+                    position_ids=position[:, None], use_cache=True, logits_to_keep=1, **with_cache(cache))
+        cache = output_cache(out)
+        logits = out.logits[:, -1].float()
+        del out
+        computed += len(rows)
+    return Decoded(responses[:, :width], drawn[:, :width] if logprobs else None, computed)

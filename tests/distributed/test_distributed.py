@@ -73,6 +73,8 @@ CASES = {
     "grpo-trl-entropy-masked-rows": dict(algorithm="grpo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=2,
                                          entropy_coef=0.5, entropy_agg="micro-batch-token-mean",
                                          mask_truncated_completions=True, masked_rows_count=True),
+    # micro-batches by tokens (issue 43): processes whose rows split into different numbers of micro-batches
+    "grpo-token-budget": dict(algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", max_tokens_per_micro_batch=60),
 }
 
 

@@ -11,7 +11,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 SCHEDULERS = ("constant", "linear", "cosine", "hf_constant", "hf_linear", "hf_cosine")
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
-LM_HEADS = ("chunked", "full")  # models.lm_head.LM_HEAD_MODES
+LM_HEADS = ("chunked", "full")  # how log-prob passes read the output layer (models.lm_head)
 
 
 @dataclass(frozen=True)

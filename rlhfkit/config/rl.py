@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .base import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
+from .base import DEVICE_KINDS, DTYPES, LM_HEADS, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
 from .checks import check_fields, check_ranges, check_run_fields
 
 AUTOCAST_DTYPES = ("bfloat16", "float16")
@@ -320,6 +320,7 @@ def _validate(c: RLConfig) -> None:
         (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
         (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
         (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+        (c.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
         (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
         (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
         (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .base import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
+from .base import DEVICE_KINDS, DTYPES, LM_HEADS, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
 from .checks import check_fields, check_ranges, check_run_fields
 from .rl import AUTOCAST_DTYPES
 
@@ -55,6 +55,7 @@ class TrainConfig(RunBase, OptimBase):
         check_fields(self, [
             (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
             (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+        (self.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
             (self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS, "device",
              "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
             (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),

@@ -33,8 +33,8 @@ import torch
 
 from .. import distributed
 from ..algorithms.linear_logprobs import linear_logprobs
+from ..config.base import LM_HEADS
 
-LM_HEAD_MODES = ("chunked", "full")
 _PATCH_LOCK = threading.RLock()
 _MODE_ATTR = "_rlhfkit_lm_head"
 _PLAIN_ATTR = "_rlhfkit_plain_head"
@@ -44,8 +44,8 @@ def set_lm_head(model: torch.nn.Module, mode: str) -> None:
     """Choose how ``model``'s log-prob passes compute its output layer: ``"chunked"`` (streamed
     where the head allows it) or ``"full"`` (the model's own logits). With ``"chunked"`` the
     ``streamable`` probe runs here (every process of a sharded model must call this alike)."""
-    if mode not in LM_HEAD_MODES:
-        raise ValueError(f"lm_head must be one of {', '.join(LM_HEAD_MODES)}, got {mode!r}")
+    if mode not in LM_HEADS:
+        raise ValueError(f"lm_head must be one of {', '.join(LM_HEADS)}, got {mode!r}")
     object.__setattr__(_unwrapped(model), _MODE_ATTR, mode)
     streamable(model)  # the probe's pass runs now, at setup, rather than inside the first training step
 

@@ -11,7 +11,7 @@ import torch
 
 from .. import distributed
 from ..models.rl_models import RLModels
-from .hf import DEFAULT_DECODE, HFEngine
+from .hf import HFEngine
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class EngineConfig:
     """The fields of ``RLConfig`` that choose and size the rollout engine; same names, same meaning."""
 
     rollout_engine: str
+    hf_decode: str
     rollout_workers: int
     share_prompt: bool
     max_new_tokens: int
@@ -40,12 +41,12 @@ def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int
     always with HF generate on its policy (no second engine beside the training models).
 
     The HF engine decodes as ``args.hf_decode`` says (``HFEngine``'s ``decode``: "loop", "generate"
-    or "static"); a config without that field (``RLConfig`` before it has one) gets the default."""
+    or "static")."""
     tokenizer = models.tokenizer
     generator = distributed.is_generator()
     if args.rollout_engine == "hf" or (args.rollout_workers and not generator):
         return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt,
-                        logprobs=generator, decode=getattr(args, "hf_decode", DEFAULT_DECODE))
+                        logprobs=generator, decode=args.hf_decode)
     from .vllm import VLLMEngine
     from .weight_sync import check_engine_weights
 

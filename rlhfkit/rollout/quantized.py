@@ -72,7 +72,7 @@ def quantize(model: torch.nn.Module, precision: str) -> torch.nn.Module:
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
     except ImportError as err:
         raise ValueError(f"{FP8_HINT} ({err})") from None
-    quantized = copy.deepcopy(model)
+    quantized = copy.deepcopy(model).to(torch.bfloat16)  # torchao's per-row float8 takes bfloat16 weights
     keep = {id(m) for name, m in quantized.named_modules() if name in set(linears)}
     quantize_(quantized, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
               filter_fn=lambda module, name: id(module) in keep)

@@ -44,10 +44,16 @@ def summary(run_dir: Path, fifths: int = 5) -> dict:
     train = [r for r in rows if "reward/mean" in r]
     step_s = [sum(v for k, v in r.items() if k.startswith("perf/time_")) for r in train[1:]]
     size = max(1, len(train) // fifths)
-    curve = [sum(r["reward/mean"] for r in train[i:i + size]) / len(train[i:i + size]) for i in range(0, len(train), size)]
+    curve = [
+        sum(r["reward/mean"] for r in train[i : i + size]) / len(train[i : i + size])
+        for i in range(0, len(train), size)
+    ]
     evals = [r["eval/strict_math_answer_mean"] for r in rows if "eval/strict_math_answer_mean" in r]
-    out = {"steps_per_min": round(60 * len(step_s) / max(sum(step_s), 1e-9), 2),
-           "reward_by_fifth": [round(c, 3) for c in curve[:fifths]], "accuracy_end": evals[-1] if evals else None}
+    out = {
+        "steps_per_min": round(60 * len(step_s) / max(sum(step_s), 1e-9), 2),
+        "reward_by_fifth": [round(c, 3) for c in curve[:fifths]],
+        "accuracy_end": evals[-1] if evals else None,
+    }
     if "rollout/staleness_mean" in train[0]:
         for key in ("rollout/staleness_mean", "perf/trainer_wait_s", "perf/generator_wait_s"):
             out[key] = round(sum(r[key] for r in train) / len(train), 3)
@@ -67,25 +73,51 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if not (data / "train.jsonl").exists():
-        run([sys.executable, "-m", "rlhfkit", "data", str(data), "--task", "arithmetic", "--train-digits", "1,2",
-             "--n-train", "400"], out / "data.log", dict(os.environ))
+        run(
+            [
+                sys.executable,
+                "-m",
+                "rlhfkit",
+                "data",
+                str(data),
+                "--task",
+                "arithmetic",
+                "--train-digits",
+                "1,2",
+                "--n-train",
+                "400",
+            ],
+            out / "data.log",
+            dict(os.environ),
+        )
     results = {}
     for kind in a.order.split(","):
         run_dir = out / kind
-        overrides = [f"max_steps={a.steps}", f"eval_every={a.steps}", "save_steps=0", f"output_dir={run_dir}",
-                     f"train_dataset={data / 'train.jsonl'}", f"eval_dataset={data / 'eval.jsonl'}",
-                     *([f"model={a.model}"] if a.model else [])]
+        overrides = [
+            f"max_steps={a.steps}",
+            f"eval_every={a.steps}",
+            "save_steps=0",
+            f"output_dir={run_dir}",
+            f"train_dataset={data / 'train.jsonl'}",
+            f"eval_dataset={data / 'eval.jsonl'}",
+            *([f"model={a.model}"] if a.model else []),
+        ]
         threads = a.threads
         if kind == "async":
             overrides += ["rollout_workers=1", f"max_staleness={a.staleness}", "--nproc-per-node", "2"]
             threads = max(1, a.threads // 2)
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-        wall = run([sys.executable, "-m", "rlhfkit", "rl", "--config", str(RECIPE), *overrides, "--quiet", "--overwrite"],
-                   out / f"{kind}.log", env)
+        wall = run(
+            [sys.executable, "-m", "rlhfkit", "rl", "--config", str(RECIPE), *overrides, "--quiet", "--overwrite"],
+            out / f"{kind}.log",
+            env,
+        )
         results[kind] = {"threads_per_process": threads, "wall_s": round(wall, 1), **summary(run_dir)}
         print(json.dumps({kind: results[kind]}), flush=True)
     if "sync" in results and "async" in results:
-        results["speedup_steps_per_min"] = round(results["async"]["steps_per_min"] / results["sync"]["steps_per_min"], 2)
+        results["speedup_steps_per_min"] = round(
+            results["async"]["steps_per_min"] / results["sync"]["steps_per_min"], 2
+        )
         print(json.dumps({"speedup_steps_per_min": results["speedup_steps_per_min"]}))
     (out / "results.json").write_text(json.dumps(results, indent=2))
 

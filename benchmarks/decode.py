@@ -47,11 +47,21 @@ def load(name: str, device: str):
         from transformers import LlamaConfig, LlamaForCausalLM
 
         tok = char_tokenizer()
-        config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                             tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=100000.0,
-                             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
+        config = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            tie_word_embeddings=True,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         torch.manual_seed(0)
         return LlamaForCausalLM(config).to(device), tok
     from rlhfkit.models import load_causal_lm, load_tokenizer
@@ -76,8 +86,7 @@ def engine(variant: str, model, tok, share_prompt: bool):
     from rlhfkit.rollout.quantized import QuantizedEngine
     from rlhfkit.rollout.weight_sync import hf_weights
 
-    quantized = QuantizedEngine(model, prec, tok.pad_token_id, tok.eos_token_id, share_prompt=share_prompt,
-                                decode=mode)
+    quantized = QuantizedEngine(model, prec, tok.pad_token_id, tok.eos_token_id, share_prompt=share_prompt, decode=mode)
     quantized.sync_weights(hf_weights(model), version=0)
     return quantized
 
@@ -90,8 +99,14 @@ def logprob_gap(model, result) -> float:
     from rlhfkit.models.policy import forward_response
 
     with torch.no_grad():
-        ours = forward_response(model, result.input_ids, result.attention_mask, result.response_mask.shape[1],
-                                temperature=1.0, prompt_index=result.prompt_index).logprobs
+        ours = forward_response(
+            model,
+            result.input_ids,
+            result.attention_mask,
+            result.response_mask.shape[1],
+            temperature=1.0,
+            prompt_index=result.prompt_index,
+        ).logprobs
     mask = result.response_mask.bool()
     return float((ours.float() - result.logprobs.float().to(ours.device)).abs()[mask].mean())
 
@@ -160,12 +175,24 @@ def main() -> None:
         reps = max(a.reps, 1)
         mean = {v: sum(s) / max(len(s), 1) for v, s in seconds.items()}
         speed = {v: tokens / max(sum(s), 1e-9) for v, s in seconds.items()}
-        print(json.dumps({"model": a.model, "device": a.device, "rows": len(prompts) * a.group_size,
-                          "max_new_tokens": limit, "mean_completion_tokens": tokens / reps / (len(prompts) * a.group_size),
-                          "mean_decode_steps": steps / reps, "tokens_per_s": speed, "s_per_call": mean,
-                          "speedup": {v: speed[v] / speed[variants[0]] for v in variants},
-                          "runs_s": seconds, "logprob_gap": {v: sum(g) / max(len(g), 1) for v, g in gaps.items()
-                                                              if v in variants}}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "model": a.model,
+                    "device": a.device,
+                    "rows": len(prompts) * a.group_size,
+                    "max_new_tokens": limit,
+                    "mean_completion_tokens": tokens / reps / (len(prompts) * a.group_size),
+                    "mean_decode_steps": steps / reps,
+                    "tokens_per_s": speed,
+                    "s_per_call": mean,
+                    "speedup": {v: speed[v] / speed[variants[0]] for v in variants},
+                    "runs_s": seconds,
+                    "logprob_gap": {v: sum(g) / max(len(g), 1) for v, g in gaps.items() if v in variants},
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -32,18 +32,33 @@ def worker(a) -> None:
     from rlhfkit.trainers import RLTrainer
 
     transformers.utils.logging.disable_progress_bar()
-    cfg = RLConfig(algorithm="grpo", prompts_per_step=a.prompts, group_size=a.group_size, max_new_tokens=a.new_tokens,
-                   max_steps=a.warmup + a.steps, learning_rate=1e-6, log_every=0, progress_bar=False, seed=0,
-                   kl_coef=a.kl_coef, parallelism=a.parallelism)
+    cfg = RLConfig(
+        algorithm="grpo",
+        prompts_per_step=a.prompts,
+        group_size=a.group_size,
+        max_new_tokens=a.new_tokens,
+        max_steps=a.warmup + a.steps,
+        learning_rate=1e-6,
+        log_every=0,
+        progress_bar=False,
+        seed=0,
+        kl_coef=a.kl_coef,
+        parallelism=a.parallelism,
+    )
     trainer = RLTrainer(a.model, ["math_answer", "answer_format"], cfg, train_dataset=make_rows(256, 0))
-    history = trainer.train()[a.warmup:]
+    history = trainer.train()[a.warmup :]
     local = lambda t: t.to_local() if hasattr(t, "to_local") else t  # noqa: E731
     params = sum(local(p).numel() for p in trainer.models.policy.parameters() if p.requires_grad)
     mean = lambda key: sum(r[key] for r in history) / len(history)  # noqa: E731
-    result = {"world": distributed.role_size(), "rank": distributed.role_rank(), "parallelism": a.parallelism,
-              "step_s": sum(mean(f"perf/time_{k}") for k in ("generate", "reward", "logprobs", "update")),
-              **{f"{k}_s": mean(f"perf/time_{k}") for k in ("generate", "update")},
-              "state_mb": params * 4 * 4 / 1e6, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}
+    result = {
+        "world": distributed.role_size(),
+        "rank": distributed.role_rank(),
+        "parallelism": a.parallelism,
+        "step_s": sum(mean(f"perf/time_{k}") for k in ("generate", "reward", "logprobs", "update")),
+        **{f"{k}_s": mean(f"perf/time_{k}") for k in ("generate", "update")},
+        "state_mb": params * 4 * 4 / 1e6,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+    }
     print("RESULT " + json.dumps(result), flush=True)
     torch.distributed.destroy_process_group() if distributed.role_active() else None
 
@@ -74,9 +89,18 @@ def main() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        launcher = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run",
-                                                    f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
-                                                    f"--master-port={port}"]
+        launcher = (
+            [sys.executable]
+            if n == 1
+            else [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc-per-node={n}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+            ]
+        )
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count() // n))}
         out = subprocess.run(launcher + [__file__, *argv, "--worker"], capture_output=True, text=True, env=env)
         if out.returncode:

@@ -78,6 +78,7 @@ def main(argv=None) -> None:
     from rlhfkit.rollout.base import SamplingParams
     from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
     from rlhfkit.tasks.tiny import chatml_tokenizer
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "endpoint"))
     from conftest import turn_ending_model
 
@@ -101,8 +102,15 @@ def main(argv=None) -> None:
         agent.run(engine, episodes, sampling, seed=list(range(seed, seed + len(episodes))))
         wall = time.perf_counter() - start
         turns = sum(e.turns for e in episodes) / len(episodes)
-        return {"path": name, "wall_s": wall, "episodes_per_s": len(episodes) / wall, "generate_s": engine.seconds,
-                "generate_calls": engine.calls, "other_s": wall - engine.seconds, "turns_mean": turns}
+        return {
+            "path": name,
+            "wall_s": wall,
+            "episodes_per_s": len(episodes) / wall,
+            "generate_s": engine.seconds,
+            "generate_calls": engine.calls,
+            "other_s": wall - engine.seconds,
+            "turns_mean": turns,
+        }
 
     results = {"endpoint": [], "environment_factory": []}
     try:
@@ -111,18 +119,23 @@ def main(argv=None) -> None:
                 row = once(name, agent, 1000 * r)
                 if r:  # round 0 warms up (imports, the server's start)
                     results[name].append(row)
-                    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}),
-                          flush=True)
+                    print(
+                        json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True
+                    )
     finally:
         endpoint.close()
-    med = {k: {m: statistics.median(x[m] for x in v) for m in ("wall_s", "episodes_per_s", "generate_s", "other_s")}
-           for k, v in results.items()}
+    med = {
+        k: {m: statistics.median(x[m] for x in v) for m in ("wall_s", "episodes_per_s", "generate_s", "other_s")}
+        for k, v in results.items()
+    }
     ratio = med["endpoint"]["wall_s"] / med["environment_factory"]["wall_s"]
-    print(f"median over {args.rounds} rounds: endpoint {med['endpoint']['episodes_per_s']:.1f} episodes/s "
-          f"(generate {med['endpoint']['generate_s']:.2f} s + other {med['endpoint']['other_s']:.2f} s), "
-          f"in process {med['environment_factory']['episodes_per_s']:.1f} episodes/s "
-          f"(generate {med['environment_factory']['generate_s']:.2f} s + other "
-          f"{med['environment_factory']['other_s']:.2f} s); endpoint / in-process time = {ratio:.2f}x")
+    print(
+        f"median over {args.rounds} rounds: endpoint {med['endpoint']['episodes_per_s']:.1f} episodes/s "
+        f"(generate {med['endpoint']['generate_s']:.2f} s + other {med['endpoint']['other_s']:.2f} s), "
+        f"in process {med['environment_factory']['episodes_per_s']:.1f} episodes/s "
+        f"(generate {med['environment_factory']['generate_s']:.2f} s + other "
+        f"{med['environment_factory']['other_s']:.2f} s); endpoint / in-process time = {ratio:.2f}x"
+    )
 
 
 if __name__ == "__main__":

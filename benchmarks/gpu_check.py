@@ -75,15 +75,40 @@ CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled")
 # The model of each device: Qwen2.5-0.5B's shape on CUDA; the same architecture, tiny, on the CPU.
 MODELS = {
     "cuda": QWEN25_05B,
-    "cpu": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                num_key_value_heads=1, vocab_size=256, max_position_embeddings=512),
+    "cpu": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=256,
+        max_position_embeddings=512,
+    ),
 }
 # The work of one step: prompt characters (= tokens), completions, rows.
 WORK = {
-    "cuda": dict(prompt=64, new_tokens=128, prompts=8, group=4, ppo_prompts=16, sft_length=512, sft_batch=8,
-                 dpo_length=256, dpo_batch=4),
-    "cpu": dict(prompt=16, new_tokens=8, prompts=2, group=2, ppo_prompts=2, sft_length=32, sft_batch=2,
-                dpo_length=24, dpo_batch=2),
+    "cuda": dict(
+        prompt=64,
+        new_tokens=128,
+        prompts=8,
+        group=4,
+        ppo_prompts=16,
+        sft_length=512,
+        sft_batch=8,
+        dpo_length=256,
+        dpo_batch=4,
+    ),
+    "cpu": dict(
+        prompt=16,
+        new_tokens=8,
+        prompts=2,
+        group=2,
+        ppo_prompts=2,
+        sft_length=32,
+        sft_batch=2,
+        dpo_length=24,
+        dpo_batch=2,
+    ),
 }
 
 
@@ -103,8 +128,9 @@ def check_sft(ctx):
 
     w, half = ctx.work, (ctx.work["sft_length"] - 1) // 2  # prompt + completion + EOS fit max_length
     rows = [{"prompt": text(i, half), "completion": text(i + 1, half)} for i in range(w["sft_batch"] * ctx.steps)]
-    args = SFTConfig(batch_size=w["sft_batch"], max_length=w["sft_length"], max_steps=ctx.steps, dtype="bfloat16",
-                     **ctx.common())
+    args = SFTConfig(
+        batch_size=w["sft_batch"], max_length=w["sft_length"], max_steps=ctx.steps, dtype="bfloat16", **ctx.common()
+    )
     trainer = SFTTrainer(ctx.model(torch.bfloat16), args, rows, processing_class=ctx.tokenizer)
     return ctx.measure(trainer, "sft/loss", tokens=lambda row: row["sft/tokens"])
 
@@ -113,10 +139,13 @@ def check_dpo(ctx):
     from rlhfkit.trainers import DPOConfig, DPOTrainer
 
     w, third = ctx.work, ctx.work["dpo_length"] // 3
-    rows = [{"prompt": text(i, third), "chosen": text(i + 1, third), "rejected": text(i + 2, third)}
-            for i in range(w["dpo_batch"] * ctx.steps)]
-    args = DPOConfig(batch_size=w["dpo_batch"], max_length=w["dpo_length"], max_steps=ctx.steps, dtype="bfloat16",
-                     **ctx.common())
+    rows = [
+        {"prompt": text(i, third), "chosen": text(i + 1, third), "rejected": text(i + 2, third)}
+        for i in range(w["dpo_batch"] * ctx.steps)
+    ]
+    args = DPOConfig(
+        batch_size=w["dpo_batch"], max_length=w["dpo_length"], max_steps=ctx.steps, dtype="bfloat16", **ctx.common()
+    )
     trainer = DPOTrainer(ctx.model(torch.bfloat16), args, rows, processing_class=ctx.tokenizer)
     tokens = 2 * 2 * third * w["dpo_batch"]  # chosen and rejected rows, prompt + answer each
     return ctx.measure(trainer, "dpo/loss", tokens=lambda row: tokens)
@@ -129,11 +158,25 @@ def rl_trainer(ctx, algorithm: str, dtype: torch.dtype = torch.bfloat16, peft_co
     w = ctx.work
     prompts = w["prompts"] if algorithm != "ppo" else w["ppo_prompts"]
     rows = [{"prompt": text(i, w["prompt"])} for i in range(prompts * ctx.steps)]
-    args = RLConfig(algorithm=algorithm, prompts_per_step=prompts, max_new_tokens=w["new_tokens"],
-                    max_steps=ctx.steps, rollout_engine="hf", dtype=str(dtype).removeprefix("torch."),
-                    **({"group_size": w["group"]} if algorithm != "ppo" else {}), **ctx.common(), **overrides)
-    return RLTrainer(ctx.model(dtype), [distinct_letters], args, train_dataset=rows, processing_class=ctx.tokenizer,
-                     peft_config=peft_config)
+    args = RLConfig(
+        algorithm=algorithm,
+        prompts_per_step=prompts,
+        max_new_tokens=w["new_tokens"],
+        max_steps=ctx.steps,
+        rollout_engine="hf",
+        dtype=str(dtype).removeprefix("torch."),
+        **({"group_size": w["group"]} if algorithm != "ppo" else {}),
+        **ctx.common(),
+        **overrides,
+    )
+    return RLTrainer(
+        ctx.model(dtype),
+        [distinct_letters],
+        args,
+        train_dataset=rows,
+        processing_class=ctx.tokenizer,
+        peft_config=peft_config,
+    )
 
 
 def check_grpo(ctx):
@@ -147,8 +190,9 @@ def check_ppo(ctx):
 def check_lora(ctx):
     from peft import LoraConfig
 
-    lora = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-                      task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
+    )
     return ctx.measure(rl_trainer(ctx, "grpo", peft_config=lora), "reward/mean")
 
 
@@ -172,8 +216,9 @@ def check_quantized(ctx):
     """GRPO sampling from a quantized copy (``rollout_precision``: fp8 via torchao on CUDA, int8 on
     the CPU), corrected by ``rollout_is``; the mismatch metrics of the last step are reported."""
     precision = "fp8" if ctx.device.type == "cuda" else "int8"
-    trainer = rl_trainer(ctx, "grpo", torch.float32 if precision == "int8" else torch.bfloat16,
-                         rollout_precision=precision)
+    trainer = rl_trainer(
+        ctx, "grpo", torch.float32 if precision == "int8" else torch.bfloat16, rollout_precision=precision
+    )
     result = ctx.measure(trainer, "rollout/logprob_diff_mean")
     result["rollout_precision"] = precision
     result["mismatch"] = {k: v for k, v in ctx.last.items() if k.startswith("rollout/")}
@@ -196,8 +241,9 @@ def one_process_group(device: torch.device):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=0, world_size=1)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1
+    )
     saved = distributed.role_active, distributed._DEVICE[0]
     distributed.role_active, distributed._DEVICE[0] = (lambda: True), device
     try:
@@ -221,8 +267,14 @@ class Context:
         return build_model(self.shape, self.tokenizer, self.device, dtype)
 
     def common(self) -> dict:
-        return dict(device=self.device.type, output_dir=self.out_dir, log_every=0, progress_bar=False,
-                    learning_rate=1e-6, seed=0)
+        return dict(
+            device=self.device.type,
+            output_dir=self.out_dir,
+            log_every=0,
+            progress_bar=False,
+            learning_rate=1e-6,
+            seed=0,
+        )
 
     def measure(self, trainer, key: str, tokens=None) -> dict:
         """Train; the step times from the run's timeline (warm-up step left out), tokens/s, the
@@ -248,10 +300,14 @@ class Context:
         elif "perf/tokens_per_s" in rows[0]:
             result["tokens_per_s"] = round(sum(r["perf/tokens_per_s"] for r in rows) / len(rows), 1)
         phases = sorted({k for r in rows for k in r if k.startswith("perf/time_")})
-        result["phases_s"] = {k.removeprefix("perf/time_"): round(sum(r.get(k, 0.0) for r in rows) / len(rows), 4)
-                              for k in phases}
-        result["perf"] = {k: v for k, v in history[-1].items()
-                          if k.startswith("perf/") and not k.startswith("perf/time_") and k != "perf/tokens_per_s"}
+        result["phases_s"] = {
+            k.removeprefix("perf/time_"): round(sum(r.get(k, 0.0) for r in rows) / len(rows), 4) for k in phases
+        }
+        result["perf"] = {
+            k: v
+            for k, v in history[-1].items()
+            if k.startswith("perf/") and not k.startswith("perf/time_") and k != "perf/tokens_per_s"
+        }
         result[key] = history[-1][key]
         return result
 
@@ -275,19 +331,25 @@ def run_check(name: str, ctx: Context) -> dict:
     if cuda:
         result["peak_cuda_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     gc.collect()
-    print(f"gpu_check: {name} {'ok' if result['ok'] else 'FAILED'} in {result['wall_s']} s", file=sys.stderr,
-          flush=True)
+    print(
+        f"gpu_check: {name} {'ok' if result['ok'] else 'FAILED'} in {result['wall_s']} s", file=sys.stderr, flush=True
+    )
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
-                   help="cuda: the Qwen2.5-0.5B-shaped model; cpu: a tiny one of the same architecture")
+    p.add_argument(
+        "--device",
+        default="cuda",
+        choices=["cuda", "cpu"],
+        help="cuda: the Qwen2.5-0.5B-shaped model; cpu: a tiny one of the same architecture",
+    )
     p.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated checks of {', '.join(CHECKS)}")
     p.add_argument("--steps", type=int, default=3, help="steps per check; the first is the warm-up")
-    p.add_argument("--budget-s", type=float, default=480.0,
-                   help="checks not started within this many seconds fail as out of time")
+    p.add_argument(
+        "--budget-s", type=float, default=480.0, help="checks not started within this many seconds fail as out of time"
+    )
     a = p.parse_args(argv)
     only = [c.strip() for c in a.only.split(",") if c.strip()]
     unknown = [c for c in only if c not in CHECKS]
@@ -307,10 +369,16 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     ctx = Context(device, a.steps)
-    report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__,
-              "model": {"architecture": "Qwen2ForCausalLM", **ctx.shape}, "work": ctx.work, "steps": a.steps,
-              "checks": {}}
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "model": {"architecture": "Qwen2ForCausalLM", **ctx.shape},
+        "work": ctx.work,
+        "steps": a.steps,
+        "checks": {},
+    }
     for name in only:
         if time.perf_counter() - start > a.budget_s:
             report["checks"][name] = {"ok": False, "error": f"not started: past the {a.budget_s:g} s budget"}

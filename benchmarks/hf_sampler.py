@@ -49,12 +49,23 @@ def main() -> None:
 
     def transformers_sampler(rep: int) -> int:
         torch.manual_seed(rep)
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=a.new_tokens, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=a.new_tokens,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
         return out.shape[1] - ids.shape[1]
 
     def seeded_sampler(rep: int) -> int:
-        return engine.generate(prompts, n, sampling, seed=[1000 * rep + g for g in range(len(prompts))]).response_ids.shape[1]
+        return engine.generate(
+            prompts, n, sampling, seed=[1000 * rep + g for g in range(len(prompts))]
+        ).response_ids.shape[1]
 
     per_step = {"transformers": [], "rlhfkit_seeded": []}
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -65,9 +76,17 @@ def main() -> None:
                 if rep:  # the first call of each is a warm-up
                     per_step[name].append((time.perf_counter() - start) / steps)
     mean = {k: sum(v) / len(v) for k, v in per_step.items()}
-    print(json.dumps({"batch": f"{a.prompts}x{n}x{a.new_tokens}", "s_per_decode_step": mean,
-                      "seeded_over_transformers": mean["rlhfkit_seeded"] / mean["transformers"],
-                      "runs": per_step}), flush=True)
+    print(
+        json.dumps(
+            {
+                "batch": f"{a.prompts}x{n}x{a.new_tokens}",
+                "s_per_decode_step": mean,
+                "seeded_over_transformers": mean["rlhfkit_seeded"] / mean["transformers"],
+                "runs": per_step,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

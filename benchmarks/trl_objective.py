@@ -30,7 +30,9 @@ def _ours(seed: int):
 
     trainer = toy_trainer("grpo", group_size=8, prompts_per_step=4, kl_coef=0.0, seed=seed)
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 8, trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], 8, trainer.sampler.sampling
+    )
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     return trainer, trainer.make_experience(rollout, scores, valid, metrics)
 
@@ -39,11 +41,26 @@ def _trl(model, tokenizer, out_dir: str):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    args = GRPOConfig(output_dir=out_dir, beta=0.0, num_generations=8, per_device_train_batch_size=32,
-                      max_completion_length=8, loss_type="grpo", epsilon=0.2, temperature=1.0, report_to=[],
-                      use_cpu=True, bf16=False)
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=args,
-                          train_dataset=Dataset.from_list([{"prompt": "a"}] * 32), processing_class=tokenizer)
+    args = GRPOConfig(
+        output_dir=out_dir,
+        beta=0.0,
+        num_generations=8,
+        per_device_train_batch_size=32,
+        max_completion_length=8,
+        loss_type="grpo",
+        epsilon=0.2,
+        temperature=1.0,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": "a"}] * 32),
+        processing_class=tokenizer,
+    )
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop; one window here
     return trainer
 
@@ -78,18 +95,34 @@ def main() -> None:
         mine, _ = rlhfkit_loss(ours.models, part(UpdateLoss, ours.args), exp, rows, 0.0)
         mine.backward()
         g_ours = _grads(policy)
-        inputs = {"prompt_ids": r.input_ids[:, :n_prompt], "prompt_mask": r.attention_mask[:, :n_prompt],
-                  "completion_ids": r.input_ids[:, n_prompt:], "completion_mask": mask.long(),
-                  "advantages": row_adv, "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+        inputs = {
+            "prompt_ids": r.input_ids[:, :n_prompt],
+            "prompt_mask": r.attention_mask[:, :n_prompt],
+            "completion_ids": r.input_ids[:, n_prompt:],
+            "completion_mask": mask.long(),
+            "advantages": row_adv,
+            "old_per_token_logps": old,
+            "num_items_in_batch": mask.sum(),
+        }
         trl.model.train()
         theirs = trl._compute_loss(trl.model, inputs)
         theirs.backward()
         g_trl = _grads(trl.model)
         rel = max(float((g_ours[n] - g_trl[n]).norm() / g_trl[n].norm().clamp(min=1e-30)) for n in g_trl)
         clipped = 0.0 if old is None else float((((current - old).exp() - 1).abs() > 0.2)[mask].float().mean())
-        print(json.dumps({"case": case, "loss_rlhfkit": mine.item(), "loss_trl": theirs.item(),
-                          "max_rel_grad_diff": rel, "tensors": len(g_trl), "clipped_token_share": clipped}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "case": case,
+                    "loss_rlhfkit": mine.item(),
+                    "loss_trl": theirs.item(),
+                    "max_rel_grad_diff": rel,
+                    "tensors": len(g_trl),
+                    "clipped_token_share": clipped,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -56,19 +56,27 @@ def supervised(kind: str, root: Path, steps: int) -> str:
     quiet = dict(log_every=0, progress_bar=False, seed=0)
     sft_dir = root / "sft"
     if not (sft_dir / "final").exists():
-        SFTTrainer(tiny_causal_lm(tok, hidden_size=64, layers=2, seed=0),
-                   SFTConfig(learning_rate=3e-3, max_steps=steps, batch_size=16, output_dir=str(sft_dir), **quiet),
-                   train_dataset=shift.make_sft_rows(400, 0), processing_class=tok).train()
+        SFTTrainer(
+            tiny_causal_lm(tok, hidden_size=64, layers=2, seed=0),
+            SFTConfig(learning_rate=3e-3, max_steps=steps, batch_size=16, output_dir=str(sft_dir), **quiet),
+            train_dataset=shift.make_sft_rows(400, 0),
+            processing_class=tok,
+        ).train()
     if kind == "sft":
         return saved_digest(sft_dir / "final")
     pairs = shift.make_synthetic_pairs(400, 0)
     if kind == "rm":
-        RewardModelTrainer(str(sft_dir / "final"), RewardModelConfig(learning_rate=1e-3, max_steps=steps, batch_size=16,
-                                                                     output_dir=str(root / "rm"), **quiet),
-                           train_dataset=pairs).train()
+        RewardModelTrainer(
+            str(sft_dir / "final"),
+            RewardModelConfig(learning_rate=1e-3, max_steps=steps, batch_size=16, output_dir=str(root / "rm"), **quiet),
+            train_dataset=pairs,
+        ).train()
         return saved_digest(root / "rm" / "final")
-    DPOTrainer(str(sft_dir / "final"), DPOConfig(learning_rate=1e-3, max_steps=steps, batch_size=16,
-                                                 output_dir=str(root / "dpo"), **quiet), train_dataset=pairs).train()
+    DPOTrainer(
+        str(sft_dir / "final"),
+        DPOConfig(learning_rate=1e-3, max_steps=steps, batch_size=16, output_dir=str(root / "dpo"), **quiet),
+        train_dataset=pairs,
+    ).train()
     return saved_digest(root / "dpo" / "final")
 
 
@@ -89,8 +97,20 @@ def agent(root: Path) -> str:
 
     paths = demo_files(root / "calculator", n_train=64, n_eval=4)
     model_dir = warm_start(paths, root / "calculator-sft", max_steps=40, batch_size=8)
-    train_agent(model_dir, paths, root / "agent", "environment", max_steps=4, eval_every=0, prompts_per_step=2,
-                group_size=4, max_new_tokens=96, save_steps=0, learning_rate=1e-3, log_every=0)
+    train_agent(
+        model_dir,
+        paths,
+        root / "agent",
+        "environment",
+        max_steps=4,
+        eval_every=0,
+        prompts_per_step=2,
+        group_size=4,
+        max_new_tokens=96,
+        save_steps=0,
+        learning_rate=1e-3,
+        log_every=0,
+    )
     return saved_digest(root / "agent" / "final")
 
 
@@ -99,8 +119,22 @@ def two_processes(root: Path, steps: int, name: str = "grpo-2proc") -> str:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), __file__, "--worker", str(root / name), "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        __file__,
+        "--worker",
+        str(root / name),
+        "--steps",
+        str(steps),
+    ]
     if name == "grpo-async":
         cmd.append("--async")
     subprocess.run(cmd, check=True, env=env, capture_output=True)

@@ -22,8 +22,10 @@ def _train(job_cls, args, run) -> int:
     from .config.io import format_help, load_config
 
     if args.help:
-        print(f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite] "
-              "[--nproc-per-node N] [--traceback]\n")
+        print(
+            f"usage: rlhfkit {args.command} [--config FILE.yaml] [key=value ...] [--quiet] [--overwrite] "
+            "[--nproc-per-node N] [--traceback]\n"
+        )
         print((job_cls.__doc__ or "").strip() + "\n\nkeys:\n" + format_help(job_cls))
         return 0
     overrides = list(args.overrides)
@@ -53,8 +55,16 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
             skip = True
         elif not arg.startswith("--nproc-per-node="):
             kept.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "rlhfkit", *kept]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "rlhfkit",
+        *kept,
+    ]
     return interrupts.supervise(command, argv)
 
 
@@ -64,8 +74,11 @@ def _datasets(job) -> tuple:
     from .data.hub import resolve_dataset
 
     train = resolve_dataset(job.train_dataset, job.dataset_subset, job.dataset_train_split, "train_dataset")
-    evaluation = (resolve_dataset(job.eval_dataset, job.dataset_subset, job.dataset_eval_split, "eval_dataset")
-                  if job.eval_dataset else None)
+    evaluation = (
+        resolve_dataset(job.eval_dataset, job.dataset_subset, job.dataset_eval_split, "eval_dataset")
+        if job.eval_dataset
+        else None
+    )
     return train, evaluation
 
 
@@ -82,8 +95,13 @@ def _run_rm(job):
     from .trainers import RewardModelConfig, RewardModelTrainer
 
     require(job, "model", "train_dataset")
-    return RewardModelTrainer(job.model, trainer_config(job, RewardModelConfig), *_datasets(job),
-                              center_dataset=job.center_dataset, peft_config=lora_config(job))
+    return RewardModelTrainer(
+        job.model,
+        trainer_config(job, RewardModelConfig),
+        *_datasets(job),
+        center_dataset=job.center_dataset,
+        peft_config=lora_config(job),
+    )
 
 
 def _run_dpo(job):
@@ -91,8 +109,13 @@ def _run_dpo(job):
     from .trainers import DPOConfig, DPOTrainer
 
     require(job, "model", "train_dataset")
-    return DPOTrainer(job.model, trainer_config(job, DPOConfig), *_datasets(job), ref_model=job.ref_model,
-                      peft_config=lora_config(job))
+    return DPOTrainer(
+        job.model,
+        trainer_config(job, DPOConfig),
+        *_datasets(job),
+        ref_model=job.ref_model,
+        peft_config=lora_config(job),
+    )
 
 
 def _run_rl(job):
@@ -106,10 +129,18 @@ def _run_rl(job):
 
     tools = [import_object(path, "tools") for path in job.tools]
     environment = import_object(job.environment, "environment") if job.environment else None
-    return RLTrainer(job.model, list(job.reward_funcs), trainer_config(job, RLConfig), train, eval_dataset=evaluation,
-                     reward_weights=list(job.reward_weights) if job.reward_weights else None,
-                     peft_config=lora_config(job), ref_model=job.ref_model, tools=tools or None,
-                     environment_factory=environment)
+    return RLTrainer(
+        job.model,
+        list(job.reward_funcs),
+        trainer_config(job, RLConfig),
+        train,
+        eval_dataset=evaluation,
+        reward_weights=list(job.reward_weights) if job.reward_weights else None,
+        peft_config=lora_config(job),
+        ref_model=job.ref_model,
+        tools=tools or None,
+        environment_factory=environment,
+    )
 
 
 def _eval(args) -> int:
@@ -120,8 +151,11 @@ def _eval(args) -> int:
 
     check_eval_sizes(args.samples, args.batch_size, ("--samples", "--batch-size"))
     if args.output:
-        check_eval_output(args.output, args.overwrite, {"--dataset": args.dataset, "--model": args.model,
-                                                        "--reference": args.reference})
+        check_eval_output(
+            args.output,
+            args.overwrite,
+            {"--dataset": args.dataset, "--model": args.model, "--reference": args.reference},
+        )
     if not args.reward:
         raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
     given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
@@ -136,10 +170,20 @@ def _eval(args) -> int:
     tools = [import_object(path, "--tool") for path in args.tool]
     environment = import_object(args.environment, "--environment") if args.environment else None
     model, tokenizer = checkpoint_policy(args.model) or (args.model, None)
-    result = evaluate_policy(model, args.reward, args.dataset, tokenizer=tokenizer, reference=args.reference,
-                             samples_per_prompt=args.samples, sampling=sampling, batch_size=args.batch_size,
-                             tools=tools, environment_factory=environment, chat_template=args.chat_template,
-                             max_tool_calling_iterations=args.max_tool_calling_iterations)
+    result = evaluate_policy(
+        model,
+        args.reward,
+        args.dataset,
+        tokenizer=tokenizer,
+        reference=args.reference,
+        samples_per_prompt=args.samples,
+        sampling=sampling,
+        batch_size=args.batch_size,
+        tools=tools,
+        environment_factory=environment,
+        chat_template=args.chat_template,
+        max_tool_calling_iterations=args.max_tool_calling_iterations,
+    )
     for key, value in result["metrics"].items():
         print(f"{key:<32} {value:10.4f}")
     if args.output:
@@ -150,8 +194,15 @@ def _eval(args) -> int:
 def _quickstart(args) -> int:
     from .quickstart import run_quickstart
 
-    out = run_quickstart(args.output_dir, scale=args.scale, compare_grpo=not args.no_grpo, quiet=args.quiet,
-                         seed=args.seed, overwrite=args.overwrite, compare_dpo=not args.no_dpo)
+    out = run_quickstart(
+        args.output_dir,
+        scale=args.scale,
+        compare_grpo=not args.no_grpo,
+        quiet=args.quiet,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        compare_dpo=not args.no_dpo,
+    )
     before = out["results"]["SFT"]["eval/oracle_reward_mean"]
     after = out["results"]["PPO"]["eval/oracle_reward_mean"]
     if after <= before:
@@ -173,15 +224,32 @@ def _report(args) -> int:
 def _data(args) -> int:
     from .tasks import arithmetic, calculator, shift
 
-    existing = [p for p in ("sft.jsonl", "pairs.jsonl", "prompts.jsonl", "eval_prompts.jsonl", "model",
-                            "train.jsonl", "eval.jsonl") if (Path(args.out_dir) / p).exists()]
+    existing = [
+        p
+        for p in (
+            "sft.jsonl",
+            "pairs.jsonl",
+            "prompts.jsonl",
+            "eval_prompts.jsonl",
+            "model",
+            "train.jsonl",
+            "eval.jsonl",
+        )
+        if (Path(args.out_dir) / p).exists()
+    ]
     _check_count("--n-train", args.n_train, 1, 10**7)
     if existing and not args.overwrite:
         raise ValueError(f"{args.out_dir} already holds {', '.join(existing)}: choose another directory or --overwrite")
     if args.task == "arithmetic":
         train_digits = [int(d) for d in args.train_digits.split(",")] if args.train_digits else None
-        paths = arithmetic.write_task_files(args.out_dir, args.seed, n_train=args.n_train, digits=args.digits,
-                                            operators=args.operators, train_digits=train_digits)
+        paths = arithmetic.write_task_files(
+            args.out_dir,
+            args.seed,
+            n_train=args.n_train,
+            digits=args.digits,
+            operators=args.operators,
+            train_digits=train_digits,
+        )
     elif args.task == "calculator":
         try:
             digits = tuple(int(d) for d in args.factor_digits.split(","))
@@ -191,8 +259,9 @@ def _data(args) -> int:
             raise ValueError(f"--factor-digits must be two positive integers like '3,2', got {args.factor_digits!r}")
         if not 0.0 <= args.wrong_share <= 1.0:
             raise ValueError(f"--wrong-share must be in [0, 1], got {args.wrong_share}")
-        paths = calculator.write_task_files(args.out_dir, args.seed, n_train=args.n_train, digits=digits,
-                                            wrong_share=args.wrong_share)
+        paths = calculator.write_task_files(
+            args.out_dir, args.seed, n_train=args.n_train, digits=digits, wrong_share=args.wrong_share
+        )
     else:
         paths = shift.write_task_files(args.out_dir, args.seed)
     for name, path in paths.items():
@@ -222,11 +291,13 @@ def _check_count(flag: str, value: int, low: int, high: int) -> None:
 def _parser() -> argparse.ArgumentParser:
     # allow_abbrev=False everywhere: no option is ever taken from a prefix (`--over` is not
     # --overwrite); main refuses an unknown one in one line with a suggestion (_unknown_options).
-    parser = argparse.ArgumentParser(prog="rlhfkit", description="RL post-training of language models.",
-                                     allow_abbrev=False)
+    parser = argparse.ArgumentParser(
+        prog="rlhfkit", description="RL post-training of language models.", allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    q = sub.add_parser("quickstart", allow_abbrev=False,
-                       help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU")
+    q = sub.add_parser(
+        "quickstart", allow_abbrev=False, help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU"
+    )
     q.add_argument("--output-dir", default="runs/quickstart", help="run directory (default runs/quickstart)")
     q.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data (default 1)")
     q.add_argument("--no-grpo", action="store_true", help="skip the GRPO comparison")
@@ -237,20 +308,29 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--overwrite", action="store_true", help="reuse an existing output directory")
     q.set_defaults(func=_quickstart)
     for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("rl", "RLJob")):
-        t = sub.add_parser(name, add_help=False, allow_abbrev=False,
-                           help=f"train ({name}); --help lists every config key")
+        t = sub.add_parser(
+            name, add_help=False, allow_abbrev=False, help=f"train ({name}); --help lists every config key"
+        )
         t.add_argument("--config", help="YAML file of config keys")
         t.add_argument("overrides", nargs="*", help="key=value overrides")
         t.add_argument("--quiet", action="store_true", help="log lines only, no progress bar")
         t.add_argument("--overwrite", action="store_true", help="allow an existing, non-empty output_dir")
-        t.add_argument("--nproc-per-node", type=int, default=1,
-                       help="processes on this machine: starts torchrun with this many (CPU: gloo; GPU: one per GPU)")
+        t.add_argument(
+            "--nproc-per-node",
+            type=int,
+            default=1,
+            help="processes on this machine: starts torchrun with this many (CPU: gloo; GPU: one per GPU)",
+        )
         t.add_argument("-h", "--help", action="store_true")
         t.set_defaults(func=None, job=job)
-    e = sub.add_parser("eval", allow_abbrev=False,
-                       help="score a policy on a prompt set with reward functions / reward models")
-    e.add_argument("--model", required=True,
-                   help="policy: a model directory, .gguf file, package:NAME/file, or an `rlhfkit rl` checkpoint-N directory")
+    e = sub.add_parser(
+        "eval", allow_abbrev=False, help="score a policy on a prompt set with reward functions / reward models"
+    )
+    e.add_argument(
+        "--model",
+        required=True,
+        help="policy: a model directory, .gguf file, package:NAME/file, or an `rlhfkit rl` checkpoint-N directory",
+    )
     e.add_argument("--dataset", required=True, help="prompts file (.jsonl/.json/.parquet, 'prompt' column)")
     e.add_argument("--reward", action="append", default=[], help="reward source (repeatable)")
     e.add_argument("--reference", help="reference model directory: report the KL to it")
@@ -260,34 +340,46 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--greedy", action="store_true", help="greedy decoding instead of sampling")
     e.add_argument("--batch-size", type=int, default=64, help="completions generated at once (default 64)")
     e.add_argument("--output", help="write metrics and samples to this JSON file")
-    e.add_argument("--tool", action="append", default=[],
-                   help="agents: a tool the model may call, as module:function (repeatable)")
+    e.add_argument(
+        "--tool", action="append", default=[], help="agents: a tool the model may call, as module:function (repeatable)"
+    )
     e.add_argument("--environment", help="agents: an environment class as module:Class, one per sample")
     e.add_argument("--chat-template", help="a chat template: a file, inline Jinja or a shipped name (chatml_tools)")
     e.add_argument("--max-tool-calling-iterations", type=int, default=8, help="agents: tool rounds per episode")
-    e.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --output file that is not an earlier eval result")
+    e.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --output file that is not an earlier eval result"
+    )
     e.set_defaults(func=_eval)
     r = sub.add_parser("report", allow_abbrev=False, help="regenerate a run directory's plots and report.html")
     r.add_argument("run_dir", nargs="+", help="run directories or folders of runs (overlaid in one report)")
     r.set_defaults(func=_report)
-    d = sub.add_parser("data", allow_abbrev=False,
-                       help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
-                            "arithmetic: train/eval questions; calculator: products, with tool-use SFT conversations)")
+    d = sub.add_parser(
+        "data",
+        allow_abbrev=False,
+        help="write an embedded task's files (shift: tiny model, SFT data, pairs, prompts; "
+        "arithmetic: train/eval questions; calculator: products, with tool-use SFT conversations)",
+    )
     d.add_argument("out_dir")
     d.add_argument("--task", choices=["shift", "arithmetic", "calculator"], default="shift")
     d.add_argument("--digits", type=int, default=2, help="arithmetic: digits per operand")
     d.add_argument("--operators", default="+", help="arithmetic: operators to use, e.g. '+-'")
     d.add_argument("--n-train", type=int, default=2000, help="arithmetic: questions in the training split")
-    d.add_argument("--train-digits", help="arithmetic: digits mix of the training split, e.g. '1,2' (default: --digits)")
+    d.add_argument(
+        "--train-digits", help="arithmetic: digits mix of the training split, e.g. '1,2' (default: --digits)"
+    )
     d.add_argument("--factor-digits", default="2,2", help="calculator: digits of the two factors, e.g. '3,2'")
-    d.add_argument("--wrong-share", type=float, default=0.0,
-                   help="calculator: share of SFT conversations that end with a wrong answer (default 0)")
+    d.add_argument(
+        "--wrong-share",
+        type=float,
+        default=0.0,
+        help="calculator: share of SFT conversations that end with a wrong answer (default 0)",
+    )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace the task's files if they exist")
     d.set_defaults(func=_data)
-    demo = sub.add_parser("demo", allow_abbrev=False,
-                          help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum")
+    demo = sub.add_parser(
+        "demo", allow_abbrev=False, help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum"
+    )
     demo.add_argument("--steps", type=int, default=60, help="training steps per algorithm (default 60)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(func=_demo)
@@ -307,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         print(refused, file=sys.stderr)
         return 2
     args, extra = parser.parse_known_args(tokens)
-    if extra and getattr(args, "overrides", None) is not None and all("=" in e and not e.startswith("-")
-                                                                      for e in extra):
+    if (
+        extra
+        and getattr(args, "overrides", None) is not None
+        and all("=" in e and not e.startswith("-") for e in extra)
+    ):
         args.overrides = [*args.overrides, *extra]  # key=value after an option: `rl --quiet kl_coef=0.1 ...`
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -142,18 +142,26 @@ def check_device(device: str, field: str = "device") -> None:
         return
     kind, colon, index = str(device).partition(":")
     if colon and not index.isdigit():
-        raise ValueError(f"config field {field!r} must be 'auto', 'cpu' or a device such as 'cuda' or 'cuda:0', "
-                         f"got {device!r}")
+        raise ValueError(
+            f"config field {field!r} must be 'auto', 'cpu' or a device such as 'cuda' or 'cuda:0', got {device!r}"
+        )
     backend = {"mps": getattr(torch.backends, "mps", None), "xpu": getattr(torch, "xpu", None)}.get(kind)
-    have = {"cuda": torch.cuda.is_available(), "mps": bool(backend and backend.is_available()),
-            "xpu": bool(backend and backend.is_available())}.get(kind, True)
+    have = {
+        "cuda": torch.cuda.is_available(),
+        "mps": bool(backend and backend.is_available()),
+        "xpu": bool(backend and backend.is_available()),
+    }.get(kind, True)
     if not have:
         why = " (this torch is built without CUDA)" if kind == "cuda" and torch.version.cuda is None else ""
-        raise ValueError(f"config field {field!r} is {device!r} but torch sees no {kind} device on this machine{why}; "
-                         "use device=auto (the GPU when there is one, else the CPU) or device=cpu")
+        raise ValueError(
+            f"config field {field!r} is {device!r} but torch sees no {kind} device on this machine{why}; "
+            "use device=auto (the GPU when there is one, else the CPU) or device=cpu"
+        )
     if kind == "cuda" and colon and int(index) >= torch.cuda.device_count():
-        raise ValueError(f"config field {field!r} is {device!r} but this machine has {torch.cuda.device_count()} "
-                         f"CUDA device(s), numbered from 0")
+        raise ValueError(
+            f"config field {field!r} is {device!r} but this machine has {torch.cuda.device_count()} "
+            f"CUDA device(s), numbered from 0"
+        )
 
 
 def setup(device: str = "auto", rollout_workers: int = 0) -> torch.device:
@@ -309,8 +317,12 @@ def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: st
         dev = next(model.parameters()).device
         # broadcast_buffers=False: forward passes must not be collectives (ranks generate
         # completions of different lengths, so they run different numbers of forward passes).
-        return DistributedDataParallel(model, device_ids=[dev] if dev.type == "cuda" else None,
-                                       broadcast_buffers=False, process_group=_GROUPS["role"])
+        return DistributedDataParallel(
+            model,
+            device_ids=[dev] if dev.type == "cuda" else None,
+            broadcast_buffers=False,
+            process_group=_GROUPS["role"],
+        )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kwargs = {}
@@ -319,8 +331,9 @@ def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: st
 
         kwargs["mesh"] = DeviceMesh.from_group(_GROUPS["role"], _DEVICE[0].type)
     if mixed_precision is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision),
-                                                   reduce_dtype=torch.float32)
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32
+        )
     for block in _blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

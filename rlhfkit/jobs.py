@@ -9,6 +9,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .config.io import config_values
+
 # The job classes live in the config layer (the run record writes them too); the command line
 # finds them here by name (``rlhfkit <command>``).
 from .config.jobs import DPOJob, DPOSources, RLJob, RLSources, RMJob, RMSources, SFTJob, Sources  # noqa: F401
@@ -23,7 +24,9 @@ def trainer_config(job, cls):
 def require(job, *names: str) -> None:
     missing = [n for n in names if not getattr(job, n)]
     if missing:
-        raise ValueError(f"config key(s) {', '.join(map(repr, missing))} must be set (in the YAML file or as key=value)")
+        raise ValueError(
+            f"config key(s) {', '.join(map(repr, missing))} must be set (in the YAML file or as key=value)"
+        )
 
 
 def lora_config(job: Sources):
@@ -34,8 +37,13 @@ def lora_config(job: Sources):
 
     targets = job.lora_target_modules
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()] or None
-    return LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, target_modules=targets, lora_dropout=job.lora_dropout,
-                      task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=job.lora_r,
+        lora_alpha=job.lora_alpha,
+        target_modules=targets,
+        lora_dropout=job.lora_dropout,
+        task_type="CAUSAL_LM",
+    )
 
 
 def checkpoint_policy(path):
@@ -54,8 +62,13 @@ def checkpoint_policy(path):
         modules = {k.split(".", 1)[0] for k in read_dcp_metadata(path / DCP_DIR).state_dict_metadata}
     else:  # the single-process format of earlier versions (RL only)
         modules = {"policy"} if has_module_weights(path, "policy") else set()
-    name, job_classes = (("policy", (RLJob,)) if "policy" in modules else
-                         ("model", (SFTJob, DPOJob)) if "model" in modules and "critic" not in modules else (None, ()))
+    name, job_classes = (
+        ("policy", (RLJob,))
+        if "policy" in modules
+        else ("model", (SFTJob, DPOJob))
+        if "model" in modules and "critic" not in modules
+        else (None, ())
+    )
     if name is None:
         return None
     record, job = path.parent / "config.yaml", None
@@ -66,12 +79,16 @@ def checkpoint_policy(path):
         except ValueError:  # the record of another command
             continue
     if job is None and record.is_file():
-        raise ValueError(f"checkpoint {path} holds no policy: {record} is not the record of an rlhfkit sft, dpo "
-                         "or rl run (a reward model is evaluated as a reward: --reward <run>/final)")
+        raise ValueError(
+            f"checkpoint {path} holds no policy: {record} is not the record of an rlhfkit sft, dpo "
+            "or rl run (a reward model is evaluated as a reward: --reward <run>/final)"
+        )
     if job is None or not job.model:
-        raise ValueError(f"checkpoint {path}: {record} does not name the run's model (a run started from "
-                         "Python records only its trainer config); load the base model and apply the policy "
-                         "weights (rlhfkit.run.checkpoint.load_module_weights), or evaluate the run's final/")
+        raise ValueError(
+            f"checkpoint {path}: {record} does not name the run's model (a run started from "
+            "Python records only its trainer config); load the base model and apply the policy "
+            "weights (rlhfkit.run.checkpoint.load_module_weights), or evaluate the run's final/"
+        )
     from .models import load_causal_lm
 
     model = load_causal_lm(job.model, job.dtype)
@@ -100,8 +117,10 @@ def check_eval_output(output: str, overwrite: bool, inputs: dict) -> None:
         if given is not None and (given == out.resolve() or given in out.resolve().parents):
             raise ValueError(f"--output {output!r} would overwrite {flag} {value!r}: name another file")
     if out.exists() and not overwrite and not _eval_result(out):
-        raise ValueError(f"--output {output!r} exists and is not an rlhfkit eval result: name another file, "
-                         "or --overwrite to replace it")
+        raise ValueError(
+            f"--output {output!r} exists and is not an rlhfkit eval result: name another file, "
+            "or --overwrite to replace it"
+        )
 
 
 def _eval_result(path: Path) -> bool:

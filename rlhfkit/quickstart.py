@@ -50,8 +50,15 @@ def sample_pairs(model_dir: str, prompts: list[str], seed: int) -> list[dict]:
     return shift.label_pairs(prompts, a, b)
 
 
-def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = False, quiet: bool = False,
-                   seed: int = 0, overwrite: bool = False, compare_dpo: bool = False) -> dict:
+def run_quickstart(
+    output_dir: str,
+    scale: float = 1.0,
+    compare_grpo: bool = False,
+    quiet: bool = False,
+    seed: int = 0,
+    overwrite: bool = False,
+    compare_dpo: bool = False,
+) -> dict:
     """Run the three stages (and GRPO / DPO beside PPO) into ``output_dir``; returns the
     before/after metrics and wall time."""
     from .trainers.dpo import DPOConfig, DPOTrainer
@@ -68,10 +75,14 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
     _stage("1/3 SFT on noisy demonstrations", quiet)
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")
     sft_rows = shift.make_sft_rows(2000, seed)
-    SFTTrainer(tiny_causal_lm(tok, hidden_size=64, layers=2, seed=seed),
-               SFTConfig(learning_rate=3e-3, max_steps=steps(600), batch_size=32, output_dir=str(root / "sft"),
-                         seed=seed, **log),
-               train_dataset=sft_rows, processing_class=tok).train()
+    SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=64, layers=2, seed=seed),
+        SFTConfig(
+            learning_rate=3e-3, max_steps=steps(600), batch_size=32, output_dir=str(root / "sft"), seed=seed, **log
+        ),
+        train_dataset=sft_rows,
+        processing_class=tok,
+    ).train()
     sft_dir = str(root / "sft" / "final")
 
     _stage("2/3 reward model on oracle-labelled pairs of SFT samples", quiet)
@@ -79,34 +90,63 @@ def run_quickstart(output_dir: str, scale: float = 1.0, compare_grpo: bool = Fal
     held_out = len(pairs) // 10
     train_pairs = pairs[held_out:] + shift.make_synthetic_pairs(steps(8000), seed)
     random.Random(seed).shuffle(train_pairs)
-    RewardModelTrainer(sft_dir, RewardModelConfig(learning_rate=1e-3, max_steps=steps(1000), batch_size=64,
-                                                  output_dir=str(root / "rm"), seed=seed, **log),
-                       train_dataset=train_pairs, eval_dataset=pairs[:held_out],
-                       center_dataset=sft_rows[:500]).train()
+    RewardModelTrainer(
+        sft_dir,
+        RewardModelConfig(
+            learning_rate=1e-3, max_steps=steps(1000), batch_size=64, output_dir=str(root / "rm"), seed=seed, **log
+        ),
+        train_dataset=train_pairs,
+        eval_dataset=pairs[:held_out],
+        center_dataset=sft_rows[:500],
+    ).train()
     rm_dir = str(root / "rm" / "final")
 
     eval_prompts = [{"prompt": p} for p in shift.make_prompts(128, seed + 2)]
-    results = {"SFT": evaluate_policy(sft_dir, [shift.oracle_reward, rm_dir], eval_prompts, reference=sft_dir,
-                                      sampling=SAMPLING)}
+    results = {
+        "SFT": evaluate_policy(
+            sft_dir, [shift.oracle_reward, rm_dir], eval_prompts, reference=sft_dir, sampling=SAMPLING
+        )
+    }
     rl_prompts = [{"prompt": p} for p in shift.make_prompts(2000, seed + 3)]
     algorithms = ["ppo", "grpo"] if compare_grpo else ["ppo"]
     for algorithm in algorithms:
         _stage(f"3/3 {algorithm.upper()} against the learned reward, KL to the SFT model", quiet)
         # PPO: 32 prompts x 1 sample, lr 1e-4; GRPO: 8 prompts x 4 samples, lr 3e-4 (tuned on this task).
-        args = RLConfig(algorithm=algorithm, learning_rate=1e-4 if algorithm == "ppo" else 3e-4, kl_coef=0.05,
-                        max_steps=steps(300), prompts_per_step=32 if algorithm == "ppo" else 8,
-                        max_new_tokens=SAMPLING.max_new_tokens,
-                        critic_init=rm_dir if algorithm == "ppo" else None, missing_eos_penalty=-1.0,
-                        output_dir=str(root / algorithm), seed=seed, **log)
+        args = RLConfig(
+            algorithm=algorithm,
+            learning_rate=1e-4 if algorithm == "ppo" else 3e-4,
+            kl_coef=0.05,
+            max_steps=steps(300),
+            prompts_per_step=32 if algorithm == "ppo" else 8,
+            max_new_tokens=SAMPLING.max_new_tokens,
+            critic_init=rm_dir if algorithm == "ppo" else None,
+            missing_eos_penalty=-1.0,
+            output_dir=str(root / algorithm),
+            seed=seed,
+            **log,
+        )
         RLTrainer(sft_dir, [rm_dir], args, train_dataset=rl_prompts).train()
-        results[algorithm.upper()] = evaluate_policy(str(root / algorithm / "final"), [shift.oracle_reward, rm_dir],
-                                                     eval_prompts, reference=sft_dir, sampling=SAMPLING)
+        results[algorithm.upper()] = evaluate_policy(
+            str(root / algorithm / "final"),
+            [shift.oracle_reward, rm_dir],
+            eval_prompts,
+            reference=sft_dir,
+            sampling=SAMPLING,
+        )
     if compare_dpo:
         _stage("DPO on the reward model's pairs, reference = the SFT model (no reward model, no sampling)", quiet)
-        DPOTrainer(sft_dir, DPOConfig(**DPO_SETTINGS, max_steps=steps(DPO_STEPS), output_dir=str(root / "dpo"),
-                                      seed=seed, **log), train_dataset=train_pairs).train()
-        results["DPO"] = evaluate_policy(str(root / "dpo" / "final"), [shift.oracle_reward, rm_dir], eval_prompts,
-                                         reference=sft_dir, sampling=SAMPLING)
+        DPOTrainer(
+            sft_dir,
+            DPOConfig(**DPO_SETTINGS, max_steps=steps(DPO_STEPS), output_dir=str(root / "dpo"), seed=seed, **log),
+            train_dataset=train_pairs,
+        ).train()
+        results["DPO"] = evaluate_policy(
+            str(root / "dpo" / "final"),
+            [shift.oracle_reward, rm_dir],
+            eval_prompts,
+            reference=sft_dir,
+            sampling=SAMPLING,
+        )
     wall = time.perf_counter() - t0
     print_table(results, wall)
     return {"results": {k: v["metrics"] for k, v in results.items()}, "wall_s": wall}
@@ -116,8 +156,10 @@ def print_table(results: dict, wall: float) -> None:
     print(f"\n{'policy':<8} {'oracle score':>12} {'RM score':>9} {'KL to SFT':>10} {'length':>7}")
     for name, r in results.items():
         m = r["metrics"]
-        print(f"{name:<8} {m['eval/oracle_reward_mean']:>12.3f} {m['eval/rm_mean']:>9.3f} "
-              f"{m.get('eval/kl_to_reference', 0.0):>10.3f} {m['eval/response_length_mean']:>7.2f}")
+        print(
+            f"{name:<8} {m['eval/oracle_reward_mean']:>12.3f} {m['eval/rm_mean']:>9.3f} "
+            f"{m.get('eval/kl_to_reference', 0.0):>10.3f} {m['eval/response_length_mean']:>7.2f}"
+        )
     print("\nsample completions (prompt -> completion | ideal):")
     for name, r in results.items():
         shown = ", ".join(f"{s['prompt']}{s['completion']}|{shift.target(s['prompt'])}" for s in r["samples"][:4])

@@ -12,13 +12,34 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_step.py"
 
 
-@pytest.mark.parametrize("extra", [["--algorithm", "grpo"],
-                                   pytest.param(["--algorithm", "ppo", "--critic", "shared", "--gradient-checkpointing"],
-                                                marks=pytest.mark.slow),
-                                   pytest.param(["--no-share-prompt", "--group-size", "2"], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--algorithm", "grpo"],
+        pytest.param(["--algorithm", "ppo", "--critic", "shared", "--gradient-checkpointing"], marks=pytest.mark.slow),
+        pytest.param(["--no-share-prompt", "--group-size", "2"], marks=pytest.mark.slow),
+    ],
+)
 def test_rl_step_benchmark_runs(tiny_model_dir, extra):
-    out = subprocess.run([sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--warmup", "0", "--steps", "1",
-                          "--new-tokens", "4", "--json", *extra], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            tiny_model_dir,
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--new-tokens",
+            "4",
+            "--json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["step_s"] > 0 and row["floor_s"] > 0 and row["peak_rss_gb"] > 0
@@ -28,9 +49,25 @@ def test_rl_step_benchmark_runs(tiny_model_dir, extra):
 @pytest.mark.slow
 def test_objectives_benchmark_stops_each_preset_at_the_cpu_budget_and_tabulates(tiny_model_dir, tmp_path):
     script = SCRIPT.with_name("objectives.py")
-    out = subprocess.run([sys.executable, str(script), "--model", tiny_model_dir, "--steps", "60", "--cpu-budget", "2",
-                          "--algorithms", "grpo,dapo", "--out", str(tmp_path / "obj")], capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            tiny_model_dir,
+            "--steps",
+            "60",
+            "--cpu-budget",
+            "2",
+            "--algorithms",
+            "grpo,dapo",
+            "--out",
+            str(tmp_path / "obj"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "obj" / "results.json").read_text())
     assert set(results) == {"grpo-seed0", "dapo-seed0"}
@@ -43,8 +80,12 @@ def test_objectives_benchmark_stops_each_preset_at_the_cpu_budget_and_tabulates(
 @pytest.mark.slow
 def test_async_rollouts_benchmark_runs_both_ways_and_compares(tiny_model_dir, tmp_path):
     script = SCRIPT.with_name("async_rollouts.py")
-    out = subprocess.run([sys.executable, str(script), "--model", tiny_model_dir, "--steps", "3",
-                          "--out", str(tmp_path / "async")], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, str(script), "--model", tiny_model_dir, "--steps", "3", "--out", str(tmp_path / "async")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads((tmp_path / "async" / "results.json").read_text())
     assert results["sync"]["steps_per_min"] > 0 and results["async"]["steps_per_min"] > 0
@@ -58,8 +99,13 @@ GPU_CHECK = SCRIPT.with_name("gpu_check.py")
 def test_gpu_check_runs_every_check_on_the_cpu():
     """``benchmarks/gpu_check.py --device cpu``: the GPU check's very code on a tiny Qwen2 (~10 s), so it
     cannot rot before a GPU runs it."""
-    out = subprocess.run([sys.executable, str(GPU_CHECK), "--device", "cpu"], capture_output=True, text=True,
-                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(GPU_CHECK), "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["ok"] and report["model"]["architecture"] == "Qwen2ForCausalLM"
@@ -82,26 +128,51 @@ def test_gpu_check_names_a_failed_check_and_exits_1(monkeypatch, capsys):
     out = capsys.readouterr()
     report = json.loads(out.out)
     assert not report["ok"] and report["checks"]["sft"]["ok"]
-    assert report["checks"]["dpo"] == {"ok": False, "error": "RuntimeError: no kernel image is available",
-                                       "wall_s": report["checks"]["dpo"]["wall_s"]}
+    assert report["checks"]["dpo"] == {
+        "ok": False,
+        "error": "RuntimeError: no kernel image is available",
+        "wall_s": report["checks"]["dpo"]["wall_s"],
+    }
     assert "gpu_check: FAILED: dpo" in out.err
 
 
 SCALE = SCRIPT.with_name("scale.py")
-TINY_SCALE = ["--lengths", "8", "--sft-lengths", "32", "--dtypes", "float32", "--hidden", "64", "--vocab", "512",
-              "--layers", "1", "--warmup", "0", "--steps", "1"]
+TINY_SCALE = [
+    "--lengths",
+    "8",
+    "--sft-lengths",
+    "32",
+    "--dtypes",
+    "float32",
+    "--hidden",
+    "64",
+    "--vocab",
+    "512",
+    "--layers",
+    "1",
+    "--warmup",
+    "0",
+    "--steps",
+    "1",
+]
 
 
 def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
     """``benchmarks/scale.py --only rlhfkit`` on a tiny Qwen2 (seconds): a JSON line per run, GRPO's
     completions of exactly L tokens (the EOS the model cannot sample), the memory model, the table."""
-    out = subprocess.run([sys.executable, str(SCALE), "--only", "rlhfkit", *TINY_SCALE,
-                          "--json-out", str(tmp_path / "scale.jsonl")], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, str(SCALE), "--only", "rlhfkit", *TINY_SCALE, "--json-out", str(tmp_path / "scale.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(x) for x in (tmp_path / "scale.jsonl").read_text().splitlines()]
-    assert [(r["part"], r["side"], r["length"], r["tokens"]) for r in rows] == [("rl", "rlhfkit", 8, 2 * 4 * 8),
-                                                                                ("sft", "rlhfkit", 32, 2 * 32)]
+    assert [(r["part"], r["side"], r["length"], r["tokens"]) for r in rows] == [
+        ("rl", "rlhfkit", 8, 2 * 4 * 8),
+        ("sft", "rlhfkit", 32, 2 * 32),
+    ]
     for r in rows:
         assert r["step_s"] > 0 and r["peak_gb"] > r["floor_gb"] > r["baseline_gb"] > 0, r
         assert abs(r["floor_gb"] - r["baseline_gb"] - 16 * r["params"] / 1e9) < 1e-9  # float32 weights, grads, AdamW
@@ -112,9 +183,25 @@ def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
 def test_decode_benchmark_alternates_the_decode_modes_on_a_tiny_model():
     """``benchmarks/decode.py --model tiny`` (seconds): one JSON line per completion limit, every
     variant timed, none failed, and the loop sampling the tokens generate samples."""
-    out = subprocess.run([sys.executable, str(SCRIPT.with_name("decode.py")), "--model", "tiny", "--new-tokens", "4,8",
-                          "--reps", "1", "--threads", "1", "--variants", "generate,loop,static"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT.with_name("decode.py")),
+            "--model",
+            "tiny",
+            "--new-tokens",
+            "4,8",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--variants",
+            "generate,loop,static",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [json.loads(x) for x in out.stdout.strip().splitlines()]
     assert not [x for x in lines if "error" in x or "loop" in x.get("warning", "")], lines

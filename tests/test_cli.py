@@ -79,17 +79,40 @@ def test_chosen_equal_to_rejected_is_refused(shift_files, capsys):
 
 
 def test_missing_model_path_is_one_line(shift_files, capsys):
-    assert main(["rl", "model=/no/such/model", f"train_dataset={shift_files / 'prompts.jsonl'}",
-                 "reward_funcs=[shift_oracle]"]) == 2
+    assert (
+        main(
+            [
+                "rl",
+                "model=/no/such/model",
+                f"train_dataset={shift_files / 'prompts.jsonl'}",
+                "reward_funcs=[shift_oracle]",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "/no/such/model" in err and len(err.splitlines()) == 1
 
 
 def test_eval_scores_a_policy(shift_files, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    code = main(["eval", "--model", str(shift_files / "model"), "--dataset", str(shift_files / "eval_prompts.jsonl"),
-                 "--reward", "shift_oracle", "--reference", str(shift_files / "model"), "--max-new-tokens", "6",
-                 "--output", str(out)])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(shift_files / "model"),
+            "--dataset",
+            str(shift_files / "eval_prompts.jsonl"),
+            "--reward",
+            "shift_oracle",
+            "--reference",
+            str(shift_files / "model"),
+            "--max-new-tokens",
+            "6",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     result = json.loads(out.read_text())
     assert 0.0 <= result["metrics"]["eval/shift_oracle_mean"] <= 1.0
@@ -98,8 +121,9 @@ def test_eval_scores_a_policy(shift_files, tmp_path, capsys):
 
 
 def test_eval_needs_a_reward(shift_files, capsys):
-    assert main(["eval", "--model", str(shift_files / "model"), "--dataset",
-                 str(shift_files / "eval_prompts.jsonl")]) == 2
+    assert (
+        main(["eval", "--model", str(shift_files / "model"), "--dataset", str(shift_files / "eval_prompts.jsonl")]) == 2
+    )
 
 
 def test_short_quickstart_runs_every_stage(tmp_path, capsys):
@@ -117,9 +141,18 @@ def test_a_run_records_its_whole_job_and_its_config_repeats_it(shift_files, caps
     import yaml
     from safetensors.torch import load_file
 
-    args = ["rl", f"model={shift_files / 'model'}", f"train_dataset={shift_files / 'prompts.jsonl'}",
-            "reward_funcs=[shift_oracle]", "algorithm=grpo", "max_steps=2", "max_new_tokens=4",
-            "prompts_per_step=2", "output_dir=runs/first", "--quiet"]
+    args = [
+        "rl",
+        f"model={shift_files / 'model'}",
+        f"train_dataset={shift_files / 'prompts.jsonl'}",
+        "reward_funcs=[shift_oracle]",
+        "algorithm=grpo",
+        "max_steps=2",
+        "max_new_tokens=4",
+        "prompts_per_step=2",
+        "output_dir=runs/first",
+        "--quiet",
+    ]
     assert main(args) == 0, capsys.readouterr().err
     recorded = yaml.safe_load(open("runs/first/config.yaml"))
     assert recorded["model"] == str(shift_files / "model") and recorded["reward_funcs"] == ["shift_oracle"]
@@ -134,19 +167,55 @@ def test_eval_accepts_an_rl_checkpoint_directory(shift_files, capsys, lora):
     """`rlhfkit eval --model <run>/checkpoint-N` rebuilds the policy from the run's config (base model,
     LoRA settings) and the checkpoint's weights: at the last step it scores exactly like final/."""
     extra = ["lora_r=4"] if lora else []
-    assert main(["rl", f"model={shift_files / 'model'}", f"train_dataset={shift_files / 'prompts.jsonl'}",
-                 "reward_funcs=[shift_oracle]", "algorithm=grpo", "max_steps=2", "save_steps=2", "max_new_tokens=4",
-                 "prompts_per_step=2", "learning_rate=0.01", "output_dir=runs/r", *extra, "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "rl",
+                f"model={shift_files / 'model'}",
+                f"train_dataset={shift_files / 'prompts.jsonl'}",
+                "reward_funcs=[shift_oracle]",
+                "algorithm=grpo",
+                "max_steps=2",
+                "save_steps=2",
+                "max_new_tokens=4",
+                "prompts_per_step=2",
+                "learning_rate=0.01",
+                "output_dir=runs/r",
+                *extra,
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     scores = {}
     for name in ("checkpoint-2", "final"):
-        assert main(["eval", "--model", f"runs/r/{name}", "--dataset", str(shift_files / "eval_prompts.jsonl"),
-                     "--reward", "shift_oracle", "--greedy", "--max-new-tokens", "4", "--output", f"{name}.json",
-                     "--reference", str(shift_files / "model")]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "--model",
+                    f"runs/r/{name}",
+                    "--dataset",
+                    str(shift_files / "eval_prompts.jsonl"),
+                    "--reward",
+                    "shift_oracle",
+                    "--greedy",
+                    "--max-new-tokens",
+                    "4",
+                    "--output",
+                    f"{name}.json",
+                    "--reference",
+                    str(shift_files / "model"),
+                ]
+            )
+            == 0
+        )
         scores[name] = json.load(open(f"{name}.json"))
     assert abs(scores["final"]["metrics"]["eval/kl_to_reference"]) > 1e-4  # trained away from the base model
     assert scores["checkpoint-2"]["metrics"] == pytest.approx(scores["final"]["metrics"])
-    assert [s["completion"] for s in scores["checkpoint-2"]["samples"]] == \
-        [s["completion"] for s in scores["final"]["samples"]]
+    assert [s["completion"] for s in scores["checkpoint-2"]["samples"]] == [
+        s["completion"] for s in scores["final"]["samples"]
+    ]
 
 
 def test_eval_of_a_checkpoint_without_a_recorded_model_is_one_line(tmp_path, shift_files, capsys):
@@ -155,7 +224,19 @@ def test_eval_of_a_checkpoint_without_a_recorded_model_is_one_line(tmp_path, shi
     (ckpt / "trainer_state.json").write_text("{}")
     (ckpt / "policy.safetensors").write_bytes(b"")
     (tmp_path / "run" / "config.yaml").write_text("algorithm: grpo\n")
-    assert main(["eval", "--model", str(ckpt), "--dataset", str(shift_files / "eval_prompts.jsonl"),
-                 "--reward", "shift_oracle"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(ckpt),
+                "--dataset",
+                str(shift_files / "eval_prompts.jsonl"),
+                "--reward",
+                "shift_oracle",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "checkpoint-1" in err and "model" in err and len(err.splitlines()) == 1

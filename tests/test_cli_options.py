@@ -31,8 +31,7 @@ CASES = [  # (arguments, the flag refused, what it suggests)
 
 
 @pytest.mark.parametrize("argv,flag,meant", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_a_shortened_or_misspelt_option_is_one_line_with_a_suggestion(argv, flag, meant, tmp_path, monkeypatch,
-                                                                       capsys):
+def test_a_shortened_or_misspelt_option_is_one_line_with_a_suggestion(argv, flag, meant, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -46,8 +45,9 @@ def test_a_shortened_or_misspelt_option_is_one_line_with_a_suggestion(argv, flag
 def test_several_unknown_options_are_named_in_one_line(capsys):
     assert main(["rl", "--ove", "--q"]) == 2
     err = capsys.readouterr().err
-    assert err == ("rlhfkit rl: error: unrecognized options --ove (did you mean --overwrite?), "
-                   "--q (did you mean --quiet?)\n")
+    assert err == (
+        "rlhfkit rl: error: unrecognized options --ove (did you mean --overwrite?), --q (did you mean --quiet?)\n"
+    )
 
 
 def test_an_option_with_an_equals_sign_is_an_option_not_an_override(capsys):
@@ -72,21 +72,26 @@ def _fake_run(path):
 
 
 def _snapshot(path):
-    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
-            for p in sorted(path.rglob("*"))}
+    return {
+        str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+        for p in sorted(path.rglob("*"))
+    }
 
 
 @pytest.mark.parametrize("flags", [["--overwrit"], ["--over"], ["--o"], ["--overwrit=true"], ["--ove", "--q"]])
-def test_a_prefix_of_overwrite_leaves_a_run_directory_byte_for_byte(flags, tiny_model_dir, tmp_path, monkeypatch,
-                                                                    capsys):
+def test_a_prefix_of_overwrite_leaves_a_run_directory_byte_for_byte(
+    flags, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     _fake_run(tmp_path / "runA")
     assert {p.name for p in run_outputs(tmp_path / "runA") if p.exists()} >= {"checkpoint-2", "checkpoint-4"}
     before = _snapshot(tmp_path / "runA")
     recipe = tmp_path / "grpo.yaml"  # a command that runs: taken as --overwrite, it would clear runA and train
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "abc"}\n{"prompt": "xyz"}\n')
-    recipe.write_text(f"model: {tiny_model_dir}\ntrain_dataset: prompts.jsonl\nmax_steps: 1\nprompts_per_step: 2\n"
-                      "reward_funcs: ['rlhfkit.tasks.toy:fraction_of_a']\nmax_new_tokens: 2\n")
+    recipe.write_text(
+        f"model: {tiny_model_dir}\ntrain_dataset: prompts.jsonl\nmax_steps: 1\nprompts_per_step: 2\n"
+        "reward_funcs: ['rlhfkit.tasks.toy:fraction_of_a']\nmax_new_tokens: 2\n"
+    )
     assert main(["rl", "--config", str(recipe), *flags, "output_dir=runA"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert _snapshot(tmp_path / "runA") == before

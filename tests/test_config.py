@@ -55,6 +55,7 @@ def _error(call) -> str:
 
 # ---- field_docs / format_help ----
 
+
 def test_every_rlconfig_field_has_a_doc():
     docs = field_docs(RLConfig)
     assert list(docs) == [f.name for f in dataclasses.fields(RLConfig)]
@@ -91,6 +92,7 @@ def test_format_help_of_another_config_class():
 
 
 # ---- load_config: values ----
+
 
 def test_defaults_without_file_or_overrides():
     assert load_config(RLConfig) == RLConfig()
@@ -133,6 +135,7 @@ def test_tuples_and_lists(tmp_path):
 
 # ---- load_config: errors ----
 
+
 def test_unknown_key_from_file_suggests_close_matches(tmp_path):
     message = _error(lambda: load_config(RLConfig, _yaml(tmp_path, "kl_cof: 0.1\n")))
     assert "'kl_cof'" in message and "kl_coef" in message and "c.yaml" in message
@@ -155,7 +158,7 @@ def test_sections_are_not_flattened(tmp_path):
     "line, expected",
     [
         ("max_steps: abc", "int"),
-        ("max_steps: true", "int"),       # bool is not an int here
+        ("max_steps: true", "int"),  # bool is not an int here
         ("max_steps: 1.5", "int"),
         ("kl_coef: true", "float | None"),  # nor a float
         ("kl_coef: abc", "float | None"),
@@ -226,6 +229,7 @@ def test_post_init_errors_pass_through_unchanged(tmp_path):
 
 # ---- save_config ----
 
+
 def test_save_load_round_trip(tmp_path):
     config = RLConfig(algorithm="ppo", kl_coef=0.1)
     path = save_config(config, tmp_path / "run" / "config.yaml")
@@ -234,7 +238,7 @@ def test_save_load_round_trip(tmp_path):
     assert loaded == config and loaded.kl_coef == 0.1
     text = path.read_text()
     # preset-filled fields are recorded unset, with their resolved value beside them
-    assert 'use_critic: null  # ppo preset: true' in text and 'advantage_estimator: null  # ppo preset: "gae"' in text
+    assert "use_critic: null  # ppo preset: true" in text and 'advantage_estimator: null  # ppo preset: "gae"' in text
     assert "kl_coef: 0.1\n" in text  # a value the user set is written as such
     assert loaded.preset_filled == config.preset_filled
 

@@ -25,13 +25,20 @@ def part_classes(package_dir: Path = PACKAGE_DIR) -> dict[str, type]:
     """Every class some module under ``package_dir`` hands to ``part(...)`` (by name or attribute,
     function-local imports too), and every dataclass it derives from: qualified name -> class."""
     sources = {module_name(p): p.read_text(encoding="utf-8") for p in sorted(package_dir.rglob("*.py"))}
-    defined = {node.name: m for m, src in sources.items() for node in ast.walk(ast.parse(src))
-               if isinstance(node, ast.ClassDef)}
+    defined = {
+        node.name: m
+        for m, src in sources.items()
+        for node in ast.walk(ast.parse(src))
+        if isinstance(node, ast.ClassDef)
+    }
     found: dict[str, type] = {}
     for module, src in sources.items():
         for call in ast.walk(ast.parse(src)):
-            if not (isinstance(call, ast.Call) and call.args and
-                    (getattr(call.func, "id", None) == "part" or getattr(call.func, "attr", None) == "part")):
+            if not (
+                isinstance(call, ast.Call)
+                and call.args
+                and (getattr(call.func, "id", None) == "part" or getattr(call.func, "attr", None) == "part")
+            ):
                 continue
             expr = ast.unparse(call.args[0])
             try:
@@ -52,8 +59,16 @@ def test_the_phases_parts_are_found():
     """Through a name (``part(ModelLoading, args)``), an attribute (``part(update.MinibatchUpdate, ...)``)
     and the parts those derive from."""
     names = {cls.__name__ for cls in PARTS.values()}
-    assert {"ExperienceMaking", "AdvantageEstimation", "RolloutCorrection", "UpdatePasses", "MinibatchUpdate",
-            "UpdateLoss", "ModelLoading", "ModelSetup"} <= names, sorted(names)
+    assert {
+        "ExperienceMaking",
+        "AdvantageEstimation",
+        "RolloutCorrection",
+        "UpdatePasses",
+        "MinibatchUpdate",
+        "UpdateLoss",
+        "ModelLoading",
+        "ModelSetup",
+    } <= names, sorted(names)
 
 
 @pytest.mark.parametrize("name", sorted(PARTS))
@@ -78,11 +93,18 @@ def test_part_copies_the_values_of_the_fields_it_names(algorithm):
     assert passes.batch_size == config.batch_size
 
 
-
 # The phases and everything below them read parts; only the config itself, the trainers, the command
 # line, the TRL drop-ins and the ready-made tasks name RLConfig (they own a run's whole config).
-WHOLE_CONFIG_READERS = ("rlhfkit.config", "rlhfkit.trainers", "rlhfkit.cli", "rlhfkit.trl", "rlhfkit.tasks",
-                        "rlhfkit.quickstart", "rlhfkit.jobs", "rlhfkit.run.callbacks")
+WHOLE_CONFIG_READERS = (
+    "rlhfkit.config",
+    "rlhfkit.trainers",
+    "rlhfkit.cli",
+    "rlhfkit.trl",
+    "rlhfkit.tasks",
+    "rlhfkit.quickstart",
+    "rlhfkit.jobs",
+    "rlhfkit.run.callbacks",
+)
 
 
 def test_no_phase_takes_the_whole_rl_config():
@@ -91,7 +113,9 @@ def test_no_phase_takes_the_whole_rl_config():
     offenders = []
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         module = module_name(path)
-        if module == "rlhfkit" or any(module == owner or module.startswith(owner + ".") for owner in WHOLE_CONFIG_READERS):
+        if module == "rlhfkit" or any(
+            module == owner or module.startswith(owner + ".") for owner in WHOLE_CONFIG_READERS
+        ):
             continue  # the package root's lazy names, and the owners of a run's whole config
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []

@@ -18,31 +18,70 @@ from rlhfkit.trainers import DPOConfig, RewardModelConfig, SFTConfig
 # field: (values that must be refused, a value that must be accepted); counts refuse values past
 # their upper bound (a run of 99999999999999999999 steps would run forever)
 TABLE = {
-    "prompts_per_step": ([0, -1, 1.5, 10**6 + 1], 1), "group_size": ([0, 10**6 + 1], 2), "max_new_tokens": ([0, 10**7 + 1], 1),
-    "max_prompt_length": ([0, 10**7 + 1], 1), "temperature": ([0.0, -1.0, math.nan], 0.7), "top_p": ([0.0, 1.5], 0.9),
-    "top_k": ([-1, 10**7 + 1], 0), "loss_horizon": ([0, 10**7 + 1], 8), "kl_coef": ([-0.1, math.nan], 0.0), "kl_target": ([0.0], 1.0),
-    "kl_horizon": ([0.0], 100.0), "clip_low": ([0.0, 1.0, 1.5], 0.1), "clip_high": ([0.0, -0.2, -1.0], 0.28),
-    "dual_clip": ([1.0, 0.5], 3.0), "value_clip": ([0.0], 0.5), "vf_coef": ([-1.0], 0.0),
-    "entropy_coef": ([-0.01], 0.01), "gamma": ([1.5, -0.1], 0.99), "lam": ([-0.1, 1.01], 1.0), "advantage_epsilon": ([0.0, -1e-6, 2.0], 1e-4),
-    "num_iterations": ([0, 10**4 + 1], 2), "missing_eos_penalty": ([math.inf, math.nan, 1e39, -1e7], -1.0), "reward_clip": ([0.0], 5.0),
-    "learning_rate": ([0.0, -1e-5], 1e-4), "critic_learning_rate": ([0.0], 1e-4), "weight_decay": ([-0.1], 0.01),
-    "max_grad_norm": ([0.0], 0.5), "warmup_steps": ([-1, 10**9 + 1], 5), "mini_batch_size": ([0, 10**6 + 1], 1),
+    "prompts_per_step": ([0, -1, 1.5, 10**6 + 1], 1),
+    "group_size": ([0, 10**6 + 1], 2),
+    "max_new_tokens": ([0, 10**7 + 1], 1),
+    "max_prompt_length": ([0, 10**7 + 1], 1),
+    "temperature": ([0.0, -1.0, math.nan], 0.7),
+    "top_p": ([0.0, 1.5], 0.9),
+    "top_k": ([-1, 10**7 + 1], 0),
+    "loss_horizon": ([0, 10**7 + 1], 8),
+    "kl_coef": ([-0.1, math.nan], 0.0),
+    "kl_target": ([0.0], 1.0),
+    "kl_horizon": ([0.0], 100.0),
+    "clip_low": ([0.0, 1.0, 1.5], 0.1),
+    "clip_high": ([0.0, -0.2, -1.0], 0.28),
+    "dual_clip": ([1.0, 0.5], 3.0),
+    "value_clip": ([0.0], 0.5),
+    "vf_coef": ([-1.0], 0.0),
+    "entropy_coef": ([-0.01], 0.01),
+    "gamma": ([1.5, -0.1], 0.99),
+    "lam": ([-0.1, 1.01], 1.0),
+    "advantage_epsilon": ([0.0, -1e-6, 2.0], 1e-4),
+    "num_iterations": ([0, 10**4 + 1], 2),
+    "missing_eos_penalty": ([math.inf, math.nan, 1e39, -1e7], -1.0),
+    "reward_clip": ([0.0], 5.0),
+    "learning_rate": ([0.0, -1e-5], 1e-4),
+    "critic_learning_rate": ([0.0], 1e-4),
+    "weight_decay": ([-0.1], 0.01),
+    "max_grad_norm": ([0.0], 0.5),
+    "warmup_steps": ([-1, 10**9 + 1], 5),
+    "mini_batch_size": ([0, 10**6 + 1], 1),
     "max_tokens_per_micro_batch": ([0, -1, 1.5, 10**9 + 1], 4096),
-    "micro_batch_size": ([0, 10**6 + 1], 1), "grad_accumulation": ([0, 10**6 + 1], 2), "max_steps": ([-1, 99999999999999999999], 0), "seed": ([-1, 2**31], 3),
-    "save_steps": ([-1, 10**9 + 1], 10), "save_total_limit": ([0, 10**9 + 1], 1), "log_every": ([-1, 10**9 + 1], 0),
-    "num_logged_samples": ([-1, 10**6 + 1], 0), "eval_every": ([-1, 10**9 + 1], 5), "eval_max_new_tokens": ([0, 10**7 + 1], 4),
-    "num_epochs": ([0.0, -1.0, 1e300], 0.5), "batch_size": ([0, 10**6 + 1], 2), "max_length": ([1, 10**7 + 1], 2), "lora_r": ([-1, 10**5 + 1], 8),
-    "lora_alpha": ([0, 10**6 + 1], 32), "vllm_kv_cache_gb": ([0.0, -1.0, math.inf], 0.5),
-    "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5), "vllm_tensor_parallel_size": ([0, 1025], 1),
-    "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0), "rollout_is_threshold_low": ([-0.1, math.inf], 0.5), "beta": ([0.0, -0.1, math.inf], 0.5),
-    "label_smoothing": ([-0.1, 0.5, math.nan], 0.0), "simpo_gamma": ([math.inf, math.nan], 1.0),
-    "lora_dropout": ([-0.1, 1.0], 0.05), "max_consecutive_skips": ([0, -1, 10**9 + 1], 5),
-    "overlong_buffer_len": ([0, -4, 10**7 + 1], 8), "overlong_penalty": ([-0.5, 1e6 + 1], 0.5),
-    "max_sampling_rounds": ([0, -1, 2.5, 10**6 + 1], 3), "center_rewards_coefficient": ([-0.01, math.inf], 0.01),
+    "micro_batch_size": ([0, 10**6 + 1], 1),
+    "grad_accumulation": ([0, 10**6 + 1], 2),
+    "max_steps": ([-1, 99999999999999999999], 0),
+    "seed": ([-1, 2**31], 3),
+    "save_steps": ([-1, 10**9 + 1], 10),
+    "save_total_limit": ([0, 10**9 + 1], 1),
+    "log_every": ([-1, 10**9 + 1], 0),
+    "num_logged_samples": ([-1, 10**6 + 1], 0),
+    "eval_every": ([-1, 10**9 + 1], 5),
+    "eval_max_new_tokens": ([0, 10**7 + 1], 4),
+    "num_epochs": ([0.0, -1.0, 1e300], 0.5),
+    "batch_size": ([0, 10**6 + 1], 2),
+    "max_length": ([1, 10**7 + 1], 2),
+    "lora_r": ([-1, 10**5 + 1], 8),
+    "lora_alpha": ([0, 10**6 + 1], 32),
+    "vllm_kv_cache_gb": ([0.0, -1.0, math.inf], 0.5),
+    "vllm_gpu_memory_utilization": ([0.0, 1.5], 0.5),
+    "vllm_tensor_parallel_size": ([0, 1025], 1),
+    "rollout_is_threshold": ([1.0, 0.5, math.nan], 3.0),
+    "rollout_is_threshold_low": ([-0.1, math.inf], 0.5),
+    "beta": ([0.0, -0.1, math.inf], 0.5),
+    "label_smoothing": ([-0.1, 0.5, math.nan], 0.0),
+    "simpo_gamma": ([math.inf, math.nan], 1.0),
+    "lora_dropout": ([-0.1, 1.0], 0.05),
+    "max_consecutive_skips": ([0, -1, 10**9 + 1], 5),
+    "overlong_buffer_len": ([0, -4, 10**7 + 1], 8),
+    "overlong_penalty": ([-0.5, 1e6 + 1], 0.5),
+    "max_sampling_rounds": ([0, -1, 2.5, 10**6 + 1], 3),
+    "center_rewards_coefficient": ([-0.01, math.inf], 0.01),
     "max_tool_calling_iterations": ([-1, 1.5, 10**6 + 1], 0),
     "max_tool_response_tokens": ([0, -1, 2.5, 10**9 + 1], 1),
     "tool_call_timeout": ([0, -1, 10**6 + 1], 0.5),
-    "rollout_workers": ([-1, 1.5, 10**6 + 1], 1), "max_staleness": ([-1, 0.5, 10**6 + 1], 2),
+    "rollout_workers": ([-1, 1.5, 10**6 + 1], 1),
+    "max_staleness": ([-1, 0.5, 10**6 + 1], 2),
 }
 CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
 
@@ -96,6 +135,7 @@ def test_the_issue_examples_read_as_expected():
 
 # ---- the preset rule ----
 
+
 def test_the_issue_example_keeps_an_explicit_kl_coef():
     assert RLConfig(algorithm="ppo", kl_coef=0.05).replace(algorithm="grpo").kl_coef == 0.05
 
@@ -123,6 +163,7 @@ def test_replacing_other_fields_keeps_the_preset_tracking():
 
 # ---- KL estimators in the loss ----
 
+
 @pytest.mark.parametrize("estimator", ["k1", "abs"])
 def test_kl_estimators_without_a_useful_gradient_are_refused_in_the_loss(estimator):
     with pytest.raises(ValueError) as err:
@@ -144,9 +185,11 @@ def test_the_kl_estimator_docstring_names_each_gradients_divergence():
 
 # ---- estimator needs live in the registry ----
 
+
 def test_a_new_estimator_is_one_registry_entry_and_the_config_reads_its_needs():
-    @ADVANTAGE_ESTIMATORS.register("_test_groupwise", needs_groups=True, needs_values=False, gives_returns=False,
-                                   sequence_level=True)
+    @ADVANTAGE_ESTIMATORS.register(
+        "_test_groupwise", needs_groups=True, needs_values=False, gives_returns=False, sequence_level=True
+    )
     def _est(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None):
         return token_rewards, None
 
@@ -164,8 +207,9 @@ def test_a_new_estimator_is_one_registry_entry_and_the_config_reads_its_needs():
 def test_registry_traits_must_be_declared():
     with pytest.raises(ValueError, match="must declare the traits"):
         ADVANTAGE_ESTIMATORS.register("_incomplete", needs_groups=True)
-    assert ADVANTAGE_ESTIMATORS.traits("gae") == dict(needs_groups=False, needs_values=True, gives_returns=True,
-                                                      sequence_level=False)
+    assert ADVANTAGE_ESTIMATORS.traits("gae") == dict(
+        needs_groups=False, needs_values=True, gives_returns=True, sequence_level=False
+    )
 
 
 @pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
@@ -191,14 +235,18 @@ def test_a_saved_config_keeps_the_preset_rule_when_loaded_under_another_algorith
     loaded = load_config(RLConfig, path, ["algorithm=ppo"])  # `rlhfkit rl --config <run>/config.yaml algorithm=ppo`
     assert loaded == RLConfig(algorithm="ppo", kl_coef=0.04, max_steps=3)
     job = load_config(RLJob, path)
-    assert trainer_config(job, RLConfig).replace(algorithm="rloo") == RLConfig(algorithm="rloo", kl_coef=0.04,
-                                                                               max_steps=3)
+    assert trainer_config(job, RLConfig).replace(algorithm="rloo") == RLConfig(
+        algorithm="rloo", kl_coef=0.04, max_steps=3
+    )
 
 
-@pytest.mark.parametrize("field, value, names", [
-    ("rollout_engine", "sglang", "hf, vllm"),
-    ("rollout_is", "truncate", "none, token_truncate, token_mask, sequence_truncate, sequence_mask"),
-])
+@pytest.mark.parametrize(
+    "field, value, names",
+    [
+        ("rollout_engine", "sglang", "hf, vllm"),
+        ("rollout_is", "truncate", "none, token_truncate, token_mask, sequence_truncate, sequence_mask"),
+    ],
+)
 def test_engine_and_rollout_correction_choices_are_checked(field, value, names):
     with pytest.raises(ValueError) as err:
         RLConfig(**{field: value})
@@ -207,32 +255,58 @@ def test_engine_and_rollout_correction_choices_are_checked(field, value, names):
 
 # ---- the objectives of issue 21: GSPO, CISPO, DAPO ----
 
+
 def test_the_new_presets_resolve_to_their_papers_settings():
     gspo, cispo, dapo = (RLConfig(algorithm=a) for a in ("gspo", "cispo", "dapo"))
-    assert (gspo.policy_loss, gspo.importance_sampling_level, gspo.clip_low, gspo.clip_high, gspo.loss_agg,
-            gspo.kl_coef, gspo.advantage_estimator) == ("ppo_clip", "sequence", 3e-4, 4e-4, "seq-mean-token-mean",
-                                                        0.0, "group")
-    assert (cispo.policy_loss, cispo.importance_sampling_level, cispo.clip_high, cispo.loss_agg, cispo.kl_coef,
-            cispo.advantage_estimator) == ("cispo", "token", 4.0, "token-mean", 0.0, "group")
-    assert (dapo.policy_loss, dapo.clip_low, dapo.clip_high, dapo.loss_agg, dapo.kl_coef, dapo.dynamic_sampling,
-            dapo.overlong_buffer_len, dapo.advantage_estimator) == ("ppo_clip", 0.2, 0.28, "token-mean", 0.0, True,
-                                                                    None, "group")
+    assert (
+        gspo.policy_loss,
+        gspo.importance_sampling_level,
+        gspo.clip_low,
+        gspo.clip_high,
+        gspo.loss_agg,
+        gspo.kl_coef,
+        gspo.advantage_estimator,
+    ) == ("ppo_clip", "sequence", 3e-4, 4e-4, "seq-mean-token-mean", 0.0, "group")
+    assert (
+        cispo.policy_loss,
+        cispo.importance_sampling_level,
+        cispo.clip_high,
+        cispo.loss_agg,
+        cispo.kl_coef,
+        cispo.advantage_estimator,
+    ) == ("cispo", "token", 4.0, "token-mean", 0.0, "group")
+    assert (
+        dapo.policy_loss,
+        dapo.clip_low,
+        dapo.clip_high,
+        dapo.loss_agg,
+        dapo.kl_coef,
+        dapo.dynamic_sampling,
+        dapo.overlong_buffer_len,
+        dapo.advantage_estimator,
+    ) == ("ppo_clip", 0.2, 0.28, "token-mean", 0.0, True, None, "group")
     for name in ("ppo", "grpo", "dr_grpo", "reinforce", "rloo", "reinforce_plus_plus"):  # unchanged
         c = RLConfig(algorithm=name)
         assert (c.clip_low, c.clip_high, c.importance_sampling_level, c.dynamic_sampling) == (0.2, 0.2, "token", False)
     assert RLConfig(algorithm="grpo", importance_sampling_level="sequence").importance_sampling_level == "sequence"
 
 
-@pytest.mark.parametrize("changes, field, expected", [
-    (dict(importance_sampling_level="seq"), "importance_sampling_level", "one of token, sequence, sequence_token"),
-    (dict(algorithm="rloo", importance_sampling_level="sequence"), "importance_sampling_level",
-     "'token' with the 'vanilla' policy loss"),
-    (dict(overlong_buffer_len=32, max_new_tokens=32), "overlong_buffer_len", "less than max_new_tokens (32)"),
-    (dict(overlong_buffer_len=-4), "overlong_buffer_len", "in [1, 1e7] or None"),
-    (dict(max_sampling_rounds=0), "max_sampling_rounds", "in [1, 1e6]"),
-    (dict(algorithm="ppo", dynamic_sampling=True), "dynamic_sampling", "False when group_size is 1"),
-    (dict(overlong_penalty=-1.0), "overlong_penalty", "in [0, 1e6]"),
-])
+@pytest.mark.parametrize(
+    "changes, field, expected",
+    [
+        (dict(importance_sampling_level="seq"), "importance_sampling_level", "one of token, sequence, sequence_token"),
+        (
+            dict(algorithm="rloo", importance_sampling_level="sequence"),
+            "importance_sampling_level",
+            "'token' with the 'vanilla' policy loss",
+        ),
+        (dict(overlong_buffer_len=32, max_new_tokens=32), "overlong_buffer_len", "less than max_new_tokens (32)"),
+        (dict(overlong_buffer_len=-4), "overlong_buffer_len", "in [1, 1e7] or None"),
+        (dict(max_sampling_rounds=0), "max_sampling_rounds", "in [1, 1e6]"),
+        (dict(algorithm="ppo", dynamic_sampling=True), "dynamic_sampling", "False when group_size is 1"),
+        (dict(overlong_penalty=-1.0), "overlong_penalty", "in [0, 1e6]"),
+    ],
+)
 def test_the_objectives_fields_are_checked_with_one_line_naming_the_field(changes, field, expected):
     with pytest.raises(ValueError) as err:
         RLConfig(**changes)
@@ -241,8 +315,17 @@ def test_the_objectives_fields_are_checked_with_one_line_naming_the_field(change
 
 
 def test_the_objectives_fields_accept_good_values():
-    c = RLConfig(algorithm="dapo", overlong_buffer_len=8, overlong_penalty=0.5, max_sampling_rounds=3,
-                 mask_truncated_completions=True)
+    c = RLConfig(
+        algorithm="dapo",
+        overlong_buffer_len=8,
+        overlong_penalty=0.5,
+        max_sampling_rounds=3,
+        mask_truncated_completions=True,
+    )
     assert (c.overlong_buffer_len, c.overlong_penalty, c.max_sampling_rounds, c.mask_truncated_completions) == (
-        8, 0.5, 3, True)
+        8,
+        0.5,
+        3,
+        True,
+    )
     assert RLConfig(algorithm="cispo", importance_sampling_level="sequence_token").policy_loss == "cispo"

@@ -10,16 +10,19 @@ from rlhfkit.config.io import load_config
 from rlhfkit.config.jobs import DPOJob, RLJob, SFTJob
 
 
-@pytest.mark.parametrize("command, key, ours", [
-    ("rl", "num_generations", "group_size"),  # was: Did you mean 'num_iterations'?
-    ("rl", "max_completion_length", "max_new_tokens"),  # was: Did you mean 'max_prompt_length'?
-    ("rl", "beta", "kl_coef"),  # was: nothing
-    ("rl", "logging_steps", "log_every"),
-    ("rl", "epsilon", "clip_low"),
-    ("rl", "use_vllm", "rollout_engine=vllm"),
-    ("sft", "gradient_accumulation_steps", "grad_accumulation"),
-    ("dpo", "precompute_ref_log_probs", "precompute_ref_logprobs"),
-])
+@pytest.mark.parametrize(
+    "command, key, ours",
+    [
+        ("rl", "num_generations", "group_size"),  # was: Did you mean 'num_iterations'?
+        ("rl", "max_completion_length", "max_new_tokens"),  # was: Did you mean 'max_prompt_length'?
+        ("rl", "beta", "kl_coef"),  # was: nothing
+        ("rl", "logging_steps", "log_every"),
+        ("rl", "epsilon", "clip_low"),
+        ("rl", "use_vllm", "rollout_engine=vllm"),
+        ("sft", "gradient_accumulation_steps", "grad_accumulation"),
+        ("dpo", "precompute_ref_log_probs", "precompute_ref_logprobs"),
+    ],
+)
 def test_a_trl_name_on_the_command_line_is_answered_with_rlhfkits(command, key, ours, capsys):
     assert main([command, f"{key}=1"]) == 2
     err = capsys.readouterr().err
@@ -31,8 +34,11 @@ def test_a_trl_name_on_the_command_line_is_answered_with_rlhfkits(command, key, 
 def test_the_public_parser_says_it_for_a_yaml_file_too(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("num_generations: 4\n")
-    with pytest.raises(ValueError, match=r"from file .*recipe\.yaml\. 'num_generations' is TRL's name: rlhfkit's is "
-                                         r"group_size\.$"):
+    with pytest.raises(
+        ValueError,
+        match=r"from file .*recipe\.yaml\. 'num_generations' is TRL's name: rlhfkit's is "
+        r"group_size\.$",
+    ):
         load_config(RLJob, recipe)
 
 

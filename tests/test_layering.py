@@ -17,28 +17,41 @@ PACKAGE_DIR = Path(rlhfkit.__file__).parent
 LAYERS = {
     # 0 — pure tensor math: torch and the standard library only (tests/algorithms/test_imports.py);
     #     the package root: __version__, and the top-level names loaded lazily (importlib, no import)
-    "rlhfkit.algorithms": 0, "rlhfkit": 0,
+    "rlhfkit.algorithms": 0,
+    "rlhfkit": 0,
     # 1 — foundations: every config and job dataclass (RL, supervised, the command line's jobs), their
     #     checks and YAML files; atomic file writes; the process group
-    "rlhfkit.config": 1, "rlhfkit.files": 1, "rlhfkit.distributed": 1,
+    "rlhfkit.config": 1,
+    "rlhfkit.files": 1,
+    "rlhfkit.distributed": 1,
     # 2 — models: sources (directories, GGUF, the Hub), loading, policy forward, scalar heads, LoRA
     "rlhfkit.models": 2,
     # 3 — what a run consumes: datasets (Hub ids through models.sources), reward sources, generation engines
-    "rlhfkit.data": 3, "rlhfkit.rewards": 3, "rlhfkit.rollout": 3,
+    "rlhfkit.data": 3,
+    "rlhfkit.rewards": 3,
+    "rlhfkit.rollout": 3,
     # 4 — built on those, used by the run and the command line: the plots and HTML report of a run
     #     directory; the embedded demo tasks (data, oracle rewards, tiny models)
-    "rlhfkit.report": 4, "rlhfkit.tasks": 4, "rlhfkit.tasks.calculator_demo": 7,
+    "rlhfkit.report": 4,
+    "rlhfkit.tasks": 4,
+    "rlhfkit.tasks.calculator_demo": 7,
     #     agents: multi-turn episodes with tools and environments on a rollout engine
     "rlhfkit.agents": 4,
     #     the OpenAI-compatible endpoint on a rollout engine, recording episodes as agents' rows
     "rlhfkit.endpoint": 4,
     # 5 — the run lifecycle: directory and record, optimizer step, checkpoints, metrics, trackers;
     #     beside it, the RL loop's phases as functions (score, experience, update, evaluate), without the run
-    "rlhfkit.run": 5, "rlhfkit.rl": 5,
+    "rlhfkit.run": 5,
+    "rlhfkit.rl": 5,
     # 6 — the trainers: SFT, reward model, DPO, the one RL loop
     "rlhfkit.trainers": 6,
     # 7 — on top: the command line and its jobs, the quickstart, the toy task's ready-made RLTrainer
-    "rlhfkit.cli": 7, "rlhfkit.trl": 7, "rlhfkit.__main__": 7, "rlhfkit.jobs": 7, "rlhfkit.quickstart": 7, "rlhfkit.tasks.toy": 7,
+    "rlhfkit.cli": 7,
+    "rlhfkit.trl": 7,
+    "rlhfkit.__main__": 7,
+    "rlhfkit.jobs": 7,
+    "rlhfkit.quickstart": 7,
+    "rlhfkit.tasks.toy": 7,
     "rlhfkit.serving": 7,
 }
 
@@ -86,7 +99,7 @@ def import_base(module: str, is_package: bool, node: ast.ImportFrom) -> str:
     if not node.level:
         return node.module
     package = module.split(".") if is_package else module.split(".")[:-1]
-    return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+    return ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
 
 
 def is_private(name: str) -> bool:
@@ -158,7 +171,7 @@ def find_cycle(graph: dict[str, dict]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()
@@ -238,9 +251,13 @@ def test_every_import_points_downward():
 
 def test_no_module_uses_another_modules_private_names():
     sources = package_sources(PACKAGE_DIR)
-    bad = [line for m, (src, is_package) in sorted(sources.items()) for line in private_uses(m, src, is_package, sources)]
-    assert not bad, ("private names used across modules (make the name public, with a docstring, or move the code "
-                     "where it belongs):\n" + "\n".join(bad))
+    bad = [
+        line for m, (src, is_package) in sorted(sources.items()) for line in private_uses(m, src, is_package, sources)
+    ]
+    assert not bad, (
+        "private names used across modules (make the name public, with a docstring, or move the code "
+        "where it belongs):\n" + "\n".join(bad)
+    )
 
 
 # ---------------------------------------------------------------- the checker itself
@@ -249,8 +266,10 @@ SYNTHETIC = {
     "pkg.low": ("import os\nfrom typing import Any\n", False),
     "pkg.sub": ("from . import leaf\n", True),
     "pkg.sub.leaf": ("from ..low import x\nfrom .. import low\n", False),
-    "pkg.sub.other": ("def f():\n    from .leaf import y\n    import pkg.low.nothing\n    from pkg import __version__\n",
-                      False),
+    "pkg.sub.other": (
+        "def f():\n    from .leaf import y\n    import pkg.low.nothing\n    from pkg import __version__\n",
+        False,
+    ),
     "pkg.top": ("import pkg.sub.leaf as leaf\nfrom pkg.sub import other, missing_name\n", False),
 }
 
@@ -280,24 +299,36 @@ def test_checker_finds_cycles_and_upward_imports():
     assert upward_imports(graph, layers) == []  # one layer: allowed, but ...
     assert find_cycle(graph) == ["pkg.sub.leaf", "pkg.sub.other", "pkg.sub.leaf"]  # ... not around a circle
 
-    across = {**SYNTHETIC, "pkg.x": ("from .y import a\n", False), "pkg.y": ("", True),
-              "pkg.y.b": ("from ..x import c\n", False)}
+    across = {
+        **SYNTHETIC,
+        "pkg.x": ("from .y import a\n", False),
+        "pkg.y": ("", True),
+        "pkg.y.b": ("from ..x import c\n", False),
+    }
     graph = import_graph(across)
     assert find_cycle(graph) is None  # no module circle: pkg.x -> pkg.y, pkg.y.b -> pkg.x
     assert find_cycle(entry_graph(graph, {**layers, "pkg.x": 1, "pkg.y": 1})) == ["pkg.x", "pkg.y", "pkg.x"]
 
 
-
 def test_checker_finds_private_names_used_across_modules():
-    sources = {**SYNTHETIC, "pkg.sub._impl": ("x = 1\n", False),
-               "pkg.sub.leaf": ("from ._impl import x\nfrom . import _impl\n", False),   # its package's own: fine
-               "pkg.low": ("from .sub.other import _helper, public\nfrom . import __version__\n", False),
-               "pkg.top": ("import pkg.sub.other as other\nfrom pkg.sub import _impl\nfrom .sub import leaf\n"
-                           "def f():\n    return other._cache, leaf._x, leaf.public, other.__name__\n", False),
-               "pkg.sub.other": ("import pkg.low\n_cache = {}\nprint(_cache, pkg.low._secret)\n", False)}
+    sources = {
+        **SYNTHETIC,
+        "pkg.sub._impl": ("x = 1\n", False),
+        "pkg.sub.leaf": ("from ._impl import x\nfrom . import _impl\n", False),  # its package's own: fine
+        "pkg.low": ("from .sub.other import _helper, public\nfrom . import __version__\n", False),
+        "pkg.top": (
+            "import pkg.sub.other as other\nfrom pkg.sub import _impl\nfrom .sub import leaf\n"
+            "def f():\n    return other._cache, leaf._x, leaf.public, other.__name__\n",
+            False,
+        ),
+        "pkg.sub.other": ("import pkg.low\n_cache = {}\nprint(_cache, pkg.low._secret)\n", False),
+    }
     found = {m: private_uses(m, src, is_package, sources) for m, (src, is_package) in sources.items()}
     assert found["pkg.sub.leaf"] == [] and found["pkg.sub"] == []
     assert found["pkg.low"] == ["pkg.low:1 imports pkg.sub.other._helper"]
-    assert found["pkg.top"] == ["pkg.top:2 imports pkg.sub._impl", "pkg.top:5 uses pkg.sub.other._cache",
-                                "pkg.top:5 uses pkg.sub.leaf._x"]
+    assert found["pkg.top"] == [
+        "pkg.top:2 imports pkg.sub._impl",
+        "pkg.top:5 uses pkg.sub.other._cache",
+        "pkg.top:5 uses pkg.sub.leaf._x",
+    ]
     assert found["pkg.sub.other"] == ["pkg.sub.other:3 uses pkg.low._secret"]

@@ -42,7 +42,7 @@ def sample_lines(text: str) -> list[str]:
     lines = [line.rstrip() for line in text.splitlines()]
     start = next(i for i, line in enumerate(lines) if line.startswith("sample completions"))
     rows = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line or line.startswith("```"):
             break
         rows.append(line)
@@ -54,7 +54,7 @@ def quickstart_section(path: Path) -> str:
     text = path.read_text()
     start = text.index("## The quickstart")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def readme_rows() -> list[str]:
@@ -66,8 +66,12 @@ def rerendered(rows: list[str], capsys) -> list[str]:
     results = {}
     for row in rows[1:]:
         name, oracle, rm, kl, length = row.split()
-        metrics = {"eval/oracle_reward_mean": float(oracle), "eval/rm_mean": float(rm),
-                   "eval/kl_to_reference": float(kl), "eval/response_length_mean": float(length)}
+        metrics = {
+            "eval/oracle_reward_mean": float(oracle),
+            "eval/rm_mean": float(rm),
+            "eval/kl_to_reference": float(kl),
+            "eval/response_length_mean": float(length),
+        }
         results[name] = {"metrics": metrics, "samples": []}
     capsys.readouterr()
     print_table(results, 0.0)
@@ -98,8 +102,13 @@ def test_the_readme_prose_quotes_the_tables_oracle_scores():
 def test_the_quickstart_prints_the_readme_table(tmp_path):
     """`rlhfkit quickstart --quiet` (what `make quickstart` runs) on this checkout prints the README's
     table exactly, and docs/results.md's table and sample completions (~100 s on 2 cores)."""
-    out = subprocess.run([sys.executable, "-m", "rlhfkit", "quickstart", "--quiet", "--output-dir",
-                          str(tmp_path / "qs")], capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlhfkit", "quickstart", "--quiet", "--output-dir", str(tmp_path / "qs")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1800,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert table_rows(out.stdout) == readme_rows(), out.stdout
     results = quickstart_section(ROOT / "docs" / "results.md")

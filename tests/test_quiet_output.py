@@ -28,8 +28,9 @@ def transformers_defaults():
     hf_logging.disable_progress_bar()
 
 
-def test_a_default_run_prints_no_weight_bar_and_no_generation_flags_warning(tmp_path, tiny_model_dir, capfd,
-                                                                             transformers_defaults):
+def test_a_default_run_prints_no_weight_bar_and_no_generation_flags_warning(
+    tmp_path, tiny_model_dir, capfd, transformers_defaults
+):
     capfd.readouterr()
     args = RLConfig(algorithm="grpo", max_steps=1, max_new_tokens=4, prompts_per_step=2, output_dir=str(tmp_path))
     RLTrainer(str(tiny_model_dir), [fraction_of_a], args, train_dataset=PROMPTS, eval_dataset=PROMPTS[:2]).train()

@@ -84,11 +84,16 @@ def test_presets_table_matches_the_presets(page):
         assert estimator == f"`{c.advantage_estimator}`", name
         clip_low = c.clip_low if c.policy_loss != "cispo" else 0.2  # CISPO caps above only
         assert _loss_cell(loss) == (c.policy_loss, c.importance_sampling_level, clip_low, c.clip_high), name
-        assert (aggregation, kl, critic, group) == (c.loss_agg, _kl_cell(c), "yes" if c.use_critic else "no",
-                                                    str(c.group_size)), name
+        assert (aggregation, kl, critic, group) == (
+            c.loss_agg,
+            _kl_cell(c),
+            "yes" if c.use_critic else "no",
+            str(c.group_size),
+        ), name
 
 
 # --- the README's links into the repository and the documentation ----------------------------------
+
 
 def test_readme_links_point_to_files_that_exist():
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())

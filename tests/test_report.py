@@ -24,18 +24,32 @@ def _run_dir(tmp_path, steps=10, samples=True, config=True):
     run.mkdir()
     rows = []
     for step in range(1, steps + 1):
-        row = {"step": step, "reward/mean": step / steps, "reward/std": 0.1, "kl/k1": 0.01 * step,
-               "policy/entropy": 2.0 - 0.1 * step, "perf/step_time": 0.5}
+        row = {
+            "step": step,
+            "reward/mean": step / steps,
+            "reward/std": 0.1,
+            "kl/k1": 0.01 * step,
+            "policy/entropy": 2.0 - 0.1 * step,
+            "perf/step_time": 0.5,
+        }
         if step % 5 == 0:
             row["eval/loss"] = 1.0 / step  # logged only every few steps
         rows.append(row)
     _write_jsonl(run / "metrics.jsonl", rows)
     if samples:
-        _write_jsonl(run / "samples.jsonl", [
-            {"step": step, "prompt": f"prompt <{step}> & {i}", "completion": f"<b>answer {step}.{i}</b>",
-             "score": step / 10}
-            for step in range(1, steps + 1) for i in range(5)
-        ])
+        _write_jsonl(
+            run / "samples.jsonl",
+            [
+                {
+                    "step": step,
+                    "prompt": f"prompt <{step}> & {i}",
+                    "completion": f"<b>answer {step}.{i}</b>",
+                    "score": step / 10,
+                }
+                for step in range(1, steps + 1)
+                for i in range(5)
+            ],
+        )
     if config:
         save_config(RLConfig(algorithm="ppo", kl_coef=0.1), run / "config.yaml")
     return run
@@ -78,9 +92,13 @@ def test_report_is_self_contained_and_escaped(tmp_path):
     page = path.read_text(encoding="utf-8")
     assert "<h1>my-run</h1>" in page
     # one inline SVG chart per logged metric (perf/* too), nothing fetched: no file, no network
-    charts = re.findall(r'<div class="plot" data-metric="([^"]+)"><div class="title">[^<]*</div><svg class="chart"', page)
+    charts = re.findall(
+        r'<div class="plot" data-metric="([^"]+)"><div class="title">[^<]*</div><svg class="chart"', page
+    )
     assert sorted(charts) == ["eval/loss", "kl/k1", "perf/step_time", "policy/entropy", "reward/mean", "reward/std"]
-    assert not re.search(r"""(src|href)=["']?(https?:|//|plots/)|<link|@import|url\((?!#)""", page)  # url(#clip): in the page
+    assert not re.search(
+        r"""(src|href)=["']?(https?:|//|plots/)|<link|@import|url\((?!#)""", page
+    )  # url(#clip): in the page
     assert page.count("<script") == 2 and '<script type="application/json" id="report-data">' in page
     # samples: escaped, never raw
     assert "&lt;b&gt;answer 10.0&lt;/b&gt;" in page and "<b>answer" not in page
@@ -154,9 +172,9 @@ def test_report_without_plottable_metrics(tmp_path):
 def test_report_for_sft_and_reward_model_runs(tmp_path):
     run = tmp_path / "sft"
     run.mkdir()
-    _write_jsonl(run / "metrics.jsonl", [
-        {"step": s, "sft/loss": 3.0 / s, "rm/accuracy": 0.5 + 0.04 * s} for s in range(1, 6)
-    ])
+    _write_jsonl(
+        run / "metrics.jsonl", [{"step": s, "sft/loss": 3.0 / s, "rm/accuracy": 0.5 + 0.04 * s} for s in range(1, 6)]
+    )
     names = sorted(p.name for p in write_plots(run))
     assert names == ["loss.png", "rm_accuracy.png"]
     page = write_report(run).read_text(encoding="utf-8")
@@ -165,14 +183,22 @@ def test_report_for_sft_and_reward_model_runs(tmp_path):
 
 def test_repeated_steps_are_merged_later_values_winning(tmp_path):
     # A run resumed from checkpoint-2 logs steps 3 and 4 again; step 0 logs an eval loss on its own line.
-    _write_jsonl(tmp_path / "metrics.jsonl", [
-        {"step": 0, "eval/loss": 2.0}, {"step": 0, "sft/loss": 3.0},
-        *({"step": s, "sft/loss": 9.0} for s in (1, 2, 3, 4)),
-        *({"step": s, "sft/loss": 1.0 / s} for s in (3, 4, 5)),
-    ])
+    _write_jsonl(
+        tmp_path / "metrics.jsonl",
+        [
+            {"step": 0, "eval/loss": 2.0},
+            {"step": 0, "sft/loss": 3.0},
+            *({"step": s, "sft/loss": 9.0} for s in (1, 2, 3, 4)),
+            *({"step": s, "sft/loss": 1.0 / s} for s in (3, 4, 5)),
+        ],
+    )
     assert read_metrics(tmp_path) == [
-        {"step": 0, "eval/loss": 2.0, "sft/loss": 3.0}, {"step": 1, "sft/loss": 9.0}, {"step": 2, "sft/loss": 9.0},
-        {"step": 3, "sft/loss": 1 / 3}, {"step": 4, "sft/loss": 0.25}, {"step": 5, "sft/loss": 0.2},
+        {"step": 0, "eval/loss": 2.0, "sft/loss": 3.0},
+        {"step": 1, "sft/loss": 9.0},
+        {"step": 2, "sft/loss": 9.0},
+        {"step": 3, "sft/loss": 1 / 3},
+        {"step": 4, "sft/loss": 0.25},
+        {"step": 5, "sft/loss": 0.2},
     ]
     page = write_report(tmp_path).read_text(encoding="utf-8")
     assert "6 logged steps, last step 5." in page
@@ -181,13 +207,21 @@ def test_repeated_steps_are_merged_later_values_winning(tmp_path):
 
 def test_report_shows_an_agent_conversation_with_tool_calls_and_results(tmp_path):
     run = _run_dir(tmp_path, steps=2, samples=False)
-    conversation = [{"role": "assistant", "content": "", "tool_calls": [
-                        {"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 7}}}]},
-                    {"role": "tool", "name": "add", "content": "19"},
-                    {"role": "assistant", "content": "<b>19</b>"}]
+    conversation = [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 12, "b": 7}}}],
+        },
+        {"role": "tool", "name": "add", "content": "19"},
+        {"role": "assistant", "content": "<b>19</b>"},
+    ]
     _write_jsonl(run / "samples.jsonl", [{"step": 1, "prompt": "12+7?", "completion": conversation, "score": 1.0}])
     page = write_report(run).read_text()
-    assert '<div class="turn assistant"><b>assistant</b><pre class="completion">→ add({&quot;a&quot;: 12, &quot;b&quot;: 7})</pre>' in page
+    assert (
+        '<div class="turn assistant"><b>assistant</b><pre class="completion">→ add({&quot;a&quot;: 12, &quot;b&quot;: 7})</pre>'
+        in page
+    )
     assert '<div class="turn tool"><b>tool</b><pre class="completion">19</pre>' in page
     assert "&lt;b&gt;19&lt;/b&gt;" in page  # escaped
 
@@ -199,6 +233,8 @@ def test_a_conversational_prompt_shows_as_chat_turns_not_json(tmp_path):
     prompt = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is <2+2>?"}]
     write_samples(str(run), 1, [prompt], ["4"], [1.0], limit=1)  # as the RL loop writes it: JSON text
     page = write_report(run).read_text()
-    assert ('<div class="chat prompt"><div class="turn system"><b>system</b><pre class="prompt">Answer briefly.</pre>'
-            '</div><div class="turn user"><b>user</b><pre class="prompt">What is &lt;2+2&gt;?</pre></div></div>') in page
+    assert (
+        '<div class="chat prompt"><div class="turn system"><b>system</b><pre class="prompt">Answer briefly.</pre>'
+        '</div><div class="turn user"><b>user</b><pre class="prompt">What is &lt;2+2&gt;?</pre></div></div>'
+    ) in page
     assert "&quot;role&quot;" not in page and '<pre class="completion">4</pre>' in page

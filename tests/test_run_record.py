@@ -14,8 +14,16 @@ from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
 
 def test_a_python_rl_run_records_its_sources_and_the_cli_repeats_and_evaluates_it(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "py"
-    args = RLConfig(algorithm="grpo", max_steps=2, max_new_tokens=4, prompts_per_step=2, save_steps=2, log_every=0,
-                    progress_bar=False, output_dir=str(run))
+    args = RLConfig(
+        algorithm="grpo",
+        max_steps=2,
+        max_new_tokens=4,
+        prompts_per_step=2,
+        save_steps=2,
+        log_every=0,
+        progress_bar=False,
+        output_dir=str(run),
+    )
     RLTrainer(str(tiny_model_dir), [fraction_of_a], args, train_dataset=PROMPTS).train()
     record = yaml.safe_load((run / "config.yaml").read_text())
     assert record["model"] == str(tiny_model_dir)
@@ -29,8 +37,23 @@ def test_a_python_rl_run_records_its_sources_and_the_cli_repeats_and_evaluates_i
     assert yaml.safe_load((tmp_path / "cli" / "config.yaml").read_text())["train_dataset"] == record["train_dataset"]
 
     capsys.readouterr()
-    assert main(["eval", "--model", str(run / "checkpoint-2"), "--dataset", record["train_dataset"],
-                 "--reward", record["reward_funcs"][0], "--greedy", "--max-new-tokens", "4"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(run / "checkpoint-2"),
+                "--dataset",
+                record["train_dataset"],
+                "--reward",
+                record["reward_funcs"][0],
+                "--greedy",
+                "--max-new-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
     assert "fraction_of_a_mean" in capsys.readouterr().out
 
 
@@ -39,8 +62,14 @@ def test_lora_settings_and_reward_weights_are_recorded(tmp_path, tiny_model_dir)
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["v_proj", "q_proj"], lora_dropout=0.0)
     args = RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path))
-    RLTrainer(str(tiny_model_dir), ["rlhfkit.tasks.toy:fraction_of_a"], args, train_dataset=PROMPTS,
-              reward_weights=[0.5], peft_config=lora)
+    RLTrainer(
+        str(tiny_model_dir),
+        ["rlhfkit.tasks.toy:fraction_of_a"],
+        args,
+        train_dataset=PROMPTS,
+        reward_weights=[0.5],
+        peft_config=lora,
+    )
     record = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert (record["lora_r"], record["lora_alpha"], record["lora_target_modules"]) == (4, 8, "q_proj,v_proj")
     assert record["reward_weights"] == [0.5]
@@ -50,11 +79,17 @@ def test_a_reward_function_no_one_can_import_is_recorded_as_such_and_refused_cle
     def local_reward(prompts, completions, **kwargs):
         return [1.0] * len(completions)
 
-    RLTrainer(str(tiny_model_dir), [local_reward], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path / "r")),
-              train_dataset=PROMPTS)
+    RLTrainer(
+        str(tiny_model_dir),
+        [local_reward],
+        RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path / "r")),
+        train_dataset=PROMPTS,
+    )
     record = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
-    assert record["reward_funcs"] == ["<not importable: local_reward — defined inside a function, where no import path "
-                                      "reaches; define it at the top of a module and pass 'module:local_reward'>"]
+    assert record["reward_funcs"] == [
+        "<not importable: local_reward — defined inside a function, where no import path "
+        "reaches; define it at the top of a module and pass 'module:local_reward'>"
+    ]
     assert main(["rl", "--config", str(tmp_path / "r" / "config.yaml"), f"output_dir={tmp_path / 'again'}"]) == 2
     err = capsys.readouterr().err
     assert "cannot be imported" in err and "package.module:function" in err and len(err.strip().splitlines()) == 1
@@ -73,7 +108,8 @@ def reward_len(completions, **kwargs):
 
 
 def test_a_reward_function_of_the_script_being_run_is_recorded_to_repeat_the_run_or_says_why_not(
-        tmp_path, tiny_model_dir, monkeypatch, capsys):
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
     import runpy
     import sys
 
@@ -81,9 +117,13 @@ def test_a_reward_function_of_the_script_being_run_is_recorded_to_repeat_the_run
     monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "scripts").mkdir()
     guarded = tmp_path / "scripts" / "train.py"  # run as `python scripts/train.py`: its run under the __main__ guard
-    guarded.write_text(SCRIPT.format(run='if __name__ == "__main__":\n    ', model=str(tiny_model_dir), steps=1, out="run"))
+    guarded.write_text(
+        SCRIPT.format(run='if __name__ == "__main__":\n    ', model=str(tiny_model_dir), steps=1, out="run")
+    )
     runpy.run_path(str(guarded), run_name="__main__")
-    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["reward_funcs"] == ["scripts.train:reward_len"]
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["reward_funcs"] == [
+        "scripts.train:reward_len"
+    ]
     try:
         assert main(["rl", "--config", "run/config.yaml", "output_dir=again", "--quiet"]) == 0
     finally:
@@ -96,9 +136,11 @@ def test_a_reward_function_of_the_script_being_run_is_recorded_to_repeat_the_run
     plain.write_text(SCRIPT.format(run="", model=str(tiny_model_dir), steps=0, out="plain_run"))
     runpy.run_path(str(plain), run_name="__main__")
     recorded = yaml.safe_load((tmp_path / "plain_run" / "config.yaml").read_text())["reward_funcs"]
-    assert recorded == [f"<not importable: reward_len — defined in the script {plain}, which a rerun cannot import: "
-                        "importing it would run its line 8 (guard the run of the script with if __name__ == "
-                        "\"__main__\":); move it into a module (e.g. rewards.py) and pass 'rewards:reward_len'>"]
+    assert recorded == [
+        f"<not importable: reward_len — defined in the script {plain}, which a rerun cannot import: "
+        "importing it would run its line 8 (guard the run of the script with if __name__ == "
+        "\"__main__\":); move it into a module (e.g. rewards.py) and pass 'rewards:reward_len'>"
+    ]
     capsys.readouterr()
     assert main(["rl", "--config", "plain_run/config.yaml", "output_dir=plain_again"]) == 2
     err = capsys.readouterr().err.strip()
@@ -107,13 +149,16 @@ def test_a_reward_function_of_the_script_being_run_is_recorded_to_repeat_the_run
 
 def test_a_python_sft_run_records_its_job_and_the_cli_repeats_it(tmp_path, tiny_model_dir):
     data = [{"prompt": "ab", "completion": "aaa"}, {"prompt": "cd", "completion": "aa"}]
-    args = SFTConfig(learning_rate=1e-3, max_steps=2, batch_size=2, log_every=0, progress_bar=False,
-                     output_dir=str(tmp_path / "sft"))
+    args = SFTConfig(
+        learning_rate=1e-3, max_steps=2, batch_size=2, log_every=0, progress_bar=False, output_dir=str(tmp_path / "sft")
+    )
     SFTTrainer(str(tiny_model_dir), args, train_dataset=data).train()
     record = yaml.safe_load((tmp_path / "sft" / "config.yaml").read_text())
     assert record["model"] == str(tiny_model_dir) and record["train_dataset"].endswith("data/train_dataset.jsonl")
-    assert main(["sft", "--config", str(tmp_path / "sft" / "config.yaml"), f"output_dir={tmp_path / 'again'}",
-                 "--quiet"]) == 0
+    assert (
+        main(["sft", "--config", str(tmp_path / "sft" / "config.yaml"), f"output_dir={tmp_path / 'again'}", "--quiet"])
+        == 0
+    )
     first, again = (load_file(str(tmp_path / d / "final" / "model.safetensors")) for d in ("sft", "again"))
     assert all(torch.equal(first[k], again[k]) for k in first)
 
@@ -122,8 +167,13 @@ def test_a_model_object_without_a_directory_is_recorded_empty(tmp_path):
     from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
     tok = char_tokenizer()
-    RLTrainer(tiny_causal_lm(tok), [fraction_of_a], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path)),
-              train_dataset=PROMPTS, processing_class=tok)
+    RLTrainer(
+        tiny_causal_lm(tok),
+        [fraction_of_a],
+        RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path)),
+        train_dataset=PROMPTS,
+        processing_class=tok,
+    )
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["model"] == ""
     with pytest.raises(ValueError, match="does not name the run's model"):
         from rlhfkit.jobs import checkpoint_policy
@@ -143,8 +193,13 @@ def test_record_run_never_stops_a_run_and_keeps_what_it_can(tmp_path, tiny_model
     from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
     rows = [{"prompt": "ab", "answer": np.int64(3)}, {"prompt": "cd", "answer": np.float32(0.5)}]
-    RLTrainer(str(tiny_model_dir), [fraction_of_a], RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path)),
-              train_dataset=rows, peft_config=LoraConfig(r=2))  # peft picks the target modules
+    RLTrainer(
+        str(tiny_model_dir),
+        [fraction_of_a],
+        RLConfig(max_steps=0, log_every=0, output_dir=str(tmp_path)),
+        train_dataset=rows,
+        peft_config=LoraConfig(r=2),
+    )  # peft picks the target modules
     record = yaml.safe_load((tmp_path / "config.yaml").read_text())
     # recorded once the model is built: the modules peft picked for the architecture, so a rerun gets them
     assert record["lora_r"] == 2 and record["lora_target_modules"] == "q_proj,v_proj"

@@ -6,11 +6,16 @@ import sys
 
 # The top-level names and where each is defined (the README's and the package docstring's imports).
 EXPECTED = {
-    "RLConfig": "rlhfkit.config", "RLTrainer": "rlhfkit.trainers.rl",
-    "SFTConfig": "rlhfkit.config.supervised", "SFTTrainer": "rlhfkit.trainers.sft",
-    "RewardModelConfig": "rlhfkit.config.supervised", "RewardModelTrainer": "rlhfkit.trainers.reward_model",
-    "DPOConfig": "rlhfkit.config.supervised", "DPOTrainer": "rlhfkit.trainers.dpo",
-    "RewardFunctions": "rlhfkit.rewards", "register_reward_function": "rlhfkit.rewards",
+    "RLConfig": "rlhfkit.config",
+    "RLTrainer": "rlhfkit.trainers.rl",
+    "SFTConfig": "rlhfkit.config.supervised",
+    "SFTTrainer": "rlhfkit.trainers.sft",
+    "RewardModelConfig": "rlhfkit.config.supervised",
+    "RewardModelTrainer": "rlhfkit.trainers.reward_model",
+    "DPOConfig": "rlhfkit.config.supervised",
+    "DPOTrainer": "rlhfkit.trainers.dpo",
+    "RewardFunctions": "rlhfkit.rewards",
+    "register_reward_function": "rlhfkit.rewards",
     "load_config": "rlhfkit.config.io",
 }
 
@@ -53,12 +58,17 @@ def test_the_trainer_modules_still_export_their_configs():
     from rlhfkit.trainers import dpo, reward_model, sft
 
     assert (sft.SFTConfig, reward_model.RewardModelConfig, dpo.DPOConfig) == (SFTConfig, RewardModelConfig, DPOConfig)
-    assert (trainers.SFTConfig, trainers.RewardModelConfig, trainers.DPOConfig) == (SFTConfig, RewardModelConfig,
-                                                                                    DPOConfig)
+    assert (trainers.SFTConfig, trainers.RewardModelConfig, trainers.DPOConfig) == (
+        SFTConfig,
+        RewardModelConfig,
+        DPOConfig,
+    )
 
 
 def test_the_configs_and_jobs_import_without_torch():
-    code = ("import sys; from rlhfkit import RLConfig, SFTConfig, RewardModelConfig; import rlhfkit.config.jobs; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; from rlhfkit import RLConfig, SFTConfig, RewardModelConfig; import rlhfkit.config.jobs; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

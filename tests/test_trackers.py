@@ -69,11 +69,11 @@ def wandb_records(path):
     assert data[:4] == b":W&B"
     while pos + 7 <= len(data):
         left = 32768 - pos % 32768
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if left < 7 or (length == 0 and kind == 0):
             pos += left
             continue
-        buf, pos = buf + data[pos + 7:pos + 7 + length], pos + 7 + length
+        buf, pos = buf + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):  # a full record, or the last chunk of one
             records.append(wandb_internal_pb2.Record.FromString(buf))
             buf = b""
@@ -82,18 +82,30 @@ def wandb_records(path):
 
 def test_reward_model_run_reports_to_wandb_offline(offline):
     tok = char_tokenizer()
-    RewardModelTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0),
-                       RewardModelConfig(learning_rate=1e-3, batch_size=8, max_steps=2, log_every=0,
-                                         output_dir=str(offline / "run"), report_to="wandb"),
-                       oracle_pairs(16, 0), processing_class=tok).train()
+    RewardModelTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0),
+        RewardModelConfig(
+            learning_rate=1e-3,
+            batch_size=8,
+            max_steps=2,
+            log_every=0,
+            output_dir=str(offline / "run"),
+            report_to="wandb",
+        ),
+        oracle_pairs(16, 0),
+        processing_class=tok,
+    ).train()
     (run_dir,) = (offline / "run" / "wandb").glob("offline-run-*")
     for _ in range(100):  # wandb-core, a separate process, may still be flushing the file
         records = wandb_records(next(run_dir.glob("run-*.wandb")))
         if any(r.WhichOneof("record_type") == "exit" for r in records):
             break
         time.sleep(0.1)
-    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    history = [
+        {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     rows = logged(offline)
     assert [h["_step"] for h in history] == [r["step"] for r in rows]
     assert [h["rm/loss"] for h in history] == pytest.approx([r["rm/loss"] for r in rows], rel=1e-6)
@@ -108,10 +120,20 @@ def test_dpo_run_reports_to_mlflow(offline):
     from mlflow.tracking import MlflowClient
 
     tok = char_tokenizer()
-    DPOTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0),
-               DPOConfig(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, output_dir=str(offline / "run"),
-                         report_to=["mlflow"], run_name="dpo-run"),
-               oracle_pairs(12, 0), processing_class=tok).train()
+    DPOTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0),
+        DPOConfig(
+            learning_rate=1e-3,
+            batch_size=4,
+            max_steps=3,
+            log_every=0,
+            output_dir=str(offline / "run"),
+            report_to=["mlflow"],
+            run_name="dpo-run",
+        ),
+        oracle_pairs(12, 0),
+        processing_class=tok,
+    ).train()
     client = MlflowClient()
     (run,) = mlflow.search_runs(experiment_names=["rlhfkit"], output_format="list")
     assert run.info.run_name == "dpo-run" and run.data.params["beta"] == "0.1"
@@ -133,8 +155,9 @@ def test_sft_run_reports_to_trackio(offline):
     assert SQLiteStorage.get_run_config("rlhfkit", "run")["max_steps"] == 3
 
 
-@pytest.mark.parametrize("name,module", [("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow"),
-                                         ("trackio", "trackio")])
+@pytest.mark.parametrize(
+    "name,module", [("tensorboard", "tensorboard"), ("wandb", "wandb"), ("mlflow", "mlflow"), ("trackio", "trackio")]
+)
 def test_a_tracker_that_is_not_installed_is_one_line_before_training(tmp_path, monkeypatch, name, module):
     monkeypatch.setitem(sys.modules, module, None)  # import then fails as if it were missing
     with pytest.raises(ValueError) as err:
@@ -147,7 +170,9 @@ def test_a_tracker_that_cannot_start_is_one_line(offline, monkeypatch):
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")  # mlflow 3 then refuses the file store
     with pytest.raises(ValueError) as err:
         sft(offline, report_to=("mlflow",))
-    assert str(err.value).startswith("report_to: mlflow could not start (MlflowException: ") and "\n" not in str(err.value)
+    assert str(err.value).startswith("report_to: mlflow could not start (MlflowException: ") and "\n" not in str(
+        err.value
+    )
 
 
 def test_unknown_tracker_names_are_refused_by_the_config():
@@ -166,8 +191,9 @@ def test_a_failing_tracker_warns_once_and_training_goes_on(offline):
         def close(self):
             pass
 
-    logger = MetricsLogger(str(offline / "run"), 0, config=SFTConfig(report_to=("tensorboard",),
-                                                                     output_dir=str(offline / "run")))
+    logger = MetricsLogger(
+        str(offline / "run"), 0, config=SFTConfig(report_to=("tensorboard",), output_dir=str(offline / "run"))
+    )
     logger.trackers.active["broken"] = Broken()
     with pytest.warns(UserWarning, match="broken failed to log step 1.*disk full"):
         logger.log(1, {"a": 1.0}, 2)
@@ -183,6 +209,18 @@ def test_the_cli_takes_report_to(offline, monkeypatch, tmp_path):
 
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/shift"]) == 0
-    assert main(["sft", "model=data/shift/model", "train_dataset=data/shift/sft.jsonl", "max_steps=2",
-                 "output_dir=run", "report_to=[tensorboard]", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "model=data/shift/model",
+                "train_dataset=data/shift/sft.jsonl",
+                "max_steps=2",
+                "output_dir=run",
+                "report_to=[tensorboard]",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert list((tmp_path / "run" / "runs" / "run").glob("events.out.tfevents.*"))

@@ -8,6 +8,22 @@ from .templates import check_agent_template, rewrites_history, tool_suffix
 from .calls import CallResult, run_tool_calls
 from .tools import Tool, check_environment_factory, environment_tools, make_tool, make_tools
 
-__all__ = ["AgentOptions", "Episode", "episodes_rollout", "run_episodes", "start_episode", "MalformedToolCall",
-           "parse_tool_calls", "check_agent_template", "rewrites_history", "tool_suffix", "Tool", "check_environment_factory",
-           "environment_tools", "make_tool", "make_tools", "run_tool_calls", "CallResult"]
+__all__ = [
+    "AgentOptions",
+    "Episode",
+    "episodes_rollout",
+    "run_episodes",
+    "start_episode",
+    "MalformedToolCall",
+    "parse_tool_calls",
+    "check_agent_template",
+    "rewrites_history",
+    "tool_suffix",
+    "Tool",
+    "check_environment_factory",
+    "environment_tools",
+    "make_tool",
+    "make_tools",
+    "run_tool_calls",
+    "CallResult",
+]

@@ -23,8 +23,15 @@ class Agent:
     model's turns besides the tokenizer's EOS (``models.loading.eos_token_ids(tokenizer, model)``:
     Gemma 2's ``<end_of_turn>``), for finding where the template ends a turn."""
 
-    def __init__(self, tokenizer, tools=None, environment_factory=None, options: AgentOptions | None = None,
-                 prompt_limit: int | None = None, eos_ids=None):
+    def __init__(
+        self,
+        tokenizer,
+        tools=None,
+        environment_factory=None,
+        options: AgentOptions | None = None,
+        prompt_limit: int | None = None,
+        eos_ids=None,
+    ):
         if not tools and environment_factory is None:
             raise ValueError("an agent needs tools=[...] and/or environment_factory=...")
         self.tokenizer, self.options, self.prompt_limit = tokenizer, options or AgentOptions(), prompt_limit
@@ -35,17 +42,27 @@ class Agent:
             check_environment_factory(environment_factory)
         # A template that rewrites history (Qwen3's <think> handling) renders each turn's prompt;
         # whether it does may depend on the tools it renders: found once per set of tools.
-        self._rewrites = {tuple(self.tools): check_agent_template(
-            tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name, self.eos_ids)}
+        self._rewrites = {
+            tuple(self.tools): check_agent_template(
+                tokenizer, [t.schema for t in self.tools.values()] or None, self.options.model_name, self.eos_ids
+            )
+        }
 
     @property
     def has_environment_reward(self) -> bool:
         """Whether the environments have ``get_reward()``: an extra reward source (``environment``)."""
-        factories = (self.environment_factory.values() if isinstance(self.environment_factory, dict)
-                     else [self.environment_factory] if self.environment_factory is not None else [])
+        factories = (
+            self.environment_factory.values()
+            if isinstance(self.environment_factory, dict)
+            else [self.environment_factory]
+            if self.environment_factory is not None
+            else []
+        )
         return any(callable(getattr(f, "get_reward", None)) for f in factories)
 
-    def start(self, rows: list[dict], indices: list[int], group_size: int, name: str = "train_dataset") -> list[Episode]:
+    def start(
+        self, rows: list[dict], indices: list[int], group_size: int, name: str = "train_dataset"
+    ) -> list[Episode]:
         """``group_size`` episodes per row of ``indices`` (rows ``g*G .. g*G+G-1`` share row ``g``)."""
         episodes = []
         for i in indices:
@@ -60,9 +77,11 @@ class Agent:
                 episode = start_episode(self.tokenizer, messages, tools, env, self._rewrites.get(tuple(tools)))
                 self._rewrites[tuple(tools)] = episode.rewrites
                 if self.prompt_limit is not None and len(episode.prompt_ids) > self.prompt_limit:
-                    raise ValueError(f"{name}: row index {i} (0-based): the prompt with the tools' schemas is "
-                                     f"{len(episode.prompt_ids)} tokens, longer than {self.prompt_limit} "
-                                     "(max_prompt_length, by default the model's positions minus max_new_tokens)")
+                    raise ValueError(
+                        f"{name}: row index {i} (0-based): the prompt with the tools' schemas is "
+                        f"{len(episode.prompt_ids)} tokens, longer than {self.prompt_limit} "
+                        "(max_prompt_length, by default the model's positions minus max_new_tokens)"
+                    )
                 episodes.append(episode)
         return episodes
 
@@ -82,11 +101,13 @@ def agent_metrics(episodes: list[Episode]) -> dict:
     (ended by a call that timed out: left unscored) as counts — over every process."""
     every = torch.ones(len(episodes), dtype=torch.bool)
     counts = lambda field: torch.tensor([float(getattr(e, field)) for e in episodes])  # noqa: E731
-    return {"agent/turns_mean": distributed.global_mean(counts("turns"), every),
-            "agent/tool_calls_mean": distributed.global_mean(counts("tool_calls"), every),
-            "agent/tool_errors": distributed.reduce_sum(counts("tool_errors").sum()),
-            "agent/truncated_episodes": distributed.reduce_sum(counts("truncated").sum()),
-            "agent/timed_out_episodes": distributed.reduce_sum(counts("timed_out").sum())}
+    return {
+        "agent/turns_mean": distributed.global_mean(counts("turns"), every),
+        "agent/tool_calls_mean": distributed.global_mean(counts("tool_calls"), every),
+        "agent/tool_errors": distributed.reduce_sum(counts("tool_errors").sum()),
+        "agent/truncated_episodes": distributed.reduce_sum(counts("truncated").sum()),
+        "agent/timed_out_episodes": distributed.reduce_sum(counts("timed_out").sum()),
+    }
 
 
 def reward_inputs(episodes: list[Episode]) -> tuple[list[list[dict]], list]:
@@ -114,8 +135,10 @@ def episode_lengths(episodes: list[Episode]) -> torch.Tensor:
 def environment_reward(prompts, completions, environments=None, **columns) -> list[float | None]:
     """The reward source ``environment``: each episode's ``environment.get_reward()`` (None where
     the environment has none, so the sample is left to the other sources)."""
-    return [float(env.get_reward()) if callable(getattr(env, "get_reward", None)) else None
-            for env in environments or [None] * len(completions)]
+    return [
+        float(env.get_reward()) if callable(getattr(env, "get_reward", None)) else None
+        for env in environments or [None] * len(completions)
+    ]
 
 
 def _messages(prompt) -> list[dict]:
@@ -131,8 +154,9 @@ def _append_to_last_user(messages: list[dict], text: str) -> list[dict]:
     return messages + [{"role": "user", "content": text}]
 
 
-def build_agent(tokenizer, tools, environment_factory, options: AgentOptions, prompt_limit: int | None,
-                eos_ids=None) -> Agent | None:
+def build_agent(
+    tokenizer, tools, environment_factory, options: AgentOptions, prompt_limit: int | None, eos_ids=None
+) -> Agent | None:
     """The run's ``Agent`` from ``RLTrainer``'s ``tools`` / ``environment_factory`` and the config's
     agent fields (``options``); None when neither is given (one completion per prompt, as before).
     ``eos_ids``: the policy's end ids (``eos_token_ids(tokenizer, policy)``)."""

@@ -59,12 +59,14 @@ def run_tool_calls(calls: list[list[Call]], timeout: float) -> list[list[CallRes
             tools, name, arguments = calls[e][cursor[e]]
             if name in tools:
                 deadline[e] = time.monotonic() + timeout
-                threading.Thread(target=_work, args=(finished, e, cursor[e], tools[name], arguments),
-                                 daemon=True).start()
+                threading.Thread(
+                    target=_work, args=(finished, e, cursor[e], tools[name], arguments), daemon=True
+                ).start()
                 active.add(e)
                 return
-            results[e].append(CallResult(json.dumps({"error": f"unknown tool {name!r}; available: {sorted(tools)}"}),
-                                         True))
+            results[e].append(
+                CallResult(json.dumps({"error": f"unknown tool {name!r}; available: {sorted(tools)}"}), True)
+            )
             cursor[e] += 1
         active.discard(e)
 
@@ -83,11 +85,13 @@ def run_tool_calls(calls: list[list[Call]], timeout: float) -> list[list[CallRes
             continue
         now = time.monotonic()
         for e in [e for e in active if deadline[e] <= now]:
-            results[e].append(CallResult(json.dumps({"error": f"the tool call timed out after {timeout:g} s"}),
-                                         True, True))
+            results[e].append(
+                CallResult(json.dumps({"error": f"the tool call timed out after {timeout:g} s"}), True, True)
+            )
             skipped = len(calls[e]) - cursor[e] - 1
-            results[e] += [CallResult(json.dumps({"error": "not run: an earlier call of this turn timed out"}), True)
-                           ] * skipped
+            results[e] += [
+                CallResult(json.dumps({"error": "not run: an earlier call of this turn timed out"}), True)
+            ] * skipped
             active.discard(e)
     return results
 
@@ -103,6 +107,7 @@ def _work(finished: queue.Queue, episode: int, index: int, tool: Tool, arguments
 def _call(tool: Tool, arguments: dict) -> Any:
     result = tool.fn(**arguments)
     if inspect.isawaitable(result):
+
         async def wait():
             return await result
 

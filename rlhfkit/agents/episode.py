@@ -87,7 +87,7 @@ class Episode:
     @property
     def context(self) -> list[int]:
         """The current segment: the ids the next turn continues (and the turns sampled after them)."""
-        return (self.prompt_ids + self.ids)[self.start:]
+        return (self.prompt_ids + self.ids)[self.start :]
 
     @property
     def used(self) -> int:
@@ -123,8 +123,9 @@ class AgentOptions:
     model_name: str = "model"
 
 
-def start_episode(tokenizer, messages: list[dict], tools: dict[str, Tool], environment=None,
-                  rewrites: bool | None = None) -> Episode:
+def start_episode(
+    tokenizer, messages: list[dict], tools: dict[str, Tool], environment=None, rewrites: bool | None = None
+) -> Episode:
     """An episode of ``messages`` (the prompt conversation) with ``tools``; ``rewrites``: whether
     the chat template rewrites history (None: ``templates.rewrites_history`` finds out)."""
     schemas = [t.schema for t in tools.values()] or None
@@ -132,8 +133,15 @@ def start_episode(tokenizer, messages: list[dict], tools: dict[str, Tool], envir
     return Episode(prompt_ids(tokenizer, messages, schemas), tools, environment, list(messages), rewrites)
 
 
-def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingParams, options: AgentOptions,
-                 seed: Seed = None, eos_ids=None) -> Rollout:
+def run_episodes(
+    engine,
+    tokenizer,
+    episodes: list[Episode],
+    sampling: SamplingParams,
+    options: AgentOptions,
+    seed: Seed = None,
+    eos_ids=None,
+) -> Rollout:
     """Run ``episodes`` to their end with ``engine`` and return them as one ``Rollout`` (rows in
     the order of ``episodes``, ``prompt_index`` None: episodes do not share a prompt pass;
     ``agents.rows.episodes_rollout``).
@@ -153,8 +161,9 @@ def run_episodes(engine, tokenizer, episodes: list[Episode], sampling: SamplingP
         active = [k for k, e in enumerate(episodes) if not e.done]
         if not active:
             break
-        turn_seeds = None if seeds is None else [seeds[k] if turn == 0 else sampling_seed(seeds[k], turn)
-                                                 for k in active]
+        turn_seeds = (
+            None if seeds is None else [seeds[k] if turn == 0 else sampling_seed(seeds[k], turn) for k in active]
+        )
         active = [episodes[k] for k in active]
         left = max(budget - e.used for e in active)
         out = engine.generate([e.context for e in active], 1, replace(sampling, max_new_tokens=left), seed=turn_seeds)
@@ -201,19 +210,22 @@ def _answer_tool_calls(tokenizer, pending: list, budget: int, options: AgentOpti
     """Run the pending calls (``(episode, [function, ...])``: each episode's in order, the episodes
     side by side), then add each episode's tool messages and the context they make — or, when that
     leaves no room for another token, neither: the episode ends truncated."""
-    results = run_tool_calls([[(e.tools, f["name"], f["arguments"]) for f in fs] for e, fs in pending],
-                             options.tool_call_timeout)
+    results = run_tool_calls(
+        [[(e.tools, f["name"], f["arguments"]) for f in fs] for e, fs in pending], options.tool_call_timeout
+    )
     for (e, fs), answers in zip(pending, results):
         e.tool_errors += sum(a.failed for a in answers)
         if any(a.timed_out for a in answers):  # its environment may still change: the episode ends here
             e.timed_out = e.done = True
-        tool_messages = [{"role": "tool", "name": f["name"], "content": _cut(tokenizer, a.text, options)}
-                         for f, a in zip(fs, answers)]
+        tool_messages = [
+            {"role": "tool", "name": f["name"], "content": _cut(tokenizer, a.text, options)}
+            for f, a in zip(fs, answers)
+        ]
         if e.rewrites:  # the next prompt is the template's rendering of the conversation
             rendered = prompt_ids(tokenizer, e.prompt_messages + e.messages + tool_messages, e.schemas)
             context = e.context
-            new_segment = rendered[:len(context)] != context
-            added = rendered if new_segment else rendered[len(context):]
+            new_segment = rendered[: len(context)] != context
+            added = rendered if new_segment else rendered[len(context) :]
             would_use = len(rendered) - len(e.prompt_ids)
         else:  # the template's tool-message suffix, after the exact ids so far
             added = tool_suffix_ids(tokenizer, tool_messages, e.schemas, options.model_name, eos_ids)

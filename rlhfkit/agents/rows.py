@@ -39,10 +39,18 @@ def episodes_rollout(episodes: list, pad_id: int, with_logprobs: bool = True) ->
     sampled = pad([[int(s) for s in e.sampled] for e in episodes], 0, min_width=1)[0]
     logprobs = torch.zeros(sampled.shape, dtype=torch.float32)
     for i, e in enumerate(episodes):
-        logprobs[i, :len(e.logprobs)] = torch.tensor(e.logprobs, dtype=torch.float32)
+        logprobs[i, : len(e.logprobs)] = torch.tensor(e.logprobs, dtype=torch.float32)
     has_eos = torch.tensor([e.has_eos and not e.truncated for e in episodes], dtype=torch.bool)
     segments = None
     if any(e.segment and e.segment[-1] > 0 for e in episodes):
         segments = torch.cat([torch.zeros_like(prompts), pad([e.segment for e in episodes], 0, min_width=1)[0]], 1)
-    return Rollout(torch.cat([prompts, ids], 1), torch.cat([prompt_mask, real], 1), sampled.long(), has_eos,
-                   prompts.shape[1], None, logprobs if with_logprobs else None, segments)
+    return Rollout(
+        torch.cat([prompts, ids], 1),
+        torch.cat([prompt_mask, real], 1),
+        sampled.long(),
+        has_eos,
+        prompts.shape[1],
+        None,
+        logprobs if with_logprobs else None,
+        segments,
+    )

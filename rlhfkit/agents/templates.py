@@ -22,9 +22,14 @@ from __future__ import annotations
 from ..data.chat_templates import render
 from ..models.loading import eos_token_ids
 
-_PROBE = [{"role": "user", "content": "probe"},
-          {"role": "assistant", "content": "probe",
-           "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {}}}]}]
+_PROBE = [
+    {"role": "user", "content": "probe"},
+    {
+        "role": "assistant",
+        "content": "probe",
+        "tool_calls": [{"type": "function", "function": {"name": "probe", "arguments": {}}}],
+    },
+]
 _REASONING = "the probe's reasoning"
 _THINKING_PROBE = [_PROBE[0], {**_PROBE[1], "content": f"<think>\n{_REASONING}\n</think>\n\nprobe"}]
 _TOOL_ANSWER = [{"role": "tool", "name": "probe", "content": "probe"}]
@@ -51,8 +56,9 @@ def rewrites_history(tokenizer, tools: list[dict] | None) -> bool:
     return _REASONING not in after
 
 
-def tool_suffix(tokenizer, tool_messages: list[dict], tools: list[dict] | None, name: str = "model",
-                eos_ids=None) -> str:
+def tool_suffix(
+    tokenizer, tool_messages: list[dict], tools: list[dict] | None, name: str = "model", eos_ids=None
+) -> str:
     """The text between an assistant turn's end-of-turn token and the next assistant turn's first
     token, when ``tool_messages`` answer its calls (e.g. ChatML: ``"\\n<|im_start|>tool\\n…
     <|im_end|>\\n<|im_start|>assistant\\n"``); the template must be prefix-preserving. ``eos_ids``:
@@ -60,10 +66,12 @@ def tool_suffix(tokenizer, tool_messages: list[dict], tools: list[dict] | None, 
     base = render(tokenizer, _PROBE, tools, False)
     full = render(tokenizer, _PROBE + list(tool_messages), tools, True)
     if not full.startswith(base):
-        raise ValueError(f"{name}: the chat template is not prefix-preserving (rendering the conversation plus a tool "
-                         "message does not start with the rendering before it), so tool results cannot be appended "
-                         "as a suffix; its episodes render each turn instead (rewrites_history)")
-    return full[_end_of_turn(tokenizer, tools, name, eos_ids):]
+        raise ValueError(
+            f"{name}: the chat template is not prefix-preserving (rendering the conversation plus a tool "
+            "message does not start with the rendering before it), so tool results cannot be appended "
+            "as a suffix; its episodes render each turn instead (rewrites_history)"
+        )
+    return full[_end_of_turn(tokenizer, tools, name, eos_ids) :]
 
 
 def _end_of_turn(tokenizer, tools: list[dict] | None, name: str, eos_ids=None) -> int:
@@ -75,22 +83,25 @@ def _end_of_turn(tokenizer, tools: list[dict] | None, name: str, eos_ids=None) -
     found = [(base.find(e, len(turn_start)), e) for e in ends if e] if base.startswith(turn_start) else []
     found = [(at, e) for at, e in found if at >= 0]
     if not found:
-        raise ValueError(f"{name}: the chat template does not end an assistant turn with an EOS token "
-                         f"({', '.join(map(repr, ends))}), so a sampled turn cannot be continued token for token; set "
-                         f"a chat_template whose assistant turns end with {' or '.join(map(repr, ends))}"
-                         f"{_chatml_advice(tokenizer, ends)}")
+        raise ValueError(
+            f"{name}: the chat template does not end an assistant turn with an EOS token "
+            f"({', '.join(map(repr, ends))}), so a sampled turn cannot be continued token for token; set "
+            f"a chat_template whose assistant turns end with {' or '.join(map(repr, ends))}"
+            f"{_chatml_advice(tokenizer, ends)}"
+        )
     at, end = min(found)
     return at + len(end)
 
 
 def _chatml_advice(tokenizer, ends) -> str:
-    """" (e.g. 'chatml_tools')" where the shipped ChatML template would pass: its turns end with
+    """ " (e.g. 'chatml_tools')" where the shipped ChatML template would pass: its turns end with
     ``<|im_end|>``, one of this model's end texts; else nothing (the advice could not work)."""
     return " (e.g. 'chatml_tools')" if "<|im_end|>" in ends else ""
 
 
-def tool_suffix_ids(tokenizer, tool_messages: list[dict], tools: list[dict] | None, name: str = "model",
-                    eos_ids=None) -> list[int]:
+def tool_suffix_ids(
+    tokenizer, tool_messages: list[dict], tools: list[dict] | None, name: str = "model", eos_ids=None
+) -> list[int]:
     return encode(tokenizer, tool_suffix(tokenizer, tool_messages, tools, name, eos_ids))
 
 
@@ -100,7 +111,9 @@ def check_agent_template(tokenizer, tools: list[dict] | None, name: str = "model
     return whether it rewrites history (``rewrites_history``: its episodes then render every turn's
     prompt)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"{name}: the tokenizer has no chat template; tools need one — set chat_template "
-                         "(e.g. 'chatml_tools' for ChatML models)")
+        raise ValueError(
+            f"{name}: the tokenizer has no chat template; tools need one — set chat_template "
+            "(e.g. 'chatml_tools' for ChatML models)"
+        )
     _end_of_turn(tokenizer, tools, name, eos_ids)
     return rewrites_history(tokenizer, tools)

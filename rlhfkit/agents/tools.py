@@ -41,8 +41,10 @@ def make_tool(fn: Callable, where: str = "tools") -> Tool:
     try:
         schema = get_json_schema(fn)
     except Exception as err:  # TypeHintParsingException, DocstringParsingException
-        raise ValueError(f"{where}: tool {name!r} needs type hints on every argument and a Google-style docstring "
-                         f"describing each one (transformers.utils.get_json_schema: {err})") from None
+        raise ValueError(
+            f"{where}: tool {name!r} needs type hints on every argument and a Google-style docstring "
+            f"describing each one (transformers.utils.get_json_schema: {err})"
+        ) from None
     schema = schema if "function" in schema else {"type": "function", "function": schema}  # older transformers
     return Tool(schema["function"]["name"], fn, schema)
 
@@ -81,8 +83,11 @@ def environment_tools(env, where: str = "environment_factory") -> dict[str, Tool
     """An environment's public methods, ``reset`` and ``get_reward`` excepted, as tools."""
     if not callable(getattr(env, "reset", None)):
         raise ValueError(f"{where}: {type(env).__name__} has no reset(**row) method (it starts each episode)")
-    methods = [getattr(env, n) for n in dir(env)
-               if not n.startswith("_") and n not in RESERVED_METHODS and inspect.ismethod(getattr(env, n, None))]
+    methods = [
+        getattr(env, n)
+        for n in dir(env)
+        if not n.startswith("_") and n not in RESERVED_METHODS and inspect.ismethod(getattr(env, n, None))
+    ]
     return make_tools(methods, f"{where} ({type(env).__name__})")
 
 
@@ -95,13 +100,16 @@ def new_environment(factory, row: dict, index: int, name: str = "train_dataset")
     if chosen not in factory:
         from ..algorithms.registry import did_you_mean
 
-        raise ValueError(f"{name}: row index {index} (0-based): environment {chosen!r} is not one of "
-                         f"{sorted(factory)}{did_you_mean(str(chosen), factory)}")
+        raise ValueError(
+            f"{name}: row index {index} (0-based): environment {chosen!r} is not one of "
+            f"{sorted(factory)}{did_you_mean(str(chosen), factory)}"
+        )
     return factory[chosen]()
 
 
-def reset_environment(env, row: dict, routed: bool = False, index: int | None = None,
-                      name: str = "train_dataset") -> str | None:
+def reset_environment(
+    env, row: dict, routed: bool = False, index: int | None = None, name: str = "train_dataset"
+) -> str | None:
     """``env.reset(**row)`` as TRL calls it: every column of the row — except, when a dict of
     factories routes rows by their ``environment`` column (``routed``), that control column. A
     ``reset`` that cannot take the columns is refused in one line naming the row (``index``) and
@@ -116,11 +124,15 @@ def reset_environment(env, row: dict, routed: bool = False, index: int | None = 
             signature.bind(**columns)
         except TypeError as err:
             where = f"{name}: row index {index} (0-based): " if index is not None else ""
-            raise ValueError(f"{where}{type(env).__name__}.reset(**row) cannot take the row's columns "
-                             f"{sorted(columns)} ({err}); give reset a **kwargs parameter for the columns it does "
-                             "not use") from None
+            raise ValueError(
+                f"{where}{type(env).__name__}.reset(**row) cannot take the row's columns "
+                f"{sorted(columns)} ({err}); give reset a **kwargs parameter for the columns it does "
+                "not use"
+            ) from None
     out = env.reset(**columns)
     if out is not None and not isinstance(out, str):
-        raise ValueError(f"environment {type(env).__name__}.reset returned {type(out).__name__}; it must return "
-                         "a string (appended to the last user message) or None")
+        raise ValueError(
+            f"environment {type(env).__name__}.reset returned {type(out).__name__}; it must return "
+            "a string (appended to the last user message) or None"
+        )
     return out

@@ -49,9 +49,7 @@ def check_nonempty_rows(mask: torch.Tensor, name: str = "response_mask") -> None
     empty = (~mask.bool()).all(dim=-1)
     if bool(empty.any()):
         rows = empty.nonzero().flatten().tolist()
-        raise ValueError(
-            f"{name} has rows without any response token: rows {rows[:10]} of shape {tuple(mask.shape)}"
-        )
+        raise ValueError(f"{name} has rows without any response token: rows {rows[:10]} of shape {tuple(mask.shape)}")
 
 
 def check_groups(n: int, group_size: int, name: str = "scores") -> int:

@@ -97,8 +97,9 @@ def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor |
     return torch.where(ok & (n >= 2), grouped - baseline, zero).reshape(-1)
 
 
-def reinforce_advantages(scores: torch.Tensor, baseline="batch_mean", valid: torch.Tensor | None = None,
-                         reduce=None) -> torch.Tensor:
+def reinforce_advantages(
+    scores: torch.Tensor, baseline="batch_mean", valid: torch.Tensor | None = None, reduce=None
+) -> torch.Tensor:
     """REINFORCE with a baseline (Williams 1992; reference "REINFORCE and RLOO for LLMs").
 
     ``A_i = r_i - b`` where ``b`` is the batch mean (``"batch_mean"``), nothing (``"none"``), or a

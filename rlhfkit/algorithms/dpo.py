@@ -35,9 +35,12 @@ from .registry import Registry
 # ``f(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing, simpo_gamma) -> losses (B,)``
 # on the log-probs (per token when the loss is ``length_normalised``; the reference ones None when
 # it takes no ``reference``).
-DPO_LOSS_TYPES = Registry("DPO loss", ("chosen", "rejected", "ref_chosen", "ref_rejected"),
-                          ("beta", "label_smoothing", "simpo_gamma"),
-                          traits=("reference", "length_normalised", "smoothing"))
+DPO_LOSS_TYPES = Registry(
+    "DPO loss",
+    ("chosen", "rejected", "ref_chosen", "ref_rejected"),
+    ("beta", "label_smoothing", "simpo_gamma"),
+    traits=("reference", "length_normalised", "smoothing"),
+)
 
 
 def _margin(chosen, rejected, ref_chosen, ref_rejected):
@@ -69,9 +72,19 @@ def _simpo(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=
     return -F.logsigmoid(beta * chosen - beta * rejected - simpo_gamma)
 
 
-def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_logps=None, *,
-             beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0, simpo_gamma: float = 0.5,
-             chosen_lengths=None, rejected_lengths=None):
+def dpo_loss(
+    chosen_logps,
+    rejected_logps,
+    ref_chosen_logps=None,
+    ref_rejected_logps=None,
+    *,
+    beta: float = 0.1,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    simpo_gamma: float = 0.5,
+    chosen_lengths=None,
+    rejected_lengths=None,
+):
     """Per-pair losses (B,) and implicit rewards (B,), (B,) of ``loss_type`` (see the module
     docstring). Log-probs are (B,) sums over each completion's tokens; ``*_lengths`` (B,) their
     token counts, needed by ``ipo`` and ``simpo``; the reference log-probs are needed by every
@@ -99,7 +112,9 @@ def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_l
     if with_ref:
         tensors.update(ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
     if normalised:
-        tensors.update(chosen_lengths=torch.as_tensor(chosen_lengths), rejected_lengths=torch.as_tensor(rejected_lengths))
+        tensors.update(
+            chosen_lengths=torch.as_tensor(chosen_lengths), rejected_lengths=torch.as_tensor(rejected_lengths)
+        )
     check_tensor("chosen_logps", chosen_logps, ndim=1)
     check_same_shape(**tensors)
     dtype = torch.promote_types(chosen_logps.dtype, torch.float32)

@@ -107,8 +107,18 @@ class _LinearLogprobs(torch.autograd.Function):
                     grad_w += (g_c.t() @ hidden[rows].to(ctx.dtype)).to(acc)
                 if need_b:
                     grad_b += g.sum(0)
-        return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None, None, None)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def linear_logprobs(
@@ -138,12 +148,22 @@ def linear_logprobs(
     ``log_kept_mass``) within float tolerance, gradients included.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-        raise ValueError(f"hidden (N, H) and weight (V, H) must agree on H, got {tuple(hidden.shape)} and "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"hidden (N, H) and weight (V, H) must agree on H, got {tuple(hidden.shape)} and {tuple(weight.shape)}"
+        )
     if tuple(targets.shape) != (hidden.shape[0],):
         raise ValueError(f"targets must have shape ({hidden.shape[0]},), got {tuple(targets.shape)}")
     chunk_rows = max(1, chunk_elements // max(weight.shape[0], 1))
-    logp, ent, kept = _LinearLogprobs.apply(hidden, weight, bias, targets.long(), float(temperature), with_entropy,
-                                            with_entropy and entropy_grad, support, chunk_rows,
-                                            _compute_dtype(hidden, weight))
+    logp, ent, kept = _LinearLogprobs.apply(
+        hidden,
+        weight,
+        bias,
+        targets.long(),
+        float(temperature),
+        with_entropy,
+        with_entropy and entropy_grad,
+        support,
+        chunk_rows,
+        _compute_dtype(hidden, weight),
+    )
     return logp, (ent if with_entropy else None), (kept if support is not None else None)

@@ -95,7 +95,9 @@ def selective_logprobs(
     check_tensor("logits", logits)
     check_tensor("tokens", tokens)
     if tuple(logits.shape[:-1]) != tuple(tokens.shape):
-        raise ValueError(f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), got {tuple(tokens.shape)}"
+        )
     if tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
         raise ValueError(f"tokens must hold integer ids, got dtype {tokens.dtype}")
     return _SelectiveLogprobs.apply(logits, tokens.long(), chunk_elements)
@@ -115,7 +117,10 @@ def entropy_from_logits(logits: torch.Tensor, chunk_elements: int = DEFAULT_CHUN
 
 @torch.no_grad()
 def log_kept_mass(
-    logits: torch.Tensor, tokens: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    top_k: int = 0,
+    top_p: float = 1.0,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> torch.Tensor:
     """``log S``: the log of the probability mass that top-k, then top-p truncation keeps of
@@ -140,7 +145,9 @@ def log_kept_mass(
     """
     check_tensor("logits", logits)
     if tuple(logits.shape[:-1]) != tuple(tokens.shape):
-        raise ValueError(f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), got {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must have shape {tuple(logits.shape[:-1])} (logits without V), got {tuple(tokens.shape)}"
+        )
     if not 0.0 < top_p <= 1.0 or top_k < 0:
         raise ValueError(f"top_p must be in (0, 1] and top_k >= 0, got top_p={top_p}, top_k={top_k}")
     flat = logits.reshape(-1, logits.shape[-1])
@@ -163,6 +170,7 @@ def log_kept_mass(
             drop[:, -1] = False  # the most likely token always stays
             kept = kept & ~drop.scatter(-1, order, drop)
         kept.scatter_(-1, idx[rows], True)
-        out[rows] = (torch.logsumexp(chunk.masked_fill(~kept, float("-inf")), -1)
-                     - torch.logsumexp(chunk, -1)).clamp(max=0.0)
+        out[rows] = (torch.logsumexp(chunk.masked_fill(~kept, float("-inf")), -1) - torch.logsumexp(chunk, -1)).clamp(
+            max=0.0
+        )
     return out.reshape(tokens.shape)

@@ -81,8 +81,11 @@ def value_loss(
     with torch.no_grad():
         var_returns = masked_var(returns, mask)
         # Constant returns leave nothing to explain: report 0 rather than a huge negative number.
-        explained = torch.where(var_returns > 1e-8, 1.0 - masked_var(returns - values, mask) / var_returns.clamp(min=1e-8),
-                                torch.zeros_like(var_returns))
+        explained = torch.where(
+            var_returns > 1e-8,
+            1.0 - masked_var(returns - values, mask) / var_returns.clamp(min=1e-8),
+            torch.zeros_like(var_returns),
+        )
         metrics = {
             "critic/value_clip_frac": clip_frac,
             "critic/values_mean": masked_mean(values, mask),
@@ -91,8 +94,12 @@ def value_loss(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | float | None = None,
-                       center_coefficient: float | None = None):
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | float | None = None,
+    center_coefficient: float | None = None,
+):
     """Pairwise reward-model loss: the negative log-likelihood of the Bradley–Terry model
     (Bradley & Terry 1952; the reward-model loss of Ouyang et al. 2022, arXiv:2203.02155, eq. 1):
 

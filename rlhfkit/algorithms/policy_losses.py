@@ -18,8 +18,9 @@ from .losses import aggregate
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
 
 
-def importance_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, response_mask: torch.Tensor,
-                     level: str = "token") -> torch.Tensor:
+def importance_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, response_mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
     """The importance ratio each token's loss uses, (B, T), at ``level``:
 
     - ``"token"``: ``ρ_t = exp(log π(y_t) - log π_old(y_t))`` (PPO, GRPO).
@@ -40,8 +41,9 @@ def importance_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, respons
     the core.
     """
     if level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
-                         f"got {level!r}")
+        raise ValueError(
+            f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, got {level!r}"
+        )
     mask = check_mask(response_mask, logprobs.shape)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     log_ratio = torch.where(mask, logprobs - old_logprobs, zero)

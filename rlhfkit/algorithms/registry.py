@@ -59,8 +59,9 @@ class Registry:
     ``get`` on a missing name raises a ``KeyError``-free ``ValueError`` listing the valid names.
     """
 
-    def __init__(self, kind: str, positional: tuple[str, ...], keywords: tuple[str, ...] = (),
-                 traits: tuple[str, ...] = ()):
+    def __init__(
+        self, kind: str, positional: tuple[str, ...], keywords: tuple[str, ...] = (), traits: tuple[str, ...] = ()
+    ):
         self.kind, self.positional, self.keywords, self.trait_names = kind, positional, keywords, traits
         self._entries: dict[str, Callable] = {}
         self._traits: dict[str, dict] = {}
@@ -71,8 +72,10 @@ class Registry:
             raise ValueError(f"{self.kind} {name!r} is already registered")
         if set(traits) != set(self.trait_names):
             missing, extra = sorted(set(self.trait_names) - set(traits)), sorted(set(traits) - set(self.trait_names))
-            raise ValueError(f"{self.kind} {name!r} must declare the traits {list(self.trait_names)} "
-                             f"(missing {missing}, unknown {extra})")
+            raise ValueError(
+                f"{self.kind} {name!r} must declare the traits {list(self.trait_names)} "
+                f"(missing {missing}, unknown {extra})"
+            )
 
         def decorator(fn: Callable) -> Callable:
             if name in self._entries:
@@ -105,8 +108,10 @@ class Registry:
 
     def get(self, name: str) -> Callable:
         if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}."
-                             f"{did_you_mean(name, self._entries)}")
+            raise ValueError(
+                f"unknown {self.kind} {name!r}; valid: {', '.join(sorted(self._entries))}."
+                f"{did_you_mean(name, self._entries)}"
+            )
         return self._entries[name]
 
     def names(self) -> list[str]:
@@ -132,7 +137,9 @@ def did_you_mean(name, choices) -> str:
 
 
 ADVANTAGE_ESTIMATORS = Registry(
-    "advantage estimator", ("token_rewards", "response_mask"), ("values", "group_size", "gamma", "lam", "reduce"),
+    "advantage estimator",
+    ("token_rewards", "response_mask"),
+    ("values", "group_size", "gamma", "lam", "reduce"),
     traits=("needs_groups", "needs_values", "gives_returns", "sequence_level"),
 )
 POLICY_LOSSES = Registry(
@@ -154,8 +161,9 @@ def _bandit(estimate: Callable[..., torch.Tensor]) -> Callable:
     token-level registry signature; ``valid`` marks the rows with a response (an empty row is
     absent)."""
 
-    def estimator(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None,
-                  eps=1e-6):
+    def estimator(
+        token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None, eps=1e-6
+    ):
         mask = check_mask(response_mask, token_rewards.shape)
         seq = estimate(sequence_rewards(token_rewards, mask), group_size, mask.any(dim=-1), reduce, eps)
         return adv.broadcast_sequence_advantages(seq, mask), None
@@ -175,19 +183,25 @@ def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, 
 
 # Groups never span processes, so the group estimators need no reduce; the batch mean does.
 ADVANTAGE_ESTIMATORS.register("group", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="std", eps=eps, valid=valid)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="std", eps=eps, valid=valid))
+)
 ADVANTAGE_ESTIMATORS.register("group_no_std", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="none", valid=valid)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="none", valid=valid))
+)
 ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce, eps: adv.rloo_advantages(r, g, valid=valid)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.rloo_advantages(r, g, valid=valid))
+)
 ADVANTAGE_ESTIMATORS.register("reinforce", needs_groups=False, **_SEQUENCE)(
-    _bandit(lambda r, g, valid, reduce, eps: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce)))
+    _bandit(lambda r, g, valid, reduce, eps: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce))
+)
 
 
-@ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", needs_groups=False, needs_values=False, gives_returns=True,
-                               sequence_level=False)
-def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None,
-                  eps=1e-6):
+@ADVANTAGE_ESTIMATORS.register(
+    "reinforce_plus_plus", needs_groups=False, needs_values=False, gives_returns=True, sequence_level=False
+)
+def _reinforce_pp(
+    token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, reduce=None, eps=1e-6
+):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level discounted returns of the shaped
     rewards, whitened over the whole batch (a global baseline, no critic, no groups)."""
     zeros = torch.zeros_like(token_rewards)
@@ -199,34 +213,91 @@ def _reinforce_pp(token_rewards, response_mask, *, values=None, group_size=1, ga
 
 
 @POLICY_LOSSES.register("ppo_clip", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS, zero_at_zero_advantage=True)
-def _ppo_clip(logprobs, old_logprobs, advantages, response_mask, *, agg="token-mean", horizon=None,
-              clip_low=0.2, clip_high=0.2, dual_clip=None, weights=None, importance_sampling_level="token"):
+def _ppo_clip(
+    logprobs,
+    old_logprobs,
+    advantages,
+    response_mask,
+    *,
+    agg="token-mean",
+    horizon=None,
+    clip_low=0.2,
+    clip_high=0.2,
+    dual_clip=None,
+    weights=None,
+    importance_sampling_level="token",
+):
     """PPO's clipped surrogate; ``importance_sampling_level="sequence"`` is GSPO (``ppo_policy_loss``)."""
-    return ppo_policy_loss(logprobs, old_logprobs, advantages, response_mask, clip_low=clip_low,
-                           clip_high=clip_high, dual_clip=dual_clip, agg=agg, horizon=horizon, weights=weights,
-                           importance_sampling_level=importance_sampling_level)
+    return ppo_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        response_mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        dual_clip=dual_clip,
+        agg=agg,
+        horizon=horizon,
+        weights=weights,
+        importance_sampling_level=importance_sampling_level,
+    )
 
 
 @POLICY_LOSSES.register("vanilla", importance_sampling_levels=("token",), zero_at_zero_advantage=True)
-def _vanilla(logprobs, old_logprobs, advantages, response_mask, *, agg="seq-mean-token-sum", horizon=None,
-             clip_low=None, clip_high=None, dual_clip=None, weights=None, importance_sampling_level="token"):
+def _vanilla(
+    logprobs,
+    old_logprobs,
+    advantages,
+    response_mask,
+    *,
+    agg="seq-mean-token-sum",
+    horizon=None,
+    clip_low=None,
+    clip_high=None,
+    dual_clip=None,
+    weights=None,
+    importance_sampling_level="token",
+):
     """Plain policy gradient; the clip arguments are accepted for the shared signature and unused.
     It has no importance ratio, so ``importance_sampling_level`` can only be "token"."""
     if importance_sampling_level != "token":
-        raise ValueError(f"policy loss 'vanilla' has no importance ratio: importance_sampling_level must be "
-                         f"'token', got {importance_sampling_level!r}")
+        raise ValueError(
+            f"policy loss 'vanilla' has no importance ratio: importance_sampling_level must be "
+            f"'token', got {importance_sampling_level!r}"
+        )
     return pg_loss(logprobs, old_logprobs, advantages, response_mask, agg=agg, horizon=horizon, weights=weights)
 
 
 @POLICY_LOSSES.register("cispo", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS, zero_at_zero_advantage=True)
-def _cispo(logprobs, old_logprobs, advantages, response_mask, *, agg="token-mean", horizon=None,
-           clip_low=None, clip_high=4.0, dual_clip=None, weights=None, importance_sampling_level="token"):
+def _cispo(
+    logprobs,
+    old_logprobs,
+    advantages,
+    response_mask,
+    *,
+    agg="token-mean",
+    horizon=None,
+    clip_low=None,
+    clip_high=4.0,
+    dual_clip=None,
+    weights=None,
+    importance_sampling_level="token",
+):
     """CISPO (``cispo_policy_loss``): the ratio capped at ``1 + clip_high`` (default 4: a cap of 5,
     the cispo preset's, ScaleRL's ε_max, arXiv:2510.13786). ``clip_low`` and
     ``dual_clip`` are accepted for the shared signature and unused: the paper sets no lower bound
     on the weight, and a capped weight needs no dual clip."""
-    return cispo_policy_loss(logprobs, old_logprobs, advantages, response_mask, clip_high=clip_high, agg=agg,
-                             horizon=horizon, weights=weights, importance_sampling_level=importance_sampling_level)
+    return cispo_policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        response_mask,
+        clip_high=clip_high,
+        agg=agg,
+        horizon=horizon,
+        weights=weights,
+        importance_sampling_level=importance_sampling_level,
+    )
 
 
 def _kl_entry(name: str) -> Callable:

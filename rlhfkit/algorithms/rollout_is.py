@@ -44,8 +44,9 @@ from .registry import Registry
 
 # ``f(log_ratio, response_mask, *, threshold) -> (weights, kept)``: ``log_ratio`` (B, T) per token,
 # or (B, 1) per sequence when the mode's ``level`` is "sequence"; ``weights`` broadcast to (B, T).
-ROLLOUT_IS_MODES = Registry("rollout IS mode", ("log_ratio", "response_mask"), ("threshold", "low"),
-                            traits=("level", "masks"))
+ROLLOUT_IS_MODES = Registry(
+    "rollout IS mode", ("log_ratio", "response_mask"), ("threshold", "low"), traits=("level", "masks")
+)
 
 
 @ROLLOUT_IS_MODES.register("none", level="token", masks=False)
@@ -139,11 +140,16 @@ def rollout_is_weights(
     check_tensor("old_logprobs", old_logprobs, ndim=2)
     mask = check_mask(response_mask, old_logprobs.shape)
     correct, level = ROLLOUT_IS_MODES.get(mode), ROLLOUT_IS_MODES.traits(mode)["level"]
-    if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
-                                  or not threshold > 1):
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) or not threshold > 1
+    ):
         raise ValueError(f"rollout IS threshold must be a number > 1 or None, got {threshold!r}")
-    if low is not None and (isinstance(low, bool) or not isinstance(low, numbers.Real) or not 0 <= low
-                            or (threshold is not None and not low < threshold)):
+    if low is not None and (
+        isinstance(low, bool)
+        or not isinstance(low, numbers.Real)
+        or not 0 <= low
+        or (threshold is not None and not low < threshold)
+    ):
         raise ValueError(f"rollout IS lower bound must be a number in [0, threshold), got {low!r}")
 
     dtype = torch.promote_types(torch.promote_types(old_logprobs.dtype, rollout_logprobs.dtype), torch.float32)
@@ -162,8 +168,9 @@ def rollout_is_weights(
 def _metrics(abs_diff, mask, weights, kept, reduce, reduce_max) -> dict:
     """The ``rollout/*`` metrics from sums and counts (over every process when ``reduce`` is given)."""
     zero = abs_diff.new_zeros(())
-    parts = torch.stack([abs_diff.sum(), mask.sum().to(abs_diff.dtype), weights.sum().to(abs_diff.dtype),
-                         kept.sum().to(abs_diff.dtype)])
+    parts = torch.stack(
+        [abs_diff.sum(), mask.sum().to(abs_diff.dtype), weights.sum().to(abs_diff.dtype), kept.sum().to(abs_diff.dtype)]
+    )
     # a 0 appended: the max of an empty mask (or an empty batch) is 0, not an error
     diff_max = torch.cat([abs_diff.flatten(), zero[None]]).max()
     if reduce is not None:
@@ -174,7 +181,9 @@ def _metrics(abs_diff, mask, weights, kept, reduce, reduce_max) -> dict:
     metrics = {
         "rollout/logprob_diff_mean": diff_sum / n_tokens.clamp(min=1),
         "rollout/logprob_diff_max": diff_max,
-        "rollout/is_weight_mean": torch.where(n_kept > 0, weight_sum / n_kept.clamp(min=1), torch.ones_like(weight_sum)),
+        "rollout/is_weight_mean": torch.where(
+            n_kept > 0, weight_sum / n_kept.clamp(min=1), torch.ones_like(weight_sum)
+        ),
         "rollout/is_masked_frac": (n_tokens - n_kept) / n_tokens.clamp(min=1),
     }
     return {k: v.detach().float() for k, v in metrics.items()}

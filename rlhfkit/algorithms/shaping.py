@@ -35,9 +35,7 @@ def token_level_rewards(
     check_tensor("scores", scores, ndim=1)
     check_tensor("response_mask", response_mask, ndim=2)
     if response_mask.shape[0] != scores.shape[0]:
-        raise ValueError(
-            f"scores has {scores.shape[0]} rows but response_mask has shape {tuple(response_mask.shape)}"
-        )
+        raise ValueError(f"scores has {scores.shape[0]} rows but response_mask has shape {tuple(response_mask.shape)}")
     mask = check_mask(response_mask, response_mask.shape)
     last = last_token_index(mask)
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
@@ -98,8 +96,11 @@ def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer_len: int, penal
     length = lengths.to(lengths.dtype if lengths.dtype.is_floating_point else torch.get_default_dtype())
     expected = max_len - buffer_len
     in_buffer = (expected - length) / buffer_len
-    shaped = torch.where(length <= expected, torch.zeros_like(length),
-                         torch.where(length <= max_len, in_buffer, torch.full_like(length, -1.0)))
+    shaped = torch.where(
+        length <= expected,
+        torch.zeros_like(length),
+        torch.where(length <= max_len, in_buffer, torch.full_like(length, -1.0)),
+    )
     return shaped * penalty_factor
 
 

@@ -18,35 +18,77 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 # tests/test_config_rules.py checks that every numeric field of every config is listed.
 RANGES: dict[str, str] = {
     # rollout
-    "rollout_workers": "[0, 1e6]", "max_staleness": "[0, 1e6]",
-    "prompts_per_step": "[1, 1e6]", "group_size": "[1, 1e6]", "max_new_tokens": "[1, 1e7]",
-    "max_prompt_length": "[1, 1e7] or None", "temperature": "> 0", "top_p": "(0, 1]", "top_k": "[0, 1e7]",
-    "vllm_kv_cache_gb": "> 0 or None", "vllm_gpu_memory_utilization": "(0, 1]", "vllm_tensor_parallel_size": "[1, 1024]",
+    "rollout_workers": "[0, 1e6]",
+    "max_staleness": "[0, 1e6]",
+    "prompts_per_step": "[1, 1e6]",
+    "group_size": "[1, 1e6]",
+    "max_new_tokens": "[1, 1e7]",
+    "max_prompt_length": "[1, 1e7] or None",
+    "temperature": "> 0",
+    "top_p": "(0, 1]",
+    "top_k": "[0, 1e7]",
+    "vllm_kv_cache_gb": "> 0 or None",
+    "vllm_gpu_memory_utilization": "(0, 1]",
+    "vllm_tensor_parallel_size": "[1, 1024]",
     # algorithm
-    "loss_horizon": "[1, 1e7] or None", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": "> 0",
-    "clip_low": "(0, 1)", "clip_high": "> -1", "dual_clip": "> 1 or None", "value_clip": "> 0 or None",
-    "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]", "lam": "[0, 1]", "advantage_epsilon": "(0, 1]", "num_iterations": "[1, 1e4]",
+    "loss_horizon": "[1, 1e7] or None",
+    "kl_coef": ">= 0",
+    "kl_target": "> 0",
+    "kl_horizon": "> 0",
+    "clip_low": "(0, 1)",
+    "clip_high": "> -1",
+    "dual_clip": "> 1 or None",
+    "value_clip": "> 0 or None",
+    "vf_coef": ">= 0",
+    "entropy_coef": ">= 0",
+    "gamma": "[0, 1]",
+    "lam": "[0, 1]",
+    "advantage_epsilon": "(0, 1]",
+    "num_iterations": "[1, 1e4]",
     # the bound of a reward function's output (rewards.functions.MAX_ABS_REWARD)
-    "missing_eos_penalty": "[-1e6, 1e6] or None", "reward_clip": "> 0 or None", "rollout_is_threshold": "> 1 or None",
+    "missing_eos_penalty": "[-1e6, 1e6] or None",
+    "reward_clip": "> 0 or None",
+    "rollout_is_threshold": "> 1 or None",
     "rollout_is_threshold_low": "[0, 1e6] or None",
-    "max_tool_calling_iterations": "[0, 1e6]", "max_tool_response_tokens": "[1, 1e9] or None",
+    "max_tool_calling_iterations": "[0, 1e6]",
+    "max_tool_response_tokens": "[1, 1e9] or None",
     "tool_call_timeout": "(0, 1e6]",
-    "overlong_penalty": "[0, 1e6]", "overlong_buffer_len": "[1, 1e7] or None", "max_sampling_rounds": "[1, 1e6]",
+    "overlong_penalty": "[0, 1e6]",
+    "overlong_buffer_len": "[1, 1e7] or None",
+    "max_sampling_rounds": "[1, 1e6]",
     # optimisation
-    "learning_rate": "> 0", "critic_learning_rate": "> 0 or None", "weight_decay": ">= 0",
-    "max_grad_norm": "> 0 or None", "warmup_steps": "[0, 1e9]", "mini_batch_size": "[1, 1e6] or None",
-    "micro_batch_size": "[1, 1e6] or None", "grad_accumulation": "[1, 1e6]", "max_consecutive_skips": "[1, 1e9]",
+    "learning_rate": "> 0",
+    "critic_learning_rate": "> 0 or None",
+    "weight_decay": ">= 0",
+    "max_grad_norm": "> 0 or None",
+    "warmup_steps": "[0, 1e9]",
+    "mini_batch_size": "[1, 1e6] or None",
+    "micro_batch_size": "[1, 1e6] or None",
+    "grad_accumulation": "[1, 1e6]",
+    "max_consecutive_skips": "[1, 1e9]",
     "max_tokens_per_micro_batch": "[1, 1e9] or None",
     # run
-    "max_steps": "[0, 1e9] or None", "seed": "[0, 2147483647]", "save_steps": "[0, 1e9]",
-    "save_total_limit": "[1, 1e9] or None", "log_every": "[0, 1e9]", "num_logged_samples": "[0, 1e6]",
-    "eval_every": "[0, 1e9]", "eval_max_new_tokens": "[1, 1e7] or None",
+    "max_steps": "[0, 1e9] or None",
+    "seed": "[0, 2147483647]",
+    "save_steps": "[0, 1e9]",
+    "save_total_limit": "[1, 1e9] or None",
+    "log_every": "[0, 1e9]",
+    "num_logged_samples": "[0, 1e6]",
+    "eval_every": "[0, 1e9]",
+    "eval_max_new_tokens": "[1, 1e7] or None",
     # supervised trainers
-    "num_epochs": "(0, 1e6]", "batch_size": "[1, 1e6]", "max_length": "[2, 1e7]", "center_rewards_coefficient": ">= 0 or None",
+    "num_epochs": "(0, 1e6]",
+    "batch_size": "[1, 1e6]",
+    "max_length": "[2, 1e7]",
+    "center_rewards_coefficient": ">= 0 or None",
     # DPO
-    "beta": "> 0", "label_smoothing": "[0, 0.5)", "simpo_gamma": "finite",
+    "beta": "> 0",
+    "label_smoothing": "[0, 0.5)",
+    "simpo_gamma": "finite",
     # command-line sources
-    "lora_r": "[0, 1e5]", "lora_alpha": "(0, 1e6]", "lora_dropout": "[0, 1)",
+    "lora_r": "[0, 1e5]",
+    "lora_alpha": "(0, 1e6]",
+    "lora_dropout": "[0, 1)",
 }
 
 
@@ -89,8 +131,9 @@ def check_ranges(config) -> None:
         if not in_range(value, spec, integer):
             expected = f"in {spec}" if spec[0] in "([" else spec
             kind = "an integer " if integer and not isinstance(value, numbers.Integral) else ""
-            raise ValueError(f"{type(config).__name__}: config field {f.name!r} must be {kind}{expected}, "
-                             f"got {value!r}")
+            raise ValueError(
+                f"{type(config).__name__}: config field {f.name!r} must be {kind}{expected}, got {value!r}"
+            )
 
 
 def check_run_fields(config) -> None:
@@ -101,13 +144,16 @@ def check_run_fields(config) -> None:
     object.__setattr__(config, "report_to", names)
     unknown = [n for n in names if n not in TRACKERS]
     if unknown or len(set(names)) != len(names):
-        raise ValueError(f"{type(config).__name__}: config field 'report_to' must list trackers among "
-                         f"{', '.join(TRACKERS)} (each once), got {list(value) if not isinstance(value, str) else value!r}")
+        raise ValueError(
+            f"{type(config).__name__}: config field 'report_to' must list trackers among "
+            f"{', '.join(TRACKERS)} (each once), got {list(value) if not isinstance(value, str) else value!r}"
+        )
 
 
 def check_fields(config, checks) -> None:
     """Raise for the first ``(ok, field, expected)`` that fails, naming the config and the field."""
     for ok, name, expected in checks:
         if not ok:
-            raise ValueError(f"{type(config).__name__}: config field {name!r} must be {expected}, "
-                             f"got {getattr(config, name)!r}")
+            raise ValueError(
+                f"{type(config).__name__}: config field {name!r} must be {expected}, got {getattr(config, name)!r}"
+            )

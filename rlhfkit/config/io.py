@@ -33,9 +33,13 @@ def _class_field_docs(klass) -> dict[str, str]:
     node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
     docs = {}
     for stmt, nxt in zip(node.body, node.body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
@@ -61,8 +65,7 @@ def format_help(cls) -> str:
             default = "required"
         lines = [f"  {f.name} ({f.type}, {default})"]
         if docs[f.name]:
-            lines.append(textwrap.fill(docs[f.name], width=100, initial_indent=" " * 6,
-                                       subsequent_indent=" " * 6))
+            lines.append(textwrap.fill(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6))
         groups.setdefault(title, []).extend(lines)
     header = f"{cls.__name__} fields: set them in a YAML file or as key=value overrides."
     return "\n\n".join([header] + [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()])
@@ -96,7 +99,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark)
+                    None, None, f"key {key!r} appears twice (first on line {seen[key] + 1})", key_node.start_mark
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep)
 
@@ -117,8 +121,7 @@ def _read_yaml_mapping(path: Path) -> dict:
     if data is None:  # an empty file: all defaults
         return {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping of field names to values, "
-                         f"got {type(data).__name__}")
+        raise ValueError(f"{path}: the top level must be a mapping of field names to values, got {type(data).__name__}")
     return data
 
 
@@ -152,8 +155,9 @@ def _check_type(key: str, value, annotation, source: str):
     """``value`` converted to the field's annotation (a string under postponed annotations)."""
     ok, converted = _convert(value, str(annotation).replace(" ", ""))
     if not ok:
-        raise ValueError(f"config key {key!r} from {source} expects {annotation}, "
-                         f"got {value!r} ({type(value).__name__})")
+        raise ValueError(
+            f"config key {key!r} from {source} expects {annotation}, got {value!r} ({type(value).__name__})"
+        )
     return converted
 
 
@@ -170,7 +174,7 @@ def _split_top(text: str, sep: str) -> list[str]:
 
 def _convert(value, ann: str) -> tuple[bool, object]:
     if ann.startswith("Optional[") and ann.endswith("]"):
-        ann = ann[len("Optional["):-1] + "|None"
+        ann = ann[len("Optional[") : -1] + "|None"
     options = _split_top(ann, "|")
     if len(options) > 1:
         if value is None and "None" in options:
@@ -201,7 +205,7 @@ def _convert(value, ann: str) -> tuple[bool, object]:
         return isinstance(value, dict), value
     for kind, make in (("tuple", tuple), ("list", list)):
         if ann.startswith(kind + "[") and ann.endswith("]"):
-            return _convert_sequence(value, _split_top(ann[len(kind) + 1:-1], ","), make)
+            return _convert_sequence(value, _split_top(ann[len(kind) + 1 : -1], ","), make)
     return True, value  # an annotation this reader does not know: the config's validation decides
 
 
@@ -228,8 +232,7 @@ def config_values(config) -> dict:
     filled (``config.preset_filled``, see ``RLConfig``) is ``None`` — unset, so the preset rule
     applies again when the values are loaded, also under another ``algorithm``."""
     filled = getattr(config, "preset_filled", frozenset())
-    return {f.name: None if f.name in filled else getattr(config, f.name)
-            for f in dataclasses.fields(config) if f.init}
+    return {f.name: None if f.name in filled else getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
 
 
 def save_config(config, path) -> Path:
@@ -237,6 +240,7 @@ def save_config(config, path) -> Path:
     preset filled are written as ``null`` with the value they resolved to in a comment
     (``kl_coef: null  # grpo preset: 0.04``), so loading with ``algorithm=...`` changed follows the
     preset rule exactly as ``RLConfig.replace`` does."""
+
     def plain(v):
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]

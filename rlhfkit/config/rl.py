@@ -23,44 +23,133 @@ ROLLOUT_PRECISIONS = ("bfloat16", "int8", "fp8")  # rollout.quantized.QuantizedE
 # names every preset field (those defaulting to None); _TOKEN_PPO holds the values most share,
 # _GROUP_NO_KL those of the critic-free, KL-free group recipes (GSPO, CISPO, DAPO).
 _TOKEN_PPO = dict(clip_low=0.2, clip_high=0.2, importance_sampling_level="token", dynamic_sampling=False)
-_GROUP_NO_KL = dict(use_critic=False, advantage_estimator="group", kl_in_reward=False, kl_estimator="k3", kl_coef=0.0,
-                    whiten_advantages=False, group_size=4, num_iterations=1)
+_GROUP_NO_KL = dict(
+    use_critic=False,
+    advantage_estimator="group",
+    kl_in_reward=False,
+    kl_estimator="k3",
+    kl_coef=0.0,
+    whiten_advantages=False,
+    group_size=4,
+    num_iterations=1,
+)
 PRESETS: dict[str, dict] = {
-    "ppo": dict(_TOKEN_PPO, use_critic=True, advantage_estimator="gae", policy_loss="ppo_clip", loss_agg="token-mean",
-                kl_in_reward=True, kl_estimator="k1", kl_coef=0.05, whiten_advantages=True, group_size=1,
-                num_iterations=4),
-    "grpo": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="group", policy_loss="ppo_clip",
-                 loss_agg="seq-mean-token-mean", kl_in_reward=False, kl_estimator="k3", kl_coef=0.04,
-                 whiten_advantages=False, group_size=4, num_iterations=1),
-    "dr_grpo": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="group_no_std", policy_loss="ppo_clip",
-                    loss_agg="seq-mean-token-sum-norm", kl_in_reward=False, kl_estimator="k3", kl_coef=0.0,
-                    whiten_advantages=False, group_size=4, num_iterations=1),
-    "reinforce": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="reinforce", policy_loss="vanilla",
-                      loss_agg="seq-mean-token-sum", kl_in_reward=True, kl_estimator="k1", kl_coef=0.05,
-                      whiten_advantages=False, group_size=1, num_iterations=1),
-    "rloo": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="rloo", policy_loss="vanilla",
-                 loss_agg="seq-mean-token-sum", kl_in_reward=True, kl_estimator="k1", kl_coef=0.05,
-                 whiten_advantages=False, group_size=4, num_iterations=1),
+    "ppo": dict(
+        _TOKEN_PPO,
+        use_critic=True,
+        advantage_estimator="gae",
+        policy_loss="ppo_clip",
+        loss_agg="token-mean",
+        kl_in_reward=True,
+        kl_estimator="k1",
+        kl_coef=0.05,
+        whiten_advantages=True,
+        group_size=1,
+        num_iterations=4,
+    ),
+    "grpo": dict(
+        _TOKEN_PPO,
+        use_critic=False,
+        advantage_estimator="group",
+        policy_loss="ppo_clip",
+        loss_agg="seq-mean-token-mean",
+        kl_in_reward=False,
+        kl_estimator="k3",
+        kl_coef=0.04,
+        whiten_advantages=False,
+        group_size=4,
+        num_iterations=1,
+    ),
+    "dr_grpo": dict(
+        _TOKEN_PPO,
+        use_critic=False,
+        advantage_estimator="group_no_std",
+        policy_loss="ppo_clip",
+        loss_agg="seq-mean-token-sum-norm",
+        kl_in_reward=False,
+        kl_estimator="k3",
+        kl_coef=0.0,
+        whiten_advantages=False,
+        group_size=4,
+        num_iterations=1,
+    ),
+    "reinforce": dict(
+        _TOKEN_PPO,
+        use_critic=False,
+        advantage_estimator="reinforce",
+        policy_loss="vanilla",
+        loss_agg="seq-mean-token-sum",
+        kl_in_reward=True,
+        kl_estimator="k1",
+        kl_coef=0.05,
+        whiten_advantages=False,
+        group_size=1,
+        num_iterations=1,
+    ),
+    "rloo": dict(
+        _TOKEN_PPO,
+        use_critic=False,
+        advantage_estimator="rloo",
+        policy_loss="vanilla",
+        loss_agg="seq-mean-token-sum",
+        kl_in_reward=True,
+        kl_estimator="k1",
+        kl_coef=0.05,
+        whiten_advantages=False,
+        group_size=4,
+        num_iterations=1,
+    ),
     # REINFORCE++ (Hu 2025, arXiv:2501.03262): token-level k1 KL in the reward, discounted returns
     # whitened over the batch (the estimator does it), PPO's clipped surrogate, no critic, no groups.
-    "reinforce_plus_plus": dict(_TOKEN_PPO, use_critic=False, advantage_estimator="reinforce_plus_plus",
-                                policy_loss="ppo_clip", loss_agg="token-mean", kl_in_reward=True, kl_estimator="k1",
-                                kl_coef=0.01, whiten_advantages=False, group_size=1, num_iterations=1),
+    "reinforce_plus_plus": dict(
+        _TOKEN_PPO,
+        use_critic=False,
+        advantage_estimator="reinforce_plus_plus",
+        policy_loss="ppo_clip",
+        loss_agg="token-mean",
+        kl_in_reward=True,
+        kl_estimator="k1",
+        kl_coef=0.01,
+        whiten_advantages=False,
+        group_size=1,
+        num_iterations=1,
+    ),
     # GSPO (Zheng et al. 2025, arXiv:2507.18071): group advantages, the sequence-level ratio clipped
     # to [1 - 3e-4, 1 + 4e-4] (§5.1), one term per sequence (seq-mean-token-mean), no KL (TRL's
     # recipe: importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0).
-    "gspo": dict(_GROUP_NO_KL, policy_loss="ppo_clip", importance_sampling_level="sequence", clip_low=3e-4,
-                 clip_high=4e-4, loss_agg="seq-mean-token-mean", dynamic_sampling=False),
+    "gspo": dict(
+        _GROUP_NO_KL,
+        policy_loss="ppo_clip",
+        importance_sampling_level="sequence",
+        clip_low=3e-4,
+        clip_high=4e-4,
+        loss_agg="seq-mean-token-mean",
+        dynamic_sampling=False,
+    ),
     # CISPO (MiniMax-M1, arXiv:2506.13585, eqs. 4-5): group advantages, the detached ratio capped
     # above only (clip_low is unused), normalised by the batch's tokens, no KL. The paper tunes only
     # ε_high; 4 (a cap of 5) is ScaleRL's ε_max (Khatri et al. 2025, arXiv:2510.13786), TRL's advice.
-    "cispo": dict(_GROUP_NO_KL, policy_loss="cispo", importance_sampling_level="token", clip_low=0.2, clip_high=4.0,
-                  loss_agg="token-mean", dynamic_sampling=False),
+    "cispo": dict(
+        _GROUP_NO_KL,
+        policy_loss="cispo",
+        importance_sampling_level="token",
+        clip_low=0.2,
+        clip_high=4.0,
+        loss_agg="token-mean",
+        dynamic_sampling=False,
+    ),
     # DAPO (Yu et al. 2025, arXiv:2503.14476): clip-higher 0.2/0.28 (§3.1), dynamic sampling (§3.2),
     # token-level loss (§3.3), no KL. Its soft overlong punishment (§3.4) needs a buffer length
     # that suits max_new_tokens: overlong_buffer_len stays off unless set.
-    "dapo": dict(_GROUP_NO_KL, policy_loss="ppo_clip", importance_sampling_level="token", clip_low=0.2, clip_high=0.28,
-                 loss_agg="token-mean", dynamic_sampling=True),
+    "dapo": dict(
+        _GROUP_NO_KL,
+        policy_loss="ppo_clip",
+        importance_sampling_level="token",
+        clip_low=0.2,
+        clip_high=0.28,
+        loss_agg="token-mean",
+        dynamic_sampling=True,
+    ),
 }
 
 
@@ -278,18 +367,26 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, AgentConfig, RolloutConf
         must be whole groups, ``rollout_workers`` must leave a trainer and need torchrun."""
         workers = self.rollout_workers
         if workers and workers >= world:
-            where = (f"{world} processes" if world > 1 else
-                     "one process (generator ranks run under torchrun: --nproc-per-node N, N > rollout_workers)")
-            raise ValueError(f"config field 'rollout_workers' is {workers} but the job has {where}: "
-                             f"at least one process must train")
+            where = (
+                f"{world} processes"
+                if world > 1
+                else "one process (generator ranks run under torchrun: --nproc-per-node N, N > rollout_workers)"
+            )
+            raise ValueError(
+                f"config field 'rollout_workers' is {workers} but the job has {where}: at least one process must train"
+            )
         if self.max_staleness and not workers:
-            raise ValueError(f"config field 'max_staleness' is {self.max_staleness} but rollout_workers is 0: "
-                             "staleness needs generator ranks (rollout_workers >= 1) to overlap with training")
+            raise ValueError(
+                f"config field 'max_staleness' is {self.max_staleness} but rollout_workers is 0: "
+                "staleness needs generator ranks (rollout_workers >= 1) to overlap with training"
+            )
         for n, who in ((workers, "generator"), (world - workers, "trainer" if workers else "")):
             if n and self.prompts_per_step % n:
                 kind = f"{who} processes" if who else "processes"
-                raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by the number of "
-                                 f"{kind} ({n}): each process samples its share, and a group never spans two")
+                raise ValueError(
+                    f"prompts_per_step={self.prompts_per_step} must be divisible by the number of "
+                    f"{kind} ({n}): each process samples its share, and a group never spans two"
+                )
 
     def replace(self, **changes) -> "RLConfig":
         """A copy with ``changes``. Fields the preset filled are refilled by the (new) preset; fields
@@ -300,8 +397,14 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, AgentConfig, RolloutConf
 
 
 def _validate(c: RLConfig) -> None:
-    from ..algorithms import (ADVANTAGE_ESTIMATORS, AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS,
-                             POLICY_LOSSES, ROLLOUT_IS_MODES)
+    from ..algorithms import (
+        ADVANTAGE_ESTIMATORS,
+        AGGREGATIONS,
+        IMPORTANCE_SAMPLING_LEVELS,
+        KL_ESTIMATORS,
+        POLICY_LOSSES,
+        ROLLOUT_IS_MODES,
+    )
 
     check_ranges(c)
     check_run_fields(c)
@@ -310,56 +413,119 @@ def _validate(c: RLConfig) -> None:
     levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
     in_loss = [n for n in KL_ESTIMATORS.names() if KL_ESTIMATORS.traits(n)["loss_gradient"]]
-    check_fields(c, [
-        (c.loss_agg in AGGREGATIONS, "loss_agg", f"one of {', '.join(AGGREGATIONS)}"),
-        (not estimator["needs_groups"] or c.group_size >= 2, "group_size",
-         f">= 2 for the {c.advantage_estimator!r} estimator (its baseline is the rest of the group)"),
-        (not estimator["needs_values"] or c.use_critic, "use_critic", f"True for the {c.advantage_estimator!r} estimator"),
-        (not c.use_critic or estimator["gives_returns"], "use_critic",
-         f"False for the {c.advantage_estimator!r} estimator (it gives the critic no returns to learn)"),
-        (c.kl_in_reward or c.kl_coef == 0 or kl["loss_gradient"], "kl_estimator",
-         f"one of {', '.join(in_loss)} when the KL goes into the loss (kl_in_reward=False): the gradient of "
-         f"{c.kl_estimator!r} {kl['why_not_in_loss']}"),
-        (c.device == "auto" or c.device.split(":")[0] in DEVICE_KINDS, "device",
-         "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
-        (c.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
-        (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
-        (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
-        (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
-        (c.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
-        (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
-        (c.hf_decode in HF_DECODE_MODES, "hf_decode", f"one of {', '.join(HF_DECODE_MODES)}"),
-        (c.rollout_precision is None or c.rollout_precision in ROLLOUT_PRECISIONS, "rollout_precision",
-         f"None or one of {', '.join(ROLLOUT_PRECISIONS)}"),
-        (c.rollout_precision is None or (c.rollout_engine == "hf" and not c.rollout_workers), "rollout_precision",
-         "None with rollout_engine='vllm' or rollout_workers (quantized rollouts are the HF engine's, in a training process)"),
-        (c.rollout_precision != "fp8" or c.device.startswith("cuda") or (c.device == "auto" and _cuda()),
-         "rollout_precision", "'bfloat16' or 'int8' on this device: 'fp8' (torchao's float8 kernels) runs on CUDA only"),
-        (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
-        (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
-        (c.rollout_is_threshold_low is None or c.rollout_is_threshold is None
-         or c.rollout_is_threshold_low < c.rollout_is_threshold, "rollout_is_threshold_low",
-         f"below rollout_is_threshold ({c.rollout_is_threshold}) or None"),
-        (c.clip_high > 0 or c.policy_loss == "cispo", "clip_high",
-         "> 0 (> -1 with the cispo loss, whose weight's cap is 1 + clip_high)"),
-        (not (c.unscored_in_loss and c.use_critic), "unscored_in_loss",
-         "False with a critic (an unscored row has no return for it to learn)"),
-        (not (c.unscored_in_loss and (c.dynamic_sampling or c.rollout_workers)), "unscored_in_loss",
-         "False with dynamic_sampling or rollout_workers (their filler rows are unscored too, and must stay out of the loss)"),
-        (c.entropy_agg in (None, *ENTROPY_AGGREGATIONS), "entropy_agg",
-         f"None or one of {', '.join(ENTROPY_AGGREGATIONS)}"),
-        (c.autocast is None or c.autocast in AUTOCAST_DTYPES, "autocast", f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
-        (c.mini_batch_size is None or c.mini_batch_size <= c.batch_size, "mini_batch_size",
-         f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None"),
-        (c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS, "importance_sampling_level",
-         f"one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}"),
-        (c.importance_sampling_level in levels, "importance_sampling_level",
-         f"{' or '.join(map(repr, levels))} with the {c.policy_loss!r} policy loss"),
-        (c.overlong_buffer_len is None or c.overlong_buffer_len < c.max_new_tokens, "overlong_buffer_len",
-         f"less than max_new_tokens ({c.max_new_tokens}) or None: the buffer is the last tokens before the limit"),
-        (not c.dynamic_sampling or c.group_size >= 2, "dynamic_sampling",
-         "False when group_size is 1 (a group of one sample never has reward variance: every group would be dropped)"),
-    ])
+    check_fields(
+        c,
+        [
+            (c.loss_agg in AGGREGATIONS, "loss_agg", f"one of {', '.join(AGGREGATIONS)}"),
+            (
+                not estimator["needs_groups"] or c.group_size >= 2,
+                "group_size",
+                f">= 2 for the {c.advantage_estimator!r} estimator (its baseline is the rest of the group)",
+            ),
+            (
+                not estimator["needs_values"] or c.use_critic,
+                "use_critic",
+                f"True for the {c.advantage_estimator!r} estimator",
+            ),
+            (
+                not c.use_critic or estimator["gives_returns"],
+                "use_critic",
+                f"False for the {c.advantage_estimator!r} estimator (it gives the critic no returns to learn)",
+            ),
+            (
+                c.kl_in_reward or c.kl_coef == 0 or kl["loss_gradient"],
+                "kl_estimator",
+                f"one of {', '.join(in_loss)} when the KL goes into the loss (kl_in_reward=False): the gradient of "
+                f"{c.kl_estimator!r} {kl['why_not_in_loss']}",
+            ),
+            (
+                c.device == "auto" or c.device.split(":")[0] in DEVICE_KINDS,
+                "device",
+                "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'",
+            ),
+            (c.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
+            (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
+            (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
+            (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+            (c.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
+            (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
+            (c.hf_decode in HF_DECODE_MODES, "hf_decode", f"one of {', '.join(HF_DECODE_MODES)}"),
+            (
+                c.rollout_precision is None or c.rollout_precision in ROLLOUT_PRECISIONS,
+                "rollout_precision",
+                f"None or one of {', '.join(ROLLOUT_PRECISIONS)}",
+            ),
+            (
+                c.rollout_precision is None or (c.rollout_engine == "hf" and not c.rollout_workers),
+                "rollout_precision",
+                "None with rollout_engine='vllm' or rollout_workers (quantized rollouts are the HF engine's, in a training process)",
+            ),
+            (
+                c.rollout_precision != "fp8" or c.device.startswith("cuda") or (c.device == "auto" and _cuda()),
+                "rollout_precision",
+                "'bfloat16' or 'int8' on this device: 'fp8' (torchao's float8 kernels) runs on CUDA only",
+            ),
+            (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
+            (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
+            (
+                c.rollout_is_threshold_low is None
+                or c.rollout_is_threshold is None
+                or c.rollout_is_threshold_low < c.rollout_is_threshold,
+                "rollout_is_threshold_low",
+                f"below rollout_is_threshold ({c.rollout_is_threshold}) or None",
+            ),
+            (
+                c.clip_high > 0 or c.policy_loss == "cispo",
+                "clip_high",
+                "> 0 (> -1 with the cispo loss, whose weight's cap is 1 + clip_high)",
+            ),
+            (
+                not (c.unscored_in_loss and c.use_critic),
+                "unscored_in_loss",
+                "False with a critic (an unscored row has no return for it to learn)",
+            ),
+            (
+                not (c.unscored_in_loss and (c.dynamic_sampling or c.rollout_workers)),
+                "unscored_in_loss",
+                "False with dynamic_sampling or rollout_workers (their filler rows are unscored too, and must stay out of the loss)",
+            ),
+            (
+                c.entropy_agg in (None, *ENTROPY_AGGREGATIONS),
+                "entropy_agg",
+                f"None or one of {', '.join(ENTROPY_AGGREGATIONS)}",
+            ),
+            (
+                c.autocast is None or c.autocast in AUTOCAST_DTYPES,
+                "autocast",
+                f"None or one of {', '.join(AUTOCAST_DTYPES)}",
+            ),
+            (
+                c.mini_batch_size is None or c.mini_batch_size <= c.batch_size,
+                "mini_batch_size",
+                f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None",
+            ),
+            (
+                c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
+                "importance_sampling_level",
+                f"one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}",
+            ),
+            (
+                c.importance_sampling_level in levels,
+                "importance_sampling_level",
+                f"{' or '.join(map(repr, levels))} with the {c.policy_loss!r} policy loss",
+            ),
+            (
+                c.overlong_buffer_len is None or c.overlong_buffer_len < c.max_new_tokens,
+                "overlong_buffer_len",
+                f"less than max_new_tokens ({c.max_new_tokens}) or None: the buffer is the last tokens before the limit",
+            ),
+            (
+                not c.dynamic_sampling or c.group_size >= 2,
+                "dynamic_sampling",
+                "False when group_size is 1 (a group of one sample never has reward variance: every group would be dropped)",
+            ),
+        ],
+    )
 
 
 def _cuda() -> bool:

@@ -52,16 +52,25 @@ class TrainConfig(RunBase, OptimBase):
     def __post_init__(self):
         check_ranges(self)
         check_run_fields(self)
-        check_fields(self, [
-            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
-            (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
-        (self.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
-            (self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS, "device",
-             "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'"),
-            (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
-            (self.autocast is None or self.autocast in AUTOCAST_DTYPES, "autocast",
-             f"None or one of {', '.join(AUTOCAST_DTYPES)}"),
-        ])
+        check_fields(
+            self,
+            [
+                (self.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
+                (self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
+                (self.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
+                (
+                    self.device == "auto" or self.device.split(":")[0] in DEVICE_KINDS,
+                    "device",
+                    "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'",
+                ),
+                (self.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
+                (
+                    self.autocast is None or self.autocast in AUTOCAST_DTYPES,
+                    "autocast",
+                    f"None or one of {', '.join(AUTOCAST_DTYPES)}",
+                ),
+            ],
+        )
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)
@@ -122,6 +131,14 @@ class DPOConfig(TrainConfig):
         from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES  # torch only when a DPO config is built
 
         super().__post_init__()
-        check_fields(self, [(self.loss_type in DPO_LOSSES, "loss_type", f"one of {', '.join(DPO_LOSSES)}"),
-                            (self.label_smoothing == 0 or self.loss_type == "sigmoid", "label_smoothing",
-                             "0 unless loss_type is 'sigmoid' (it is conservative DPO's flip rate)")])
+        check_fields(
+            self,
+            [
+                (self.loss_type in DPO_LOSSES, "loss_type", f"one of {', '.join(DPO_LOSSES)}"),
+                (
+                    self.label_smoothing == 0 or self.loss_type == "sigmoid",
+                    "label_smoothing",
+                    "0 unless loss_type is 'sigmoid' (it is conservative DPO's flip rate)",
+                ),
+            ],
+        )

@@ -34,7 +34,7 @@ RL_NAMES = {
     "generation_batch_size": "prompts_per_step (= generation_batch_size / num_generations)",
     "per_device_train_batch_size": "micro_batch_size",
     "gradient_accumulation_steps": "mini_batch_size (completions per optimizer step: per_device_train_batch_size "
-                                   "x processes x gradient_accumulation_steps)",
+    "x processes x gradient_accumulation_steps)",
     "logging_steps": "log_every (in RL steps, one generation each)",
     "eval_steps": "eval_every (in RL steps, one generation each)",
     "use_vllm": "rollout_engine=vllm",

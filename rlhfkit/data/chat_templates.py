@@ -35,15 +35,28 @@ from ..models.loading import eos_token_ids
 
 SHIPPED = {"chatml_tools": "chatml_tools.jinja"}  # name -> file in rlhfkit/data/templates/
 
-PROBE_TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city."}},
-                   "required": ["city"]}}}]
+PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "description": "The city."}},
+                "required": ["city"],
+            },
+        },
+    }
+]
 PROBE = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the weather in Paris?"},
-    {"role": "assistant", "content": "",
-     "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    },
     {"role": "tool", "name": "get_weather", "content": "22 degrees and sunny"},
     {"role": "assistant", "content": "It is 22 degrees and sunny in Paris."},
 ]
@@ -58,8 +71,9 @@ def resolve_chat_template(value: str | None, field: str = "chat_template") -> st
     if value is None:
         return None
     if not isinstance(value, str):
-        raise ValueError(f"{field}: expected a string (a template name, file path or inline Jinja), "
-                         f"got {type(value).__name__}")
+        raise ValueError(
+            f"{field}: expected a string (a template name, file path or inline Jinja), got {type(value).__name__}"
+        )
     if value in SHIPPED:
         return resources.files("rlhfkit.data").joinpath("templates", SHIPPED[value]).read_text(encoding="utf-8")
     if "{%" in value or "{{" in value:
@@ -68,8 +82,10 @@ def resolve_chat_template(value: str | None, field: str = "chat_template") -> st
     if value.strip() and path.is_file():
         return path.read_text(encoding="utf-8")
     shown = value if len(value) <= 80 else value[:77] + "..."
-    raise ValueError(f"{field}: {shown!r} is neither a shipped template ({', '.join(SHIPPED)}), an existing "
-                     "file, nor an inline Jinja template (text with '{%' or '{{'); None keeps the tokenizer's own")
+    raise ValueError(
+        f"{field}: {shown!r} is neither a shipped template ({', '.join(SHIPPED)}), an existing "
+        "file, nor an inline Jinja template (text with '{%' or '{{'); None keeps the tokenizer's own"
+    )
 
 
 def use_chat_template(tokenizer, value: str | None):
@@ -89,8 +105,9 @@ def tokenizer_name(tokenizer) -> str:
 
 def render(tokenizer, messages: list[dict], tools: list | None = None, generation: bool = False) -> str:
     """``apply_chat_template`` as text."""
-    return tokenizer.apply_chat_template(list(messages), tools=tools or None, add_generation_prompt=generation,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools or None, add_generation_prompt=generation, tokenize=False
+    )
 
 
 class NotPrefixPreserving(ValueError):
@@ -111,9 +128,10 @@ def check_prefix_preserving(tokenizer, name: str, tools: list | None = None) -> 
         texts = [""] + [render(tokenizer, PROBE[:k], tools) for k in range(1, len(PROBE) + 1)]
         prompts = [""] + [render(tokenizer, PROBE[:k], tools, generation=True) for k in range(1, len(PROBE))]
     except Exception as e:  # noqa: BLE001 — jinja and template errors have many types
-        raise ValueError(f"{name}: the chat template cannot render a tool-call conversation ({_one_line(e)}); "
-                         f"{ADVICE}") from None
-    call = texts[3][len(prompts[2]):] if texts[3].startswith(prompts[2]) else texts[3][len(texts[2]):]
+        raise ValueError(
+            f"{name}: the chat template cannot render a tool-call conversation ({_one_line(e)}); {ADVICE}"
+        ) from None
+    call = texts[3][len(prompts[2]) :] if texts[3].startswith(prompts[2]) else texts[3][len(texts[2]) :]
     if "get_weather" not in call or "Paris" not in call or "22 degrees" not in texts[4]:
         lost = "the tool result" if "Paris" in call and "get_weather" in call else "the tool call"
         raise ValueError(f"{name}: the chat template cannot render tool calls (it drops {lost}); {ADVICE}")
@@ -121,8 +139,10 @@ def check_prefix_preserving(tokenizer, name: str, tools: list | None = None) -> 
         assistant = message["role"] == "assistant"
         if not texts[k + 1].startswith(prompts[k] if assistant else texts[k]):
             what = "rendering plus the generation prompt" if assistant else "rendering"
-            raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (adding message {k} "
-                                      f"({message['role']}) changes the {what} of the messages before it); {ADVICE}")
+            raise NotPrefixPreserving(
+                f"{name}: the chat template is not prefix-preserving (adding message {k} "
+                f"({message['role']}) changes the {what} of the messages before it); {ADVICE}"
+            )
 
 
 def end_texts(tokenizer, end_ids=None) -> tuple[str, ...]:
@@ -141,8 +161,9 @@ def turn_end(text: str, start: int, ends: tuple[str, ...]) -> int:
     return min(found)[0] - min(found)[1] if found else -1
 
 
-def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
-                    name: str | None = None, end_ids=None) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer, messages: list[dict], tools: list | None = None, name: str | None = None, end_ids=None
+) -> tuple[str, list[tuple[int, int]]]:
     """(the rendering of ``messages``, the character span ``(start, end)`` of every assistant
     turn's trained text): content and tool calls and the end text (the first of ``end_texts(
     tokenizer, end_ids)``), not the header before or the glue after (the rule in the module
@@ -155,22 +176,38 @@ def assistant_spans(tokenizer, messages: list[dict], tools: list | None = None,
     if messages[0]["role"] == "assistant":
         raise ValueError("the first message is the assistant's; a conversation starts with a system or user message")
     for k, message in enumerate(messages):
-        upto = render(tokenizer, messages[:k + 1], tools)
+        upto = render(tokenizer, messages[: k + 1], tools)
         if message["role"] == "assistant":
             prompt = render(tokenizer, messages[:k], tools, generation=True)
             if not upto.startswith(prompt) or not prompt.startswith(before):
-                raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (the rendering of "
-                                          f"messages 0..{k} does not extend that of 0..{k - 1} plus the generation "
-                                          f"prompt); {ADVICE}")
+                raise NotPrefixPreserving(
+                    f"{name}: the chat template is not prefix-preserving (the rendering of "
+                    f"messages 0..{k} does not extend that of 0..{k - 1} plus the generation "
+                    f"prompt); {ADVICE}"
+                )
             end = turn_end(upto, len(prompt), ends)
             spans.append((len(prompt), end if end >= 0 else len(upto)))
         if not upto.startswith(before) or not text.startswith(upto):
-            raise NotPrefixPreserving(f"{name}: the chat template is not prefix-preserving (adding message {k} "
-                                      f"({message['role']}) changes the rendering of the messages before it); {ADVICE}")
+            raise NotPrefixPreserving(
+                f"{name}: the chat template is not prefix-preserving (adding message {k} "
+                f"({message['role']}) changes the rendering of the messages before it); {ADVICE}"
+            )
         before = upto
     return text, spans
 
 
-__all__ = ["ADVICE", "NotPrefixPreserving", "PROBE", "PROBE_TOOLS", "SHIPPED", "assistant_spans",
-           "check_prefix_preserving", "end_texts", "render", "resolve_chat_template", "tokenizer_name", "turn_end",
-           "use_chat_template"]
+__all__ = [
+    "ADVICE",
+    "NotPrefixPreserving",
+    "PROBE",
+    "PROBE_TOOLS",
+    "SHIPPED",
+    "assistant_spans",
+    "check_prefix_preserving",
+    "end_texts",
+    "render",
+    "resolve_chat_template",
+    "tokenizer_name",
+    "turn_end",
+    "use_chat_template",
+]

@@ -73,8 +73,10 @@ def warn_once(message: str) -> None:
 def note_cut(name: str, cut: int, total: int, kind: str, max_length: int, what: str) -> None:
     """Say how many of ``total`` rows (``kind``: 'rows', 'pairs') lost tokens to ``max_length``."""
     if cut:
-        warn_once(f"{name}: {cut} of {total} {kind} are longer than max_length={max_length} tokens and were cut "
-                  f"({what}); raise max_length to keep them whole")
+        warn_once(
+            f"{name}: {cut} of {total} {kind} are longer than max_length={max_length} tokens and were cut "
+            f"({what}); raise max_length to keep them whole"
+        )
 
 
 def note_unknown(name: str, token_lists: list, tokenizer, kind: str = "rows") -> int:
@@ -86,8 +88,10 @@ def note_unknown(name: str, token_lists: list, tokenizer, kind: str = "rows") ->
     rows = [ids if isinstance(ids, tuple) else (ids,) for ids in token_lists]
     count = sum(1 for parts in rows if any(unk in part for part in parts))
     if count:
-        warn_once(f"{name}: {count} of {len(rows)} {kind} hold text the tokenizer does not know, read as its unknown "
-                  f"token {tokenizer.unk_token!r}; check the data's characters, or use a tokenizer that covers them")
+        warn_once(
+            f"{name}: {count} of {len(rows)} {kind} hold text the tokenizer does not know, read as its unknown "
+            f"token {tokenizer.unk_token!r}; check the data's characters, or use a tokenizer that covers them"
+        )
     return count
 
 
@@ -101,13 +105,16 @@ def prompt_limit(max_prompt_length: int | None, max_new_tokens: int, model_confi
     if not isinstance(positions, int):
         return None
     if positions <= max_new_tokens:
-        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model takes "
-                         f"{positions} positions (max_position_embeddings)")
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt: the model takes "
+            f"{positions} positions (max_position_embeddings)"
+        )
     return positions - max_new_tokens
 
 
-def tokenize_prompts(rows: list[dict], tokenizer, limit: int | None, truncate: str | None = None,
-                     name: str = "train_dataset") -> list[list[int]]:
+def tokenize_prompts(
+    rows: list[dict], tokenizer, limit: int | None, truncate: str | None = None, name: str = "train_dataset"
+) -> list[list[int]]:
     """Each row's prompt rendered (chat template) and tokenised once. A prompt longer than
     ``limit`` tokens (``prompt_limit``) is refused in one line naming its row, or, with
     ``truncate='left'`` (``truncate_prompts``), loses its start, keeping the end next to the
@@ -117,9 +124,11 @@ def tokenize_prompts(rows: list[dict], tokenizer, limit: int | None, truncate: s
         tokens = tokenizer(render_prompt(row["prompt"], tokenizer), add_special_tokens=False)["input_ids"]
         if limit is not None and len(tokens) > limit:
             if truncate != "left":
-                raise ValueError(f"{name}: row index {i} (0-based): the prompt is {len(tokens)} tokens, longer than "
-                                 f"{limit} (max_prompt_length, by default the model's positions minus "
-                                 "max_new_tokens); set truncate_prompts=left to keep its last tokens, or shorten it")
+                raise ValueError(
+                    f"{name}: row index {i} (0-based): the prompt is {len(tokens)} tokens, longer than "
+                    f"{limit} (max_prompt_length, by default the model's positions minus "
+                    "max_new_tokens); set truncate_prompts=left to keep its last tokens, or shorten it"
+                )
             tokens = tokens[-limit:]
         ids.append(tokens)
     note_unknown(name, ids, tokenizer, "prompts")

@@ -16,8 +16,9 @@ from torch.nn.utils.rnn import pad_sequence
 SIDES = ("left", "right")
 
 
-def pad(rows: Sequence[Sequence[int]], value: int, side: str = "right", *, min_width: int = 0,
-        device=None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad(
+    rows: Sequence[Sequence[int]], value: int, side: str = "right", *, min_width: int = 0, device=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, mask)``, both (N, L) long: each row of ``rows`` flush against ``side``'s opposite end
     (``side`` is where the padding goes) with ``value`` in the padding, and 1 on the row's tokens,
     0 on the padding. ``L`` is the longest row, or ``min_width`` when that is wider; the tensors
@@ -26,8 +27,7 @@ def pad(rows: Sequence[Sequence[int]], value: int, side: str = "right", *, min_w
         raise ValueError(f"pad: side must be 'left' or 'right', got {side!r}")
     tensors = [torch.as_tensor(list(row), dtype=torch.long) for row in rows]
     ids = pad_sequence(tensors, batch_first=True, padding_value=value, padding_side=side)
-    mask = pad_sequence([torch.ones(len(t), dtype=torch.long) for t in tensors], batch_first=True,
-                        padding_side=side)
+    mask = pad_sequence([torch.ones(len(t), dtype=torch.long) for t in tensors], batch_first=True, padding_side=side)
     if ids.shape[1] < min_width:
         extra = (min_width - ids.shape[1], 0) if side == "left" else (0, min_width - ids.shape[1])
         ids = torch.nn.functional.pad(ids, extra, value=value)

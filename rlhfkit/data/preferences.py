@@ -52,8 +52,9 @@ def with_prompt(row: Any) -> Any:
     if not isinstance(row, dict) or "prompt" in row or not {"chosen", "rejected"} <= set(row):
         return row
     chosen, rejected = row["chosen"], row["rejected"]
-    if not (isinstance(chosen, str) and isinstance(rejected, str) or isinstance(chosen, list)
-            and isinstance(rejected, list)):
+    if not (
+        isinstance(chosen, str) and isinstance(rejected, str) or isinstance(chosen, list) and isinstance(rejected, list)
+    ):
         return row
     n = 0
     while n < min(len(chosen), len(rejected)) and chosen[n] == rejected[n]:
@@ -148,8 +149,10 @@ def _completion_row(row: Any) -> tuple[dict | None, str | None]:
     for field in ("prompt", "completion"):
         if field not in row:
             present = ", ".join(map(repr, row)) or "none"
-            return None, (f"missing field {field!r} (fields present: {present}); expected 'prompt' and "
-                          "'completion', 'messages' or 'text'")
+            return None, (
+                f"missing field {field!r} (fields present: {present}); expected 'prompt' and "
+                "'completion', 'messages' or 'text'"
+            )
     problem = prompt_problem(row["prompt"])
     if problem:
         return None, f"field 'prompt': {problem}"

@@ -46,7 +46,7 @@ def read_jsonl_numbered(path: Path) -> list[tuple[int, dict]]:
             # utf-8-sig drops a byte-order mark some editors put at the start of the file.
             text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{where}: not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 1]!r})") from None
+            raise ValueError(f"{where}: not valid UTF-8 (byte {e.start}: {raw[e.start : e.start + 1]!r})") from None
         if not text.strip():
             continue
         try:
@@ -119,18 +119,22 @@ def labelled_rows(source: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
             return str(path), _read_json_list(path)
         if suffix == ".parquet":
             return str(path), _read_parquet(path)
-        raise ValueError(f"{name}: unsupported file type {suffix or '(none)'!r} for {path}; "
-                         "expected .jsonl, .json or .parquet")
+        raise ValueError(
+            f"{name}: unsupported file type {suffix or '(none)'!r} for {path}; expected .jsonl, .json or .parquet"
+        )
     if isinstance(source, (list, tuple)):
         return name, [(f"row index {i} (0-based)", row) for i, row in enumerate(source)]
     if type(source).__name__ == "DatasetDict":
-        raise ValueError(f"{name}: got a DatasetDict with splits {sorted(source)}; pass one split, "
-                         "e.g. dataset['train']")
+        raise ValueError(
+            f"{name}: got a DatasetDict with splits {sorted(source)}; pass one split, e.g. dataset['train']"
+        )
     dataset_cls = _datasets_class()
     if dataset_cls is not None and isinstance(source, dataset_cls):
         return name, [(f"row index {i} (0-based)", row) for i, row in enumerate(source.to_list())]
-    raise ValueError(f"{name}: expected a datasets.Dataset, a list of dicts or a path to a "
-                     f".jsonl / .json / .parquet file, got {type_name(source)}")
+    raise ValueError(
+        f"{name}: expected a datasets.Dataset, a list of dicts or a path to a "
+        f".jsonl / .json / .parquet file, got {type_name(source)}"
+    )
 
 
 def _datasets_class() -> type | None:
@@ -142,8 +146,9 @@ def _datasets_class() -> type | None:
     return datasets.Dataset
 
 
-def load_prompt_dataset(source: Any, prompt_column: str = "prompt", name: str = "train_dataset",
-                        train_rows: list[dict] | None = None) -> list[dict]:
+def load_prompt_dataset(
+    source: Any, prompt_column: str = "prompt", name: str = "train_dataset", train_rows: list[dict] | None = None
+) -> list[dict]:
     """Load and check a prompt dataset; returns one dict per row with all of its columns.
 
     Args:

@@ -54,6 +54,7 @@ MAX_SIZE = 10**6
 KEYS = ("reasoning_gym", "size", "seed", "config", "system_prompt")
 COLUMNS = ("reasoning_gym_task", "reasoning_gym_entry", "reasoning_gym_config")
 
+
 def is_reasoning_gym_source(source: Any) -> bool:
     """A ``"reasoning_gym:<task>"`` string or a mapping (a plain dict is no other kind of source)."""
     if isinstance(source, str):
@@ -78,8 +79,9 @@ def import_reasoning_gym(what: str):
     try:
         import reasoning_gym
     except ImportError:
-        raise ValueError(f"{what}: reasoning-gym is not installed; pip install 'rlhfkit[reasoning-gym]' "
-                         f"(or pip install '{PINNED}')") from None
+        raise ValueError(
+            f"{what}: reasoning-gym is not installed; pip install 'rlhfkit[reasoning-gym]' (or pip install '{PINNED}')"
+        ) from None
     return reasoning_gym
 
 
@@ -107,13 +109,17 @@ def check_options(task: str, options: Any, what: str) -> dict:
     if options is None:
         return {}
     if not isinstance(options, dict):
-        _fail(f"{what}: the options of task {task!r} must be a mapping of option names to values, got "
-              f"{type(options).__name__}")
+        _fail(
+            f"{what}: the options of task {task!r} must be a mapping of option names to values, got "
+            f"{type(options).__name__}"
+        )
     known = [f.name for f in dataclasses.fields(DATASETS[task][1]) if f.name not in ("seed", "size")]
     for option in options:
         if option in ("seed", "size"):
-            _fail(f"{what}: task {task!r}: set {option!r} at the top level of the reasoning_gym mapping, "
-                  "not among the task's options")
+            _fail(
+                f"{what}: task {task!r}: set {option!r} at the top level of the reasoning_gym mapping, "
+                "not among the task's options"
+            )
         if option not in known:
             hint = did_you_mean(option, known) or f" Its options: {', '.join(known) or '(none)'}."
             _fail(f"{what}: task {task!r} has no option {option!r}.{hint}")
@@ -136,20 +142,27 @@ def parse_source(source: Any, name: str) -> dict:
     (task -> options), size, seed, system (the system prompt's text, or None). One-line errors."""
     if isinstance(source, str):
         label = f"{name} {source!r}"
-        source = {"reasoning_gym": source[len(PREFIX):]}
+        source = {"reasoning_gym": source[len(PREFIX) :]}
     else:
         if "reasoning_gym" not in source:
             unknown = ", ".join(map(repr, source)) or "none"
             hint = next((h for h in (did_you_mean(k, ["reasoning_gym"]) for k in source) if h), "")
-            _fail(f"{name}: a mapping names reasoning-gym tasks under the key 'reasoning_gym' (keys given: "
-                  f"{unknown}); other data are a file path, a Hub id, a list of dicts or a datasets.Dataset.{hint}")
-        label = f"{name} {PREFIX}" + ("+".join(map(str, source["reasoning_gym"]))
-                                      if isinstance(source["reasoning_gym"], dict) else str(source["reasoning_gym"]))
+            _fail(
+                f"{name}: a mapping names reasoning-gym tasks under the key 'reasoning_gym' (keys given: "
+                f"{unknown}); other data are a file path, a Hub id, a list of dicts or a datasets.Dataset.{hint}"
+            )
+        label = f"{name} {PREFIX}" + (
+            "+".join(map(str, source["reasoning_gym"]))
+            if isinstance(source["reasoning_gym"], dict)
+            else str(source["reasoning_gym"])
+        )
     import_reasoning_gym(label)
     for key in source:
         if key not in KEYS:
-            _fail(f"{label}: unknown key {key!r} in a reasoning_gym mapping (keys: {', '.join(KEYS)})."
-                  f"{did_you_mean(key, KEYS)}")
+            _fail(
+                f"{label}: unknown key {key!r} in a reasoning_gym mapping (keys: {', '.join(KEYS)})."
+                f"{did_you_mean(key, KEYS)}"
+            )
     given, config = source["reasoning_gym"], source.get("config")
     if isinstance(given, dict):
         if not given:
@@ -159,15 +172,22 @@ def parse_source(source: Any, name: str) -> dict:
             _fail(f"{label}: 'config' of a mix maps each task to its options, got {type(config).__name__}")
         for task in config or {}:
             if task not in tasks:
-                _fail(f"{label}: 'config' names task {task!r}, which is not in the mix "
-                      f"({', '.join(tasks)}).{did_you_mean(task, tasks)}")
+                _fail(
+                    f"{label}: 'config' names task {task!r}, which is not in the mix "
+                    f"({', '.join(tasks)}).{did_you_mean(task, tasks)}"
+                )
         options = {task: check_options(task, (config or {}).get(task), label) for task in tasks}
     else:
         tasks = {check_task(given, label): 1.0}
         options = {given: check_options(given, config, label)}
-    return {"label": label, "tasks": tasks, "options": options, "size": _integer(source, "size", DEFAULT_SIZE, 1,
-            MAX_SIZE, label), "seed": _integer(source, "seed", 0, 0, MAX_SEED - 1, label),
-            "system": _system_prompt(source.get("system_prompt", "default"), label)}
+    return {
+        "label": label,
+        "tasks": tasks,
+        "options": options,
+        "size": _integer(source, "size", DEFAULT_SIZE, 1, MAX_SIZE, label),
+        "seed": _integer(source, "seed", 0, 0, MAX_SEED - 1, label),
+        "system": _system_prompt(source.get("system_prompt", "default"), label),
+    }
 
 
 def generate(spec: dict, evaluating: bool = False) -> list[dict]:
@@ -191,23 +211,36 @@ def generate(spec: dict, evaluating: bool = False) -> list[dict]:
         task = entry.get("metadata", {}).get("source_dataset") if len(tasks) > 1 else next(iter(tasks))
         user = {"role": "user", "content": entry["question"]}
         prompt = [{"role": "system", "content": spec["system"]}, user] if spec["system"] else [user]
-        rows.append({"prompt": prompt, "reasoning_gym_task": task, "reasoning_gym_entry": entry,
-                     "reasoning_gym_config": options[task]})
+        rows.append(
+            {
+                "prompt": prompt,
+                "reasoning_gym_task": task,
+                "reasoning_gym_entry": entry,
+                "reasoning_gym_config": options[task],
+            }
+        )
     return rows
 
 
 def _without_training_questions(rows: list[dict], label: str, train_rows: list[dict]) -> list[dict]:
     """An eval set less the questions of the training rows (a one-line warning says how many)."""
-    questions = {r["reasoning_gym_entry"]["question"] for r in train_rows if isinstance(r.get("reasoning_gym_entry"), dict)}
+    questions = {
+        r["reasoning_gym_entry"]["question"] for r in train_rows if isinstance(r.get("reasoning_gym_entry"), dict)
+    }
     seen = [i for i, row in enumerate(rows) if row["reasoning_gym_entry"]["question"] in questions]
     if not seen:
         return rows
     tasks = ", ".join(sorted({rows[i]["reasoning_gym_task"] for i in seen}))
     if len(seen) == len(rows):
-        _fail(f"{label}: every one of its {len(rows)} questions is also in the training set (task {tasks}); "
-              "choose other options or a larger eval size")
-    warnings.warn(f"{label}: dropped {len(seen)} of its {len(rows)} questions, which the training set also "
-                  f"holds (task {tasks}), so eval and training share no question", stacklevel=4)
+        _fail(
+            f"{label}: every one of its {len(rows)} questions is also in the training set (task {tasks}); "
+            "choose other options or a larger eval size"
+        )
+    warnings.warn(
+        f"{label}: dropped {len(seen)} of its {len(rows)} questions, which the training set also "
+        f"holds (task {tasks}), so eval and training share no question",
+        stacklevel=4,
+    )
     dropped = set(seen)
     return [row for i, row in enumerate(rows) if i not in dropped]
 
@@ -238,8 +271,10 @@ def _system_prompt(value: Any, label: str) -> str | None:
     if value in SYSTEM_PROMPTS:
         return SYSTEM_PROMPTS[value]
     if len(value.split()) == 1:  # one word: a misspelt name, not a prompt
-        _fail(f"{label}: unknown system prompt {value!r} (names: {', '.join(SYSTEM_PROMPTS)}; a text of several "
-              f"words is used as given).{did_you_mean(value, SYSTEM_PROMPTS)}")
+        _fail(
+            f"{label}: unknown system prompt {value!r} (names: {', '.join(SYSTEM_PROMPTS)}; a text of several "
+            f"words is used as given).{did_you_mean(value, SYSTEM_PROMPTS)}"
+        )
     return value
 
 

@@ -35,8 +35,14 @@ import torch
 from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
 from .padding import pad
 from .prompts import load_checked_rows, prompt_problem, short_repr, type_name
-from .sft_turns import (TurnsEncoded, check_template, encode_conversation_rows, is_multi_turn, messages_problem,
-                        tools_problem)
+from .sft_turns import (
+    TurnsEncoded,
+    check_template,
+    encode_conversation_rows,
+    is_multi_turn,
+    messages_problem,
+    tools_problem,
+)
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
 
@@ -51,6 +57,7 @@ def load_sft_dataset(source: Any, name: str = "train_dataset") -> list[dict]:
     path (as ``load_prompt_dataset``). Raises ``ValueError`` naming the source, the row (1-based
     line / row for files, 0-based index for in-memory data) and the field when a row is malformed.
     """
+
     def problem(row: dict) -> str | None:
         field, found = sft_row_problem(row)
         return ((f"field {field!r}: " if field else "") + found) if found else None
@@ -76,8 +83,10 @@ def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
     present = ", ".join(map(repr, row)) or "none"
     for field in ("prompt", "completion"):
         if field not in row:
-            return None, (f"missing field {field!r} (an SFT row needs 'prompt' and 'completion', "
-                          f"'messages', or 'text'; fields present: {present})")
+            return None, (
+                f"missing field {field!r} (an SFT row needs 'prompt' and 'completion', "
+                f"'messages', or 'text'; fields present: {present})"
+            )
     problem = prompt_problem(row["prompt"])
     if problem:
         return "prompt", problem
@@ -99,8 +108,15 @@ def _completion_problem(completion: Any) -> str | None:
 # ---------------------------------------------------------------- tokenising
 
 
-def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: str = "train_dataset",
-                    completion_only: bool = True, assistant_only: bool = True, end_ids=None) -> list[Encoded]:
+def encode_sft_rows(
+    rows: list[dict],
+    tokenizer,
+    max_length: int | None,
+    name: str = "train_dataset",
+    completion_only: bool = True,
+    assistant_only: bool = True,
+    end_ids=None,
+) -> list[Encoded]:
     """Each checked row → ``encode_pair(prompt, completion, tokenizer, max_length)`` (its truncation
     policy: the prompt loses its start first, then the completion its end and its EOS), or, for a
     multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation_rows`` (every assistant turn
@@ -119,8 +135,9 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
     for i, row in enumerate(rows):
         try:
             if i in turns:  # one example, or one per run of turns when the template rewrites history
-                out += encode_conversation_rows(row["messages"], tokenizer, max_length, row.get("tools") or None,
-                                                assistant_only, end_ids)
+                out += encode_conversation_rows(
+                    row["messages"], tokenizer, max_length, row.get("tools") or None, assistant_only, end_ids
+                )
                 continue
             if "messages" in row:
                 (prompt, completion), whole = split_messages(row["messages"]), not assistant_only
@@ -133,8 +150,14 @@ def encode_sft_rows(rows: list[dict], tokenizer, max_length: int | None, name: s
             out.append(replace(enc, prompt_len=0) if whole else enc)
         except ValueError as e:
             raise ValueError(f"{name}: row index {i} (0-based): {e}") from None
-    note_cut(name, sum(e.cut for e in out), len(out), "rows", max_length,
-             "the prompt's start first, then the completion's end and its EOS")
+    note_cut(
+        name,
+        sum(e.cut for e in out),
+        len(out),
+        "rows",
+        max_length,
+        "the prompt's start first, then the completion's end and its EOS",
+    )
     note_unknown(name, [e.input_ids for e in out], tokenizer)
     return out
 
@@ -205,10 +228,16 @@ def collate_groups(groups: list[list[Encoded]], pad_id: int, length: int | None 
     input_ids, attention_mask = pad(rows, pad_id, min_width=length)
     labels = pad([[t for e in g for t in example_labels(e)] for g in groups], IGNORE_INDEX, min_width=length)[0]
     # each example counts from 0, and so does the padding after the last one
-    positions = [[j for n in [*(len(e.input_ids) for e in g), length - len(row)] for j in range(n)]
-                 for g, row in zip(groups, rows)]
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-            "position_ids": torch.tensor(positions, dtype=torch.long)}
+    positions = [
+        [j for n in [*(len(e.input_ids) for e in g), length - len(row)] for j in range(n)]
+        for g, row in zip(groups, rows)
+    ]
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+        "position_ids": torch.tensor(positions, dtype=torch.long),
+    }
 
 
 def example_labels(e: Encoded) -> list[int]:
@@ -220,5 +249,14 @@ def example_labels(e: Encoded) -> list[int]:
     return [IGNORE_INDEX] * first + list(e.input_ids[first:])
 
 
-__all__ = ["IGNORE_INDEX", "collate", "collate_groups", "encode_sft_rows", "encode_text", "example_labels",
-           "load_sft_dataset", "pack", "sft_row_problem"]
+__all__ = [
+    "IGNORE_INDEX",
+    "collate",
+    "collate_groups",
+    "encode_sft_rows",
+    "encode_text",
+    "example_labels",
+    "load_sft_dataset",
+    "pack",
+    "sft_row_problem",
+]

@@ -36,8 +36,15 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .chat_templates import (NotPrefixPreserving, assistant_spans, check_prefix_preserving, end_texts, render,
-                             tokenizer_name, turn_end)
+from .chat_templates import (
+    NotPrefixPreserving,
+    assistant_spans,
+    check_prefix_preserving,
+    end_texts,
+    render,
+    tokenizer_name,
+    turn_end,
+)
 from .encode import Encoded
 from .prompts import message_problem, short_repr, type_name
 
@@ -58,8 +65,11 @@ class TurnsEncoded(Encoded):
 def is_multi_turn(row: dict) -> bool:
     """Whether a ``messages`` row takes the multi-turn path (see the module docstring)."""
     messages = row["messages"]
-    return (bool(row.get("tools")) or sum(m.get("role") == "assistant" for m in messages) > 1
-            or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages))
+    return (
+        bool(row.get("tools"))
+        or sum(m.get("role") == "assistant" for m in messages) > 1
+        or any(m.get("tool_calls") or m.get("role") == "tool" for m in messages)
+    )
 
 
 def tools_problem(tools: Any) -> str | None:
@@ -67,8 +77,10 @@ def tools_problem(tools: Any) -> str | None:
     if tools is None:
         return None
     if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
-        return (f"expected a list of tool JSON schemas (dicts, as transformers.utils.get_json_schema returns), "
-                f"got {type_name(tools)} {short_repr(tools)}")
+        return (
+            f"expected a list of tool JSON schemas (dicts, as transformers.utils.get_json_schema returns), "
+            f"got {type_name(tools)} {short_repr(tools)}"
+        )
     return None
 
 
@@ -78,8 +90,11 @@ def turn_problem(msg: Any) -> str | None:
         return message_problem(msg)
     content = msg.get("content")
     if msg["role"] == "tool":
-        return None if isinstance(content, str) else (
-            f"a tool message needs 'content', the tool's result as a string, got {type_name(content)}")
+        return (
+            None
+            if isinstance(content, str)
+            else (f"a tool message needs 'content', the tool's result as a string, got {type_name(content)}")
+        )
     calls = msg.get("tool_calls")
     if calls is None:
         return message_problem(msg)
@@ -140,8 +155,10 @@ def check_template(rows: list[dict], tokenizer) -> None:
     tool calls or tools — the template renders them (``PROBE``; a template that rewrites history
     is fine: its conversations are encoded turn by turn)."""
     if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(f"{tokenizer_name(tokenizer)}: multi-turn 'messages' rows need a chat template and the "
-                         "tokenizer has none; set chat_template (e.g. 'chatml_tools' for ChatML models)")
+        raise ValueError(
+            f"{tokenizer_name(tokenizer)}: multi-turn 'messages' rows need a chat template and the "
+            "tokenizer has none; set chat_template (e.g. 'chatml_tools' for ChatML models)"
+        )
     with_tools = [r for r in rows if r.get("tools") or any(m.get("tool_calls") for m in r["messages"])]
     if with_tools:
         tools = next((r["tools"] for r in with_tools if r.get("tools")), None)
@@ -151,30 +168,38 @@ def check_template(rows: list[dict], tokenizer) -> None:
             pass
 
 
-def encode_conversation(messages: list[dict], tokenizer, max_length: int | None = None,
-                        tools: list | None = None, end_ids=None) -> TurnsEncoded:
+def encode_conversation(
+    messages: list[dict], tokenizer, max_length: int | None = None, tools: list | None = None, end_ids=None
+) -> TurnsEncoded:
     """One conversation, every assistant turn trained (the module docstring has the rules;
     ``end_ids``: the model's end ids)."""
     text, spans = assistant_spans(tokenizer, messages, tools, end_ids=end_ids)
     try:
         encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError:
-        raise ValueError(f"{tokenizer_name(tokenizer)}: multi-turn SFT needs a fast tokenizer (character offsets "
-                         "map the assistant turns to tokens)") from None
+        raise ValueError(
+            f"{tokenizer_name(tokenizer)}: multi-turn SFT needs a fast tokenizer (character offsets "
+            "map the assistant turns to tokens)"
+        ) from None
     ids = list(encoding["input_ids"])
     mask = [int(any(a < end and b > start for start, end in spans)) for a, b in encoding["offset_mapping"]]
     if not any(mask):
         raise ValueError("the chat template renders no assistant text to train on")
     last = len(mask) - mask[::-1].index(1)
     ids, mask = ids[:last], mask[:last]
-    if not text[spans[-1][0]:spans[-1][1]].endswith(end_texts(tokenizer, end_ids)):
+    if not text[spans[-1][0] : spans[-1][1]].endswith(end_texts(tokenizer, end_ids)):
         ids, mask = ids + [tokenizer.eos_token_id], mask + [1]
     return _truncate(ids, mask, max_length)
 
 
-def encode_conversation_rows(messages: list[dict], tokenizer, max_length: int | None = None,
-                             tools: list | None = None, assistant_only: bool = True,
-                             end_ids=None) -> list[TurnsEncoded]:
+def encode_conversation_rows(
+    messages: list[dict],
+    tokenizer,
+    max_length: int | None = None,
+    tools: list | None = None,
+    assistant_only: bool = True,
+    end_ids=None,
+) -> list[TurnsEncoded]:
     """The examples of one conversation: ``encode_conversation`` (one example) when the template
     renders it prefix-preservingly, else ``encode_turn_by_turn`` (see the module docstring).
     ``assistant_only=False``: every token trained — of the one example, or, for a template that
@@ -190,8 +215,9 @@ def encode_conversation_rows(messages: list[dict], tokenizer, max_length: int | 
     return [_truncate(ids, [1] * len(ids), max_length)]
 
 
-def encode_turn_by_turn(messages: list[dict], tokenizer, max_length: int | None = None,
-                        tools: list | None = None, end_ids=None) -> list[TurnsEncoded]:
+def encode_turn_by_turn(
+    messages: list[dict], tokenizer, max_length: int | None = None, tools: list | None = None, end_ids=None
+) -> list[TurnsEncoded]:
     """Every assistant turn trained after the template's rendering of the conversation before it
     plus the generation prompt (untrained), as the template renders the turn last (trained, to
     its first end text (``end_ids``: the model's end ids), or its end with the EOS id added for the
@@ -202,17 +228,19 @@ def encode_turn_by_turn(messages: list[dict], tokenizer, max_length: int | None 
     turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
     for k in turns:
         prompt = render(tokenizer, messages[:k], tools, generation=True)
-        upto = render(tokenizer, messages[:k + 1], tools)
+        upto = render(tokenizer, messages[: k + 1], tools)
         if not upto.startswith(prompt):
-            raise ValueError(f"{tokenizer_name(tokenizer)}: the chat template does not render assistant message {k} "
-                             "(0-based) after the conversation before it and the generation prompt, so the turn "
-                             "cannot be told apart from its context; set chat_template (e.g. 'chatml_tools')")
+            raise ValueError(
+                f"{tokenizer_name(tokenizer)}: the chat template does not render assistant message {k} "
+                "(0-based) after the conversation before it and the generation prompt, so the turn "
+                "cannot be told apart from its context; set chat_template (e.g. 'chatml_tools')"
+            )
         found = turn_end(upto, len(prompt), ends)
-        turn = encode(upto[len(prompt):found if found >= 0 else len(upto)])
+        turn = encode(upto[len(prompt) : found if found >= 0 else len(upto)])
         if found < 0 and k == turns[-1]:
             turn.append(tokenizer.eos_token_id)
         context = encode(prompt)
-        if ids and context[:len(ids)] != ids:  # the history was rewritten: a new example
+        if ids and context[: len(ids)] != ids:  # the history was rewritten: a new example
             examples.append(_truncate(ids, mask, max_length))
             ids, mask = [], []
         mask += [0] * (len(context) - len(ids)) + [1] * len(turn)
@@ -234,5 +262,14 @@ def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsE
     return TurnsEncoded(ids, mask.index(1), truncated, over, tuple(mask))
 
 
-__all__ = ["TurnsEncoded", "check_template", "encode_conversation", "encode_conversation_rows", "encode_turn_by_turn",
-           "is_multi_turn", "messages_problem", "tools_problem", "turn_problem"]
+__all__ = [
+    "TurnsEncoded",
+    "check_template",
+    "encode_conversation",
+    "encode_conversation_rows",
+    "encode_turn_by_turn",
+    "is_multi_turn",
+    "messages_problem",
+    "tools_problem",
+    "turn_problem",
+]

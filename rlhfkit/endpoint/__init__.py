@@ -7,5 +7,4 @@ from .program import AgentProgram, ProgramAgent, ProgramResult, agent_program
 from .protocol import BadRequest, parse_request
 from .server import Endpoint
 
-__all__ = ["AgentProgram", "BadRequest", "Endpoint", "ProgramAgent", "ProgramResult", "agent_program",
-           "parse_request"]
+__all__ = ["AgentProgram", "BadRequest", "Endpoint", "ProgramAgent", "ProgramResult", "agent_program", "parse_request"]

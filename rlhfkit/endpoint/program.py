@@ -77,8 +77,9 @@ class ProgramAgent:
         for i in indices:
             for _ in range(group_size):
                 prompt = rows[i]["prompt"]
-                e = empty_episode(self.tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str)
-                                  else list(prompt))
+                e = empty_episode(
+                    self.tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                )
                 e.row = rows[i]
                 episodes.append(e)
         return episodes
@@ -96,8 +97,13 @@ class ProgramAgent:
         timeout = self.program.timeout
 
         def one(k: int):
-            client = openai.OpenAI(base_url=endpoint.episode_url(records[k].id), api_key="rlhfkit",
-                                   max_retries=0, timeout=timeout, http_client=self._http)
+            client = openai.OpenAI(
+                base_url=endpoint.episode_url(records[k].id),
+                api_key="rlhfkit",
+                max_retries=0,
+                timeout=timeout,
+                http_client=self._http,
+            )
             try:
                 return ProgramResult(_reward(self.program.fn(client, episodes[k].row)))
             finally:
@@ -107,8 +113,10 @@ class ProgramAgent:
         deadline = time.monotonic() + timeout
         try:
             futures = [pool.submit(one, k) for k in range(len(episodes))]
-            endpoint.serve(until=lambda: all(f.done() for f in futures) or time.monotonic() > deadline,
-                           expected=lambda: sum(not f.done() for f in futures))
+            endpoint.serve(
+                until=lambda: all(f.done() for f in futures) or time.monotonic() > deadline,
+                expected=lambda: sum(not f.done() for f in futures),
+            )
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         errors, uncalled = self._fill(episodes, records, futures, sampling.max_new_tokens)
@@ -117,11 +125,17 @@ class ProgramAgent:
         if errors and len(errors) == len(episodes):
             raise RuntimeError(f"agent_program raised in every episode; the first: {errors[0]}")
         if errors:
-            warnings.warn(f"agent_program raised in {len(errors)} of {len(episodes)} episodes (left unscored); the "
-                          f"first: {errors[0]}", stacklevel=2)
+            warnings.warn(
+                f"agent_program raised in {len(errors)} of {len(episodes)} episodes (left unscored); the "
+                f"first: {errors[0]}",
+                stacklevel=2,
+            )
         if uncalled:
-            warnings.warn(f"agent_program returned without calling the model in {uncalled} of {len(episodes)} "
-                          "episodes (left unscored: nothing was sampled, its reward is ignored)", stacklevel=2)
+            warnings.warn(
+                f"agent_program returned without calling the model in {uncalled} of {len(episodes)} "
+                "episodes (left unscored: nothing was sampled, its reward is ignored)",
+                stacklevel=2,
+            )
         with_logprobs = all(c.logprobs is not None for r in records for c in r.calls)
         return episodes_rollout(episodes, self.tokenizer.pad_token_id, with_logprobs)
 
@@ -157,9 +171,17 @@ class ProgramAgent:
 
             policy = getattr(self.models, "policy", None)
             positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
-            self.endpoint = Endpoint(engine, self.tokenizer, None, self.model_name, training=True,
-                                     logprob_model=policy, max_positions=positions,
-                                     request_timeout=self.program.timeout, window=self.window).start()
+            self.endpoint = Endpoint(
+                engine,
+                self.tokenizer,
+                None,
+                self.model_name,
+                training=True,
+                logprob_model=policy,
+                max_positions=positions,
+                request_timeout=self.program.timeout,
+                window=self.window,
+            ).start()
             self._http = httpx.Client(limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
         return self.endpoint
 

@@ -75,6 +75,7 @@ def _check_message(i: int, m: dict) -> None:
     "function", "function": {"name", "arguments"}}`` with ``arguments`` a JSON string (an object is
     taken too; absent: no arguments), a tool message's ``tool_call_id`` a string; ``BadRequest``
     naming the message index and the field otherwise."""
+
     def refuse(where: str, expected: str, value):
         raise BadRequest(f"messages[{i}].{where}: expected {expected}, got {_kind(value)}", "messages")
 
@@ -123,13 +124,16 @@ def parse_request(body) -> ChatRequest:
         _check_message(i, m)
     tools = body.get("tools")
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
-                                                  and isinstance(t["function"].get("name"), str) for t in tools):
+        if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools
+        ):
             raise BadRequest('tools must be a list of {"type": "function", "function": {"name": ...}}', "tools")
     choice = body.get("tool_choice", "auto")
     if not (choice in ("auto", "none", "required") or isinstance(choice, dict)):
-        raise BadRequest(f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r:.40}",
-                         "tool_choice")
+        raise BadRequest(
+            f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r:.40}", "tool_choice"
+        )
     stop = body.get("stop") or []
     stop = [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
@@ -144,10 +148,19 @@ def parse_request(body) -> ChatRequest:
         raise BadRequest(f"model must be a string (the served model's name), got {_kind(model)}", "model")
     max_tokens = _number(body, "max_completion_tokens", 1, 10**7, integer=True)
     max_tokens = _number(body, "max_tokens", 1, 10**7, integer=True) if max_tokens is None else max_tokens
-    return ChatRequest(messages, tools or None, choice, _number(body, "temperature", 0, 2),
-                       _number(body, "top_p", 0, 1, low_open=True), max_tokens,
-                       _number(body, "n", 1, MAX_N, integer=True) or 1, stop,
-                       _number(body, "seed", -2**63, 2**63 - 1, integer=True), bool(logprobs), model or None)
+    return ChatRequest(
+        messages,
+        tools or None,
+        choice,
+        _number(body, "temperature", 0, 2),
+        _number(body, "top_p", 0, 1, low_open=True),
+        max_tokens,
+        _number(body, "n", 1, MAX_N, integer=True) or 1,
+        stop,
+        _number(body, "seed", -(2**63), 2**63 - 1, integer=True),
+        bool(logprobs),
+        model or None,
+    )
 
 
 def _arguments(value):
@@ -180,10 +193,15 @@ def template_messages(messages: list[dict], call_names: dict[str, str]) -> list[
             for c in m.get("tool_calls") or []:
                 fn = c.get("function", {})
                 names.setdefault(c.get("id"), fn.get("name"))
-                calls.append({"type": "function", "function": {"name": fn.get("name"),
-                                                               "arguments": _arguments(fn.get("arguments") or {})}})
-            out.append({"role": "assistant", "content": _content(m.get("content")),
-                        **({"tool_calls": calls} if calls else {})})
+                calls.append(
+                    {
+                        "type": "function",
+                        "function": {"name": fn.get("name"), "arguments": _arguments(fn.get("arguments") or {})},
+                    }
+                )
+            out.append(
+                {"role": "assistant", "content": _content(m.get("content")), **({"tool_calls": calls} if calls else {})}
+            )
         elif role == "tool":
             name = m.get("name") or names.get(m.get("tool_call_id")) or "tool"
             out.append({"role": "tool", "name": name, "content": _content(m.get("content"))})
@@ -194,9 +212,14 @@ def template_messages(messages: list[dict], call_names: dict[str, str]) -> list[
 
 def openai_tool_calls(calls: list[dict], ids: list[str]) -> list[dict]:
     """Parsed calls (``agents.parsing`` form) in OpenAI's form: ids, arguments as a JSON string."""
-    return [{"id": i, "type": "function", "function": {"name": c["function"]["name"],
-                                                       "arguments": json.dumps(c["function"]["arguments"])}}
-            for c, i in zip(calls, ids)]
+    return [
+        {
+            "id": i,
+            "type": "function",
+            "function": {"name": c["function"]["name"], "arguments": json.dumps(c["function"]["arguments"])},
+        }
+        for c, i in zip(calls, ids)
+    ]
 
 
 def completion_response(request_id: str, model: str, prompt_len: int, choices: list[dict]) -> dict:
@@ -208,17 +231,39 @@ def completion_response(request_id: str, model: str, prompt_len: int, choices: l
     for i, c in enumerate(choices):
         logprobs = None
         if c["logprobs"] is not None:
-            logprobs = {"content": [{"token": t, "logprob": lp, "bytes": b, "top_logprobs": []}
-                                    for t, lp, b in zip(c["tokens"], c["logprobs"], c["bytes"])], "refusal": None}
-        out.append({"index": i, "message": c["message"], "finish_reason": c["finish_reason"], "logprobs": logprobs,
-                    "token_ids": c["token_ids"]})
+            logprobs = {
+                "content": [
+                    {"token": t, "logprob": lp, "bytes": b, "top_logprobs": []}
+                    for t, lp, b in zip(c["tokens"], c["logprobs"], c["bytes"])
+                ],
+                "refusal": None,
+            }
+        out.append(
+            {
+                "index": i,
+                "message": c["message"],
+                "finish_reason": c["finish_reason"],
+                "logprobs": logprobs,
+                "token_ids": c["token_ids"],
+            }
+        )
     completion = sum(len(c["token_ids"]) for c in choices)
-    return {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": out, "system_fingerprint": None,
-            "usage": {"prompt_tokens": prompt_len, "completion_tokens": completion,
-                      "total_tokens": prompt_len + completion}}
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": out,
+        "system_fingerprint": None,
+        "usage": {
+            "prompt_tokens": prompt_len,
+            "completion_tokens": completion,
+            "total_tokens": prompt_len + completion,
+        },
+    }
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict:
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": " ".join(str(message).split()), "type": kind, "param": param, "code": code}}

@@ -82,8 +82,14 @@ def extends_last_call(record: EpisodeRecord | None, messages: list[dict], tools:
     return messages[:n] == last.messages and len(messages) > n and messages[n] == last.reply
 
 
-def request_prompt(tokenizer, record: EpisodeRecord | None, messages: list[dict], tools: list[dict] | None,
-                   rewrites: bool, eos_ids=None) -> list[int]:
+def request_prompt(
+    tokenizer,
+    record: EpisodeRecord | None,
+    messages: list[dict],
+    tools: list[dict] | None,
+    rewrites: bool,
+    eos_ids=None,
+) -> list[int]:
     """The prompt ids of a request (module docstring): the exact ids so far plus the new messages'
     suffix when the request extends the episode's last call (``extends_last_call``), else the
     template's rendering. ``eos_ids``: the model's end-of-turn ids (``models.loading.eos_token_ids``;
@@ -91,7 +97,7 @@ def request_prompt(tokenizer, record: EpisodeRecord | None, messages: list[dict]
     if not rewrites and extends_last_call(record, messages, tools):
         last, n = record.calls[-1], len(record.calls[-1].messages)
         try:
-            return last.prompt_ids + last.ids + tool_suffix_ids(tokenizer, messages[n + 1:], tools, eos_ids=eos_ids)
+            return last.prompt_ids + last.ids + tool_suffix_ids(tokenizer, messages[n + 1 :], tools, eos_ids=eos_ids)
         except ValueError:  # the template is not prefix-preserving for these messages: render them
             pass
     return prompt_ids(tokenizer, messages, tools)
@@ -106,9 +112,9 @@ def episode_from_calls(calls: list[Call], tokenizer, budget: int, truncated: boo
     for k, call in enumerate(calls):
         if k:
             context = episode.context
-            if call.prompt_ids[:len(context)] == context:
+            if call.prompt_ids[: len(context)] == context:
                 if len(call.prompt_ids) > len(context):
-                    episode.extend(call.prompt_ids[len(context):])
+                    episode.extend(call.prompt_ids[len(context) :])
             else:
                 episode.extend(list(call.prompt_ids), new_segment=True)
         episode.extend(list(call.ids), list(call.logprobs) if call.logprobs is not None else [0.0] * len(call.ids))

@@ -20,8 +20,9 @@ def answer_group(endpoint, group: list) -> list[dict]:
     n = group[0].request.n
     sampling = replace(group[0].sampling, max_new_tokens=max(p.sampling.max_new_tokens for p in group))
     seeds = [p.seed for p in group]
-    out = endpoint.engine.generate([p.prompt_ids for p in group], n, sampling,
-                                   seed=None if any(s is None for s in seeds) else seeds)
+    out = endpoint.engine.generate(
+        [p.prompt_ids for p in group], n, sampling, seed=None if any(s is None for s in seeds) else seeds
+    )
     lengths = out.response_mask.sum(-1).tolist()
     rows = out.response_ids.tolist()
     engine_logprobs = out.logprobs.tolist() if out.logprobs is not None else None
@@ -33,12 +34,12 @@ def answer_group(endpoint, group: list) -> list[dict]:
         choices = []
         for j in range(n):
             r = g * n + j
-            ids = rows[r][:min(int(lengths[r]), p.sampling.max_new_tokens)]
+            ids = rows[r][: min(int(lengths[r]), p.sampling.max_new_tokens)]
             # ended: the engine ended it (at any of its eos_ids, e.g. Gemma 2's <end_of_turn>), within max_tokens
             ended = bool(out.has_eos[r]) and int(lengths[r]) <= p.sampling.max_new_tokens
             ids, stopped = _cut_at_stop(endpoint, ids, p.request.stop)
-            sampled = engine_logprobs[r][:len(ids)] if engine_logprobs is not None else None
-            shown = sampled if sampled is not None else (policy_logprobs[r][:len(ids)] if policy_logprobs else None)
+            sampled = engine_logprobs[r][: len(ids)] if engine_logprobs is not None else None
+            shown = sampled if sampled is not None else (policy_logprobs[r][: len(ids)] if policy_logprobs else None)
             choices.append(_choice(endpoint, p, ids, ended, sampled, shown, stopped, f"{p.turn}_{j}"))
         model = getattr(p.request, "model", None) or endpoint.model_name  # the name asked for (a served one)
         answers.append(completion_response(f"chatcmpl-{uuid.uuid4().hex}", model, len(p.prompt_ids), choices))
@@ -54,7 +55,7 @@ def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: b
     text = visible_text(tokenizer, ids[:-1] if eos else ids, _hidden(endpoint))  # no <pad>: vLLM's default
     found = [text.find(s) for s in p.request.stop if s in text] if stopped else []
     if found:  # the stop string is not returned (OpenAI's rule); its tokens stay recorded
-        text = text[:min(found)]
+        text = text[: min(found)]
     content, calls, malformed = text, [], False
     if p.request.tools and p.request.tool_choice != "none" and eos:
         try:
@@ -68,16 +69,32 @@ def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: b
     finish = "tool_calls" if calls else "stop" if eos or stopped else "length"
     if p.record is not None and endpoint.training:
         reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        call = Call(list(p.prompt_ids), ids, sampled, endpoint.version, p.messages, p.request.tools, reply, eos,
-                    len(calls), malformed)
+        call = Call(
+            list(p.prompt_ids),
+            ids,
+            sampled,
+            endpoint.version,
+            p.messages,
+            p.request.tools,
+            reply,
+            eos,
+            len(calls),
+            malformed,
+        )
         with p.record.lock:
             if p.record.closed is None:
                 p.record.calls.append(call)
                 p.record.call_names.update({i: c["function"]["name"] for i, c in zip(call_ids, calls)})
     asked = shown is not None and p.request.logprobs
     tokens = [tokenizer.decode([i], skip_special_tokens=False) for i in ids] if asked else []
-    return {"message": message, "finish_reason": finish, "token_ids": ids, "tokens": tokens,
-            "bytes": _token_bytes(endpoint, ids) if asked else [], "logprobs": shown if asked else None}
+    return {
+        "message": message,
+        "finish_reason": finish,
+        "token_ids": ids,
+        "tokens": tokens,
+        "bytes": _token_bytes(endpoint, ids) if asked else [],
+        "logprobs": shown if asked else None,
+    }
 
 
 def _hidden(endpoint) -> set[int]:
@@ -107,15 +124,15 @@ def _cut_at_stop(endpoint, ids: list[int], stop: list[str]) -> tuple[list[int], 
             continue
         new = decoder.decode(bytes(piece))  # "" until a character's last byte
         text += new
-        tail = text[-(longest + len(new)):]  # a stop string first found now ends in the new text
+        tail = text[-(longest + len(new)) :]  # a stop string first found now ends in the new text
         if new and any(s in tail for s in stop):
-            return ids[:k + 1], True
+            return ids[: k + 1], True
     return ids, False
     text = ""
     for k, i in enumerate(ids):
         text += tokenizer.decode([i], skip_special_tokens=False)
         if any(s in text for s in stop):
-            return ids[:k + 1], True
+            return ids[: k + 1], True
     return ids, False
 
 

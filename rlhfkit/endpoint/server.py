@@ -61,9 +61,21 @@ class Endpoint:
     docstring. ``logprob_model``: the model that reports log-probs when the engine gives none
     (the policy: the HF engine in a synchronous run); ``max_positions``: the model's positions."""
 
-    def __init__(self, engine, tokenizer, sampling: SamplingParams, model_name: str = "policy", *, training=True,
-                 logprob_model=None, max_positions: int | None = None, window: float = 0.005,
-                 request_timeout: float = 600.0, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        engine,
+        tokenizer,
+        sampling: SamplingParams,
+        model_name: str = "policy",
+        *,
+        training=True,
+        logprob_model=None,
+        max_positions: int | None = None,
+        window: float = 0.005,
+        request_timeout: float = 600.0,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ):
         self.engine, self.tokenizer, self.sampling, self.model_name = engine, tokenizer, sampling, model_name
         self.training, self.logprob_model, self.max_positions = training, logprob_model, max_positions
         self.window, self.request_timeout, self.host, self.port = window, request_timeout, host, port
@@ -87,6 +99,7 @@ class Endpoint:
         """The special ids ``content`` leaves out (``tokens.hidden_ids``), found once."""
         if self._hidden is None:
             from .tokens import hidden_ids
+
             self._hidden = hidden_ids(self.tokenizer)
         return self._hidden
 
@@ -94,6 +107,7 @@ class Endpoint:
         """Each token's own UTF-8 bytes (``tokens.TokenBytes``)."""
         if self._bytes is None:
             from .tokens import TokenBytes
+
             self._bytes = TokenBytes(self.tokenizer)
         return self._bytes(ids)
 
@@ -112,16 +126,20 @@ class Endpoint:
             import starlette  # noqa: F401
             import uvicorn
         except ImportError as err:
-            raise ImportError(f"the endpoint needs starlette and uvicorn ({err}): pip install 'rlhfkit[serve]'") from None
+            raise ImportError(
+                f"the endpoint needs starlette and uvicorn ({err}): pip install 'rlhfkit[serve]'"
+            ) from None
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off",
-                                timeout_keep_alive=60)
+        config = uvicorn.Config(
+            self.app(), log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=60
+        )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True,
-                                       name="rlhfkit-endpoint")
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, daemon=True, name="rlhfkit-endpoint"
+        )
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -144,8 +162,14 @@ class Endpoint:
         from starlette.routing import Route
 
         async def models(request):
-            return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                             "owned_by": "rlhfkit"} for name in self.served]})
+            return JSONResponse(
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": name, "object": "model", "created": 0, "owned_by": "rlhfkit"} for name in self.served
+                    ],
+                }
+            )
 
         async def chat(request):
             try:
@@ -156,11 +180,18 @@ class Endpoint:
                 parsed = parse_request(body)
                 if parsed.model is not None and parsed.model not in self.served:
                     served = ", ".join(f"`{m}`" for m in self.served)
-                    return JSONResponse(error_body(f"The model `{parsed.model}` does not exist or you do not have "
-                                                   f"access to it; this endpoint serves {served}",
-                                                   param="model", code="model_not_found"), status_code=404)
-                pending = self.prepare(parsed, request.path_params.get("episode")
-                                       or request.headers.get("x-episode-id"))
+                    return JSONResponse(
+                        error_body(
+                            f"The model `{parsed.model}` does not exist or you do not have "
+                            f"access to it; this endpoint serves {served}",
+                            param="model",
+                            code="model_not_found",
+                        ),
+                        status_code=404,
+                    )
+                pending = self.prepare(
+                    parsed, request.path_params.get("episode") or request.headers.get("x-episode-id")
+                )
             except BadRequest as err:
                 return JSONResponse(error_body(str(err), param=err.param), status_code=400)
             if isinstance(pending, dict):  # answered without sampling (no budget left)
@@ -170,8 +201,12 @@ class Endpoint:
                 answer = await asyncio.wait_for(asyncio.wrap_future(pending.future), self.request_timeout)
             except (asyncio.TimeoutError, TimeoutError):
                 pending.future.cancel()
-                return JSONResponse(error_body(f"no answer within {self.request_timeout} s (the engine is not "
-                                               "serving this request)", "timeout"), status_code=504)
+                return JSONResponse(
+                    error_body(
+                        f"no answer within {self.request_timeout} s (the engine is not serving this request)", "timeout"
+                    ),
+                    status_code=504,
+                )
             except BadRequest as err:
                 return JSONResponse(error_body(str(err)), status_code=400)
             except Exception as err:  # noqa: BLE001 — the engine's errors, in one line
@@ -179,12 +214,16 @@ class Endpoint:
             return JSONResponse(answer)
 
         async def http_error(request, exc):
-            return JSONResponse(error_body(f"{request.method} {request.url.path}: {exc.detail}"),
-                                status_code=exc.status_code)
+            return JSONResponse(
+                error_body(f"{request.method} {request.url.path}: {exc.detail}"), status_code=exc.status_code
+            )
 
-        routes = [Route("/v1/models", models), Route("/episodes/{episode}/v1/models", models),
-                  Route("/v1/chat/completions", chat, methods=["POST"]),
-                  Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"])]
+        routes = [
+            Route("/v1/models", models),
+            Route("/episodes/{episode}/v1/models", models),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"]),
+        ]
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
     def prepare(self, request: ChatRequest, episode_id: str | None) -> Pending | dict:
@@ -207,8 +246,9 @@ class Endpoint:
                 # for token, which needs a template ending the turn with an EOS token; others are rendered.
                 extends = self.training and extends_last_call(record, messages, tools)
                 rewrites = self._rewrites(tools) if extends else True
-                ids = request_prompt(self.tokenizer, record, messages, tools, rewrites,
-                                     getattr(self.engine, "eos_ids", None))
+                ids = request_prompt(
+                    self.tokenizer, record, messages, tools, rewrites, getattr(self.engine, "eos_ids", None)
+                )
                 turn = len(record.calls) if record is not None else 0
         except BadRequest:
             raise
@@ -222,9 +262,11 @@ class Endpoint:
         key = repr(tools)
         if key not in self.rewrites:
             from ..agents.templates import check_agent_template
+
             try:
-                self.rewrites[key] = check_agent_template(self.tokenizer, tools, self.model_name,
-                                                           getattr(self.engine, "eos_ids", None))
+                self.rewrites[key] = check_agent_template(
+                    self.tokenizer, tools, self.model_name, getattr(self.engine, "eos_ids", None)
+                )
             except ValueError as err:
                 raise BadRequest(str(err)) from None
         return self.rewrites[key]
@@ -237,15 +279,18 @@ class Endpoint:
                 room = min(room, record.budget - record.used(ids))
         else:
             t = 1.0 if request.temperature is None else request.temperature
-            sampling = SamplingParams(max_new_tokens=1, temperature=t or 1.0, top_p=request.top_p or 1.0,
-                                      top_k=0, greedy=t == 0)
+            sampling = SamplingParams(
+                max_new_tokens=1, temperature=t or 1.0, top_p=request.top_p or 1.0, top_k=0, greedy=t == 0
+            )
             seed = request.seed % 2**62 if request.seed is not None else random.getrandbits(62)
         if self.max_positions is not None:
             room = min(room, self.max_positions - len(ids))
         if room < 1:
             if not self.training or record is None or record.budget is None or record.used(ids) < record.budget:
-                raise BadRequest(f"the prompt is {len(ids)} tokens: no room left to sample "
-                                 f"({self.max_positions} positions)", "messages")
+                raise BadRequest(
+                    f"the prompt is {len(ids)} tokens: no room left to sample ({self.max_positions} positions)",
+                    "messages",
+                )
             record.truncated = True  # the episode's budget is spent: it ends here, as a cut episode does
             record.closed = "its token budget (max_new_tokens) is spent"
             return _length_answer(request.model or self.model_name, len(ids))
@@ -314,6 +359,17 @@ class _nothing:
 def _length_answer(model: str, prompt_len: int) -> dict:
     from .protocol import completion_response
 
-    return completion_response(f"chatcmpl-{uuid.uuid4().hex}", model, prompt_len,
-                               [{"message": {"role": "assistant", "content": ""}, "finish_reason": "length",
-                                 "token_ids": [], "tokens": [], "logprobs": None}])
+    return completion_response(
+        f"chatcmpl-{uuid.uuid4().hex}",
+        model,
+        prompt_len,
+        [
+            {
+                "message": {"role": "assistant", "content": ""},
+                "finish_reason": "length",
+                "token_ids": [],
+                "tokens": [],
+                "logprobs": None,
+            }
+        ],
+    )

@@ -5,5 +5,14 @@ from .loading import disable_dropout, enable_activation_checkpointing, freeze, l
 from .lm_head import set_lm_head
 from .policy import ResponseForward, forward_response
 
-__all__ = ["ResponseForward", "ScalarModel", "disable_dropout", "enable_activation_checkpointing", "forward_response", "freeze", "load_causal_lm",
-           "load_tokenizer", "set_lm_head"]
+__all__ = [
+    "ResponseForward",
+    "ScalarModel",
+    "disable_dropout",
+    "enable_activation_checkpointing",
+    "forward_response",
+    "freeze",
+    "load_causal_lm",
+    "load_tokenizer",
+    "set_lm_head",
+]

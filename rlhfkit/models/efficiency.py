@@ -92,7 +92,9 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     # slice of a larger rollout (another process's rows, a minibatch) need not be below its row count:
     # renumbered to 0 .. distinct - 1 first.
     _, index = torch.unique(index, return_inverse=True)
-    per_prompt = torch.zeros(len(index), dtype=prompt.dtype, device=mask.device).scatter_reduce(0, index, prompt, "amax")
+    per_prompt = torch.zeros(len(index), dtype=prompt.dtype, device=mask.device).scatter_reduce(
+        0, index, prompt, "amax"
+    )
     return per_prompt.sum() + response
 
 

@@ -60,14 +60,16 @@ def fingerprint_change(saved: dict, now: dict) -> str | None:
     ``saved`` (one clause), or None when it is."""
     same_layout = saved.get("layout") == now.get("layout")
     old, new = saved.get("sums") or [], now.get("sums") or []
-    same_values = len(old) == len(new) and all(abs(a - b) <= _TOLERANCE * max(abs(a), abs(b), 1e-30)
-                                               for a, b in zip(old, new))
+    same_values = len(old) == len(new) and all(
+        abs(a - b) <= _TOLERANCE * max(abs(a), abs(b), 1e-30) for a, b in zip(old, new)
+    )
     if same_layout and same_values:
         return None
     what = "its weights have other values" if same_layout else "its weights have other names, shapes or dtypes"
     was, now_from = saved.get("source") or "", now.get("source") or ""
-    story = (f"it was trained from {was!r}, and this run's model {now_from!r} is another base model"
-             if was and now_from and was != now_from else
-             f"this run's model{f' {now_from!r}' if now_from else ''} is not the base model it was trained from")
-    return (f"{story} ({what}); resume with the model the run started from (its config.yaml names it) or start a "
-            "new run")
+    story = (
+        f"it was trained from {was!r}, and this run's model {now_from!r} is another base model"
+        if was and now_from and was != now_from
+        else f"this run's model{f' {now_from!r}' if now_from else ''} is not the base model it was trained from"
+    )
+    return f"{story} ({what}); resume with the model the run started from (its config.yaml names it) or start a new run"

@@ -141,10 +141,16 @@ class ScalarModel(torch.nn.Module):
         seq.save_pretrained(path)
         (path / HEAD_FILE).unlink(missing_ok=True)  # a stale older-layout head would be read first
         config = seq.config
-        meta = {"format": "hf_sequence_classification", "architecture": type(seq).__name__,
-                "hidden_size": self.config.hidden_size, "bias": self.head.bias is not None,
-                "offset": getattr(config, OFFSET_KEY), "head_bias": getattr(config, BIAS_KEY),
-                "score_shift": getattr(config, SHIFT_KEY), "pad_token_id": config.get_text_config().pad_token_id}
+        meta = {
+            "format": "hf_sequence_classification",
+            "architecture": type(seq).__name__,
+            "hidden_size": self.config.hidden_size,
+            "bias": self.head.bias is not None,
+            "offset": getattr(config, OFFSET_KEY),
+            "head_bias": getattr(config, BIAS_KEY),
+            "score_shift": getattr(config, SHIFT_KEY),
+            "pad_token_id": config.get_text_config().pad_token_id,
+        }
         (path / META_FILE).write_text(json.dumps(meta, indent=2))
 
     def _as_sequence_classifier(self, tokenizer=None):
@@ -158,13 +164,23 @@ class ScalarModel(torch.nn.Module):
             with torch.device("meta"):  # no second copy of the weights: its modules are replaced below
                 seq = AutoModelForSequenceClassification.from_config(config)
         except (ValueError, KeyError) as err:
-            warnings.warn(f"{type(self.backbone).__name__}: no sequence-classification class in transformers "
-                          f"({err}); saving the rlhfkit scalar layout", stacklevel=3)
+            warnings.warn(
+                f"{type(self.backbone).__name__}: no sequence-classification class in transformers "
+                f"({err}); saving the rlhfkit scalar layout",
+                stacklevel=3,
+            )
             return None
         prefix, found = seq.base_model_prefix, _sequence_head(seq)
-        if found is None or type(getattr(seq, prefix, None)) is not type(self.backbone) or found[1].in_features != config.hidden_size:
-            warnings.warn(f"{type(seq).__name__} is not a {type(self.backbone).__name__} plus a linear head; "
-                          "saving the rlhfkit scalar layout", stacklevel=3)
+        if (
+            found is None
+            or type(getattr(seq, prefix, None)) is not type(self.backbone)
+            or found[1].in_features != config.hidden_size
+        ):
+            warnings.warn(
+                f"{type(seq).__name__} is not a {type(self.backbone).__name__} plus a linear head; "
+                "saving the rlhfkit scalar layout",
+                stacklevel=3,
+            )
             return None
         name, hf_head = found
         config = seq.config
@@ -172,7 +188,9 @@ class ScalarModel(torch.nn.Module):
         text.pad_token_id = _pooling_pad_id(text, tokenizer)
         setattr(seq, prefix, self.backbone)
         weight = self.head.weight
-        head = torch.nn.Linear(weight.shape[1], 1, bias=hf_head.bias is not None, device=weight.device, dtype=weight.dtype)
+        head = torch.nn.Linear(
+            weight.shape[1], 1, bias=hf_head.bias is not None, device=weight.device, dtype=weight.dtype
+        )
         bias = float(self.head.bias.detach()) if self.head.bias is not None else None
         offset = float(self.offset)
         with torch.no_grad():
@@ -199,8 +217,12 @@ class ScalarModel(torch.nn.Module):
         self.offset.fill_(float(offset))
 
     def _hidden(self, input_ids, attention_mask):
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+        out = self.backbone(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
         return out.last_hidden_state
 
     def forward(self, input_ids, attention_mask, response_len: int) -> torch.Tensor:
@@ -223,8 +245,9 @@ class ScalarModel(torch.nn.Module):
 def _sequence_head(seq):
     """``(name, module)`` of a sequence classifier's head — its one child with parameters besides
     the base model — when that is an ``nn.Linear`` with one output; else ``None``."""
-    children = [(n, m) for n, m in seq.named_children()
-                if n != seq.base_model_prefix and next(m.parameters(), None) is not None]
+    children = [
+        (n, m) for n, m in seq.named_children() if n != seq.base_model_prefix and next(m.parameters(), None) is not None
+    ]
     if len(children) == 1 and isinstance(children[0][1], torch.nn.Linear) and children[0][1].out_features == 1:
         return children[0]
     return None
@@ -236,8 +259,11 @@ def _pooling_pad_id(config, tokenizer=None) -> int | None:
     pad = tokenizer.pad_token_id if tokenizer is not None else getattr(config, "pad_token_id", None)
     eos = eos_token_ids(config, tokenizer)
     if pad is not None and pad in eos:
-        warnings.warn(f"pad id {pad} is an EOS id: HF sequence classification would score the token before the "
-                      "final EOS, so the saved config has pad_token_id null (batch size 1 scores exactly; pad "
-                      "batches with a distinct pad token and set config.pad_token_id to it)", stacklevel=4)
+        warnings.warn(
+            f"pad id {pad} is an EOS id: HF sequence classification would score the token before the "
+            "final EOS, so the saved config has pad_token_id null (batch size 1 scores exactly; pad "
+            "batches with a distinct pad token and set config.pad_token_id to it)",
+            stacklevel=4,
+        )
         return None
     return pad

@@ -109,8 +109,12 @@ def _probe(model, head: torch.nn.Linear) -> bool:
         distributed.reshard(model)  # as before the probe: FSDP2 keeps the root's gathered weights after a forward
     logits = getattr(out, "logits", None)
     value = sentinel.get("value")
-    return (value is not None and isinstance(logits, torch.Tensor) and logits.shape == value.shape
-            and torch.equal(logits.to(value.dtype), value))
+    return (
+        value is not None
+        and isinstance(logits, torch.Tensor)
+        and logits.shape == value.shape
+        and torch.equal(logits.to(value.dtype), value)
+    )
 
 
 @contextmanager
@@ -130,9 +134,17 @@ def _patched(head: torch.nn.Module, forward: Callable):
                 del head.forward
 
 
-def streamed_forward(model, select: Callable[[torch.Tensor], torch.Tensor], targets: torch.Tensor, *,
-                     temperature: float = 1.0, with_entropy: bool = False, entropy_grad: bool = False,
-                     support: tuple[int, float] | None = None, **model_kwargs):
+def streamed_forward(
+    model,
+    select: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    support: tuple[int, float] | None = None,
+    **model_kwargs,
+):
     """Call ``model(**model_kwargs)`` with its output layer streamed; returns ``(out, stats)``.
 
     ``select`` maps the hidden states the head receives (``(B, K, H)`` for ``logits_to_keep=K``) to
@@ -143,8 +155,9 @@ def streamed_forward(model, select: Callable[[torch.Tensor], torch.Tensor], targ
     head = output_layer(model)
 
     def stream(hidden):
-        lp, ent, kept = linear_logprobs(select(hidden), head.weight, targets, head.bias, temperature, with_entropy,
-                                        entropy_grad, support)
+        lp, ent, kept = linear_logprobs(
+            select(hidden), head.weight, targets, head.bias, temperature, with_entropy, entropy_grad, support
+        )
         zeros = torch.zeros_like(lp)
         return torch.stack([lp, zeros if ent is None else ent, zeros if kept is None else kept], -1)
 
@@ -152,7 +165,9 @@ def streamed_forward(model, select: Callable[[torch.Tensor], torch.Tensor], targ
         out = model(**model_kwargs)
     stats = out.logits
     if stats.dim() != 2 or stats.shape[-1] != 3:
-        raise RuntimeError(f"the streamed LM head's statistics came back as {tuple(stats.shape)}: "
-                           "the model reshaped its head's output; run it with lm_head='full'")
+        raise RuntimeError(
+            f"the streamed LM head's statistics came back as {tuple(stats.shape)}: "
+            "the model reshaped its head's output; run it with lm_head='full'"
+        )
     entropy = (stats[:, 1] if entropy_grad else stats[:, 1].detach()) if with_entropy else None
     return out, (stats[:, 0], entropy, stats[:, 2].detach() if support is not None else None)

@@ -32,8 +32,17 @@ def disable_dropout(model: torch.nn.Module) -> torch.nn.Module:
                 setattr(module, key, 0.0)
     config = getattr(model, "config", None)
     if config is not None:
-        for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
-                    "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+        for key in (
+            "attention_dropout",
+            "hidden_dropout",
+            "dropout",
+            "resid_pdrop",
+            "embd_pdrop",
+            "attn_pdrop",
+            "hidden_dropout_prob",
+            "attention_probs_dropout_prob",
+            "classifier_dropout",
+        ):
             if isinstance(getattr(config, key, None), float):
                 setattr(config, key, 0.0)
     return model
@@ -81,7 +90,9 @@ def load_tokenizer(source, what: str = "tokenizer"):
     else:
         tok = from_hub_or_dir(AutoTokenizer.from_pretrained, resolve_model_dir(source, what), what)
     if tok.eos_token_id is None:
-        raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '')!r} has no EOS token; RL needs one to end completions")
+        raise ValueError(
+            f"tokenizer {getattr(tok, 'name_or_path', '')!r} has no EOS token; RL needs one to end completions"
+        )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -95,15 +106,18 @@ def check_finite_weights(modules, what: str) -> None:
     from .. import distributed
 
     bad = []
-    for prefix, module in (modules.items() if isinstance(modules, dict) else [("", modules)]):
+    for prefix, module in modules.items() if isinstance(modules, dict) else [("", modules)]:
         for name, p in module.named_parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
             if local.numel() and not bool(torch.isfinite(local.detach()).all()):
                 bad.append(f"{prefix}.{name}" if prefix else name)
     if distributed.reduce_max(len(bad)) > 0:
         shown = ", ".join(bad[:3]) + (" ..." if len(bad) > 3 else "")
-        raise ValueError(f"{what}: the weights hold non-finite values (NaN or inf)" + (f" in {shown}" if bad else "")
-                         + "; refusing to use or save them")
+        raise ValueError(
+            f"{what}: the weights hold non-finite values (NaN or inf)"
+            + (f" in {shown}" if bad else "")
+            + "; refusing to use or save them"
+        )
 
 
 def load_causal_lm(source, dtype="float32"):
@@ -126,8 +140,9 @@ def load_causal_lm(source, dtype="float32"):
 def load_pretrained(auto_class, source, dtype="float32", what: str = "model", **kwargs):
     """``auto_class.from_pretrained`` of a local directory, GGUF / ``package:`` source or Hub id
     (checked first: a typo is one clear line, a Hub id that cannot be fetched too)."""
-    model = from_hub_or_dir(auto_class.from_pretrained, resolve_model_dir(source, what), what,
-                            dtype=resolve_dtype(dtype), **kwargs)
+    model = from_hub_or_dir(
+        auto_class.from_pretrained, resolve_model_dir(source, what), what, dtype=resolve_dtype(dtype), **kwargs
+    )
     check_finite_weights(model, f"{what} {source}")
     return model
 

@@ -50,8 +50,9 @@ def unsharded_template(model: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
-def export_causal_lm(model: torch.nn.Module, path, tokenizer=None, adapter: bool = False,
-                     template: torch.nn.Module | None = None) -> None:
+def export_causal_lm(
+    model: torch.nn.Module, path, tokenizer=None, adapter: bool = False, template: torch.nn.Module | None = None
+) -> None:
     """Write ``model`` to ``path`` as ``AutoModelForCausalLM.from_pretrained`` (or, with
     ``adapter`` and a LoRA model, ``PeftModel.from_pretrained`` on the base) loads it. Every
     process must call this under torchrun: the full weights are gathered, the main process writes.

@@ -61,9 +61,16 @@ def _width(lead: int, tail: int, prompt_region: bool) -> int:
     return max(lead, 1 if prompt_region else 0) + max(tail, 1)
 
 
-def split_rows(rows: torch.Tensor, lead: torch.Tensor, tail: torch.Tensor, *, max_rows: int | None = None,
-               max_tokens: int | None = None, groups: torch.Tensor | None = None,
-               prompt_region: bool = True) -> list[torch.Tensor]:
+def split_rows(
+    rows: torch.Tensor,
+    lead: torch.Tensor,
+    tail: torch.Tensor,
+    *,
+    max_rows: int | None = None,
+    max_tokens: int | None = None,
+    groups: torch.Tensor | None = None,
+    prompt_region: bool = True,
+) -> list[torch.Tensor]:
     """``rows`` (indices into a batch) in micro-batches of at most ``max_rows`` rows and
     ``max_tokens`` tokens (``padded_tokens``; ``lead``, ``tail``: ``row_spans`` of the whole batch).
 
@@ -89,14 +96,17 @@ def split_rows(rows: torch.Tensor, lead: torch.Tensor, tail: torch.Tensor, *, ma
         units = []
         for members in by_group.values():
             fits = (max_rows is None or len(members) <= max_rows) and len(members) * _width(
-                max(row_lead[i] for i in members), max(row_tail[i] for i in members), prompt_region) <= max_tokens
+                max(row_lead[i] for i in members), max(row_tail[i] for i in members), prompt_region
+            ) <= max_tokens
             units.extend([members] if fits else [[i] for i in members])
     units.sort(key=lambda u: -max(row_lead[i] + row_tail[i] for i in u))  # stable: ties keep their order
     chunks, current, n, most_lead, most_tail = [], [], 0, 0, 0
     for unit in units:
         u_lead, u_tail = max(row_lead[i] for i in unit), max(row_tail[i] for i in unit)
         new_n, new_lead, new_tail = n + len(unit), max(most_lead, u_lead), max(most_tail, u_tail)
-        over = new_n * _width(new_lead, new_tail, prompt_region) > max_tokens or (max_rows is not None and new_n > max_rows)
+        over = new_n * _width(new_lead, new_tail, prompt_region) > max_tokens or (
+            max_rows is not None and new_n > max_rows
+        )
         if current and over:
             chunks.append(current)
             current, n, new_n, new_lead, new_tail = [], 0, len(unit), u_lead, u_tail

@@ -41,8 +41,26 @@ import torch
 PACKABLE_ATTENTION = ("sdpa", "eager")
 # Decoder-only model types whose layers are full causal attention (a sliding window aside) with
 # rotary or learned positions read from ``position_ids``, and position-wise MLPs (MoE included).
-PACKABLE_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gpt2",
-                             "gpt_neox", "olmo", "olmo2", "granite", "phi", "phi3", "stablelm", "smollm3"})
+PACKABLE_MODELS = frozenset(
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gpt2",
+        "gpt_neox",
+        "olmo",
+        "olmo2",
+        "granite",
+        "phi",
+        "phi3",
+        "stablelm",
+        "smollm3",
+    }
+)
 
 
 @dataclass
@@ -71,8 +89,11 @@ class PackedGroups:
         fails on a 4-D one; rlhfkit never reads that loss (its losses are those of ``algorithms``, its
         TRL configs refuse ``router_aux_loss_coef``), and turning it off changes no logit, so packing
         stays exact and skips that loss's work."""
-        inputs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask(model),
-                  "position_ids": self.position_ids}
+        inputs = {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask(model),
+            "position_ids": self.position_ids,
+        }
         if getattr(model_config(model), "output_router_logits", False):
             inputs["output_router_logits"] = False
         return inputs
@@ -84,7 +105,8 @@ class PackedGroups:
             return self.allowed
         dtype = next(model.parameters()).dtype
         return torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device).masked_fill_(
-            ~self.allowed, torch.finfo(dtype).min)
+            ~self.allowed, torch.finfo(dtype).min
+        )
 
     def scatter(self, values: torch.Tensor, rows: int, width: int) -> torch.Tensor:
         """(M, ...) outputs in packed order -> (rows, width, ...) in the batch's layout, zeros at the
@@ -135,9 +157,11 @@ def rope_length_limit(config) -> int | None:
             if "dynamic" in rope_type:
                 limits.append(getattr(config, "max_position_embeddings", 0) - 1)
             elif rope_type == "longrope":
-                limits.append(rope.get("original_max_position_embeddings")
-                              or getattr(config, "original_max_position_embeddings", None)
-                              or getattr(config, "max_position_embeddings", 0))
+                limits.append(
+                    rope.get("original_max_position_embeddings")
+                    or getattr(config, "original_max_position_embeddings", None)
+                    or getattr(config, "max_position_embeddings", 0)
+                )
     return min(limits, default=None)
 
 
@@ -176,8 +200,9 @@ def packing_computes_less(model, packed: tuple[int, int], padded: tuple[int, int
     return cost(*packed) <= cost(*padded)
 
 
-def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
-                prompt_index: torch.Tensor) -> PackedGroups | None:
+def pack_groups(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, prompt_index: torch.Tensor
+) -> PackedGroups | None:
     """Pack rows ``[left pad | prompt | response | right pad]`` (``response_len`` response columns)
     by ``prompt_index`` (equal index: identical prompt columns). None where packing does not apply:
     not ``packable_model`` for the longest row (its attended tokens), every prompt is distinct, a
@@ -197,10 +222,14 @@ def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, re
     if n == B:
         return None
     cols = torch.arange(W, device=device)
-    contiguous = (mask[:, :P] == (cols[:P] >= P - plen[:, None])).all() & (mask[:, P:] == (cols[:T] < rlen[:, None])).all()
+    contiguous = (mask[:, :P] == (cols[:P] >= P - plen[:, None])).all() & (
+        mask[:, P:] == (cols[:T] < rlen[:, None])
+    ).all()
     rows = torch.arange(B, device=device)
     first = torch.full((n,), B, device=device).scatter_reduce(0, inverse, rows, "amin")  # a row of each prompt
-    same_prompt = ((input_ids[:, :P] == input_ids[first[inverse], :P]) | ~mask[:, :P]).all() & (plen == plen[first[inverse]]).all()
+    same_prompt = ((input_ids[:, :P] == input_ids[first[inverse], :P]) | ~mask[:, :P]).all() & (
+        plen == plen[first[inverse]]
+    ).all()
     if not bool(contiguous & same_prompt) or int(plen.min()) < 1:
         return None
 
@@ -236,8 +265,16 @@ def pack_groups(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, re
 
     needed = t < rlen[:, None]  # (B, T): every real response token gets its log-prob
     column = torch.where(t == 0, P - 1, P + before[:, None] + t - 1) - (P - 1)
-    return PackedGroups(ids, positions, allowed[:, None], P - 1, inverse[:, None].expand(B, T)[needed],
-                        column.expand(B, T)[needed], rows[:, None].expand(B, T)[needed], t.expand(B, T)[needed])
+    return PackedGroups(
+        ids,
+        positions,
+        allowed[:, None],
+        P - 1,
+        inverse[:, None].expand(B, T)[needed],
+        column.expand(B, T)[needed],
+        rows[:, None].expand(B, T)[needed],
+        t.expand(B, T)[needed],
+    )
 
 
 def _rows_by_group(inverse: torch.Tensor, n: int):

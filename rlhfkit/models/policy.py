@@ -87,15 +87,30 @@ def forward_response(
     start, used = _attended_span(attention_mask, T)
     if start > 0 or used < T:  # columns no row attends: left padding of every row, ends of every response
         P = input_ids.shape[1] - T
-        out = forward_response(model, input_ids[:, start : P + used], attention_mask[:, start : P + used], used,
-                               temperature, with_entropy, entropy_grad, with_hidden, prompt_index, support)
-        return ResponseForward(*(None if x is None else _pad_columns(x, T) for x in
-                                 (out.logprobs, out.entropy, out.hidden, out.log_kept_mass)))
+        out = forward_response(
+            model,
+            input_ids[:, start : P + used],
+            attention_mask[:, start : P + used],
+            used,
+            temperature,
+            with_entropy,
+            entropy_grad,
+            with_hidden,
+            prompt_index,
+            support,
+        )
+        return ResponseForward(
+            *(
+                None if x is None else _pad_columns(x, T)
+                for x in (out.logprobs, out.entropy, out.hidden, out.log_kept_mass)
+            )
+        )
     if prompt_index is not None:
         packed = pack_groups(model, input_ids, attention_mask, T, prompt_index)
         if packed is not None:
-            return _forward_packed(model, packed, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden,
-                                   support)
+            return _forward_packed(
+                model, packed, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden, support
+            )
     efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
     aligned = align_left(model, input_ids, attention_mask, T)
     if aligned is not None:  # no attention mask: SDPA's fused causal kernels (models.aligned)
@@ -103,25 +118,39 @@ def forward_response(
         inputs = dict(input_ids=aligned.input_ids, attention_mask=None)
     else:
         keep, pick = T + 1, (lambda values: values[:, :-1])
-        inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
-                      position_ids=position_ids_from_mask(attention_mask))
+        inputs = dict(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+        )
     inputs.update(logits_to_keep=keep, output_hidden_states=with_hidden, use_cache=False)
     B = input_ids.shape[0]
     if streamable(model):
-        out, stats = streamed_forward(model, lambda h: pick(h).reshape(-1, h.shape[-1]), input_ids[:, -T:].reshape(-1),
-                                      **_stream_options(temperature, with_entropy, entropy_grad, support), **inputs)
+        out, stats = streamed_forward(
+            model,
+            lambda h: pick(h).reshape(-1, h.shape[-1]),
+            input_ids[:, -T:].reshape(-1),
+            **_stream_options(temperature, with_entropy, entropy_grad, support),
+            **inputs,
+        )
         hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
-        return ResponseForward(*(None if x is None else x.reshape(B, T) for x in stats[:2]), hidden,
-                               None if stats[2] is None else stats[2].reshape(B, T))
+        return ResponseForward(
+            *(None if x is None else x.reshape(B, T) for x in stats[:2]),
+            hidden,
+            None if stats[2] is None else stats[2].reshape(B, T),
+        )
     out = model(**inputs)
     hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
-    return _response_outputs(pick(out.logits), input_ids[:, -T:], hidden, temperature,
-                             with_entropy, entropy_grad, support)
+    return _response_outputs(
+        pick(out.logits), input_ids[:, -T:], hidden, temperature, with_entropy, entropy_grad, support
+    )
 
 
 def _stream_options(temperature, with_entropy, entropy_grad, support) -> dict:
-    return dict(temperature=temperature, with_entropy=with_entropy,
-                entropy_grad=entropy_grad and torch.is_grad_enabled(), support=support)
+    return dict(
+        temperature=temperature,
+        with_entropy=with_entropy,
+        entropy_grad=entropy_grad and torch.is_grad_enabled(),
+        support=support,
+    )
 
 
 def _attended_span(attention_mask: torch.Tensor, T: int) -> tuple[int, int]:
@@ -141,8 +170,9 @@ def _pad_columns(x: torch.Tensor, T: int) -> torch.Tensor:
     return torch.cat([x, pad], 1)
 
 
-def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden,
-                    support) -> ResponseForward:
+def _forward_packed(
+    model, packed: PackedGroups, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden, support
+) -> ResponseForward:
     """One pass over the packed groups (``models.packing``); the outputs of the real response tokens,
     in the batch's (B, T) layout.
 
@@ -151,15 +181,26 @@ def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with
     ``(n, K)`` grid of targets; column 0 (the prompt's last) predicts the first token of every row of
     its group and is computed on those rows' copies of its logits, ``B x V``."""
     efficiency.add_computed(packed.computed * (2 if _recomputes(model) else 1))
-    inputs = dict(**packed.model_inputs(model), logits_to_keep=packed.input_ids.shape[1] - packed.first_kept,
-                  output_hidden_states=with_hidden, use_cache=False)
+    inputs = dict(
+        **packed.model_inputs(model),
+        logits_to_keep=packed.input_ids.shape[1] - packed.first_kept,
+        output_hidden_states=with_hidden,
+        use_cache=False,
+    )
     targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]  # (M,) the token each output scores
     B = input_ids.shape[0]
     if streamable(model):  # each needed output's hidden state, column 0's once per row of its group
-        out, stats = streamed_forward(model, lambda h: h[packed.group, packed.column], targets,
-                                      **_stream_options(temperature, with_entropy, entropy_grad, support), **inputs)
+        out, stats = streamed_forward(
+            model,
+            lambda h: h[packed.group, packed.column],
+            targets,
+            **_stream_options(temperature, with_entropy, entropy_grad, support),
+            **inputs,
+        )
         hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
-        return ResponseForward(*(None if x is None else packed.scatter(x, B, T) for x in (*stats[:2], hidden, stats[2])))
+        return ResponseForward(
+            *(None if x is None else packed.scatter(x, B, T) for x in (*stats[:2], hidden, stats[2]))
+        )
     out = model(**inputs)
     logits = out.logits
     first = packed.step == 0
@@ -173,8 +214,12 @@ def _forward_packed(model, packed: PackedGroups, input_ids, T, temperature, with
         return taken if head_values is None else taken.masked_scatter(first, head_values)
 
     hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
-    outputs = (pick(per_column.logprobs, heads.logprobs), None if per_column.entropy is None else pick(per_column.entropy),
-               hidden, None if support is None else pick(per_column.log_kept_mass, heads.log_kept_mass))
+    outputs = (
+        pick(per_column.logprobs, heads.logprobs),
+        None if per_column.entropy is None else pick(per_column.entropy),
+        hidden,
+        None if support is None else pick(per_column.log_kept_mass, heads.log_kept_mass),
+    )
     return ResponseForward(*(None if x is None else packed.scatter(x, B, T) for x in outputs))
 
 
@@ -193,5 +238,6 @@ def _response_outputs(logits, targets, hidden, temperature, with_entropy, entrop
 def _recomputes(model) -> bool:
     """Activation checkpointing will run the layers' forward again in the backward pass (counted
     twice by ``models.efficiency``)."""
-    return torch.is_grad_enabled() and any(getattr(m, "gradient_checkpointing", False) and m.training
-                                           for m in model.modules())
+    return torch.is_grad_enabled() and any(
+        getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules()
+    )

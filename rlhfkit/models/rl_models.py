@@ -91,8 +91,11 @@ class RLModels:
             torch.nn.init.zeros_(self.value_head.weight)
             torch.nn.init.zeros_(self.value_head.bias)
         elif args.use_critic:
-            self.critic = (ScalarModel.from_pretrained(args.critic_init, args.dtype) if args.critic_init
-                           else ScalarModel.from_causal_lm(_base_causal_lm(policy))).to(self.device)
+            self.critic = (
+                ScalarModel.from_pretrained(args.critic_init, args.dtype)
+                if args.critic_init
+                else ScalarModel.from_causal_lm(_base_causal_lm(policy))
+            ).to(self.device)
         self._shard()
 
     def _shard(self) -> None:
@@ -120,11 +123,11 @@ class RLModels:
     def critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
 
-    def _forward(self, rollout: Rollout, *, with_values: bool, with_entropy: bool = False,
-                 entropy_grad: bool = False):
+    def _forward(self, rollout: Rollout, *, with_values: bool, with_entropy: bool = False, entropy_grad: bool = False):
         with self.autocast():
-            return self._forward_inner(rollout, with_values=with_values, with_entropy=with_entropy,
-                                       entropy_grad=entropy_grad)
+            return self._forward_inner(
+                rollout, with_values=with_values, with_entropy=with_entropy, entropy_grad=entropy_grad
+            )
 
     def engine_support(self, rollout: Rollout) -> tuple[int, float] | None:
         """``(top_k, top_p)`` when the rollout carries an engine's log-probs of a truncated sampler:
@@ -135,10 +138,16 @@ class RLModels:
         return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
 
     def _forward_inner(self, rollout: Rollout, *, with_values: bool, with_entropy: bool, entropy_grad: bool):
-        out = forward_rollout(self.train_policy, rollout, self.args.temperature,
-                              with_entropy=with_entropy, entropy_grad=entropy_grad,
-                              with_hidden=with_values and self.value_head is not None,
-                              prompt_index=self._prompt_index(rollout), support=self.engine_support(rollout))
+        out = forward_rollout(
+            self.train_policy,
+            rollout,
+            self.args.temperature,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+            with_hidden=with_values and self.value_head is not None,
+            prompt_index=self._prompt_index(rollout),
+            support=self.engine_support(rollout),
+        )
         values = None
         if with_values and self.value_head is not None:
             values = self.train_critic(out.hidden).squeeze(-1).float()
@@ -163,8 +172,10 @@ class RLModels:
         model = self.reference if self.reference is not None else self.train_policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         with adapter_off, self.autocast():
-            parts, order = self._in_micro_batches(rollout, lambda r: forward_rollout(
-                model, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs)
+            parts, order = self._in_micro_batches(
+                rollout,
+                lambda r: forward_rollout(model, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs,
+            )
             return self._in_order(torch.cat(parts), order)
 
     def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
@@ -182,9 +193,15 @@ class RLModels:
         if budget is None:
             return split_rows(torch.arange(B), None, None, max_rows=self.args.micro_batch_size)
         lead, tail = row_spans(rollout.attention_mask, T)
-        return split_rows(torch.arange(B), lead, tail, max_rows=self.args.micro_batch_size, max_tokens=budget,
-                          groups=rollout.prompt_index if self.args.share_prompt else None,
-                          prompt_region=rollout.input_ids.shape[1] > T)
+        return split_rows(
+            torch.arange(B),
+            lead,
+            tail,
+            max_rows=self.args.micro_batch_size,
+            max_tokens=budget,
+            groups=rollout.prompt_index if self.args.share_prompt else None,
+            prompt_region=rollout.input_ids.shape[1] > T,
+        )
 
     def _in_micro_batches(self, rollout: Rollout, run) -> tuple[list, torch.Tensor | None]:
         """``run`` on each micro-batch's rows; returns its results and the rows they cover, in
@@ -230,8 +247,10 @@ def build_models(model, processing_class, args: ModelLoading, peft_config=None, 
     if processing_class is None and not isinstance(model, (str, os.PathLike)):
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
     distributed.check_device(args.device)  # before anything loads
-    tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
-                               "model" if processing_class is None else "processing_class")
+    tokenizer = load_tokenizer(
+        processing_class if processing_class is not None else model,
+        "model" if processing_class is None else "processing_class",
+    )
     policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
     # The process group starts here, after every check that could fail the same way on every rank.
     policy = policy.to(distributed.setup(args.device, args.rollout_workers))

@@ -42,8 +42,9 @@ class SegmentView:
         return flat[self.index.reshape(-1).to(x.device)].reshape(*self.index.shape, *x.shape[2:])
 
 
-def segment_view(input_ids: torch.Tensor, attention_mask: torch.Tensor, segments: torch.Tensor,
-                 response_len: int) -> SegmentView:
+def segment_view(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, segments: torch.Tensor, response_len: int
+) -> SegmentView:
     """``SegmentView`` of packed rows (B, P+T) whose last ``response_len`` columns are the
     response region; ``segments`` numbers each column's segment (read where attended)."""
     B, L = input_ids.shape

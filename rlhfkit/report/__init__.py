@@ -12,6 +12,17 @@ from .page import config_section, report_path, write_report
 from .plots import MAIN_METRICS, PLOT_GROUPS, TIME_PLOT, write_plots
 from .runs import find_runs, load_runs, read_jsonl, read_metrics
 
-__all__ = ["MAIN_METRICS", "PLOT_GROUPS", "TIME_PLOT", "config_section", "find_runs", "load_runs", "read_jsonl",
-           "read_metrics", "report_path", "write_plots", "write_report"]
+__all__ = [
+    "MAIN_METRICS",
+    "PLOT_GROUPS",
+    "TIME_PLOT",
+    "config_section",
+    "find_runs",
+    "load_runs",
+    "read_jsonl",
+    "read_metrics",
+    "report_path",
+    "write_plots",
+    "write_report",
+]
 _config_section = config_section  # its name before the report became a package (tests/test_run_record.py)

@@ -13,8 +13,7 @@ import math
 
 from .runs import RunData, metric_names, series
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
-           "#bcbd22")
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 SMOOTHING = 0.6  # TensorBoard's default
 DOTS = 25  # a line of at most this many points also shows them as dots
 W, H, LEFT, RIGHT, TOP, BOTTOM = 440, 230, 56, 10, 10, 22  # the SVG's viewBox and plot margins
@@ -31,7 +30,7 @@ def ema(values: list[float], weight: float) -> list[float]:
     out, last = [], 0.0
     for n, v in enumerate(values, start=1):
         last = last * weight + (1 - weight) * v
-        out.append(last / (1 - weight ** n))
+        out.append(last / (1 - weight**n))
     return out
 
 
@@ -95,8 +94,10 @@ def svg(index: int, chart: dict, weight: float = SMOOTHING) -> str:
 
     parts = [f'<rect class="frame" x="{LEFT}" y="{TOP}" width="{W - LEFT - RIGHT}" height="{H - TOP - BOTTOM}"/>']
     for t in ticks(y0, y1):
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>'
-                     f'<text class="yl" x="{LEFT - 4}" y="{sy(t) + 3:.1f}">{_num(t)}</text>')
+        parts.append(
+            f'<line class="grid" x1="{LEFT}" x2="{W - RIGHT}" y1="{sy(t):.1f}" y2="{sy(t):.1f}"/>'
+            f'<text class="yl" x="{LEFT - 4}" y="{sy(t) + 3:.1f}">{_num(t)}</text>'
+        )
     for t in ticks(x0, x1):
         parts.append(f'<text class="xl" x="{sx(t):.1f}" y="{H - 6}">{_num(t)}</text>')
     for i, xs, ys in lines:
@@ -104,12 +105,16 @@ def svg(index: int, chart: dict, weight: float = SMOOTHING) -> str:
             d = "M" + "L".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in zip(xs, vals))
             parts.append(f'<path class="{cls}" data-run="{i}" stroke="{color(i)}" d="{d}"/>')
         if len(xs) <= DOTS:  # sparse points (an evaluation every N steps, a short run) drawn as dots
-            parts += [f'<circle class="dot" data-run="{i}" fill="{color(i)}" cx="{sx(x):.1f}" '
-                      f'cy="{sy(y):.1f}" r="2.5"/>'
-                      for x, y in zip(xs, ys)]
+            parts += [
+                f'<circle class="dot" data-run="{i}" fill="{color(i)}" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5"/>'
+                for x, y in zip(xs, ys)
+            ]
     label = html.escape(chart["m"])
-    return (f'<svg class="chart" data-i="{index}" viewBox="0 0 {W} {H}" role="img" aria-label="{label}">'
-            + "".join(parts) + "</svg>")
+    return (
+        f'<svg class="chart" data-i="{index}" viewBox="0 0 {W} {H}" role="img" aria-label="{label}">'
+        + "".join(parts)
+        + "</svg>"
+    )
 
 
 def charts_section(runs: list[RunData]) -> str:
@@ -117,16 +122,20 @@ def charts_section(runs: list[RunData]) -> str:
     charts = chart_data(runs)
     if not charts:
         return '<p class="note">No metric is logged as a number in metrics.jsonl.</p>'
-    legend = "".join(f'<label class="run"><input type="checkbox" checked data-run="{i}">'
-                     f'<span class="swatch" style="background:{color(i)}"></span>{html.escape(r.name)}</label>'
-                     for i, r in enumerate(runs))
-    parts = ['<div class="controls">'
-             f'<label>smoothing <input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="{SMOOTHING}">'
-             f' <output id="smoothing-value">{SMOOTHING}</output></label>'
-             '<label>filter <input id="filter" type="search" placeholder="metric name or regex"></label>'
-             f'<span class="legend">{legend}</span>'
-             '<span class="hint">drag across a plot to zoom into those steps, double-click to see them all</span>'
-             "</div>"]
+    legend = "".join(
+        f'<label class="run"><input type="checkbox" checked data-run="{i}">'
+        f'<span class="swatch" style="background:{color(i)}"></span>{html.escape(r.name)}</label>'
+        for i, r in enumerate(runs)
+    )
+    parts = [
+        '<div class="controls">'
+        f'<label>smoothing <input id="smoothing" type="range" min="0" max="0.99" step="0.01" value="{SMOOTHING}">'
+        f' <output id="smoothing-value">{SMOOTHING}</output></label>'
+        '<label>filter <input id="filter" type="search" placeholder="metric name or regex"></label>'
+        f'<span class="legend">{legend}</span>'
+        '<span class="hint">drag across a plot to zoom into those steps, double-click to see them all</span>'
+        "</div>"
+    ]
     group = None
     for index, chart in enumerate(charts):
         if chart["g"] != group:
@@ -134,13 +143,17 @@ def charts_section(runs: list[RunData]) -> str:
                 parts.append("</div>")
             group = chart["g"]
             parts.append(f'<h3 class="group">{html.escape(group)}</h3><div class="charts">')
-        parts.append(f'<div class="plot" data-metric="{html.escape(chart["m"])}"><div class="title">'
-                     f'{html.escape(chart["m"])}</div>{svg(index, chart)}</div>')
+        parts.append(
+            f'<div class="plot" data-metric="{html.escape(chart["m"])}"><div class="title">'
+            f"{html.escape(chart['m'])}</div>{svg(index, chart)}</div>"
+        )
     parts.append("</div>")
     data = json.dumps({"charts": charts, "runs": [r.name for r in runs]}, separators=(",", ":"))
     data = data.replace("</", "<\\/")  # inside <script>: no "</script>" can end it early
-    parts.append(f'<div id="tip" hidden></div><script type="application/json" id="report-data">{data}</script>'
-                 f"<script>{SCRIPT}</script>")
+    parts.append(
+        f'<div id="tip" hidden></div><script type="application/json" id="report-data">{data}</script>'
+        f"<script>{SCRIPT}</script>"
+    )
     return "".join(parts)
 
 

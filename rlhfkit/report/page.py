@@ -56,8 +56,9 @@ def _resolved(config: dict) -> dict:
     from ..config import PRESETS
 
     preset = PRESETS.get(config.get("algorithm"), {})  # unset preset fields (null): show what they were
-    return {k: f"{preset[k]} ({config['algorithm']} preset)" if v is None and k in preset else v
-            for k, v in config.items()}
+    return {
+        k: f"{preset[k]} ({config['algorithm']} preset)" if v is None and k in preset else v for k, v in config.items()
+    }
 
 
 def config_section(run_dir: Path) -> str:
@@ -76,8 +77,11 @@ def _config_differences(runs: list[RunData]) -> str:
         return _note("None of the runs has a readable config.yaml.")
     configs = [_resolved(c) if isinstance(c, dict) else {} for c in configs]
     fields = list(dict.fromkeys(k for c in configs for k in c))
-    rows = [[k, *(_fmt(c[k]) if k in c else "–" for c in configs)] for k in fields
-            if len({_fmt(c[k]) for c in configs if k in c}) > 1]
+    rows = [
+        [k, *(_fmt(c[k]) if k in c else "–" for c in configs)]
+        for k in fields
+        if len({_fmt(c[k]) for c in configs if k in c}) > 1
+    ]
     if not rows:
         return _note("The runs' config.yaml files hold the same values.")
     return _table(["field", *(r.name for r in runs)], rows)
@@ -85,8 +89,10 @@ def _config_differences(runs: list[RunData]) -> str:
 
 def _runs_table(runs: list[RunData], out_dir: Path) -> str:
     fields = list(dict.fromkeys(k for r in runs for k in r.meta))
-    head = "".join(f'<th><span class="swatch" style="background:{color(i)}"></span>{html.escape(r.name)}</th>'
-                   for i, r in enumerate(runs))
+    head = "".join(
+        f'<th><span class="swatch" style="background:{color(i)}"></span>{html.escape(r.name)}</th>'
+        for i, r in enumerate(runs)
+    )
     rows = [["directory", *(os.path.relpath(r.path.resolve(), out_dir.resolve()) for r in runs)]]
     rows += [[k, *(r.meta.get(k, "–") for r in runs)] for k in fields]
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows)
@@ -106,13 +112,17 @@ def _summary_section(rows: list[dict]) -> str:
 
 def _timeline_section(run_dir: Path, link: str) -> str:
     """A link to the step timeline (``trace.json``, at ``link`` from the report), and how to open it."""
-    how = ("Open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing: one row per process "
-           "(trainer and generator ranks), each step with its phases nested inside.")
+    how = (
+        "Open it in https://ui.perfetto.dev (Open trace file) or chrome://tracing: one row per process "
+        "(trainer and generator ranks), each step with its phases nested inside."
+    )
     if (run_dir / "trace.json").is_file():
         return f'<p><a href="{html.escape(link)}">trace.json</a> — {html.escape(how)}</p>'
     if any((run_dir / "trace").glob("rank-*.jsonl")):
-        return _note("The run did not finish: its processes' timelines are in trace/; "
-                     "`python -m rlhfkit.run.trace <run_dir>` (or `rlhfkit report`) merges them into trace.json.")
+        return _note(
+            "The run did not finish: its processes' timelines are in trace/; "
+            "`python -m rlhfkit.run.trace <run_dir>` (or `rlhfkit report`) merges them into trace.json."
+        )
     return _note("No trace.json in this run directory (a run without output_dir, or from an older rlhfkit).")
 
 
@@ -140,8 +150,9 @@ def _samples_section(run_dir: Path) -> str:
             parts.append(
                 '<div class="sample">'
                 f'<div class="score">score {html.escape(_fmt(score)) if score is not None else "–"}</div>'
-                f'{_text_or_chat(s.get("prompt", ""), "prompt")}{_text_or_chat(s.get("completion", ""), "completion")}'
-                "</div>")
+                f"{_text_or_chat(s.get('prompt', ''), 'prompt')}{_text_or_chat(s.get('completion', ''), 'completion')}"
+                "</div>"
+            )
     return "".join(parts)
 
 
@@ -176,8 +187,10 @@ def _text_or_chat(value, cls: str) -> str:
         for call in m.get("tool_calls") or []:
             fn = call.get("function", call) if isinstance(call, dict) else {}
             text += f"\n→ {fn.get('name')}({json.dumps(fn.get('arguments'))})"
-        turns.append(f'<div class="turn {html.escape(role)}"><b>{html.escape(role)}</b>'
-                     f'<pre class="{cls}">{html.escape(text.strip())}</pre></div>')
+        turns.append(
+            f'<div class="turn {html.escape(role)}"><b>{html.escape(role)}</b>'
+            f'<pre class="{cls}">{html.escape(text.strip())}</pre></div>'
+        )
     return f'<div class="chat {cls}">' + "".join(turns) + "</div>"
 
 
@@ -204,13 +217,15 @@ pre.completion { background: #f7f7f7; padding: 0.3em; }
 def _run_section(run: RunData, index: int, out_dir: Path, alone: bool) -> str:
     last = _fmt(max(r["step"] for r in run.rows)) if run.rows else "–"
     link = os.path.relpath((run.path / "trace.json").resolve(), out_dir.resolve())
-    return (f'<details class="run"{" open" if alone else ""}><summary><span class="swatch" '
-            f'style="background:{color(index)}"></span>{html.escape(run.name)}</summary>'
-            f"<p>{len(run.rows)} logged steps, last step {html.escape(last)}.</p>"
-            f"<h3>Summary</h3>{_summary_section(run.rows)}"
-            f"<h3>Step timeline</h3>{_timeline_section(run.path, link)}"
-            f"<h3>Samples</h3>{_samples_section(run.path)}"
-            f"<h3>Config</h3>{config_section(run.path)}</details>")
+    return (
+        f'<details class="run"{" open" if alone else ""}><summary><span class="swatch" '
+        f'style="background:{color(index)}"></span>{html.escape(run.name)}</summary>'
+        f"<p>{len(run.rows)} logged steps, last step {html.escape(last)}.</p>"
+        f"<h3>Summary</h3>{_summary_section(run.rows)}"
+        f"<h3>Step timeline</h3>{_timeline_section(run.path, link)}"
+        f"<h3>Samples</h3>{_samples_section(run.path)}"
+        f"<h3>Config</h3>{config_section(run.path)}</details>"
+    )
 
 
 def report_path(dirs) -> Path:

@@ -51,8 +51,7 @@ def _plot_rows(rows: list[dict], out_dir: Path) -> list[Path]:
         for metric in present:
             steps, values = series(rows, metric)
             # Markers where points are sparse (an eval every N steps, a one-step run) or they vanish.
-            ax.plot(steps, values, label=metric, linewidth=1.5, marker="o" if len(steps) <= 20 else None,
-                    markersize=3)
+            ax.plot(steps, values, label=metric, linewidth=1.5, marker="o" if len(steps) <= 20 else None, markersize=3)
         if band and metrics[0] in present:
             _draw_band(ax, rows, metrics[0], band)
         ax.set(title=title, xlabel="step")
@@ -71,7 +70,7 @@ def _time_plot(rows: list[dict], out_dir: Path) -> Path | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    names = {k[len(TIME_PREFIX):] for r in rows for k in r if k.startswith(TIME_PREFIX)}
+    names = {k[len(TIME_PREFIX) :] for r in rows for k in r if k.startswith(TIME_PREFIX)}
     phases = [p for p in PHASE_ORDER if p in names] + sorted(names - set(PHASE_ORDER))
     timed = [r for r in rows if any(isinstance(r.get(TIME_PREFIX + p), (int, float)) for p in phases)]
     if not timed:
@@ -100,7 +99,10 @@ def _draw_band(ax, rows: list[dict], metric: str, band: str) -> None:
     both = [r for r in rows if isinstance(r.get(metric), (int, float)) and isinstance(r.get(band), (int, float))]
     if both:
         steps = [r["step"] for r in both]
-        ax.fill_between(steps, [r[metric] - r[band] for r in both], [r[metric] + r[band] for r in both],
-                        alpha=0.2, label=f"± {band}")
-
-
+        ax.fill_between(
+            steps,
+            [r[metric] - r[band] for r in both],
+            [r[metric] + r[band] for r in both],
+            alpha=0.2,
+            label=f"± {band}",
+        )

@@ -41,9 +41,11 @@ def read_metrics(run_dir) -> list[dict]:
 
 def series(rows: list[dict], metric: str) -> tuple[list[float], list[float]]:
     """(steps, values) of ``metric``: the rows holding a finite number for it."""
-    points = [(r["step"], r[metric]) for r in rows
-              if isinstance(r.get(metric), (int, float)) and not isinstance(r.get(metric), bool)
-              and math.isfinite(r[metric])]
+    points = [
+        (r["step"], r[metric])
+        for r in rows
+        if isinstance(r.get(metric), (int, float)) and not isinstance(r.get(metric), bool) and math.isfinite(r[metric])
+    ]
     return [s for s, _ in points], [v for _, v in points]
 
 
@@ -89,8 +91,10 @@ def find_runs(dirs) -> list[Path]:
                 else:
                     folders.sort()
             if not runs:
-                raise ValueError(f"{given / 'metrics.jsonl'}: no such file, nor a run (a folder with a metrics.jsonl) "
-                                 f"anywhere under {given}")
+                raise ValueError(
+                    f"{given / 'metrics.jsonl'}: no such file, nor a run (a folder with a metrics.jsonl) "
+                    f"anywhere under {given}"
+                )
             runs.sort(key=lambda p: (_started(p), str(p)))
         for run in runs:
             found.setdefault(run.resolve(), run)
@@ -153,9 +157,12 @@ def run_metadata(path: Path, rows: list[dict]) -> dict:
     steps = f"{len(rows)} (last {rows[-1]['step']:g})" if rows else "0"
     if not sessions:
         start, last = _mtime(path / "config.yaml"), _mtime(path / "metrics.jsonl")
-        return {"started": f"~{_when(start)}" if start else "–",
-                "duration": f"~{duration_text(last - start)}" if start and last >= start else "–",
-                "status": "no run.json (an older rlhfkit): times from its files", "steps": steps}
+        return {
+            "started": f"~{_when(start)}" if start else "–",
+            "duration": f"~{duration_text(last - start)}" if start and last >= start else "–",
+            "status": "no run.json (an older rlhfkit): times from its files",
+            "steps": steps,
+        }
 
     def values(key):
         seen = [str(s[key]) for s in sessions if s.get(key) not in (None, "")]
@@ -170,11 +177,17 @@ def run_metadata(path: Path, rows: list[dict]) -> dict:
         if isinstance(last.get("started_unix"), (int, float)):
             durations[-1] = max(0.0, _mtime(path / "metrics.jsonl") - last["started_unix"])
     known = [d for d in durations if isinstance(d, (int, float))]
-    commits = [(s.get("git_commit") or "")[:10] + ("+changes" if s.get("git_dirty") else "")
-               for s in sessions if s.get("git_commit")]
-    return {"started": str(sessions[0].get("started") or "–").replace("T", " "),
-            "duration": duration_text(sum(known)) if known else "–", "status": status, "steps": steps,
-            "git commit": ", ".join(dict.fromkeys(commits)) or "–",
-            **{key: values(key) for key in ("rlhfkit", "torch", "transformers", "python", "host", "device",
-                                            "processes")},
-            "command": " ".join(map(str, last.get("argv") or [])) or "–"}
+    commits = [
+        (s.get("git_commit") or "")[:10] + ("+changes" if s.get("git_dirty") else "")
+        for s in sessions
+        if s.get("git_commit")
+    ]
+    return {
+        "started": str(sessions[0].get("started") or "–").replace("T", " "),
+        "duration": duration_text(sum(known)) if known else "–",
+        "status": status,
+        "steps": steps,
+        "git commit": ", ".join(dict.fromkeys(commits)) or "–",
+        **{key: values(key) for key in ("rlhfkit", "torch", "transformers", "python", "host", "device", "processes")},
+        "command": " ".join(map(str, last.get("argv") or [])) or "–",
+    }

@@ -9,7 +9,14 @@ from .functions import (
     register_reward_function,
 )
 from .verifiable import (
-    answer_format, answers_match, concise_math_answer, digit_match, exact_match, extract_answer, math_answer, strict_math_answer,
+    answer_format,
+    answers_match,
+    concise_math_answer,
+    digit_match,
+    exact_match,
+    extract_answer,
+    math_answer,
+    strict_math_answer,
 )
 
 __all__ = [

@@ -93,27 +93,37 @@ class RewardLogs:
 
     def log_metric(self, fn_name: str, name, value) -> None:
         if not isinstance(name, str) or not name or name == "step" or name.startswith(RUN_METRICS):
-            raise ValueError(f"reward function {fn_name!r}: log_metric needs a metric name (a non-empty string, not "
-                             f"'step' nor in the run's own families {', '.join(RUN_METRICS)}), got {name!r}")
+            raise ValueError(
+                f"reward function {fn_name!r}: log_metric needs a metric name (a non-empty string, not "
+                f"'step' nor in the run's own families {', '.join(RUN_METRICS)}), got {name!r}"
+            )
         if hasattr(value, "item"):  # a tensor or numpy scalar
             value = value.item()
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ValueError(f"reward function {fn_name!r}: log_metric({name!r}, ...) needs a finite number, got {value!r}")
+            raise ValueError(
+                f"reward function {fn_name!r}: log_metric({name!r}, ...) needs a finite number, got {value!r}"
+            )
         self.metrics.setdefault(name, []).append(float(value))
 
     def log_extra(self, fn_name: str, column, values) -> None:
         if not isinstance(column, str) or not column or column in RESERVED_COLUMNS:
-            raise ValueError(f"reward function {fn_name!r}: log_extra needs a column name (a non-empty string, not one "
-                             f"of samples.jsonl's own {', '.join(RESERVED_COLUMNS)}), got {column!r}")
+            raise ValueError(
+                f"reward function {fn_name!r}: log_extra needs a column name (a non-empty string, not one "
+                f"of samples.jsonl's own {', '.join(RESERVED_COLUMNS)}), got {column!r}"
+            )
         if hasattr(values, "tolist"):
             values = values.tolist()
         if not isinstance(values, (list, tuple)) or len(values) != self.batch:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
-            raise ValueError(f"reward function {fn_name!r}: log_extra({column!r}, ...) needs one value per sample "
-                             f"({self.batch}), got {got}")
+            raise ValueError(
+                f"reward function {fn_name!r}: log_extra({column!r}, ...) needs one value per sample "
+                f"({self.batch}), got {got}"
+            )
         if column in self.extra:
-            raise ValueError(f"reward function {fn_name!r}: log_extra column {column!r} was already logged for this "
-                             "batch (each column once per batch)")
+            raise ValueError(
+                f"reward function {fn_name!r}: log_extra column {column!r} was already logged for this "
+                "batch (each column once per batch)"
+            )
         self.extra[column] = list(values)
 
 
@@ -162,8 +172,11 @@ def where_user_code_raised(error: BaseException) -> str:
     skipped, found = _not_the_users(), None
     for frame, line in traceback.walk_tb(error.__traceback__):
         path = os.path.abspath(frame.f_code.co_filename)
-        if not frame.f_code.co_filename.startswith("<") and not path.startswith(skipped) and \
-                not any(part in path for part in _INSTALLED):
+        if (
+            not frame.f_code.co_filename.startswith("<")
+            and not path.startswith(skipped)
+            and not any(part in path for part in _INSTALLED)
+        ):
             found = (path, line, frame.f_code.co_name)
     if found is None:
         return ""
@@ -175,5 +188,15 @@ def where_user_code_raised(error: BaseException) -> str:
     return f"{os.path.relpath(path) if inside else path}:{line} in {name}"
 
 
-__all__ = ["CONTRACT", "RESERVED_COLUMNS", "RUN_METRICS", "RewardLogs", "TrainingState", "accepted_keywords", "contract_keywords",
-           "is_async_callable", "run_concurrently", "where_user_code_raised"]
+__all__ = [
+    "CONTRACT",
+    "RESERVED_COLUMNS",
+    "RUN_METRICS",
+    "RewardLogs",
+    "TrainingState",
+    "accepted_keywords",
+    "contract_keywords",
+    "is_async_callable",
+    "run_concurrently",
+    "where_user_code_raised",
+]

@@ -43,8 +43,15 @@ from typing import Any, Callable
 import torch
 
 from ..algorithms.registry import did_you_mean
-from .calling import (CONTRACT, RewardLogs, accepted_keywords, contract_keywords, is_async_callable,
-                      run_concurrently, where_user_code_raised)
+from .calling import (
+    CONTRACT,
+    RewardLogs,
+    accepted_keywords,
+    contract_keywords,
+    is_async_callable,
+    run_concurrently,
+    where_user_code_raised,
+)
 from .reasoning_gym import reasoning_gym_reward
 
 RewardFunction = Callable[..., list]
@@ -81,8 +88,10 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
         raise ValueError(f"reward function must be a callable or a name, got {type(name_or_callable).__name__}")
     name = name_or_callable
     if name.startswith(_UNRECORDED):
-        raise ValueError(f"reward function {name}: the run that recorded it passed a function that cannot be "
-                         "imported; name it here by an import path 'package.module:function'")
+        raise ValueError(
+            f"reward function {name}: the run that recorded it passed a function that cannot be "
+            "imported; name it here by an import path 'package.module:function'"
+        )
     if name in REWARD_FUNCTIONS:
         return REWARD_FUNCTIONS[name]
     if ":" in name:
@@ -128,14 +137,19 @@ def import_path(path: str, what: str) -> Any:
     except ImportError as e:
         missing = getattr(e, "name", None)
         if isinstance(e, ModuleNotFoundError) and missing and f"{module_name}.".startswith(f"{missing}."):
-            where = f"the current directory {cwd} and sys.path {[p for p in sys.path if os.path.abspath(p or '.') != cwd]}"
-            raise ValueError(f"{what} {path!r}: cannot import module {module_name!r}: no module {missing!r} in "
-                             f"{where}") from e
+            where = (
+                f"the current directory {cwd} and sys.path {[p for p in sys.path if os.path.abspath(p or '.') != cwd]}"
+            )
+            raise ValueError(
+                f"{what} {path!r}: cannot import module {module_name!r}: no module {missing!r} in {where}"
+            ) from e
         raise ValueError(f"{what} {path!r}: cannot import module {module_name!r}: {type(e).__name__}: {e}") from e
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r} (the module "
-                             f"imported: {getattr(importlib.import_module(module_name), '__file__', None)})")
+            raise ValueError(
+                f"{what} {path!r}: module {module_name!r} has no attribute {attr!r} (the module "
+                f"imported: {getattr(importlib.import_module(module_name), '__file__', None)})"
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -194,8 +208,14 @@ class RewardFunctions:
                 raise ValueError(f"RewardFunctions: weight {i} must be in {_ALLOWED}, got {w!r}")
         return [float(w) for w in weights]
 
-    def __call__(self, prompts: list, completions: list, columns: dict[str, list] | None = None,
-                 completion_ids: list[list[int]] | None = None, trainer_state=None) -> RewardOutput:
+    def __call__(
+        self,
+        prompts: list,
+        completions: list,
+        columns: dict[str, list] | None = None,
+        completion_ids: list[list[int]] | None = None,
+        trainer_state=None,
+    ) -> RewardOutput:
         """Score a batch: every function is called as ``f(prompts=..., completions=..., **columns)``
         plus those of ``completion_ids``, ``trainer_state``, ``log_metric``, ``log_extra`` it takes
         (``calling.py``); the synchronous functions one after another, then the ``async`` ones
@@ -206,11 +226,20 @@ class RewardFunctions:
         raw, pending = {}, []
         for name, fn, accepted in zip(self.names, self.funcs, self.keywords):
             log_metric, log_extra = logs.for_function(name)
-            offered = {"completion_ids": None if completion_ids is None else [list(ids) for ids in completion_ids],
-                       "trainer_state": trainer_state, "log_metric": log_metric, "log_extra": log_extra}
-            kwargs = {key: list(values) for key, values in columns.items()}  # copies: no function alters another's input
-            kwargs.update(prompts=copy.deepcopy(list(prompts)), completions=copy.deepcopy(list(completions)),
-                          **contract_keywords(accepted, offered))
+            offered = {
+                "completion_ids": None if completion_ids is None else [list(ids) for ids in completion_ids],
+                "trainer_state": trainer_state,
+                "log_metric": log_metric,
+                "log_extra": log_extra,
+            }
+            kwargs = {
+                key: list(values) for key, values in columns.items()
+            }  # copies: no function alters another's input
+            kwargs.update(
+                prompts=copy.deepcopy(list(prompts)),
+                completions=copy.deepcopy(list(completions)),
+                **contract_keywords(accepted, offered),
+            )
             try:
                 raw[name] = fn(**kwargs)
             except Exception as e:
@@ -283,8 +312,10 @@ def _failure(name: str, e: BaseException, prompts: list) -> ValueError:
         return ValueError(f"{e}{where}")
     first = _preview(prompts[0]) if prompts else "-"
     message = " ".join(str(e).split()) if "\n" in str(e) else e  # one line (a parser's error spans several)
-    return ValueError(f"reward function {name!r} raised {type(e).__name__}: {message} "
-                      f"(batch of {len(prompts)}; first prompt {first}){hint}{where}")
+    return ValueError(
+        f"reward function {name!r} raised {type(e).__name__}: {message} "
+        f"(batch of {len(prompts)}; first prompt {first}){hint}{where}"
+    )
 
 
 def _to_tensor(name: str, raw: Any, prompts: list, batch: int) -> torch.Tensor:
@@ -295,7 +326,9 @@ def _to_tensor(name: str, raw: Any, prompts: list, batch: int) -> torch.Tensor:
             f"got {type(raw).__name__}; convert arrays and tensors with .tolist()"
         )
     if len(raw) != batch:
-        raise ValueError(f"reward function {name!r} returned the wrong number of scores: expected {batch}, got {len(raw)}")
+        raise ValueError(
+            f"reward function {name!r} returned the wrong number of scores: expected {batch}, got {len(raw)}"
+        )
     values = []
     for row, value in enumerate(raw):
         if value is None:

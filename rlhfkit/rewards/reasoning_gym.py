@@ -24,13 +24,20 @@ _WHAT = "reward reasoning_gym"
 _checkers: dict[tuple[str, str], Any] = {}  # (task, options as JSON) -> a dataset of that task
 
 
-def reasoning_gym_reward(prompts: list, completions: list, reasoning_gym_task: list | None = None,
-                         reasoning_gym_entry: list | None = None, reasoning_gym_config: list | None = None,
-                         **kwargs) -> list[float | None]:
+def reasoning_gym_reward(
+    prompts: list,
+    completions: list,
+    reasoning_gym_task: list | None = None,
+    reasoning_gym_entry: list | None = None,
+    reasoning_gym_config: list | None = None,
+    **kwargs,
+) -> list[float | None]:
     """TRL's reward shape: one score in [0, 1] per completion (None for a row of no reasoning-gym task)."""
     if reasoning_gym_task is None or reasoning_gym_entry is None:
-        raise ValueError("the reward 'reasoning_gym' needs rows of a reasoning-gym dataset (columns reasoning_gym_task "
-                         "and reasoning_gym_entry), e.g. train_dataset='reasoning_gym:basic_arithmetic'")
+        raise ValueError(
+            "the reward 'reasoning_gym' needs rows of a reasoning-gym dataset (columns reasoning_gym_task "
+            "and reasoning_gym_entry), e.g. train_dataset='reasoning_gym:basic_arithmetic'"
+        )
     configs = reasoning_gym_config if reasoning_gym_config is not None else [None] * len(completions)
     scores: list[float | None] = []
     for completion, task, entry, options in zip(completions, reasoning_gym_task, reasoning_gym_entry, configs):
@@ -38,8 +45,10 @@ def reasoning_gym_reward(prompts: list, completions: list, reasoning_gym_task: l
             scores.append(None)
             continue
         if not isinstance(entry, dict):
-            raise ValueError(f"{_WHAT}: a row of task {task!r} has no entry (reasoning_gym_entry is "
-                             f"{type(entry).__name__}, expected the entry dict)")
+            raise ValueError(
+                f"{_WHAT}: a row of task {task!r} has no entry (reasoning_gym_entry is "
+                f"{type(entry).__name__}, expected the entry dict)"
+            )
         checker = _checker(task, options)
         try:
             score = float(checker.score_answer(extract_answer(completion), entry))

@@ -24,8 +24,15 @@ def _concat(prompt, completion, tokenizer):
 class RewardModelFunction:
     """Wraps a model with ``score(input_ids, attention_mask) -> (B,)`` (e.g. ``ScalarModel``)."""
 
-    def __init__(self, model, tokenizer, encode: Callable | None = None, batch_size: int = 16,
-                 name: str = "reward_model", max_length: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        encode: Callable | None = None,
+        batch_size: int = 16,
+        name: str = "reward_model",
+        max_length: int | None = None,
+    ):
         self.model, self.tokenizer, self.batch_size, self.max_length = model, tokenizer, batch_size, max_length
         self.encode = encode or _concat
         self.__name__ = name
@@ -33,7 +40,7 @@ class RewardModelFunction:
     def _ids(self, prompt, completion) -> list[int]:
         encoded = self.encode(prompt, completion, self.tokenizer)
         ids = encoded if isinstance(encoded, list) else encoded.input_ids
-        return ids[-self.max_length:] if self.max_length else ids
+        return ids[-self.max_length :] if self.max_length else ids
 
     @torch.no_grad()
     def __call__(self, prompts, completions, **_columns) -> list[float]:
@@ -41,8 +48,10 @@ class RewardModelFunction:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         scores: list[float] = []
         for start in range(0, len(completions), self.batch_size):
-            seqs = [self._ids(p, c) for p, c in zip(prompts[start : start + self.batch_size],
-                                                    completions[start : start + self.batch_size])]
+            seqs = [
+                self._ids(p, c)
+                for p, c in zip(prompts[start : start + self.batch_size], completions[start : start + self.batch_size])
+            ]
             ids, mask = pad(seqs, pad_id, device=device)  # right padding: the score is read at the last attended token
             scores += self.model.score(ids, mask).tolist()
         return scores

@@ -62,7 +62,7 @@ def _escape_currency(text: str) -> str:
     currency, i = [], 0
     while i < len(dollars):
         if i + 1 < len(dollars):
-            inner = text[dollars[i] + 1:dollars[i + 1]]
+            inner = text[dollars[i] + 1 : dollars[i + 1]]
             if "\n" not in inner and inner.strip() and not _is_prose(inner.split()):
                 i += 2
                 continue

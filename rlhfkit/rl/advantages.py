@@ -15,8 +15,16 @@ import torch
 
 from .. import distributed
 from ..algorithms import (
-    ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, apply_missing_eos_penalty, masked_mean, masked_sum, masked_var,
-    overlong_penalty, rollout_is_weights, token_level_rewards, whiten,
+    ADVANTAGE_ESTIMATORS,
+    KL_ESTIMATORS,
+    apply_missing_eos_penalty,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    overlong_penalty,
+    rollout_is_weights,
+    token_level_rewards,
+    whiten,
 )
 
 
@@ -34,8 +42,14 @@ class ScoreShaping:
     dynamic_sampling: bool
 
 
-def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tensor, args: ScoreShaping, reduce=None,
-                 lengths: torch.Tensor | None = None):
+def shape_scores(
+    scores: torch.Tensor,
+    valid: torch.Tensor,
+    has_eos: torch.Tensor,
+    args: ScoreShaping,
+    reduce=None,
+    lengths: torch.Tensor | None = None,
+):
     """(B,) scores after the EOS trick, DAPO's soft overlong punishment, ``reward_clip`` and
     ``normalize_rewards`` (whitening over the valid samples), 0 on invalid samples; plus
     ``reward/*`` metrics over the valid samples. ``reduce`` (``distributed.reduce_sum``): the
@@ -52,8 +66,9 @@ def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tenso
     if args.overlong_buffer_len is not None:
         if lengths is None:
             raise ValueError("shape_scores needs the completions' lengths with overlong_buffer_len")
-        penalty = overlong_penalty(lengths.to(scores.device), args.max_new_tokens, args.overlong_buffer_len,
-                                   args.overlong_penalty).to(scores.dtype)
+        penalty = overlong_penalty(
+            lengths.to(scores.device), args.max_new_tokens, args.overlong_buffer_len, args.overlong_penalty
+        ).to(scores.dtype)
         scores = scores + penalty
         metrics["reward/overlong_penalty_mean"] = _mean(penalty, valid, reduce)
     if args.reward_clip is not None:
@@ -63,8 +78,15 @@ def shape_scores(scores: torch.Tensor, valid: torch.Tensor, has_eos: torch.Tenso
         mean, std = masked_mean(scores, valid), masked_var(scores, valid, unbiased=True).sqrt()
         n, count = valid.sum(), torch.tensor(float(len(valid)))
     else:
-        total = reduce(torch.stack([masked_sum(scores, valid), valid.sum().to(scores.dtype),
-                                    torch.tensor(float(len(valid)), dtype=scores.dtype, device=scores.device)]))
+        total = reduce(
+            torch.stack(
+                [
+                    masked_sum(scores, valid),
+                    valid.sum().to(scores.dtype),
+                    torch.tensor(float(len(valid)), dtype=scores.dtype, device=scores.device),
+                ]
+            )
+        )
         n, count = total[1], total[2]
         mean = total[0] / n.clamp(min=1)
         squares = reduce(masked_sum((scores - mean).square(), valid))
@@ -107,9 +129,16 @@ class AdvantageEstimation:
     unscored_in_loss: bool
 
 
-def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: torch.Tensor,
-                       response_mask: torch.Tensor, kl: torch.Tensor | None, values: torch.Tensor | None,
-                       kl_coef: float, reduce=None):
+def compute_advantages(
+    args: AdvantageEstimation,
+    scores: torch.Tensor,
+    valid: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl: torch.Tensor | None,
+    values: torch.Tensor | None,
+    kl_coef: float,
+    reduce=None,
+):
     """Token rewards (the score on the last response token, ``-kl_coef * kl`` on every token when
     the KL is in the reward), then ``args.advantage_estimator`` and, when asked, whitening.
 
@@ -126,12 +155,20 @@ def compute_advantages(args: AdvantageEstimation, scores: torch.Tensor, valid: t
     else:
         rewards = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
         if bool(nonempty.any()):
-            rewards[nonempty] = token_level_rewards(scores[nonempty], None if kl is None else kl[nonempty],
-                                                    response_mask[nonempty], kl_coef)
+            rewards[nonempty] = token_level_rewards(
+                scores[nonempty], None if kl is None else kl[nonempty], response_mask[nonempty], kl_coef
+            )
     mask = response_mask & valid[:, None]
     advantages, returns = ADVANTAGE_ESTIMATORS.get(args.advantage_estimator)(
-        rewards, mask, values=values, group_size=args.group_size, gamma=args.gamma, lam=args.lam, reduce=reduce,
-        eps=args.advantage_epsilon)
+        rewards,
+        mask,
+        values=values,
+        group_size=args.group_size,
+        gamma=args.gamma,
+        lam=args.lam,
+        reduce=reduce,
+        eps=args.advantage_epsilon,
+    )
     tokens = mask.sum() if reduce is None else reduce(mask.sum())
     if args.whiten_advantages and int(tokens) >= 2:  # batch statistics over every process's samples
         advantages = whiten(advantages, mask, reduce=reduce)
@@ -151,8 +188,9 @@ class RolloutCorrection:
     rollout_is_zero_masked: bool
 
 
-def rollout_correction(args: RolloutCorrection, old, behaviour, mask: torch.Tensor, log_kept_mass=None,
-                       local: bool = False):
+def rollout_correction(
+    args: RolloutCorrection, old, behaviour, mask: torch.Tensor, log_kept_mass=None, local: bool = False
+):
     """The one place the rollout importance-sampling correction is computed: the weights (B, T)
     for the gap between the engine that sampled (``behaviour``: its log-probs of the sampled
     tokens) and the trainer's log-probs of the same tokens before the update (``old``), by
@@ -176,8 +214,9 @@ def rollout_correction(args: RolloutCorrection, old, behaviour, mask: torch.Tens
         old = old - log_kept_mass.to(old.device)
     behaviour = behaviour.to(old.device)
     reduce = {} if local else dict(reduce=distributed.reduce_sum, reduce_max=distributed.reduce_tensor_max)
-    weights, kept, metrics = rollout_is_weights(old, behaviour, mask, args.rollout_is, args.rollout_is_threshold,
-                                                low=args.rollout_is_threshold_low, **reduce)
+    weights, kept, metrics = rollout_is_weights(
+        old, behaviour, mask, args.rollout_is, args.rollout_is_threshold, low=args.rollout_is_threshold_low, **reduce
+    )
     if own_sampler or args.rollout_is == "none":
         return None, mask, metrics
     return weights, mask if args.rollout_is_zero_masked else kept, metrics
@@ -193,6 +232,8 @@ def rollout_metrics(rollout) -> dict:
     """Completion lengths and the share cut at max_new_tokens, over every process's rows."""
     lengths = rollout.response_mask.sum(-1).float()
     every = torch.ones_like(lengths, dtype=torch.bool)
-    return {"rollout/response_length_mean": distributed.global_mean(lengths, every),
-            "rollout/response_length_max": distributed.reduce_tensor_max(lengths.max()),
-            "rollout/truncated_frac": distributed.global_mean((~rollout.has_eos).float(), every)}
+    return {
+        "rollout/response_length_mean": distributed.global_mean(lengths, every),
+        "rollout/response_length_max": distributed.reduce_tensor_max(lengths.max()),
+        "rollout/truncated_frac": distributed.global_mean((~rollout.has_eos).float(), every),
+    }

@@ -34,18 +34,32 @@ MAX_BATCH_SIZE = 1_000_000
 def check_eval_sizes(samples_per_prompt, batch_size, names=("samples_per_prompt", "batch_size")) -> None:
     """One line naming the argument (``names``: how the caller calls them, e.g. the CLI's flags)
     for a sample count outside [1, ``MAX_SAMPLES_PER_PROMPT``] or a batch size outside [1, ``MAX_BATCH_SIZE``]."""
-    for value, name, high in ((samples_per_prompt, names[0], MAX_SAMPLES_PER_PROMPT),
-                              (batch_size, names[1], MAX_BATCH_SIZE)):
+    for value, name, high in (
+        (samples_per_prompt, names[0], MAX_SAMPLES_PER_PROMPT),
+        (batch_size, names[1], MAX_BATCH_SIZE),
+    ):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
             why = " (a prompt's completions are generated together)" if high == MAX_SAMPLES_PER_PROMPT else ""
             raise ValueError(f"{name} must be an integer in [1, {high}]{why}, got {value!r}")
 
 
 @torch.no_grad()
-def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None, samples_per_prompt: int = 1,
-                    sampling: SamplingParams | None = None, batch_size: int = 64, reward_weights=None,
-                    device: str = "auto", tools=None, environment_factory=None, chat_template: str | None = None,
-                    max_tool_calling_iterations: int = 8) -> dict:
+def evaluate_policy(
+    model,
+    reward_funcs,
+    dataset,
+    tokenizer=None,
+    reference=None,
+    samples_per_prompt: int = 1,
+    sampling: SamplingParams | None = None,
+    batch_size: int = 64,
+    reward_weights=None,
+    device: str = "auto",
+    tools=None,
+    environment_factory=None,
+    chat_template: str | None = None,
+    max_tool_calling_iterations: int = 8,
+) -> dict:
     """Returns ``{"metrics": {...}, "samples": [{prompt, completion, score}, ...]}`` (a sample also holds
     the columns the reward functions passed to ``log_extra``; the functions get TRL's contract, as
     in training, with ``trainer_state=None``: no run).
@@ -62,22 +76,36 @@ def evaluate_policy(model, reward_funcs, dataset, tokenizer=None, reference=None
     check_eval_sizes(samples_per_prompt, batch_size)
     distributed.check_device(device)
     rows = load_prompt_dataset(dataset, name="eval dataset")  # data errors before any model load
-    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model,
-                               "model" if tokenizer is None else "tokenizer")
+    tokenizer = load_tokenizer(
+        tokenizer if tokenizer is not None else model, "model" if tokenizer is None else "tokenizer"
+    )
     use_chat_template(tokenizer, chat_template)
     policy, ref = _load(model, device), _load(reference, device) if reference is not None else None
     rewards = build_rewards(reward_funcs, reward_weights, tokenizer, next(policy.parameters()).device)
     limit = prompt_limit(None, (sampling or SamplingParams()).max_new_tokens, getattr(policy, "config", None))
     agent, prompt_ids = None, None
     if tools or environment_factory is not None:
-        options = AgentOptions(max_tool_calling_iterations, model_name=str(model) if isinstance(model, str) else "model")
-        agent = Agent(tokenizer, list(tools or []), environment_factory, options, limit,
-                      eos_ids=eos_token_ids(tokenizer, policy))
+        options = AgentOptions(
+            max_tool_calling_iterations, model_name=str(model) if isinstance(model, str) else "model"
+        )
+        agent = Agent(
+            tokenizer, list(tools or []), environment_factory, options, limit, eos_ids=eos_token_ids(tokenizer, policy)
+        )
     else:
         prompt_ids = tokenize_prompts(rows, tokenizer, limit, name="eval dataset")  # too long: refused, naming the row
     with _eval_mode(policy, ref):
-        return run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt,
-                              sampling or SamplingParams(), batch_size, agent=agent)
+        return run_evaluation(
+            policy,
+            ref,
+            tokenizer,
+            rewards,
+            rows,
+            prompt_ids,
+            samples_per_prompt,
+            sampling or SamplingParams(),
+            batch_size,
+            agent=agent,
+        )
 
 
 @contextmanager
@@ -94,8 +122,20 @@ def _eval_mode(*models):
             m.train(mode)
 
 
-def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_per_prompt, sampling, batch_size,
-                   engine=None, agent=None, trainer_state=None) -> dict:
+def run_evaluation(
+    policy,
+    ref,
+    tokenizer,
+    rewards,
+    rows,
+    prompt_ids,
+    samples_per_prompt,
+    sampling,
+    batch_size,
+    engine=None,
+    agent=None,
+    trainer_state=None,
+) -> dict:
     """``evaluate_policy`` on models, reward sources and tokenized prompts already set up (the RL
     trainer's periodic evaluation calls it with its live policy and its engine, ready to generate
     from it). ``engine`` None: HF generate on ``policy``.
@@ -138,8 +178,10 @@ def run_evaluation(policy, ref, tokenizer, rewards, rows, prompt_ids, samples_pe
             lp = forward_rollout(policy, rollout, sampling.temperature).logprobs  # agent segments: each in its context
             lq = forward_rollout(ref, rollout, sampling.temperature).logprobs
             kls.append(masked_sum(kl_penalty(lp, lq, "k1"), rollout.response_mask.bool(), dim=-1))
-        samples += [{**{k: v[i] for k, v in out.extra.items()}, "prompt": d["prompt"], "completion": c,
-                     "score": float(s)} for i, (d, c, s) in enumerate(zip(data, completions, out.scores))]
+        samples += [
+            {**{k: v[i] for k, v in out.extra.items()}, "prompt": d["prompt"], "completion": c, "score": float(s)}
+            for i, (d, c, s) in enumerate(zip(data, completions, out.scores))
+        ]
     metrics = {f"eval/{k}_mean": float(torch.nanmean(torch.cat(v))) for k, v in per_source.items()}
     metrics["eval/score_mean"] = float(torch.cat(totals).mean())
     metrics["eval/response_length_mean"] = float(torch.cat(lengths).mean())

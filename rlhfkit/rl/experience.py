@@ -66,8 +66,9 @@ def single_pass(args: UpdatePasses) -> bool:
 
 
 @torch.no_grad()
-def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, scores, valid, kl_coef: float,
-                    metrics: dict) -> Experience:
+def make_experience(
+    models: RLModels, args: ExperienceMaking, rollout: Rollout, scores, valid, kl_coef: float, metrics: dict
+) -> Experience:
     """Phases 4–5, after the scores: old / reference log-probs and values, token rewards,
     advantages, and the rollout correction when it is not left to the loss. ``kl_coef``: β of this
     step (the KL controller's value); ``metrics`` gains ``kl/*`` (KL in the reward),
@@ -85,12 +86,14 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
     # Old log-probs are computed when something else needs them (the KL in the reward, a critic,
     # more than one pass) or a mask mode must know the kept tokens before the update; then the
     # correction is computed here, else in the one on-policy pass of the loss — exactly once.
-    masks = (behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"]
-             and not args.rollout_is_zero_masked)  # zero-masked: the mask does not change, the weights say it
+    masks = (
+        behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"] and not args.rollout_is_zero_masked
+    )  # zero-masked: the mask does not change, the weights say it
     need_old = (args.kl_in_reward and args.kl_coef > 0) or not single_pass(args) or args.use_critic or masks
     with efficiency.counting("logprob"):
-        old_logprobs, old_values, kept_mass = (models.policy_outputs(rollout, with_values=args.use_critic)
-                                               if need_old else (None, None, None))
+        old_logprobs, old_values, kept_mass = (
+            models.policy_outputs(rollout, with_values=args.use_critic) if need_old else (None, None, None)
+        )
         ref = models.reference_logprobs(rollout) if args.kl_coef > 0 else None
     passes = int(need_old) + int(args.kl_coef > 0)
     if passes:
@@ -100,8 +103,9 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
     if ref is not None and old_logprobs is not None:
         kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
         metrics.update(kl_metrics(old_logprobs, ref, mask, distributed.global_mean))  # scored or not
-    advantages, returns, rewards, mask = compute_advantages(args, scores, valid, mask, kl, old_values,
-                                                            kl_coef, reduce=distributed.reduce_sum)
+    advantages, returns, rewards, mask = compute_advantages(
+        args, scores, valid, mask, kl, old_values, kl_coef, reduce=distributed.reduce_sum
+    )
     counted_rows = None
     if args.mask_truncated_completions:  # truncated completions keep their group statistics, leave the loss
         if args.masked_rows_count:  # ... but still count as (empty) rows of a per-sequence loss (TRL's rule)
@@ -115,5 +119,6 @@ def make_experience(models: RLModels, args: ExperienceMaking, rollout: Rollout, 
         metrics.update(is_metrics)
         if counted_rows is not None:  # a row the correction masked out leaves the denominator; a truncated one stays
             counted_rows = counted_rows & (mask.any(-1) | ~rollout.has_eos.to(device))
-    return Experience(rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights,
-                      correct_in_loss, counted_rows)
+    return Experience(
+        rollout, mask, old_logprobs, ref, old_values, advantages, returns, is_weights, correct_in_loss, counted_rows
+    )

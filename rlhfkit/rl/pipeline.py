@@ -56,8 +56,15 @@ import torch
 
 from .. import distributed
 from ..rollout import concat_rollouts
-from ..rollout.remote import (broadcast_start, manifest, receive_object, receive_weights, send_object, send_weights,
-                              wait_all)
+from ..rollout.remote import (
+    broadcast_start,
+    manifest,
+    receive_object,
+    receive_weights,
+    send_object,
+    send_weights,
+    wait_all,
+)
 from ..rollout.weight_sync import hf_weights, load_weights
 from ..run import trace
 from ..run.training import timer
@@ -118,14 +125,19 @@ class RemoteSampler(Sampler):
             if part["step"] != step:
                 raise RuntimeError(f"generator sent the batch of step {part['step']} where step {step} was due")
             if step - part["version"] > S:
-                raise RuntimeError(f"the batch of step {step} comes from version {part['version']}, more than "
-                                   f"max_staleness={S} behind")
+                raise RuntimeError(
+                    f"the batch of step {step} comes from version {part['version']}, more than max_staleness={S} behind"
+                )
         rows, rollout, scores, valid = self._share(parts)
         staleness = torch.tensor([float(step - p["version"]) for p in parts])
-        metrics = {**parts[0]["metrics"], "rollout/staleness_mean": float(staleness.mean()),
-                   "rollout/staleness_max": float(staleness.max()), "perf/trainer_wait_s": wait,
-                   "perf/generator_wait_s": max(p["wait_s"] for p in parts),
-                   **{f"perf/generator_time_{k}": v for k, v in parts[0]["timings"].items()}}
+        metrics = {
+            **parts[0]["metrics"],
+            "rollout/staleness_mean": float(staleness.mean()),
+            "rollout/staleness_max": float(staleness.max()),
+            "perf/trainer_wait_s": wait,
+            "perf/generator_wait_s": max(p["wait_s"] for p in parts),
+            **{f"perf/generator_time_{k}": v for k, v in parts[0]["timings"].items()},
+        }
         self.restore(parts[0]["position"])
         self.steps_done = step + 1  # what an evaluation's reward functions are told (trainer_state)
         return Batch(rows, rollout, scores, valid, metrics, parts[0]["samples"])
@@ -142,7 +154,7 @@ class RemoteSampler(Sampler):
         n = len(rows)
         per = math.ceil(n / T)
         groups = list(range(n)) + [0] * (per * T - n)
-        mine = groups[me * per:(me + 1) * per]
+        mine = groups[me * per : (me + 1) * per]
         index = torch.tensor([g * G + j for g in mine for j in range(G)])
         filler = torch.tensor([me * per + i >= n for i in range(per) for _ in range(G)])
         return ([rows[g] for g in mine], rollout.select(index), scores[index], valid[index] & ~filler)
@@ -172,10 +184,19 @@ def run_generator(sampler: Sampler, max_staleness: int) -> None:
             # HF generate on the very weights the trainers hold: the sampler *is* π_old, as in the
             # synchronous run, whose HF engine reports no log-probs (ρ = 1 exactly, not 1 ± rounding).
             batch.rollout.logprobs = None
-        message = {"step": step, "version": have, "rows": batch.rows, "rollout": batch.rollout.to("cpu"),
-                   "scores": batch.scores.cpu(), "valid": batch.valid.cpu(),
-                   "metrics": {k: float(v) for k, v in batch.metrics.items()}, "position": sampler.position(),
-                   "wait_s": wait, "timings": timings, "samples": batch.samples}
+        message = {
+            "step": step,
+            "version": have,
+            "rows": batch.rows,
+            "rollout": batch.rollout.to("cpu"),
+            "scores": batch.scores.cpu(),
+            "valid": batch.valid.cpu(),
+            "metrics": {k: float(v) for k, v in batch.metrics.items()},
+            "position": sampler.position(),
+            "wait_s": wait,
+            "timings": timings,
+            "samples": batch.samples,
+        }
         with trace.span("send"):
             works.append([w for dst in distributed.trainer_ranks() for w in send_object(message, dst)])
             if len(works) > max_staleness + 1:  # received by now (the trainers took the weights after it)

@@ -80,11 +80,27 @@ class Sampler:
     ``RewardFunctions``; ``agent``: an ``Agent`` or None; ``config``, ``shaping``, ``sampling``:
     the parts of the run's config it reads."""
 
-    def __init__(self, config: SamplerConfig, shaping: ScoreShaping, sampling: SamplingParams, rows: list[dict],
-                 prompt_ids: list[list[int]], models, engine, rewards, agent=None):
+    def __init__(
+        self,
+        config: SamplerConfig,
+        shaping: ScoreShaping,
+        sampling: SamplingParams,
+        rows: list[dict],
+        prompt_ids: list[list[int]],
+        models,
+        engine,
+        rewards,
+        agent=None,
+    ):
         self.config, self.shaping, self.sampling = config, shaping, sampling
         self.rows, self.prompt_ids = rows, prompt_ids
-        self.models, self.tokenizer, self.engine, self.rewards, self.agent = models, models.tokenizer, engine, rewards, agent
+        self.models, self.tokenizer, self.engine, self.rewards, self.agent = (
+            models,
+            models.tokenizer,
+            engine,
+            rewards,
+            agent,
+        )
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.steps_done = 0  # the step an evaluation's reward functions are told (trainer_state.global_step)
         # trainer_state's steps per RL step: 1 (rlhfkit counts RL steps); TRL's drop-in trainers count
@@ -104,9 +120,9 @@ class Sampler:
         state = self.training_state(step)
 
         def one_round(r: int) -> tuple:
-            rows = self.sample_prompts()                                                   # 1
+            rows = self.sample_prompts()  # 1
             with timer(timings, "generate"):
-                rollout, episodes = self.generate(rows, step, r, version, timings)         # 2
+                rollout, episodes = self.generate(rows, step, r, version, timings)  # 2
             self.engine.sleep()  # a vLLM engine with vllm_sleep frees its memory for the update
             with timer(timings, "reward"):
                 scores, valid, metrics, completions, raw, extra = self._score(rows, rollout, episodes, state)  # 3
@@ -155,10 +171,11 @@ class Sampler:
             self.data_pos += 1
         share = len(rows) // distributed.role_size()
         me = distributed.role_rank()
-        return rows[me * share:(me + 1) * share]
+        return rows[me * share : (me + 1) * share]
 
-    def generate(self, rows: list[int], step: int = 0, sampling_round: int = 0, version: int = 0,
-                 timings: dict | None = None) -> tuple[Rollout, list | None]:
+    def generate(
+        self, rows: list[int], step: int = 0, sampling_round: int = 0, version: int = 0, timings: dict | None = None
+    ) -> tuple[Rollout, list | None]:
         """Phase 2: ``group_size`` completions of each prompt of ``rows`` from the engine, made ready
         for the policy of ``version`` first (``engine_ready``), with the per-prompt seeds of
         (``step``, ``sampling_round``) (``sampling_seeds``). An agent program
@@ -186,8 +203,9 @@ class Sampler:
         done): the step, ``max_steps``, the data epochs done (fractional) and this process's place."""
         epoch = self.data_epoch + self.data_pos / max(1, len(self.order))
         k = self.state_steps_per_step
-        return TrainingState(step * k, self.config.max_steps * k, epoch, distributed.is_main(),
-                             distributed.local_rank() == 0)
+        return TrainingState(
+            step * k, self.config.max_steps * k, epoch, distributed.is_main(), distributed.local_rank() == 0
+        )
 
     def sampling_seeds(self, step: int, sampling_round: int, count: int) -> list[int]:
         """The sampling seed of each of this process's ``count`` prompts: fixed by (seed, step,
@@ -207,16 +225,28 @@ class Sampler:
         """Greedy ``sampling`` of ``rows`` (one completion each; agent episodes with tools) by the
         policy of ``version``, scored by the training reward sources: ``eval/*`` metrics."""
         with engine_ready(self.engine, self.models, version, {}):
-            result = run_evaluation(self.models.policy, None, self.tokenizer, self.rewards, rows, prompt_ids, 1,
-                                    sampling, batch_size=64, engine=self.engine, agent=self.agent,
-                                    trainer_state=self.training_state(self.steps_done))
+            result = run_evaluation(
+                self.models.policy,
+                None,
+                self.tokenizer,
+                self.rewards,
+                rows,
+                prompt_ids,
+                1,
+                sampling,
+                batch_size=64,
+                engine=self.engine,
+                agent=self.agent,
+                trainer_state=self.training_state(self.steps_done),
+            )
         self.engine.sleep()
         return result["metrics"]
 
     def _score(self, rows: list[int], rollout: Rollout, episodes: list | None, state: TrainingState):
         data = [self.rows[i] for i in rows]
-        out = score.score(data, rollout, self.rewards, self.tokenizer, self.config.group_size, self.shaping, episodes,
-                          state)
+        out = score.score(
+            data, rollout, self.rewards, self.tokenizer, self.config.group_size, self.shaping, episodes, state
+        )
         if episodes is not None:
             out[2].update(agent_metrics(episodes))
         return out

@@ -66,17 +66,24 @@ def sample_batch(sample_round: Callable[[int], tuple], config, shaping: ScoreSha
     n_kept = min(kept, share)
     width = max(distributed.reduce_max(n_kept), 1)  # groups per process: equal on every process
     if int(totals[0]) < config.prompts_per_step:
-        warn_once(f"dynamic sampling: {int(totals[0])} of prompts_per_step={config.prompts_per_step} groups with "
-                  f"reward variance after max_sampling_rounds={config.max_sampling_rounds} rounds; the step trains on those")
+        warn_once(
+            f"dynamic sampling: {int(totals[0])} of prompts_per_step={config.prompts_per_step} groups with "
+            f"reward variance after max_sampling_rounds={config.max_sampling_rounds} rounds; the step trains on those"
+        )
     picks = _pick(rounds, n_kept, width - n_kept)
     rows = [rounds[i][0][g] for i, g, _ in picks]
     rollout = concat_rollouts([rounds[i][1].select(torch.arange(g * G, (g + 1) * G)) for i, g, _ in picks], pad_id)
-    scores = torch.cat([rounds[i][2][g * G:(g + 1) * G] for i, g, _ in picks])
-    valid = torch.cat([rounds[i][3][g * G:(g + 1) * G] & ok for i, g, ok in picks])
-    scores = normalize_scores(torch.where(valid, scores, torch.zeros_like(scores)), valid, shaping,
-                              reduce=distributed.reduce_sum)
-    first.update({"rollout/sampling_rounds": float(len(rounds)),
-                  "rollout/kept_groups_frac": float(totals[1] / totals[2].clamp(min=1))})
+    scores = torch.cat([rounds[i][2][g * G : (g + 1) * G] for i, g, _ in picks])
+    valid = torch.cat([rounds[i][3][g * G : (g + 1) * G] & ok for i, g, ok in picks])
+    scores = normalize_scores(
+        torch.where(valid, scores, torch.zeros_like(scores)), valid, shaping, reduce=distributed.reduce_sum
+    )
+    first.update(
+        {
+            "rollout/sampling_rounds": float(len(rounds)),
+            "rollout/kept_groups_frac": float(totals[1] / totals[2].clamp(min=1)),
+        }
+    )
     return rows, rollout, scores, valid, first
 
 

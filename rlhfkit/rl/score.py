@@ -14,8 +14,16 @@ from ..rollout import Rollout, decode_completions
 from .advantages import ScoreShaping, shape_scores
 
 
-def score(rows: list[dict], rollout: Rollout, rewards: RewardFunctions, tokenizer, group_size: int,
-          shaping: ScoreShaping, episodes=None, trainer_state=None):
+def score(
+    rows: list[dict],
+    rollout: Rollout,
+    rewards: RewardFunctions,
+    tokenizer,
+    group_size: int,
+    shaping: ScoreShaping,
+    episodes=None,
+    trainer_state=None,
+):
     """Phase 3: reward functions / models on the completions, then the EOS trick, clipping and
     normalisation. Samples no function scored are masked out (``valid``).
 
@@ -45,14 +53,21 @@ def score(rows: list[dict], rollout: Rollout, rewards: RewardFunctions, tokenize
     lengths = rollout.response_mask.sum(-1)
     if episodes is not None:
         valid, lengths = valid & scored(episodes).to(valid.device), episode_lengths(episodes).to(lengths.device)
-    scores, score_metrics = shape_scores(out.scores.to(rollout.has_eos.device), valid, rollout.has_eos, shaping,
-                                         reduce=distributed.reduce_sum, lengths=lengths)
+    scores, score_metrics = shape_scores(
+        out.scores.to(rollout.has_eos.device),
+        valid,
+        rollout.has_eos,
+        shaping,
+        reduce=distributed.reduce_sum,
+        lengths=lengths,
+    )
     metrics.update(score_metrics)
     return scores, valid, metrics, completions, out.scores, out.extra
 
 
-def reward_call(rewards: RewardFunctions, data: list[dict], rollout: Rollout, tokenizer, episodes=None,
-                trainer_state=None):
+def reward_call(
+    rewards: RewardFunctions, data: list[dict], rollout: Rollout, tokenizer, episodes=None, trainer_state=None
+):
     """``rewards`` on the rollout of ``data`` (one dataset row per rollout row), as TRL's
     ``GRPOTrainer`` calls its reward functions: ``prompts`` as the rows give them, the completions
     in TRL's form (``completions``), every other column, ``completion_ids`` (``completion_ids``)
@@ -80,7 +95,7 @@ def completion_ids(rollout: Rollout) -> list[list[int]]:
     (TRL's ``completion_ids``); for an agent episode its whole response region (sampled tokens and
     tool results) — ``Episode.completion_ids``, which for a history the template rewrote is the
     conversation after the prompt as the model saw it in its last turn."""
-    lengths = rollout.attention_mask[:, rollout.prompt_len:].sum(-1).tolist()
+    lengths = rollout.attention_mask[:, rollout.prompt_len :].sum(-1).tolist()
     return [ids[:n] for ids, n in zip(rollout.response_ids.tolist(), lengths)]
 
 
@@ -100,7 +115,7 @@ def _names_everywhere(logged: dict) -> list[str]:
     row of a zero matrix, summed over the processes: an all-gather by ``reduce_sum``)."""
     mine = json.dumps(sorted(logged)).encode()
     rows = torch.zeros(distributed.role_size(), distributed.reduce_max(len(mine)), dtype=torch.float64)
-    rows[distributed.role_rank(), :len(mine)] = torch.tensor(list(mine), dtype=torch.float64)
+    rows[distributed.role_rank(), : len(mine)] = torch.tensor(list(mine), dtype=torch.float64)
     names: set[str] = set()
     for row in distributed.reduce_sum(rows).long().tolist():
         names.update(json.loads(bytes(b for b in row if b).decode()))

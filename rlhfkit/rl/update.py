@@ -71,8 +71,14 @@ def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -
     return ((exp.advantages * exp.mask) == 0).all(-1)
 
 
-def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: float, step: int,
-           optimizer_step: Callable[[], dict]) -> dict:
+def update(
+    models: RLModels,
+    args: MinibatchUpdate,
+    exp: Experience,
+    kl_coef: float,
+    step: int,
+    optimizer_step: Callable[[], dict],
+) -> dict:
     """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches.
 
     Minibatches are drawn from the *global* batch (every process's rows, in process order) by one
@@ -126,11 +132,20 @@ def update(models: RLModels, args: MinibatchUpdate, exp: Experience, kl_coef: fl
             for i in range(n_micro):
                 real = i < len(chunks)
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
-                with (distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext(),
-                      efficiency.counting("update")):
+                with (
+                    distributed.no_sync(models.train_policy, models.train_critic) if i < n_micro - 1 else nullcontext(),
+                    efficiency.counting("update"),
+                ):
                     share = loss_weights(exp.mask[rows], args.loss_agg) / weight if real else torch.zeros(())
-                    loss_value, m = loss(models, args, exp, rows.to(models.device), kl_coef,
-                                         weight=share * world, micro_steps=micro_steps if real else 0)
+                    loss_value, m = loss(
+                        models,
+                        args,
+                        exp,
+                        rows.to(models.device),
+                        kl_coef,
+                        weight=share * world,
+                        micro_steps=micro_steps if real else 0,
+                    )
                     loss_value.backward()
                 token_share = exp.mask[rows].sum() / tokens.clamp(min=1) if real else torch.zeros(())
                 for k, v in m.items():
@@ -169,8 +184,9 @@ def micro_batch_split(args: MinibatchUpdate, exp: Experience) -> Callable[[torch
     lead, tail = row_spans(rollout.attention_mask, T)
     groups = rollout.prompt_index if args.share_prompt else None
     prompt_region = rollout.attention_mask.shape[1] > T
-    return lambda rows: split_rows(rows, lead, tail, max_rows=args.micro_batch_size, max_tokens=budget,
-                                   groups=groups, prompt_region=prompt_region)
+    return lambda rows: split_rows(
+        rows, lead, tail, max_rows=args.micro_batch_size, max_tokens=budget, groups=groups, prompt_region=prompt_region
+    )
 
 
 def minibatch_generator(seed: int, step: int) -> torch.Generator:
@@ -197,8 +213,16 @@ def loss_weights(mask: torch.Tensor, loss_agg: str, rows: torch.Tensor | None = 
     return (rows if rows is not None else mask.sum(-1) > 0).sum().float()
 
 
-def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor, kl_coef: float, *,
-         weight: float | torch.Tensor = 1.0, micro_steps: int = 1):
+def loss(
+    models: RLModels,
+    args: UpdateLoss,
+    exp: Experience,
+    rows: torch.Tensor,
+    kl_coef: float,
+    *,
+    weight: float | torch.Tensor = 1.0,
+    micro_steps: int = 1,
+):
     """The loss of one micro-batch of phase 6 (``update``) and its metrics: the policy loss
     ``args.policy_loss`` (weighted by the rollout correction), minus the entropy bonus, plus β·KL
     to the reference when the KL is not in the reward, plus the critic's value loss. Returns
@@ -219,16 +243,26 @@ def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor
     r = exp.rollout.select(rows)
     mask, adv = exp.mask[rows], exp.advantages[rows]
     horizon = args.loss_horizon or args.max_new_tokens
-    logprobs, values, entropy, kept_mass = models.train_outputs(r, with_values=args.use_critic,
-                                                                entropy_grad=args.entropy_coef > 0)
+    logprobs, values, entropy, kept_mass = models.train_outputs(
+        r, with_values=args.use_critic, entropy_grad=args.entropy_coef > 0
+    )
     old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
     weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
     if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
         weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
     loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
-        logprobs, old, adv, mask, agg=args.loss_agg, horizon=horizon,
-        clip_low=args.clip_low, clip_high=args.clip_high, dual_clip=args.dual_clip, weights=weights,
-        importance_sampling_level=args.importance_sampling_level)
+        logprobs,
+        old,
+        adv,
+        mask,
+        agg=args.loss_agg,
+        horizon=horizon,
+        clip_low=args.clip_low,
+        clip_high=args.clip_high,
+        dual_clip=args.dual_clip,
+        weights=weights,
+        importance_sampling_level=args.importance_sampling_level,
+    )
     metrics.update(is_metrics, **{"policy/loss": loss.detach()})
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
     per_micro_batch = args.entropy_agg == "micro-batch-token-mean"
@@ -239,8 +273,15 @@ def loss(models: RLModels, args: UpdateLoss, exp: Experience, rows: torch.Tensor
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
         metrics.update(kl_metrics(logprobs, exp.ref_logprobs[rows], mask))
     if args.use_critic:
-        v_loss, v_metrics = value_loss(values, exp.old_values[rows], exp.returns[rows], mask,
-                                       clip=args.value_clip, agg=args.loss_agg, horizon=horizon)
+        v_loss, v_metrics = value_loss(
+            values,
+            exp.old_values[rows],
+            exp.returns[rows],
+            mask,
+            clip=args.value_clip,
+            agg=args.loss_agg,
+            horizon=horizon,
+        )
         loss = loss + args.vf_coef * v_loss
         metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
     loss = loss * weight

@@ -76,15 +76,29 @@ class Rollout:
 
     def select(self, rows: torch.Tensor) -> "Rollout":
         pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
-        return Rollout(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows],
-                       self.has_eos[rows], self.prompt_len, pick(self.prompt_index), pick(self.logprobs),
-                       pick(self.segments))
+        return Rollout(
+            self.input_ids[rows],
+            self.attention_mask[rows],
+            self.response_mask[rows],
+            self.has_eos[rows],
+            self.prompt_len,
+            pick(self.prompt_index),
+            pick(self.logprobs),
+            pick(self.segments),
+        )
 
     def to(self, device) -> "Rollout":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
-        return Rollout(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device),
-                       self.has_eos.to(device), self.prompt_len, move(self.prompt_index), move(self.logprobs),
-                       move(self.segments))
+        return Rollout(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.response_mask.to(device),
+            self.has_eos.to(device),
+            self.prompt_len,
+            move(self.prompt_index),
+            move(self.logprobs),
+            move(self.segments),
+        )
 
 
 def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
@@ -100,17 +114,24 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
         raise ValueError("concat_rollouts needs at least one rollout")
     with_logprobs = [r.logprobs is not None for r in rollouts]
     if any(with_logprobs) and not all(with_logprobs):
-        raise ValueError(f"concat_rollouts: parts {[i for i, w in enumerate(with_logprobs) if not w]} (0-based) of "
-                         f"{len(rollouts)} have no engine log-probs and the others have; mixed parts would lose the "
-                         "rollout correction — generate every part with the same engine")
+        raise ValueError(
+            f"concat_rollouts: parts {[i for i, w in enumerate(with_logprobs) if not w]} (0-based) of "
+            f"{len(rollouts)} have no engine log-probs and the others have; mixed parts would lose the "
+            "rollout correction — generate every part with the same engine"
+        )
     P = max(r.prompt_len for r in rollouts)
     T = max(r.response_mask.shape[1] for r in rollouts)
     F = torch.nn.functional
 
     def widen(t: torch.Tensor, r: Rollout, value: int) -> torch.Tensor:  # (B, P'+T') -> (B, P+T)
-        prompt, response = t[:, :r.prompt_len], t[:, r.prompt_len:]
-        return torch.cat([F.pad(prompt, (P - r.prompt_len, 0), value=value),
-                          F.pad(response, (0, T - response.shape[1]), value=value)], 1)
+        prompt, response = t[:, : r.prompt_len], t[:, r.prompt_len :]
+        return torch.cat(
+            [
+                F.pad(prompt, (P - r.prompt_len, 0), value=value),
+                F.pad(response, (0, T - response.shape[1]), value=value),
+            ],
+            1,
+        )
 
     def right(t: torch.Tensor) -> torch.Tensor:  # (B, T') -> (B, T)
         return F.pad(t, (0, T - t.shape[1]), value=0)
@@ -125,12 +146,19 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
     logprobs = torch.cat([right(r.logprobs) for r in rollouts]) if all(with_logprobs) else None
     segments = None  # a part without segments is one segment per row: zeros
     if any(r.segments is not None for r in rollouts):
-        segments = torch.cat([widen(r.segments if r.segments is not None else torch.zeros_like(r.input_ids), r, 0)
-                              for r in rollouts])
-    return Rollout(torch.cat([widen(r.input_ids, r, pad_id) for r in rollouts]),
-                   torch.cat([widen(r.attention_mask, r, 0) for r in rollouts]),
-                   torch.cat([right(r.response_mask) for r in rollouts]), torch.cat([r.has_eos for r in rollouts]),
-                   P, torch.cat(index) if index is not None else None, logprobs, segments)
+        segments = torch.cat(
+            [widen(r.segments if r.segments is not None else torch.zeros_like(r.input_ids), r, 0) for r in rollouts]
+        )
+    return Rollout(
+        torch.cat([widen(r.input_ids, r, pad_id) for r in rollouts]),
+        torch.cat([widen(r.attention_mask, r, 0) for r in rollouts]),
+        torch.cat([right(r.response_mask) for r in rollouts]),
+        torch.cat([r.has_eos for r in rollouts]),
+        P,
+        torch.cat(index) if index is not None else None,
+        logprobs,
+        segments,
+    )
 
 
 def group_index(n_prompts: int, n: int, device=None) -> torch.Tensor:
@@ -184,14 +212,16 @@ class RolloutEngine(Protocol):
     needs_sync: bool
     eos_ids: tuple[int, ...]
 
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
-                 seed: Seed = None) -> Rollout: ...
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams, seed: Seed = None
+    ) -> Rollout: ...
 
     def sleep(self) -> None: ...
 
 
-def response_mask_from_ids(responses: torch.Tensor, eos_id: int | Collection[int],
-                           lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def response_mask_from_ids(
+    responses: torch.Tensor, eos_id: int | Collection[int], lengths: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask by the *position* of the first EOS (never by token value: pad may equal EOS). ``eos_id``:
     the EOS id, or every id that ends a completion (``models.loading.eos_token_ids``: the first of
     any of them ends it, kept in the mask).
@@ -211,8 +241,13 @@ def response_mask_from_ids(responses: torch.Tensor, eos_id: int | Collection[int
     return (positions[None, :] <= end[:, None]).long(), has_eos
 
 
-def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], n: int,
-                  pad_id: int, eos_id: int | Collection[int]) -> Rollout:
+def build_rollout(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    n: int,
+    pad_id: int,
+    eos_id: int | Collection[int],
+) -> Rollout:
     """Assemble a ``Rollout`` from prompt ids and per-completion response ids (len(prompts)*n);
     each response ends at its first id of ``eos_id`` (one id, or the engine's ``eos_ids``)."""
     if len(responses) != len(prompts) * n:
@@ -222,8 +257,14 @@ def build_rollout(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence
     resp = pad(responses, pad_id, min_width=1)[0]
     lengths = torch.tensor([len(r) for r in responses], dtype=torch.long)
     response_mask, has_eos = response_mask_from_ids(resp, eos_id, lengths)
-    return Rollout(torch.cat([prompt_ids, resp], 1), torch.cat([prompt_mask, response_mask], 1),
-                   response_mask, has_eos, prompt_ids.shape[1], group_index(len(prompts), n))
+    return Rollout(
+        torch.cat([prompt_ids, resp], 1),
+        torch.cat([prompt_mask, response_mask], 1),
+        response_mask,
+        has_eos,
+        prompt_ids.shape[1],
+        group_index(len(prompts), n),
+    )
 
 
 def decode_completions(rollout: Rollout, tokenizer) -> list[str]:

@@ -132,8 +132,19 @@ class Decoded:
 
 
 @torch.no_grad()
-def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, sampler, max_new_tokens: int,
-           eos_ids, pad_id: int, share_prompt: bool, logprobs: bool, drop_rows: bool = True) -> Decoded:
+def decode(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    n: int,
+    sampler,
+    max_new_tokens: int,
+    eos_ids,
+    pad_id: int,
+    share_prompt: bool,
+    logprobs: bool,
+    drop_rows: bool = True,
+) -> Decoded:
     """``n`` completions of each left-padded prompt (``prompt_ids``/``prompt_mask``: one row per
     prompt), rows ``g*n .. g*n+n-1`` continuing prompt ``g``, drawn by ``sampler.draw`` (a
     ``rollout.hf.TokenSampler``). ``share_prompt``: every prompt column but the last is encoded
@@ -145,9 +156,14 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, s
     cache = decode_cache(model, P + max_new_tokens)
     shared = share_prompt and n > 1 and P > 1 and int(prompt_mask[:, :-1].sum(-1).min()) >= 1
     if shared:  # the prefix once per prompt, with the mask passed as HFEngine._prompt_cache passes it
-        out = model(input_ids=prompt_ids[:, :-1], attention_mask=prompt_mask[:, :-1],
-                    position_ids=position_ids_from_mask(prompt_mask[:, :-1]), use_cache=True, logits_to_keep=1,
-                    **with_cache(cache))
+        out = model(
+            input_ids=prompt_ids[:, :-1],
+            attention_mask=prompt_mask[:, :-1],
+            position_ids=position_ids_from_mask(prompt_mask[:, :-1]),
+            use_cache=True,
+            logits_to_keep=1,
+            **with_cache(cache),
+        )
         cache = output_cache(out)
         cache.batch_repeat_interleave(n)
         computed, fed = G * (P - 1) + B, slice(P - 1, P)
@@ -156,8 +172,14 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, s
     padded = not bool((mask == 1).all())  # generate drops an all-ones mask
     full_mask = torch.cat([mask, mask.new_ones((B, max_new_tokens))], 1) if padded else None
     positions = position_ids_from_mask(mask)
-    out = model(input_ids=ids[:, fed], attention_mask=full_mask[:, :P] if padded else None,
-                position_ids=positions[:, fed], use_cache=True, logits_to_keep=1, **with_cache(cache))
+    out = model(
+        input_ids=ids[:, fed],
+        attention_mask=full_mask[:, :P] if padded else None,
+        position_ids=positions[:, fed],
+        use_cache=True,
+        logits_to_keep=1,
+        **with_cache(cache),
+    )
     cache = output_cache(out)
     logits = out.logits[:, -1].float()
     del out
@@ -190,8 +212,14 @@ def decode(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, s
         elif not drop:
             finished = done
         position = position + 1
-        out = model(input_ids=tokens[:, None], attention_mask=full_mask[:, : P + step + 1] if padded else None,
-                    position_ids=position[:, None], use_cache=True, logits_to_keep=1, **with_cache(cache))
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=full_mask[:, : P + step + 1] if padded else None,
+            position_ids=position[:, None],
+            use_cache=True,
+            logits_to_keep=1,
+            **with_cache(cache),
+        )
         cache = output_cache(out)
         logits = out.logits[:, -1].float()
         del out

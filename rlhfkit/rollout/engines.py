@@ -54,13 +54,27 @@ def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int
         if args.rollout_is == "none":
             from ..data.encode import warn_once  # one line on stderr (warnings.warn adds its source line)
 
-            warn_once(f"rollout_precision={args.rollout_precision!r} with rollout_is='none': the quantized sampler's "
-                      "mismatch with the trained policy is not corrected (only logged as rollout/*)")
-        return QuantizedEngine(models.policy, args.rollout_precision, tokenizer.pad_token_id, tokenizer.eos_token_id,
-                               args.share_prompt, decode=args.hf_decode)
+            warn_once(
+                f"rollout_precision={args.rollout_precision!r} with rollout_is='none': the quantized sampler's "
+                "mismatch with the trained policy is not corrected (only logged as rollout/*)"
+            )
+        return QuantizedEngine(
+            models.policy,
+            args.rollout_precision,
+            tokenizer.pad_token_id,
+            tokenizer.eos_token_id,
+            args.share_prompt,
+            decode=args.hf_decode,
+        )
     if args.rollout_engine == "hf" or (args.rollout_workers and not generator):
-        return HFEngine(models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt,
-                        logprobs=generator, decode=args.hf_decode)
+        return HFEngine(
+            models.policy,
+            tokenizer.pad_token_id,
+            tokenizer.eos_token_id,
+            args.share_prompt,
+            logprobs=generator,
+            decode=args.hf_decode,
+        )
     from .vllm import VLLMEngine
     from .weight_sync import check_engine_weights
 
@@ -71,11 +85,19 @@ def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int
     positions = getattr(getattr(models.policy, "config", None), "max_position_embeddings", None)
     if isinstance(positions, int):  # an agent's engine is sized for the longest allowed prompt: never past the model
         length = min(length, positions)
-    return VLLMEngine(models.policy, tokenizer, max_model_len=length,
-                      seed=args.seed + 1_000_003 * distributed.role_rank(), kv_cache_gb=args.vllm_kv_cache_gb,
-                      gpu_memory_utilization=args.vllm_gpu_memory_utilization, enforce_eager=args.vllm_enforce_eager,
-                      sleep=args.vllm_sleep, tensor_parallel_size=args.vllm_tensor_parallel_size,
-                      multiprocess=distributed.role_size() > 1, isolated=generator)
+    return VLLMEngine(
+        models.policy,
+        tokenizer,
+        max_model_len=length,
+        seed=args.seed + 1_000_003 * distributed.role_rank(),
+        kv_cache_gb=args.vllm_kv_cache_gb,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        enforce_eager=args.vllm_enforce_eager,
+        sleep=args.vllm_sleep,
+        tensor_parallel_size=args.vllm_tensor_parallel_size,
+        multiprocess=distributed.role_size() > 1,
+        isolated=generator,
+    )
 
 
 @contextmanager

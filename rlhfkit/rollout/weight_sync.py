@@ -26,8 +26,10 @@ from typing import Iterator
 
 import torch
 
-SUPPORTED = ("supported: LoRA on Linear/Embedding/Conv layers (DoRA, rsLoRA and lora_bias included), "
-             "modules_to_save and trainable_token_indices")
+SUPPORTED = (
+    "supported: LoRA on Linear/Embedding/Conv layers (DoRA, rsLoRA and lora_bias included), "
+    "modules_to_save and trainable_token_indices"
+)
 
 
 def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -48,18 +50,22 @@ def check_engine_weights(model: torch.nn.Module) -> None:
     for adapter in _active(model):
         config = model.peft_config[adapter]
         if getattr(config, "is_prompt_learning", False):
-            raise ValueError(f"peft adapter {adapter!r} is {config.peft_type.value} (prompt learning): its virtual "
-                             f"tokens are not weights a rollout engine can load; use rollout_engine='hf' ({SUPPORTED})")
+            raise ValueError(
+                f"peft adapter {adapter!r} is {config.peft_type.value} (prompt learning): its virtual "
+                f"tokens are not weights a rollout engine can load; use rollout_engine='hf' ({SUPPORTED})"
+            )
     tied: dict[int, list[tuple[str, object]]] = {}
     for name, original, source, _ in _plan(model):
         tied.setdefault(id(original), []).append((name, source))
     for group in tied.values():
         if len({id(source) for _, source in group}) > 1:
             names = " and ".join(name for name, _ in group)
-            raise ValueError(f"{names} are one tied weight (tie_word_embeddings) but the peft adapter adapts them "
-                             "separately, which an engine built tied cannot hold (PEFT's merge unties them or "
-                             "disagrees with its forward): adapt neither, untie them (tie_word_embeddings=False), "
-                             "or for modules_to_save set ensure_weight_tying=True")
+            raise ValueError(
+                f"{names} are one tied weight (tie_word_embeddings) but the peft adapter adapts them "
+                "separately, which an engine built tied cannot hold (PEFT's merge unties them or "
+                "disagrees with its forward): adapt neither, untie them (tie_word_embeddings=False), "
+                "or for modules_to_save set ensure_weight_tying=True"
+            )
 
 
 def _active(model) -> list[str]:
@@ -89,8 +95,10 @@ def _walk(module: torch.nn.Module, prefix: str, plan: list) -> None:
         active = module.active_adapters
         target = module.modules_to_save[active[0]] if active else module.original_module
         if any(isinstance(m, BaseTunerLayer) for m in target.modules()):
-            raise ValueError(f"{prefix.rstrip('.')}: a modules_to_save copy holding another adapter cannot be exported "
-                             f"to the engine ({SUPPORTED})")
+            raise ValueError(
+                f"{prefix.rstrip('.')}: a modules_to_save copy holding another adapter cannot be exported "
+                f"to the engine ({SUPPORTED})"
+            )
         for leaf, param in target.named_parameters(remove_duplicate=False):
             plan.append((prefix + leaf, original[leaf], param, param))
         return
@@ -117,12 +125,16 @@ def _check_layer(layer, name: str) -> None:
     base = layer.get_base_layer()
     kinds = (lora.Linear, lora.Embedding, lora.Conv1d, lora.Conv2d, lora.Conv3d, TrainableTokensLayer)
     if type(layer) not in kinds or any(True for _ in base.children()):
-        raise ValueError(f"{name}: a {type(layer).__module__}.{type(layer).__name__} adapter layer cannot be merged "
-                         f"into the engine's weights ({SUPPORTED}); use rollout_engine='hf'")
+        raise ValueError(
+            f"{name}: a {type(layer).__module__}.{type(layer).__name__} adapter layer cannot be merged "
+            f"into the engine's weights ({SUPPORTED}); use rollout_engine='hf'"
+        )
     for adapter in layer.active_adapters:
         if getattr(layer, "lora_bias", {}).get(adapter) and getattr(base, "bias", None) is None:
-            raise ValueError(f"{name}: lora_bias=True on a layer without a bias cannot be merged (PEFT refuses to "
-                             "merge it too): set lora_bias=False, or leave this layer out of target_modules")
+            raise ValueError(
+                f"{name}: lora_bias=True on a layer without a bias cannot be merged (PEFT refuses to "
+                "merge it too): set lora_bias=False, or leave this layer out of target_modules"
+            )
 
 
 @torch.no_grad()
@@ -145,8 +157,10 @@ def _merged_parameters(layer) -> dict[str, torch.Tensor]:
     layer and its base weights are not written to."""
     base = layer.get_base_layer()
     shadow_base = copy.copy(base)
-    shadow_base._parameters = {leaf: None if p is None else torch.nn.Parameter(p.detach().clone(), requires_grad=False)
-                               for leaf, p in base._parameters.items()}
+    shadow_base._parameters = {
+        leaf: None if p is None else torch.nn.Parameter(p.detach().clone(), requires_grad=False)
+        for leaf, p in base._parameters.items()
+    }
     shadow = copy.copy(layer)
     shadow._modules = dict(layer._modules)
     shadow._modules["base_layer"] = shadow_base
@@ -165,6 +179,8 @@ def load_weights(model: torch.nn.Module, weights, who: str = "generator rank") -
     with torch.no_grad():
         for name, tensor in weights:
             if name not in named or tuple(named[name].shape) != tuple(tensor.shape):
-                raise RuntimeError(f"{who}: the trainers sent weight {name!r} {tuple(tensor.shape)}, "
-                                   "which its copy of the model does not have in that shape")
+                raise RuntimeError(
+                    f"{who}: the trainers sent weight {name!r} {tuple(tensor.shape)}, "
+                    "which its copy of the model does not have in that shape"
+                )
             named[name].copy_(tensor)

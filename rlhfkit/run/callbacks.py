@@ -36,8 +36,10 @@ class Callbacks:
         self.items = [c() if isinstance(c, type) else c for c in items]
         for c in self.items:
             if not any(callable(getattr(c, name, None)) for name in dir(c) if name.startswith("on_")):
-                raise ValueError(f"callbacks: {type(c).__name__} has no on_* method (a transformers.TrainerCallback, "
-                                 "e.g. with on_step_end(args, state, control, **kwargs))")
+                raise ValueError(
+                    f"callbacks: {type(c).__name__} has no on_* method (a transformers.TrainerCallback, "
+                    "e.g. with on_step_end(args, state, control, **kwargs))"
+                )
         self.args = args
         main = distributed.is_main()
         self.state = TrainerState(is_local_process_zero=distributed.local_rank() == 0, is_world_process_zero=main)

@@ -46,7 +46,13 @@ from .. import distributed
 from ..models.fingerprint import fingerprint_change
 from ..models.loading import check_finite_weights
 from .checkpoint_format import (  # noqa: F401  (read_dcp_metadata: also read through this module)
-    dcp_reader_and_planner, flat_items, load_tree, read_dcp_metadata, read_json, save_tree, single_process_quiet,
+    dcp_reader_and_planner,
+    flat_items,
+    load_tree,
+    read_dcp_metadata,
+    read_json,
+    save_tree,
+    single_process_quiet,
 )
 
 STATE_FILE = "trainer_state.json"
@@ -64,9 +70,13 @@ except ImportError:
 
 # What an old ``training_state.pt`` legitimately holds beyond tensors and builtins: numpy's RNG key,
 # a uint32 ndarray. It was pickled under either numpy module name, whichever numpy wrote it.
-_LEGACY_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
-                   (_reconstruct, "numpy._core.multiarray._reconstruct"),
-                   (_reconstruct, "numpy.core.multiarray._reconstruct")]
+_LEGACY_GLOBALS = [
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+    (_reconstruct, "numpy._core.multiarray._reconstruct"),
+    (_reconstruct, "numpy.core.multiarray._reconstruct"),
+]
 
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -116,8 +126,12 @@ def _live_state(modules: dict[str, torch.nn.Module], optimizer, init: bool):
     fresh = not optimizer.state
     model_sd, optim_sd = get_state_dict(container, optimizer, options=StateDictOptions(**_OPTIONS))
     # ignore_frozen_params misses a frozen weight tied to another (a LoRA base's lm_head): drop it too
-    frozen = {f"{name}.{n}" for name, m in modules.items()
-              for n, p in m.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    frozen = {
+        f"{name}.{n}"
+        for name, m in modules.items()
+        for n, p in m.named_parameters(remove_duplicate=False)
+        if not p.requires_grad
+    }
     model_sd = {k: v for k, v in model_sd.items() if k not in frozen}
     if fresh and not init:  # get_state_dict filled it by a zero step: undo, a fresh AdamW stays fresh
         optimizer.state.clear()
@@ -125,8 +139,9 @@ def _live_state(modules: dict[str, torch.nn.Module], optimizer, init: bool):
     return container, {**model_sd, "optimizer": {"state": optim_sd["state"]}}, optim_sd["param_groups"]
 
 
-def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler, counters: dict,
-                    settings: dict | None = None) -> None:
+def save_checkpoint(
+    path, modules: dict[str, torch.nn.Module], optimizer, scheduler, counters: dict, settings: dict | None = None
+) -> None:
     """Every process calls this: each writes its shards and its RNG state; rank 0 the rest, and
     ``counters`` last. Returns when the checkpoint is complete."""
     import torch.distributed.checkpoint as dcp
@@ -154,8 +169,13 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR), **distributed.dcp_options())
         save_tree(partial, f"rng-{distributed.role_rank()}", rng_state(), format=FORMAT)
         if distributed.is_main():
-            save_tree(partial, "training_state", {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
-                       format=FORMAT, world_size=distributed.role_size())
+            save_tree(
+                partial,
+                "training_state",
+                {"scheduler": scheduler.state_dict(), "param_groups": param_groups},
+                format=FORMAT,
+                world_size=distributed.role_size(),
+            )
     except (OSError, RuntimeError, CheckpointException) as err:  # DCP wraps a rank's OSError in its own
         failed, error = 1, err
     if distributed.reduce_max(failed):
@@ -170,8 +190,9 @@ def save_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
             (partial / STATE_FILE).write_text(json.dumps(record, indent=2))
         except OSError as err:  # a full disk at the last file: still no half-written checkpoint
             shutil.rmtree(partial, ignore_errors=True)
-            raise ValueError(f"cannot write checkpoint {path}: {_first_line(err)}; the previous checkpoints are "
-                             "intact") from None
+            raise ValueError(
+                f"cannot write checkpoint {path}: {_first_line(err)}; the previous checkpoints are intact"
+            ) from None
         if path.exists() or path.is_symlink():  # an earlier checkpoint of this step, or an empty directory
             _remove_checkpoint(path)
         partial.rename(path)
@@ -202,8 +223,14 @@ def _first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
-def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, scheduler,
-                    fresh_seed: int | None = None, settings: dict | None = None) -> dict:
+def load_checkpoint(
+    path,
+    modules: dict[str, torch.nn.Module],
+    optimizer,
+    scheduler,
+    fresh_seed: int | None = None,
+    settings: dict | None = None,
+) -> dict:
     """Restore a checkpoint into ``modules``, ``optimizer`` and ``scheduler`` (every process calls
     this, with any number of processes) and return its counters. A rank the saved run did not have
     is seeded with ``fresh_seed`` (None: such a rank is an error)."""
@@ -224,8 +251,10 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
         raise ValueError(f"resume_from={str(path)!r}: {problem}")
     changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in settings.items() if k in saved and saved[k] != v]
     if changed:  # settings whose change a resumed run cannot honour: refused, never silently ignored
-        raise ValueError(f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
-                         "states and data order follow that value, so resume with it (or start a new run)")
+        raise ValueError(
+            f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
+            "states and data order follow that value, so resume with it (or start a new run)"
+        )
     for file in (META_FILE, f"{DCP_DIR}/.metadata"):
         if not (path / file).is_file():
             raise ValueError(f"checkpoint {path} has no {file}")
@@ -246,8 +275,13 @@ def load_checkpoint(path, modules: dict[str, torch.nn.Module], optimizer, schedu
     except (OSError, RuntimeError, CheckpointException) as err:  # a truncated or missing shard file
         raise ValueError(f"checkpoint {path / DCP_DIR} is damaged: {_first_line(err)}") from None
     optim_state = {"state": tensors.pop("optimizer")["state"], "param_groups": state["param_groups"]}
-    set_state_dict(container, optimizer, model_state_dict=tensors, optim_state_dict=optim_state,
-                   options=StateDictOptions(**_OPTIONS, strict=False))  # the names were checked above
+    set_state_dict(
+        container,
+        optimizer,
+        model_state_dict=tensors,
+        optim_state_dict=optim_state,
+        options=StateDictOptions(**_OPTIONS, strict=False),
+    )  # the names were checked above
     scheduler.load_state_dict(state["scheduler"])
     _apply_configured_hyperparameters(optimizer, scheduler, configured)
     if rng is not None:
@@ -296,23 +330,27 @@ def _check_tensors(path: Path, what: str, tensors: dict, saved: dict) -> None:
     missing, extra = sorted(set(tensors) - set(saved))[:5], sorted(set(saved) - set(tensors))[:5]
     shapes = sorted(k for k in set(tensors) & set(saved) if tuple(saved[k].size) != tuple(tensors[k].shape))[:5]
     if missing or extra or shapes:
-        raise ValueError(f"checkpoint {path} does not match {what}: missing {missing}, unexpected {extra}, "
-                         f"other shapes {shapes}")
+        raise ValueError(
+            f"checkpoint {path} does not match {what}: missing {missing}, unexpected {extra}, other shapes {shapes}"
+        )
 
 
 def _load_single_process_format(path: Path, modules, optimizer, scheduler) -> dict:
     from safetensors.torch import load_file
 
     if distributed.role_size() > 1:
-        raise ValueError(f"checkpoint {path} is in the single-process format of an earlier version: resume it on "
-                         "one process (its next checkpoints can then resume on any number)")
+        raise ValueError(
+            f"checkpoint {path} is in the single-process format of an earlier version: resume it on "
+            "one process (its next checkpoints can then resume on any number)"
+        )
     if (path / META_FILE).exists() and (path / TENSORS_FILE).exists():
         state = load_tree(path, "training_state", 1)[1]
     elif (path / LEGACY_FILE).exists():
         state = _load_legacy_training_state(path / LEGACY_FILE)
     else:
-        raise ValueError(f"checkpoint {path} has no {DCP_DIR}/ (nor an older {META_FILE} + {TENSORS_FILE} "
-                         f"or {LEGACY_FILE})")
+        raise ValueError(
+            f"checkpoint {path} has no {DCP_DIR}/ (nor an older {META_FILE} + {TENSORS_FILE} or {LEGACY_FILE})"
+        )
     for name, module in modules.items():
         file = path / f"{name}.safetensors"
         if not file.exists():
@@ -331,8 +369,10 @@ def _load_legacy_training_state(file: Path) -> dict:
         with torch.serialization.safe_globals(_LEGACY_GLOBALS):
             state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception:  # torch's message is many lines of advice to load unsafely: not ours to give
-        raise ValueError(f"checkpoint file {file} cannot be loaded safely (it holds more than tensors and "
-                         f"RNG state); refusing to unpickle it") from None
+        raise ValueError(
+            f"checkpoint file {file} cannot be loaded safely (it holds more than tensors and "
+            f"RNG state); refusing to unpickle it"
+        ) from None
     if not (isinstance(state, dict) and {"optimizer", "scheduler", "rng"} <= set(state)):
         raise ValueError(f"checkpoint file {file} is not a training state (no optimizer/scheduler/rng)")
     return state
@@ -367,14 +407,17 @@ def load_module_weights(path, name: str, module: torch.nn.Module) -> None:
     reader, planner = dcp_reader_and_planner(path / DCP_DIR)
     with single_process_quiet():
         dcp.load(tensors, storage_reader=reader, planner=planner, no_dist=True)
-    module.load_state_dict({k[len(prefix):]: v for k, v in tensors.items()}, strict=False)
+    module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items()}, strict=False)
 
 
 def complete_checkpoints(output_dir) -> list[Path]:
     """The complete ``checkpoint-<step>`` directories of ``output_dir`` — those holding
     ``STATE_FILE``, written last —, oldest step first."""
-    found = [p for p in Path(output_dir).glob("checkpoint-*")
-             if p.name.split("-", 1)[1].isdigit() and (p / STATE_FILE).is_file()]
+    found = [
+        p
+        for p in Path(output_dir).glob("checkpoint-*")
+        if p.name.split("-", 1)[1].isdigit() and (p / STATE_FILE).is_file()
+    ]
     return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
 
 
@@ -382,8 +425,11 @@ def prune_checkpoints(output_dir, keep: int, newest_step: int | None = None) -> 
     """Delete all but the newest ``keep`` complete checkpoints (directories, never a symbolic link) in
     ``output_dir`` up to ``newest_step`` (the step just saved: later ones are of a continuation abandoned
     by resuming from an earlier one, replaced as the run reaches them); nothing else (main process)."""
-    ours = [p for p in complete_checkpoints(output_dir) if not p.is_symlink()
-            and (newest_step is None or int(p.name.split("-", 1)[1]) <= newest_step)]
+    ours = [
+        p
+        for p in complete_checkpoints(output_dir)
+        if not p.is_symlink() and (newest_step is None or int(p.name.split("-", 1)[1]) <= newest_step)
+    ]
     doomed = ours[: max(0, len(ours) - keep)]
     for path in doomed:
         _remove_checkpoint(path)

@@ -29,6 +29,7 @@ import torch
 # ints (``{"int_keys": {...}}``: the optimizer's ``state`` is keyed by parameter index). Every
 # other dict is wrapped as ``{"dict": {...}}``, so a tag never collides with a real key.
 
+
 def _flatten(obj, name: str, tensors: dict[str, torch.Tensor]):
     def sub(key) -> str:  # dotted tensor names, e.g. "optimizer.state.0.exp_avg"
         return f"{name}.{key}" if name else str(key)
@@ -62,7 +63,7 @@ def _unflatten(obj, tensors: dict[str, torch.Tensor]):
         return obj
     if len(obj) != 1:
         raise ValueError(f"unexpected object: keys {sorted(obj)[:5]}")
-    (tag, value), = obj.items()
+    ((tag, value),) = obj.items()
     if tag == "tensor":
         return tensors[value]
     if tag == "ndarray":
@@ -123,10 +124,22 @@ def load_tree(path: Path, stem: str, format: int) -> tuple[dict, dict]:
 # --- DCP metadata, read without unpickling anything but DCP's own index --------------------------
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 _METADATA_GLOBALS = {
-    *((_DCP_METADATA, n) for n in ("Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
-                                   "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    *(
+        (_DCP_METADATA, n)
+        for n in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "TensorProperties",
+            "ChunkStorageMetadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
     *((m, c) for m in ("pathlib", "pathlib._local") for c in ("Path", "PosixPath", "WindowsPath")),
     *(("torch", n) for n, v in vars(torch).items() if isinstance(v, torch.dtype)),
 }
@@ -137,8 +150,17 @@ _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
 # may target. Anything else an allowed global yields is process-wide — a class, a function, an enum
 # member, a dtype — and a BUILD on it would set its attributes before the file was refused.
 _METADATA_RECORDS = {
-    *((_DCP_METADATA, n) for n in ("Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata",
-                                   "MetadataIndex", "StorageMeta")),
+    *(
+        (_DCP_METADATA, n)
+        for n in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "TensorProperties",
+            "ChunkStorageMetadata",
+            "MetadataIndex",
+            "StorageMeta",
+        )
+    ),
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
 }
 
@@ -188,16 +210,24 @@ def read_dcp_metadata(directory: Path):
     try:
         with open(file, "rb") as f:
             metadata = _MetadataUnpickler(f).load()
-        ok = (isinstance(metadata, Metadata)
-              and all(isinstance(v, TensorStorageMetadata) for v in metadata.state_dict_metadata.values())
-              and all(isinstance(s, _StorageInfo) and isinstance(s.relative_path, str)
-                      and _SHARD_FILE.fullmatch(s.relative_path) and not getattr(s, "transform_descriptors", None)
-                      for s in metadata.storage_data.values()))
+        ok = (
+            isinstance(metadata, Metadata)
+            and all(isinstance(v, TensorStorageMetadata) for v in metadata.state_dict_metadata.values())
+            and all(
+                isinstance(s, _StorageInfo)
+                and isinstance(s.relative_path, str)
+                and _SHARD_FILE.fullmatch(s.relative_path)
+                and not getattr(s, "transform_descriptors", None)
+                for s in metadata.storage_data.values()
+            )
+        )
     except Exception:
         ok = False
     if not ok:
-        raise ValueError(f"checkpoint file {file} cannot be loaded safely (it is not the index of tensor shards "
-                         f"DCP writes); refusing to unpickle it")
+        raise ValueError(
+            f"checkpoint file {file} cannot be loaded safely (it is not the index of tensor shards "
+            f"DCP writes); refusing to unpickle it"
+        )
     return metadata
 
 

@@ -24,9 +24,19 @@ MARKER = ".rlhfkit-run"
 
 # What an rlhfkit run writes in its directory, and nothing else is removed by --overwrite.
 _RUN_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "config.yaml", "run.json", TRACE_FILE)
-_RUN_GLOBS = ("config-resume-*.yaml", f"{RANK_DIR}/rank-*.jsonl", "data/train_dataset.jsonl",
-              "data/eval_dataset.jsonl", "data/center_dataset.jsonl", "runs/*/events.out.tfevents.*",
-              "wandb/offline-run-*", "wandb/run-*", "wandb/latest-run", "wandb/debug.log", "wandb/debug-internal.log")
+_RUN_GLOBS = (
+    "config-resume-*.yaml",
+    f"{RANK_DIR}/rank-*.jsonl",
+    "data/train_dataset.jsonl",
+    "data/eval_dataset.jsonl",
+    "data/center_dataset.jsonl",
+    "runs/*/events.out.tfevents.*",
+    "wandb/offline-run-*",
+    "wandb/run-*",
+    "wandb/latest-run",
+    "wandb/debug.log",
+    "wandb/debug-internal.log",
+)
 _MODEL_MARKS = ("config.json", "adapter_config.json", STATE_FILE, DCP_DIR, META_FILE)
 
 
@@ -43,13 +53,17 @@ def check_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: 
         return
     reusable = unstarted_run(path)
     if not (overwrite or reusable):
-        hint = (f" (resume_from={resume_from!r} is not inside it)" if resume_from else "")
-        raise ValueError(f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
-                         "set overwrite=true, or resume_from one of its checkpoints")
+        hint = f" (resume_from={resume_from!r} is not inside it)" if resume_from else ""
+        raise ValueError(
+            f"output_dir {str(path)!r} already exists and is not empty{hint}: choose another, "
+            "set overwrite=true, or resume_from one of its checkpoints"
+        )
     if not (path / MARKER).is_file():
-        raise ValueError(f"output_dir {str(path)!r} holds files but no {MARKER} marker, so it is not a run directory "
-                         "rlhfkit created (or one of a version before the marker) and overwrite=true would not know "
-                         "which files are its own: choose another output_dir, or empty it yourself")
+        raise ValueError(
+            f"output_dir {str(path)!r} holds files but no {MARKER} marker, so it is not a run directory "
+            "rlhfkit created (or one of a version before the marker) and overwrite=true would not know "
+            "which files are its own: choose another output_dir, or empty it yourself"
+        )
 
 
 def check_inputs_outside(output_dir: str | None, overwrite: bool, resume_from: str | None, inputs: dict) -> None:
@@ -63,8 +77,10 @@ def check_inputs_outside(output_dir: str | None, overwrite: bool, resume_from: s
     for field, source in _paths(inputs, resume_from):
         resolved = Path(source).resolve()
         if resolved == path.resolve() or path.resolve() in resolved.parents:
-            raise ValueError(f"{field}={str(source)!r} lies inside output_dir {str(path)!r}, which {why}: "
-                             "choose another output_dir, or move it out first")
+            raise ValueError(
+                f"{field}={str(source)!r} lies inside output_dir {str(path)!r}, which {why}: "
+                "choose another output_dir, or move it out first"
+            )
 
 
 def _paths(inputs: dict, resume_from):
@@ -73,7 +89,7 @@ def _paths(inputs: dict, resume_from):
     from ..models.sources import model_source
 
     for field, value in {**inputs, "resume_from": resume_from}.items():
-        for item in (value if isinstance(value, (list, tuple)) else [value]):
+        for item in value if isinstance(value, (list, tuple)) else [value]:
             if item is None or isinstance(item, (bool, int, float)):
                 continue
             source = item if isinstance(item, (str, os.PathLike)) else model_source(item)
@@ -81,8 +97,9 @@ def _paths(inputs: dict, resume_from):
                 yield field, source
 
 
-def prepare_run_dir(output_dir: str | None, overwrite: bool = False, resume_from: str | None = None,
-                    config=None) -> Path | None:
+def prepare_run_dir(
+    output_dir: str | None, overwrite: bool = False, resume_from: str | None = None, config=None
+) -> Path | None:
     """Create the run directory, mark it as rlhfkit's (``MARKER``) and write ``config`` as
     ``config.yaml`` when given.
 
@@ -133,8 +150,11 @@ def run_outputs(path: Path) -> list[Path]:
     outputs = [path / name for name in _RUN_FILES]
     outputs += [p for pattern in _RUN_GLOBS for p in path.glob(pattern)]
     outputs += [path / "plots" / f"{stem}.png" for stem in [*(g[0] for g in PLOT_GROUPS), TIME_PLOT]]
-    outputs += [p for p in [*path.glob("checkpoint-*"), path / "final"]
-                if p.is_dir() and any((p / mark).exists() for mark in _MODEL_MARKS)]
+    outputs += [
+        p
+        for p in [*path.glob("checkpoint-*"), path / "final"]
+        if p.is_dir() and any((p / mark).exists() for mark in _MODEL_MARKS)
+    ]
     return outputs
 
 
@@ -236,8 +256,9 @@ def run_config_path(output_dir, resume_from: str | None = None) -> Path:
     """Where a run records its config: ``config.yaml``, or ``config-resume-<checkpoint>.yaml`` for a
     run resumed from one of its own checkpoints (the first run's record is kept)."""
     path = Path(output_dir)
-    return path / (f"config-resume-{Path(resume_from).name}.yaml" if _resuming_inside(path, resume_from)
-                   else "config.yaml")
+    return path / (
+        f"config-resume-{Path(resume_from).name}.yaml" if _resuming_inside(path, resume_from) else "config.yaml"
+    )
 
 
 def finish_run(output_dir: str | None) -> None:

@@ -30,8 +30,9 @@ def traceback_wanted(flag: bool) -> bool:
     ``RLHFKIT_TRACEBACK`` on; a value of it that is neither on nor off is refused."""
     value = os.environ.get(TRACEBACK_ENV, "").strip().lower()
     if value not in _ON + _OFF:
-        raise ValueError(f"{TRACEBACK_ENV} must be 1 or 0 (also true/false, yes/no, on/off), "
-                         f"got {os.environ[TRACEBACK_ENV]!r}")
+        raise ValueError(
+            f"{TRACEBACK_ENV} must be 1 or 0 (also true/false, yes/no, on/off), got {os.environ[TRACEBACK_ENV]!r}"
+        )
     return bool(flag) or value in _ON
 
 

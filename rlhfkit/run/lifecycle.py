@@ -76,11 +76,17 @@ class Run:
         record the run (``open_run``: ``config.yaml``, in-memory data under ``data/``)."""
         open_run(self.out_dir, self.args, model, datasets, **sources)
         # Every process records its timeline (a generator rank too: it opens the run, never starts it).
-        trace.start(self.args.output_dir, distributed.global_rank(),
-                    "generator" if distributed.is_generator() else "trainer")
+        trace.start(
+            self.args.output_dir, distributed.global_rank(), "generator" if distributed.is_generator() else "trainer"
+        )
 
-    def start(self, modules: dict[str, torch.nn.Module], total_steps: int, param_groups: list[dict] | None = None,
-              schedule_steps: int | None = None) -> dict | None:
+    def start(
+        self,
+        modules: dict[str, torch.nn.Module],
+        total_steps: int,
+        param_groups: list[dict] | None = None,
+        schedule_steps: int | None = None,
+    ) -> dict | None:
         """Optimizer, schedule, guard and logger for ``total_steps`` trainer steps, then
         ``resume_from``. ``modules``: what the optimizer trains and checkpoints hold (by name);
         ``param_groups``: AdamW's groups (default: one over every trainable parameter of
@@ -94,19 +100,33 @@ class Run:
             param_groups = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(param_groups, args.learning_rate, args.weight_decay)
         self.guard = NonFiniteGuard(args.max_consecutive_skips)  # non-finite steps are skipped, counted
-        self.scheduler = make_scheduler(self.optimizer, args.lr_scheduler, args.warmup_steps,
-                                        schedule_steps if schedule_steps is not None else total_steps)
+        self.scheduler = make_scheduler(
+            self.optimizer,
+            args.lr_scheduler,
+            args.warmup_steps,
+            schedule_steps if schedule_steps is not None else total_steps,
+        )
         # The base model as built, before any step: checkpoints record it, resume_from must match it.
         self.base_model = model_fingerprint(modules)
         counters = self._resume(args.resume_from) if args.resume_from else None
         main = distributed.is_main()  # the other processes compute the same global metrics, silently
-        self.logger = MetricsLogger(self.out_dir, args.log_every if main else 0, main_metric=self.main_metric,
-                                    progress_bar=args.progress_bar and main, total_steps=total_steps,
-                                    initial_step=int(counters["step"]) if counters else 0,
-                                    config=args if main else None)
+        self.logger = MetricsLogger(
+            self.out_dir,
+            args.log_every if main else 0,
+            main_metric=self.main_metric,
+            progress_bar=args.progress_bar and main,
+            total_steps=total_steps,
+            initial_step=int(counters["step"]) if counters else 0,
+            config=args if main else None,
+        )
         model = modules.get("policy", next(iter(modules.values()), None))
-        self.callbacks.begin(total_steps, int(counters["step"]) if counters else 0, model=model,
-                             optimizer=self.optimizer, lr_scheduler=self.scheduler)
+        self.callbacks.begin(
+            total_steps,
+            int(counters["step"]) if counters else 0,
+            model=model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.scheduler,
+        )
         return counters
 
     # ---------------------------------------------------------------- each step
@@ -163,16 +183,29 @@ class Run:
     def save_checkpoint(self, path, counters: dict) -> None:
         """Every process calls this (DCP writes each process's shards); complete when it returns.
         ``counters`` must hold ``step``; the run adds ``skipped_steps``."""
-        save_checkpoint(Path(path), self.modules, self.optimizer, self.scheduler,
-                        {**counters, "skipped_steps": self.guard.skipped}, settings=self.settings())
+        save_checkpoint(
+            Path(path),
+            self.modules,
+            self.optimizer,
+            self.scheduler,
+            {**counters, "skipped_steps": self.guard.skipped},
+            settings=self.settings(),
+        )
 
     def _resume(self, path) -> dict:
         # Any number of processes; a rank the saved run did not have gets the seed a fresh run gives it.
-        counters = load_checkpoint(path, self.modules, self.optimizer, self.scheduler,
-                                   fresh_seed=self.args.seed + 1_000_003 * distributed.role_rank(), settings=self.settings())
+        counters = load_checkpoint(
+            path,
+            self.modules,
+            self.optimizer,
+            self.scheduler,
+            fresh_seed=self.args.seed + 1_000_003 * distributed.role_rank(),
+            settings=self.settings(),
+        )
         if int(counters.get("step", -1)) > self.total_steps:
-            raise ValueError(f"resume_from={str(path)!r} is at step {counters['step']}, past this run's "
-                             f"{self.total_steps} steps")
+            raise ValueError(
+                f"resume_from={str(path)!r} is at step {counters['step']}, past this run's {self.total_steps} steps"
+            )
         self.guard.skipped = int(counters.get("skipped_steps", 0))
         NEWEST[:] = [Path(path)]  # what an interrupt's line names (interrupts.py) until this run saves one
         return counters

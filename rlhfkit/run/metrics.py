@@ -28,8 +28,16 @@ def to_floats(metrics: dict) -> dict[str, float]:
 class MetricsLogger:
     """Appends ``{"step": n, ...metrics}`` to ``metrics.jsonl`` and prints every ``log_every`` steps."""
 
-    def __init__(self, output_dir: str | None, log_every: int = 1, main_metric: str = "reward/mean",
-                 progress_bar: bool = True, total_steps: int | None = None, initial_step: int = 0, config=None):
+    def __init__(
+        self,
+        output_dir: str | None,
+        log_every: int = 1,
+        main_metric: str = "reward/mean",
+        progress_bar: bool = True,
+        total_steps: int | None = None,
+        initial_step: int = 0,
+        config=None,
+    ):
         """``config``: the run's config; its ``report_to`` trackers (``trackers.py``) get every row,
         its ``run_name`` and its values. Pass it on the main process only."""
         self.trackers = None
@@ -71,7 +79,6 @@ class MetricsLogger:
             print(f"step {step}/{total_steps} {parts} ({elapsed:.0f}s, eta {eta:.0f}s)", flush=True)
         return row
 
-
     def close(self) -> None:
         """End the trackers' runs (idempotent); metrics.jsonl needs no closing."""
         if self.trackers is not None:
@@ -79,8 +86,9 @@ class MetricsLogger:
             self.trackers = None
 
 
-def write_samples(output_dir: str | None, step: int, prompts, completions, scores, extra: dict | None = None, *,
-                  limit: int) -> None:
+def write_samples(
+    output_dir: str | None, step: int, prompts, completions, scores, extra: dict | None = None, *, limit: int
+) -> None:
     """Append up to ``limit`` ``{"step", "prompt", "completion", "score"}`` lines to samples.jsonl,
     each with its values of the ``extra`` columns (column -> one value per sample: what the reward
     functions passed to ``log_extra``; a value JSON cannot hold is written as its ``str``)."""
@@ -90,6 +98,11 @@ def write_samples(output_dir: str | None, step: int, prompts, completions, score
     file = Path(output_dir) / "samples.jsonl"
     with writing(file), file.open("a") as f:
         for i, (p, c, s) in enumerate(list(zip(prompts, completions, scores))[:limit]):
-            row = {"step": step, "prompt": p if isinstance(p, str) else json.dumps(p), "completion": c,
-                   "score": float(s), **{column: values[i] for column, values in extra.items()}}
+            row = {
+                "step": step,
+                "prompt": p if isinstance(p, str) else json.dumps(p),
+                "completion": c,
+                "score": float(s),
+                **{column: values[i] for column, values in extra.items()},
+            }
             f.write(json.dumps(row, default=str) + "\n")

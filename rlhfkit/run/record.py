@@ -35,9 +35,13 @@ def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
     the run (``record_run``)."""
     if not output_dir:
         return None
-    inputs = {"model": model, **{name: given for name, (given, _) in datasets.items()},
-              "reward_funcs": sources.get("reward_funcs"), "ref_model": sources.get("ref_model"),
-              "critic_init": getattr(args, "critic_init", None)}
+    inputs = {
+        "model": model,
+        **{name: given for name, (given, _) in datasets.items()},
+        "reward_funcs": sources.get("reward_funcs"),
+        "ref_model": sources.get("ref_model"),
+        "critic_init": getattr(args, "critic_init", None),
+    }
     check_inputs_outside(output_dir, args.overwrite, args.resume_from, inputs)
     prepare_run_dir(output_dir, args.overwrite, resume_from=args.resume_from)
     path = record_run(args, model, datasets, args.resume_from, **sources)
@@ -63,14 +67,25 @@ def record_start(output_dir, resume_from=None) -> Path:
     device = None
     if torch.cuda.is_initialized():  # a run on GPUs has loaded its model there; never start CUDA just to ask
         device = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    sessions.append({
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "started_unix": time.time(),
-        "ended": None, "duration_s": None, "git_commit": commit, "git_dirty": dirty,
-        "rlhfkit": __version__, "torch": torch.__version__, "transformers": _version("transformers"),
-        "python": sys.version.split()[0], "host": socket.gethostname(), "device": device or "cpu",
-        "processes": int(os.environ.get("WORLD_SIZE", "1")), "argv": list(sys.argv),
-        "resume_from": None if resume_from is None else str(resume_from),
-    })
+    sessions.append(
+        {
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "started_unix": time.time(),
+            "ended": None,
+            "duration_s": None,
+            "git_commit": commit,
+            "git_dirty": dirty,
+            "rlhfkit": __version__,
+            "torch": torch.__version__,
+            "transformers": _version("transformers"),
+            "python": sys.version.split()[0],
+            "host": socket.gethostname(),
+            "device": device or "cpu",
+            "processes": int(os.environ.get("WORLD_SIZE", "1")),
+            "argv": list(sys.argv),
+            "resume_from": None if resume_from is None else str(resume_from),
+        }
+    )
     return _write_sessions(path, sessions)
 
 
@@ -99,8 +114,10 @@ def _write_sessions(path: Path, sessions: list[dict]) -> Path | None:
 
         if err.errno == errno.ENOSPC:  # the run's next write fails too, and its one line names the full disk
             return None
-        warnings.warn(f"{path}: not written ({err.strerror or err}); the report shows what the run's other "
-                      "files tell", stacklevel=3)
+        warnings.warn(
+            f"{path}: not written ({err.strerror or err}); the report shows what the run's other files tell",
+            stacklevel=3,
+        )
         return None
     return path
 
@@ -126,6 +143,7 @@ def _version(package: str) -> str | None:
 def _git_commit(folder: Path) -> tuple[str | None, bool | None]:
     """The commit checked out where rlhfkit's source lies, and whether tracked files differ from it
     (None, None outside a git checkout, e.g. an installed wheel, or without git)."""
+
     def git(*argv):
         return subprocess.run(["git", "-C", str(folder), *argv], capture_output=True, text=True, timeout=10)
 
@@ -178,9 +196,14 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     if tools:  # agents: importable functions / classes by 'module:qualname'
         values["tools"] = tuple(reward_source(t) for t in tools)
     if environment is not None:
-        values["environment"] = (reward_source(environment) if not isinstance(environment, dict) else
-                                 unrecorded_reward("environment_factory", "a dict of environment factories has no "
-                                                   "import path; the command line takes one class"))
+        values["environment"] = (
+            reward_source(environment)
+            if not isinstance(environment, dict)
+            else unrecorded_reward(
+                "environment_factory",
+                "a dict of environment factories has no import path; the command line takes one class",
+            )
+        )
     peft = sources.pop("peft_config", None)
     if peft is not None:
         values.update(_lora_fields(peft))
@@ -205,8 +228,14 @@ def reward_source(spec) -> str:
 
     if isinstance(spec, torch.nn.Module):  # a reward model: by its directory, if it was loaded as one
         origin = model_source(getattr(spec, "backbone", spec))
-        return origin if origin and _is_reward_model_dir(origin) else unrecorded_reward(
-            type(spec).__name__, "a model object that was not loaded from a directory; save it and pass its directory")
+        return (
+            origin
+            if origin and _is_reward_model_dir(origin)
+            else unrecorded_reward(
+                type(spec).__name__,
+                "a model object that was not loaded from a directory; save it and pass its directory",
+            )
+        )
     for name, fn in REWARD_FUNCTIONS.items():
         if fn is spec:
             return name
@@ -225,10 +254,15 @@ def reward_source(spec) -> str:
             obj = None
         if obj is spec:
             return f"{module}:{qualname}"
-    why = ("a lambda has no import path" if name == "<lambda>" else
-           "defined inside a function, where no import path reaches" if "<locals>" in qualname else
-           f"a {type(spec).__name__} object, not a function a module defines" if not hasattr(spec, "__qualname__") else
-           f"{module}.{qualname} cannot be imported")
+    why = (
+        "a lambda has no import path"
+        if name == "<lambda>"
+        else "defined inside a function, where no import path reaches"
+        if "<locals>" in qualname
+        else f"a {type(spec).__name__} object, not a function a module defines"
+        if not hasattr(spec, "__qualname__")
+        else f"{module}.{qualname} cannot be imported"
+    )
     return unrecorded_reward(name, f"{why}; define it at the top of a module and pass 'module:{name}'")
 
 
@@ -243,23 +277,28 @@ def script_source(name: str) -> str:
     advice = f"; move it into a module (e.g. rewards.py) and pass 'rewards:{name}'"
     file = getattr(sys.modules.get("__main__"), "__file__", None)
     if not file:
-        return unrecorded_reward(name, "defined in an interactive session, which has no file a rerun can import"
-                                 + advice)
+        return unrecorded_reward(
+            name, "defined in an interactive session, which has no file a rerun can import" + advice
+        )
     path, cwd = Path(file).resolve(), Path.cwd().resolve()
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError) as err:
-        return unrecorded_reward(name, f"defined in the script {path}, which cannot be read ({type(err).__name__})"
-                                 + advice)
+        return unrecorded_reward(
+            name, f"defined in the script {path}, which cannot be read ({type(err).__name__})" + advice
+        )
     runs = next((node.lineno for node in tree.body if not _only_defines(node)), None)
     parts = path.with_suffix("").relative_to(cwd).parts if path.is_relative_to(cwd) else ()
     if runs is not None:
-        why = (f"defined in the script {path}, which a rerun cannot import: importing it would run its line "
-               f"{runs} (guard the run of the script with if __name__ == \"__main__\":)")
+        why = (
+            f"defined in the script {path}, which a rerun cannot import: importing it would run its line "
+            f'{runs} (guard the run of the script with if __name__ == "__main__":)'
+        )
     elif not parts or not all(p.isidentifier() for p in parts):
         why = f"defined in the script {path}, which is not importable from the current directory {cwd}"
-    elif not any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
-                 for n in tree.body):
+    elif not any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name for n in tree.body
+    ):
         why = f"not defined at the top of the script {path}"
     else:
         return f"{'.'.join(parts)}:{name}"
@@ -280,9 +319,14 @@ def _only_defines(node: ast.stmt) -> bool:
             return False
         return True
     test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
-            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
-            and test.comparators[0].value == "__main__")
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )
 
 
 def _is_reward_model_dir(path: str) -> bool:
@@ -332,5 +376,9 @@ def _lora_fields(peft) -> dict:
         return {}
     targets = getattr(peft, "target_modules", None)
     targets = "" if targets is None else targets if isinstance(targets, str) else ",".join(sorted(targets))
-    return {"lora_r": int(peft.r), "lora_alpha": int(peft.lora_alpha),
-            "lora_dropout": float(getattr(peft, "lora_dropout", 0.0) or 0.0), "lora_target_modules": targets}
+    return {
+        "lora_r": int(peft.r),
+        "lora_alpha": int(peft.lora_alpha),
+        "lora_dropout": float(getattr(peft, "lora_dropout", 0.0) or 0.0),
+        "lora_target_modules": targets,
+    }

@@ -58,8 +58,14 @@ class Trace:
     def add(self, name: str, start: float, end: float, args: dict | None = None) -> None:
         """One complete event from ``time.perf_counter()`` readings ``start`` .. ``end``."""
         if len(self.events) < MAX_BUFFERED:
-            event = {"name": name, "ph": "X", "pid": self.rank, "tid": 0,
-                     "ts": round((start + self.offset) * 1e6, 1), "dur": round((end - start) * 1e6, 1)}
+            event = {
+                "name": name,
+                "ph": "X",
+                "pid": self.rank,
+                "tid": 0,
+                "ts": round((start + self.offset) * 1e6, 1),
+                "dur": round((end - start) * 1e6, 1),
+            }
             if args:
                 event["args"] = args
             self.events.append(event)
@@ -158,8 +164,10 @@ def merge(run_dir, remove: bool = True) -> Path | None:
     meta = {(e.get("pid"), e.get("name")): e for e in events if e.get("ph") == "M"}  # once per process
     timed = {json.dumps(e, sort_keys=True): e for e in events if e.get("ph") != "M"}  # once each
     timed = sorted(timed.values(), key=lambda e: (e.get("ts", 0), -e.get("dur", 0)))
-    write_text_atomic(target, json.dumps({"traceEvents": [*meta.values(), *timed], "displayTimeUnit": "ms"},
-                                         separators=(",", ":")) + "\n")
+    write_text_atomic(
+        target,
+        json.dumps({"traceEvents": [*meta.values(), *timed], "displayTimeUnit": "ms"}, separators=(",", ":")) + "\n",
+    )
     if remove:
         shutil.rmtree(run_dir / RANK_DIR, ignore_errors=True)
     return target

@@ -22,8 +22,12 @@ import warnings
 from pathlib import Path
 
 # tracker -> (the module that must be importable, the extra that installs it)
-PACKAGES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
-            "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio")}
+PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "mlflow": ("mlflow", "mlflow"),
+    "trackio": ("trackio", "trackio"),
+}
 
 
 def check_installed(names) -> None:
@@ -65,8 +69,13 @@ class _WandB:
         import wandb
 
         kwargs = {"dir": str(output_dir)} if output_dir else {}
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlhfkit"), name=run_name, config=config,
-                              reinit="create_new", **kwargs)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "rlhfkit"),
+            name=run_name,
+            config=config,
+            reinit="create_new",
+            **kwargs,
+        )
 
     def log(self, step, metrics):
         self.run.log(metrics, step=step)
@@ -137,8 +146,11 @@ class Trackers:
             try:
                 tracker.log(step, metrics)
             except Exception as err:  # a tracker's failure never stops training
-                warnings.warn(f"report_to: {name} failed to log step {step} ({type(err).__name__}: {err}); "
-                              f"it is dropped for the rest of the run (metrics.jsonl is complete)", stacklevel=2)
+                warnings.warn(
+                    f"report_to: {name} failed to log step {step} ({type(err).__name__}: {err}); "
+                    f"it is dropped for the rest of the run (metrics.jsonl is complete)",
+                    stacklevel=2,
+                )
                 self._close_one(name)
 
     def close(self) -> None:

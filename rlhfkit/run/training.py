@@ -36,6 +36,7 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
         raise ValueError(f"lr_scheduler must be one of {', '.join(SCHEDULERS)}, got {kind!r}")
 
     if kind.startswith("hf_"):
+
         def factor(step: int) -> float:
             if step < warmup_steps:
                 return step / max(1, warmup_steps)
@@ -97,12 +98,18 @@ class NonFiniteGuard:
         bad_loss = not bool(torch.isfinite(values[1:]).all())  # the loss first: the cause, when it is
         what, shown = ("loss", float(values[1:].sum())) if bad_loss else ("gradient norm", float(values[0]))
         if self.in_a_row >= self.limit:
-            raise ValueError(f"stopping: the {what} was not finite in {self.in_a_row} optimizer steps in a row "
-                             f"(max_consecutive_skips={self.limit}); the weights keep their last finite values. "
-                             "Check the data, the rewards and the learning rate, or use float32")
+            raise ValueError(
+                f"stopping: the {what} was not finite in {self.in_a_row} optimizer steps in a row "
+                f"(max_consecutive_skips={self.limit}); the weights keep their last finite values. "
+                "Check the data, the rewards and the learning rate, or use float32"
+            )
         if distributed.is_main():
-            print(f"warning: optimizer step skipped: the {what} is {shown} ({self.skipped} skipped so far, "
-                  f"{self.in_a_row} in a row)", file=sys.stderr, flush=True)
+            print(
+                f"warning: optimizer step skipped: the {what} is {shown} ({self.skipped} skipped so far, "
+                f"{self.in_a_row} in a row)",
+                file=sys.stderr,
+                flush=True,
+            )
         return False
 
     def check_weights(self, params, lr: float) -> None:
@@ -125,13 +132,20 @@ class NonFiniteGuard:
         if int(distributed.reduce_sum(bad)):
             dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in local})
             advice = "lower learning_rate" + ("" if dtypes == ["float32"] else ", or use dtype=float32")
-            raise ValueError(f"stopping: the weights became non-finite (NaN or inf) in an optimizer step with a finite "
-                             f"gradient (learning rate {lr:g}, weights in {', '.join(dtypes)}): the update overflowed. "
-                             f"Nothing non-finite is saved; {advice}")
+            raise ValueError(
+                f"stopping: the weights became non-finite (NaN or inf) in an optimizer step with a finite "
+                f"gradient (learning rate {lr:g}, weights in {', '.join(dtypes)}): the update overflowed. "
+                f"Nothing non-finite is saved; {advice}"
+            )
 
 
-def optimizer_step(optimizer, scheduler, max_grad_norm: float | None, guard: NonFiniteGuard | None = None,
-                   loss: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def optimizer_step(
+    optimizer,
+    scheduler,
+    max_grad_norm: float | None,
+    guard: NonFiniteGuard | None = None,
+    loss: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, float]:
     """Clip the global gradient norm (None: no clipping, norm still measured), step the optimizer
     and the schedule (neither when ``guard`` refuses a non-finite gradient norm or ``loss``: the
     schedule counts applied updates), check the updated weights (``guard.check_weights``), clear

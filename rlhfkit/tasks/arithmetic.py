@@ -25,8 +25,9 @@ def make_rows(n: int, seed: int, digits=2, operators: str = "+", exclude: set | 
     mix such as (1, 2))."""
     options = (digits,) if isinstance(digits, int) else tuple(digits)
     if not options or min(options) < 1 or any(op not in OPERATORS for op in operators) or not operators:
-        raise ValueError(f"digits must be >= 1 and operators a non-empty subset of {''.join(OPERATORS)}, "
-                         f"got {digits}, {operators!r}")
+        raise ValueError(
+            f"digits must be >= 1 and operators a non-empty subset of {''.join(OPERATORS)}, got {digits}, {operators!r}"
+        )
     ranges = {d: (10 ** (d - 1) if d > 1 else 0, 10**d - 1) for d in options}
     capacity = sum((hi - lo + 1) ** 2 for lo, hi in ranges.values()) * len(operators) - len(exclude or ())
     if n > capacity:
@@ -56,8 +57,15 @@ def _key(row: dict) -> tuple:
     return int(a), op, int(b)
 
 
-def write_task_files(out_dir, seed: int = 0, n_train: int = 2000, n_eval: int = 64, digits: int = 2,
-                     operators: str = "+", train_digits=None) -> dict[str, str]:
+def write_task_files(
+    out_dir,
+    seed: int = 0,
+    n_train: int = 2000,
+    n_eval: int = 64,
+    digits: int = 2,
+    operators: str = "+",
+    train_digits=None,
+) -> dict[str, str]:
     """train.jsonl and eval.jsonl for the recipes. Returns name -> path."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

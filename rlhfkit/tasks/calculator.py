@@ -58,8 +58,14 @@ def make_rows(n: int, seed: int, digits: tuple[int, int] = (2, 2), exclude: set 
         key = (rng.randint(*lo_hi[0]), rng.randint(*lo_hi[1]))
         if key not in seen:
             seen.add(key)
-            rows.append({"prompt": [{"role": "user", "content": question(key[0], "*", key[1])}],
-                         "answer": str(key[0] * key[1]), "a": key[0], "b": key[1]})
+            rows.append(
+                {
+                    "prompt": [{"role": "user", "content": question(key[0], "*", key[1])}],
+                    "answer": str(key[0] * key[1]),
+                    "a": key[0],
+                    "b": key[1],
+                }
+            )
     return rows
 
 
@@ -81,14 +87,23 @@ def tool_conversations(rows: list[dict], wrong_share: float = 0.0, seed: int = 0
         a, b = row["a"], row["b"]
         call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
         final = str(a) if rng.random() < wrong_share else str(a * b)
-        out.append({"messages": [*row["prompt"], {"role": "assistant", "content": "", "tool_calls": [call]},
-                                 {"role": "tool", "name": "multiply", "content": str(a * b)},
-                                 {"role": "assistant", "content": final}], "tools": [schema]})
+        out.append(
+            {
+                "messages": [
+                    *row["prompt"],
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "name": "multiply", "content": str(a * b)},
+                    {"role": "assistant", "content": final},
+                ],
+                "tools": [schema],
+            }
+        )
     return out
 
 
-def write_task_files(out_dir, seed: int = 0, n_train: int = 2000, n_eval: int = 64, digits=(2, 2),
-                     wrong_share: float = 0.0) -> dict[str, str]:
+def write_task_files(
+    out_dir, seed: int = 0, n_train: int = 2000, n_eval: int = 64, digits=(2, 2), wrong_share: float = 0.0
+) -> dict[str, str]:
     """train.jsonl, eval.jsonl (prompt rows) and sft.jsonl (tool conversations of the training
     questions) for the recipes. Returns name -> path."""
     out = Path(out_dir)

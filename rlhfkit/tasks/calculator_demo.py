@@ -36,7 +36,8 @@ TINY_TOOLS_TEMPLATE = (
     "{{ m['content'] or '' }}{% for c in (m['tool_calls'] or []) %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
     "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
     "{%- else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 # An episode: the call (~70 tokens) and its EOS, the tool suffix (~20), the answer (~5).
 MAX_NEW_TOKENS = 128
@@ -48,8 +49,17 @@ MAX_NEW_TOKENS = 128
 # the call format.
 MODEL = {"hidden_size": 128, "layers": 4, "heads": 8}
 SFT = {"learning_rate": 2e-3, "max_steps": 2500, "batch_size": 16}
-RL = {"algorithm": "grpo", "learning_rate": 2e-4, "prompts_per_step": 8, "group_size": 8, "kl_coef": 0.0,
-      "max_new_tokens": MAX_NEW_TOKENS, "max_tool_calling_iterations": 1, "eval_every": 10, "max_steps": 40}
+RL = {
+    "algorithm": "grpo",
+    "learning_rate": 2e-4,
+    "prompts_per_step": 8,
+    "group_size": 8,
+    "kl_coef": 0.0,
+    "max_new_tokens": MAX_NEW_TOKENS,
+    "max_tool_calling_iterations": 1,
+    "eval_every": 10,
+    "max_steps": 40,
+}
 
 
 def demo_files(out_dir, seed: int = 0, n_train: int = 2000, n_eval: int = 64, wrong_share: float = 0.5) -> dict:
@@ -68,8 +78,14 @@ def warm_start(paths: dict, out_dir, seed: int = 0, **sft) -> str:
 
     tokenizer = chatml_tokenizer()
     model = tiny_causal_lm(tokenizer, seed=seed, **MODEL)
-    args = SFTConfig(output_dir=str(out_dir), chat_template=paths["template.jinja"], max_length=256, seed=seed,
-                     log_every=100, **{**SFT, **sft})
+    args = SFTConfig(
+        output_dir=str(out_dir),
+        chat_template=paths["template.jinja"],
+        max_length=256,
+        seed=seed,
+        log_every=100,
+        **{**SFT, **sft},
+    )
     SFTTrainer(model, args, train_dataset=paths["sft.jsonl"], processing_class=tokenizer).train()
     return str(Path(out_dir) / "final")
 
@@ -78,9 +94,18 @@ def rl_job(model_dir: str, paths: dict, out_dir, use: str = "environment", seed:
     """The GRPO run as a config mapping (what ``rlhfkit rl --config`` reads from YAML)."""
     if use not in ("environment", "tools"):
         raise ValueError(f"use must be 'environment' or 'tools', got {use!r}")
-    job = {"model": model_dir, "train_dataset": paths["train.jsonl"], "eval_dataset": paths["eval.jsonl"],
-           "reward_funcs": ["strict_math_answer"], "chat_template": paths["template.jinja"],
-           "output_dir": str(out_dir), "seed": seed, "log_every": 5, **RL, **overrides}
+    job = {
+        "model": model_dir,
+        "train_dataset": paths["train.jsonl"],
+        "eval_dataset": paths["eval.jsonl"],
+        "reward_funcs": ["strict_math_answer"],
+        "chat_template": paths["template.jinja"],
+        "output_dir": str(out_dir),
+        "seed": seed,
+        "log_every": 5,
+        **RL,
+        **overrides,
+    }
     if use == "environment":
         job["environment"] = "rlhfkit.tasks.calculator:Calculator"
     else:
@@ -88,7 +113,9 @@ def rl_job(model_dir: str, paths: dict, out_dir, use: str = "environment", seed:
     return job
 
 
-def train_agent(model_dir: str, paths: dict, out_dir, use: str = "environment", seed: int = 0, **overrides) -> list[dict]:
+def train_agent(
+    model_dir: str, paths: dict, out_dir, use: str = "environment", seed: int = 0, **overrides
+) -> list[dict]:
     """GRPO of ``model_dir`` with the calculator through ``RLTrainer``'s Python API; returns the
     logged history (the evaluations included)."""
     from ..config import RLConfig
@@ -98,15 +125,19 @@ def train_agent(model_dir: str, paths: dict, out_dir, use: str = "environment", 
     agent = {"environment_factory": calculator.Calculator} if use == "environment" else {"tools": [calculator.multiply]}
     given = ("model", "train_dataset", "eval_dataset", "reward_funcs", "environment", "tools")  # not RLConfig fields
     config = RLConfig(**{k: v for k, v in job.items() if k not in given})
-    trainer = RLTrainer(job["model"], job["reward_funcs"], config, job["train_dataset"],
-                        eval_dataset=job["eval_dataset"], **agent)
+    trainer = RLTrainer(
+        job["model"], job["reward_funcs"], config, job["train_dataset"], eval_dataset=job["eval_dataset"], **agent
+    )
     return trainer.train()
 
 
 def accuracy_curve(history: list[dict]) -> list[tuple[int, float]]:
     """(step, held-out greedy exact-match accuracy) of every evaluation in ``history``."""
-    return [(row.get("step", 0), row["eval/strict_math_answer_mean"]) for row in history
-            if "eval/strict_math_answer_mean" in row]
+    return [
+        (row.get("step", 0), row["eval/strict_math_answer_mean"])
+        for row in history
+        if "eval/strict_math_answer_mean" in row
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -122,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     for use in ("environment", "tools"):
         history = train_agent(model_dir, paths, out / f"grpo-{use}", use, args.seed, max_steps=args.steps)
         results[use] = accuracy_curve(history)
-        print(f"{use:<12} held-out accuracy by step: " + "  ".join(f"{s}: {a:.3f}" for s, a in results[use]), flush=True)
+        print(
+            f"{use:<12} held-out accuracy by step: " + "  ".join(f"{s}: {a:.3f}" for s, a in results[use]), flush=True
+        )
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -101,8 +101,9 @@ def write_task_files(out_dir, seed: int = 0) -> dict[str, str]:
     for name, rows in files.items():
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
         paths[name] = str(out / name)
-    paths["model"] = save_tiny_model(out / "model", char_tokenizer(alphabet=LETTERS + "="), hidden_size=64, layers=2,
-                                     seed=seed)
+    paths["model"] = save_tiny_model(
+        out / "model", char_tokenizer(alphabet=LETTERS + "="), hidden_size=64, layers=2, seed=seed
+    )
     return paths
 
 

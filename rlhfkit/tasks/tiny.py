@@ -76,14 +76,16 @@ def chatml_tokenizer(alphabet: str = CHATML_ALPHABET, eos_token: str = "<|im_end
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=eos_token, pad_token="<pad>", unk_token="<unk>", padding_side="left"
+    )
     fast.chat_template = resolve_chat_template("chatml_tools")
     return fast
 
 
-def tiny_causal_lm(tokenizer, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0,
-                   end_of_turn: str | None = None):
+def tiny_causal_lm(
+    tokenizer, hidden_size: int = 64, layers: int = 2, heads: int = 4, seed: int = 0, end_of_turn: str | None = None
+):
     """A randomly initialised ``LlamaForCausalLM`` sized for the tokenizer (≈100k–500k params).
 
     ``end_of_turn``: a token other than the tokenizer's EOS that also ends a turn — the model's
@@ -168,7 +170,8 @@ def thinking_template(keep_current_reasoning: bool = True) -> str:
         "<|im_end|>\n"
         "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
         "{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
 
 
 def add(a: int, b: int) -> int:

@@ -27,11 +27,24 @@ def toy_trainer(algorithm: str, model_kwargs: dict | None = None, callbacks=None
 
     tok = char_tokenizer()
     group_based = PRESETS[algorithm]["group_size"] > 1
-    args = dict(algorithm=algorithm, learning_rate=3e-3, max_new_tokens=8, max_steps=30, log_every=0, seed=0,
-                prompts_per_step=4 if group_based else 16)
+    args = dict(
+        algorithm=algorithm,
+        learning_rate=3e-3,
+        max_new_tokens=8,
+        max_steps=30,
+        log_every=0,
+        seed=0,
+        prompts_per_step=4 if group_based else 16,
+    )
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, seed=0, **(model_kwargs or {})), [fraction_of_a], RLConfig(**args), train_dataset=PROMPTS,
-                     processing_class=tok, callbacks=callbacks)
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0, **(model_kwargs or {})),
+        [fraction_of_a],
+        RLConfig(**args),
+        train_dataset=PROMPTS,
+        processing_class=tok,
+        callbacks=callbacks,
+    )
 
 
 ALGORITHMS = ("ppo", "grpo", "reinforce", "rloo", "dr_grpo", "reinforce_plus_plus", "gspo", "cispo", "dapo")
@@ -42,8 +55,9 @@ def reward_curves(algorithms=ALGORITHMS, window: int = 5) -> None:
     for algorithm in algorithms:
         start = time.perf_counter()
         history = toy_trainer(algorithm).train()
-        points = [sum(r["reward/mean"] for r in history[i : i + window]) / window
-                  for i in range(0, len(history), window)]
+        points = [
+            sum(r["reward/mean"] for r in history[i : i + window]) / window for i in range(0, len(history), window)
+        ]
         curve = " -> ".join(f"{p:.2f}" for p in points)
         print(f"{algorithm:<10} {curve}   ({time.perf_counter() - start:.1f}s)", flush=True)
 

@@ -46,6 +46,7 @@ from ..run.metrics import to_floats
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
 
+
 @dataclass(frozen=True)
 class PreferencePair:
     prompt: list[int]
@@ -68,8 +69,17 @@ class DPOTrainer(SupervisedTrainer):
 
     main_metric = "rewards/accuracies"
 
-    def __init__(self, model, args: DPOConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, ref_model=None, peft_config=None, callbacks=None):
+    def __init__(
+        self,
+        model,
+        args: DPOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        ref_model=None,
+        peft_config=None,
+        callbacks=None,
+    ):
         self.args = args = args or DPOConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
@@ -79,13 +89,17 @@ class DPOTrainer(SupervisedTrainer):
             raise ValueError("loss_type='simpo' is reference-free: drop ref_model and precompute_ref_logprobs")
         world = distributed.planned_world()
         if args.batch_size % world:
-            raise ValueError(f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
-                             "each process scores an equal share of every step's pairs")
+            raise ValueError(
+                f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
+                "each process scores an equal share of every step's pairs"
+            )
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self._check_run(callbacks)
-        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
-                                        "model" if processing_class is None else "processing_class")
+        self.tokenizer = load_tokenizer(
+            processing_class if processing_class is not None else model,
+            "model" if processing_class is None else "processing_class",
+        )
         self.train_pairs = self._encode(train_rows, "train_dataset")
         self.eval_pairs = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
         seed_everything(args.seed)
@@ -117,12 +131,17 @@ class DPOTrainer(SupervisedTrainer):
             self.reference = None  # no longer needed: its memory is freed
         if distributed.role_size() > 1:
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
-        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
-                       peft_config, ref_model=ref_model)
+        self._open_run(
+            model,
+            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
+            peft_config,
+            ref_model=ref_model,
+        )
         self.n_items = len(self.train_pairs)
         self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
-        self._start_training(args.max_steps if args.max_steps is not None
-                             else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
+        self._start_training(
+            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
+        )
 
     # ---------------------------------------------------------------- data
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
@@ -137,14 +156,14 @@ class DPOTrainer(SupervisedTrainer):
                 chosen, rejected = (encode_pair(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
             except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
                 raise ValueError(f"{name}: pair {i} (0-based): {e}") from None
-            prompt = chosen.input_ids[:chosen.prompt_len]
-            completions = chosen.input_ids[chosen.prompt_len:], rejected.input_ids[rejected.prompt_len:]
+            prompt = chosen.input_ids[: chosen.prompt_len]
+            completions = chosen.input_ids[chosen.prompt_len :], rejected.input_ids[rejected.prompt_len :]
             longest = max(len(c) for c in completions)
             if longest + 1 > limit:
                 dropped += 1
                 continue
             cut += len(prompt) + longest > limit
-            prompt = prompt[max(0, len(prompt) + longest - limit):]
+            prompt = prompt[max(0, len(prompt) + longest - limit) :]
             pairs.append(PreferencePair(prompt, *completions))
         note_cut(name, cut, len(rows), "pairs", limit, "the prompt's start")
         note_unknown(name, [(p.prompt, p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
@@ -185,10 +204,10 @@ class DPOTrainer(SupervisedTrainer):
         was_training = self.model.training
         self.train_model.eval()
         for k in range(distributed.reduce_max(len(starts))):
-            chunk = pairs[starts[k]:min(starts[k] + size, hi)] if k < len(starts) else pairs[:1]
+            chunk = pairs[starts[k] : min(starts[k] + size, hi)] if k < len(starts) else pairs[:1]
             logps = self._reference_logps(chunk).double().cpu().view(2, -1)
             if k < len(starts):
-                out[:, starts[k]:starts[k] + len(chunk)] = logps
+                out[:, starts[k] : starts[k] + len(chunk)] = logps
         self.train_model.train(was_training)
         return torch.tensor(distributed.sum_floats(out.flatten().tolist()), dtype=torch.float64).view(2, n)
 
@@ -220,13 +239,24 @@ class DPOTrainer(SupervisedTrainer):
         n = len(pairs)
         ref = None
         if self.needs_reference:
-            ref = (ref_table[:, indices].to(self.device, torch.float32).flatten() if ref_table is not None
-                   else self._reference_logps(pairs))
+            ref = (
+                ref_table[:, indices].to(self.device, torch.float32).flatten()
+                if ref_table is not None
+                else self._reference_logps(pairs)
+            )
         a = self.args
         losses, chosen_r, rejected_r = dpo_loss(
-            logps[:n], logps[n:], None if ref is None else ref[:n], None if ref is None else ref[n:], beta=a.beta,
-            loss_type=a.loss_type, label_smoothing=a.label_smoothing, simpo_gamma=a.simpo_gamma,
-            chosen_lengths=lengths[:n], rejected_lengths=lengths[n:])
+            logps[:n],
+            logps[n:],
+            None if ref is None else ref[:n],
+            None if ref is None else ref[n:],
+            beta=a.beta,
+            loss_type=a.loss_type,
+            label_smoothing=a.label_smoothing,
+            simpo_gamma=a.simpo_gamma,
+            chosen_lengths=lengths[:n],
+            rejected_lengths=lengths[n:],
+        )
         return losses, chosen_r, rejected_r, logps.detach()
 
     def _step(self, indices: list[int]) -> dict:
@@ -236,7 +266,7 @@ class DPOTrainer(SupervisedTrainer):
         gradients on the last micro-batch only."""
         self.train_model.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
-        mine = indices[n * rank // world:n * (rank + 1) // world]
+        mine = indices[n * rank // world : n * (rank + 1) // world]
         chunks, parts = self._micro_batches(mine, n), []
         for k, chunk in enumerate(chunks):
             used = chunk or indices[:1]
@@ -291,14 +321,27 @@ def _pair_metrics(losses, chosen_r, rejected_r, logps, n_real: int) -> dict[str,
     ``n_real`` count, none for a stand-in) and its (2n,) summed log-probs (chosen, then rejected)."""
     c_logps, r_logps = logps.view(2, -1)[0].double()[:n_real], logps.view(2, -1)[1].double()[:n_real]
     cr, rr = chosen_r.detach().double()[:n_real], rejected_r.detach().double()[:n_real]
-    sums = torch.stack([losses.detach().double()[:n_real].sum(), cr.sum(), rr.sum(), (cr > rr).double().sum(),
-                        c_logps.sum(), r_logps.sum()]).tolist()  # one device synchronisation
+    sums = torch.stack(
+        [
+            losses.detach().double()[:n_real].sum(),
+            cr.sum(),
+            rr.sum(),
+            (cr > rr).double().sum(),
+            c_logps.sum(),
+            r_logps.sum(),
+        ]
+    ).tolist()  # one device synchronisation
     count, loss, c, r, wins, lc, lr = distributed.sum_floats([float(n_real), *sums])
     count = max(count, 1.0)
-    return {"dpo/loss": torch.tensor(loss / count), "rewards/chosen": torch.tensor(c / count),
-            "rewards/rejected": torch.tensor(r / count), "rewards/accuracies": torch.tensor(wins / count),
-            "rewards/margins": torch.tensor((c - r) / count), "logps/chosen": torch.tensor(lc / count),
-            "logps/rejected": torch.tensor(lr / count)}
+    return {
+        "dpo/loss": torch.tensor(loss / count),
+        "rewards/chosen": torch.tensor(c / count),
+        "rewards/rejected": torch.tensor(r / count),
+        "rewards/accuracies": torch.tensor(wins / count),
+        "rewards/margins": torch.tensor((c - r) / count),
+        "logps/chosen": torch.tensor(lc / count),
+        "logps/rejected": torch.tensor(lr / count),
+    }
 
 
 __all__ = ["DPOConfig", "DPOTrainer", "DPO_LOSSES"]

@@ -72,8 +72,17 @@ class RewardModelTrainer(SupervisedTrainer):
 
     main_metric = "rm/accuracy"
 
-    def __init__(self, model, args: RewardModelConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, center_dataset=None, peft_config=None, callbacks=None):
+    def __init__(
+        self,
+        model,
+        args: RewardModelConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        center_dataset=None,
+        peft_config=None,
+        callbacks=None,
+    ):
         self.args = args = args or RewardModelConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
@@ -81,8 +90,10 @@ class RewardModelTrainer(SupervisedTrainer):
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
         world = distributed.planned_world()
         if args.batch_size % world:
-            raise ValueError(f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
-                             "each process scores an equal share of every step's pairs")
+            raise ValueError(
+                f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
+                "each process scores an equal share of every step's pairs"
+            )
         train_rows = load_preference_dataset(train_dataset, "train_dataset")
         eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
@@ -92,15 +103,19 @@ class RewardModelTrainer(SupervisedTrainer):
             resolve_model_dir(model, "model")
         elif processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
-        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
-                                        "model" if processing_class is None else "processing_class")
+        self.tokenizer = load_tokenizer(
+            processing_class if processing_class is not None else model,
+            "model" if processing_class is None else "processing_class",
+        )
         self.train_pairs = self._encode_pairs(train_rows, "train_dataset")
         self.eval_pairs = self._encode_pairs(eval_rows, "eval_dataset") if eval_rows is not None else None
         if center_rows is None:  # default: every training completion, chosen and rejected
             self.center_ids = [ids for p in self.train_pairs for ids in (p.chosen, p.rejected)]
         else:
-            self.center_ids = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
-                               for r in center_rows]
+            self.center_ids = [
+                encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
+                for r in center_rows
+            ]
         seed_everything(args.seed)  # the same initial head on every process
         model = self._load_model(model)
         if model.head.bias is not None:
@@ -119,15 +134,26 @@ class RewardModelTrainer(SupervisedTrainer):
         # the ScalarModel inside.
         scorer = _Scorer(self.model)
         # LoRA under torchrun with FSDP2: the main process merges from an unsharded copy at save time.
-        self._template = (copy.deepcopy(scorer).cpu() if is_peft(self.model.backbone) and distributed.role_active()
-                          and distributed.is_main() else None)
+        self._template = (
+            copy.deepcopy(scorer).cpu()
+            if is_peft(self.model.backbone) and distributed.role_active() and distributed.is_main()
+            else None
+        )
         self.scorer = distributed.shard(scorer, args.parallelism)
-        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows),
-                               "center_dataset": (center_dataset, center_rows)}, peft_config)
+        self._open_run(
+            model,
+            {
+                "train_dataset": (train_dataset, train_rows),
+                "eval_dataset": (eval_dataset, eval_rows),
+                "center_dataset": (center_dataset, center_rows),
+            },
+            peft_config,
+        )
         self.n_items = len(self.train_pairs)
         self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
-        self._start_training(args.max_steps if args.max_steps is not None
-                             else max(1, math.ceil(args.num_epochs * self.steps_per_epoch)))
+        self._start_training(
+            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
+        )
 
     def _load_model(self, model) -> ScalarModel:
         """The ``ScalarModel`` to train (``_load_scalar_model``: a causal LM gets rlhfkit's fresh
@@ -141,8 +167,10 @@ class RewardModelTrainer(SupervisedTrainer):
         pairs, dropped, cut = [], 0, 0
         for i, row in enumerate(rows):
             try:
-                chosen, rejected = (encode_pair(row["prompt"], row[k], self.tokenizer, self.args.max_length)
-                                    for k in ("chosen", "rejected"))
+                chosen, rejected = (
+                    encode_pair(row["prompt"], row[k], self.tokenizer, self.args.max_length)
+                    for k in ("chosen", "rejected")
+                )
             except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
                 raise ValueError(f"{name}: pair {i} (0-based): {e}") from None
             if chosen.truncated or rejected.truncated:
@@ -157,15 +185,16 @@ class RewardModelTrainer(SupervisedTrainer):
 
     def _score_pairs(self, pairs: list[Pair]):
         """(chosen, rejected, margin) for a batch: both sides in one forward pass."""
-        ids, mask = pad([p.chosen for p in pairs] + [p.rejected for p in pairs], self.tokenizer.pad_token_id,
-                        device=self.device)  # right padding: the score is read at the last attended token
+        ids, mask = pad(
+            [p.chosen for p in pairs] + [p.rejected for p in pairs], self.tokenizer.pad_token_id, device=self.device
+        )  # right padding: the score is read at the last attended token
         with self._autocast():
             scores = self.scorer(ids, mask)
         scores = scores.float() if self.args.autocast else scores  # the loss in float32, not the autocast dtype
         margin = None
         if any(p.margin is not None for p in pairs):  # a row without a margin in a margin dataset: 0
             margin = torch.tensor([p.margin or 0.0 for p in pairs], dtype=scores.dtype, device=scores.device)
-        return scores[: len(pairs)], scores[len(pairs):], margin
+        return scores[: len(pairs)], scores[len(pairs) :], margin
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -198,7 +227,7 @@ class RewardModelTrainer(SupervisedTrainer):
         DDP synchronises gradients on the last."""
         self.scorer.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
-        mine, coef = pairs[n * rank // world:n * (rank + 1) // world], self.args.center_rewards_coefficient
+        mine, coef = pairs[n * rank // world : n * (rank + 1) // world], self.args.center_rewards_coefficient
         chunks, scored = self._micro_batches(mine, n), []
         for k, chunk in enumerate(chunks):
             with distributed.no_sync(self.scorer) if k < len(chunks) - 1 else nullcontext():
@@ -222,18 +251,23 @@ class RewardModelTrainer(SupervisedTrainer):
     def evaluate(self, dataset=None) -> dict[str, float]:
         """Bradley–Terry loss and metrics over ``dataset`` (default: ``eval_dataset``) as
         ``eval/loss``, ``eval/accuracy``, ``eval/margin_mean``, ``eval/chosen_mean``, ... (floats)."""
-        pairs = self.eval_pairs if dataset is None else self._encode_pairs(
-            load_preference_dataset(dataset, "eval_dataset"), "eval_dataset")
+        pairs = (
+            self.eval_pairs
+            if dataset is None
+            else self._encode_pairs(load_preference_dataset(dataset, "eval_dataset"), "eval_dataset")
+        )
         if pairs is None:
             raise ValueError("evaluate() needs a dataset: pass one, or eval_dataset to the trainer")
         self.scorer.eval()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
-        mine, size = pairs[n * rank // world:n * (rank + 1) // world], -(-self.args.batch_size // world)
+        mine, size = pairs[n * rank // world : n * (rank + 1) // world], -(-self.args.batch_size // world)
         chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
         # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
-        passes = [self._score_pairs(chunks[i] if i < len(chunks) else pairs[:1])
-                  for i in range(distributed.reduce_max(len(chunks)))]
-        parts = passes[:len(chunks)] or [tuple(p[:0] if p is not None else None for p in passes[0])]
+        passes = [
+            self._score_pairs(chunks[i] if i < len(chunks) else pairs[:1])
+            for i in range(distributed.reduce_max(len(chunks)))
+        ]
+        parts = passes[: len(chunks)] or [tuple(p[:0] if p is not None else None for p in passes[0])]
         chosen, rejected = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
         margin = None
         if any(p[2] is not None for p in parts):
@@ -254,7 +288,7 @@ class RewardModelTrainer(SupervisedTrainer):
         """
         self.scorer.eval()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.center_ids)
-        mine, size = self.center_ids[n * rank // world:n * (rank + 1) // world], 2 * -(-self.args.batch_size // world)
+        mine, size = self.center_ids[n * rank // world : n * (rank + 1) // world], 2 * -(-self.args.batch_size // world)
         chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
         total = 0.0
         # Every process runs as many forward passes (FSDP2's are collectives): stand-ins, discarded.
@@ -287,12 +321,12 @@ class RewardModelTrainer(SupervisedTrainer):
                     model.save_scalar_layout(Path(path))
                 else:
                     if is_peft(model.backbone):  # the adapter merged into a copy of the backbone
-                        model = ScalarModel(merged_backbone(model.backbone), copy.deepcopy(model.head),
-                                            float(model.offset))
+                        model = ScalarModel(
+                            merged_backbone(model.backbone), copy.deepcopy(model.head), float(model.offset)
+                        )
                     model.save_pretrained(Path(path), tokenizer=self.tokenizer)  # the pad id HF pools with
                 self.tokenizer.save_pretrained(path)
         distributed.role_barrier()
-
 
     def _trained_modules(self) -> dict[str, torch.nn.Module]:
         return {"model": distributed.unwrap(self.scorer)}
@@ -322,14 +356,29 @@ def _global_pair_metrics(chosen, rejected, margin, n_real: int, device, center_c
     scores, of which the first ``n_real`` count (none: a stand-in). Reduced in float64."""
     c, r = chosen.detach()[:n_real].double().cpu(), rejected.detach()[:n_real].double().cpu()
     diff = c - r - (margin.detach()[:n_real].double().cpu() if margin is not None else 0.0)
-    sums = torch.stack([torch.tensor(float(n_real), dtype=torch.float64), -torch.nn.functional.logsigmoid(diff).sum(),
-                        (c > r).double().sum(), (c - r).sum(), c.sum(), r.sum(), ((c + r) ** 2).sum()])
+    sums = torch.stack(
+        [
+            torch.tensor(float(n_real), dtype=torch.float64),
+            -torch.nn.functional.logsigmoid(diff).sum(),
+            (c > r).double().sum(),
+            (c - r).sum(),
+            c.sum(),
+            r.sum(),
+            ((c + r) ** 2).sum(),
+        ]
+    )
     n, loss, wins, gap, c_sum, r_sum, centre = distributed.sum_floats(sums.tolist())
     loss += (center_coefficient or 0.0) * centre
     mean = (c_sum + r_sum) / (2 * n)
     (square,) = distributed.sum_floats([float(((torch.cat([c, r]) - mean) ** 2).sum())])
-    metrics = {"accuracy": wins / n, "margin_mean": gap / n, "chosen_mean": c_sum / n, "rejected_mean": r_sum / n,
-               "reward_mean": mean, "reward_std": math.sqrt(square / (2 * n - 1)) if n > 0.5 else float("nan")}
+    metrics = {
+        "accuracy": wins / n,
+        "margin_mean": gap / n,
+        "chosen_mean": c_sum / n,
+        "rejected_mean": r_sum / n,
+        "reward_mean": mean,
+        "reward_std": math.sqrt(square / (2 * n - 1)) if n > 0.5 else float("nan"),
+    }
     return torch.tensor(loss / n), {"rm/" + k: torch.tensor(v) for k, v in metrics.items()}
 
 

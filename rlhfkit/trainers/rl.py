@@ -74,15 +74,31 @@ class RLTrainer:
     last step (not with ``rollout_workers``).
     """
 
-    def __init__(self, model, reward_funcs, args: RLConfig | None = None, train_dataset=None,
-                 processing_class=None, reward_weights=None, peft_config=None, ref_model=None, eval_dataset=None,
-                 tools=None, environment_factory=None, callbacks=None, agent_program=None):
+    def __init__(
+        self,
+        model,
+        reward_funcs,
+        args: RLConfig | None = None,
+        train_dataset=None,
+        processing_class=None,
+        reward_weights=None,
+        peft_config=None,
+        ref_model=None,
+        eval_dataset=None,
+        tools=None,
+        environment_factory=None,
+        callbacks=None,
+        agent_program=None,
+    ):
         args = args or RLConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
         train_rows = load_prompt_dataset(train_dataset)  # data errors before any model is loaded
-        self.eval_rows = (load_prompt_dataset(eval_dataset, name="eval dataset", train_rows=train_rows)
-                          if eval_dataset is not None else None)
+        self.eval_rows = (
+            load_prompt_dataset(eval_dataset, name="eval dataset", train_rows=train_rows)
+            if eval_dataset is not None
+            else None
+        )
         if reward_funcs is None:
             raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
@@ -91,8 +107,9 @@ class RLTrainer:
 
             import_vllm()  # not installed: one line now, before any model loads
         if callbacks and args.rollout_workers:
-            raise ValueError("callbacks are not supported with rollout_workers (a generator rank cannot end the run "
-                             "early)")
+            raise ValueError(
+                "callbacks are not supported with rollout_workers (a generator rank cannot end the run early)"
+            )
         args.check_processes(distributed.planned_world())
         self.run = Run(args, callbacks=callbacks)  # the run lifecycle; nothing is written before everything has loaded
         self.args = args = self.run.args
@@ -106,20 +123,35 @@ class RLTrainer:
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self.tokenizer = self.models.tokenizer
         use_chat_template(self.tokenizer, args.chat_template)
-        self.sampler = self._build_sampler(model, train_rows, reward_funcs, reward_weights, tools, environment_factory,
-                                           agent_program)
-        self.run.open(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
-                      reward_funcs=reward_funcs, reward_weights=reward_weights, ref_model=ref_model, peft_config=peft_config,
-                      tools=tools, environment_factory=environment_factory)
+        self.sampler = self._build_sampler(
+            model, train_rows, reward_funcs, reward_weights, tools, environment_factory, agent_program
+        )
+        self.run.open(
+            model,
+            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
+            reward_funcs=reward_funcs,
+            reward_weights=reward_weights,
+            ref_model=ref_model,
+            peft_config=peft_config,
+            tools=tools,
+            environment_factory=environment_factory,
+        )
         self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
-        self.kl_ctl = (AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.adaptive_kl
-                       else FixedKLController(args.kl_coef))
+        self.kl_ctl = (
+            AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon)
+            if args.adaptive_kl
+            else FixedKLController(args.kl_coef)
+        )
         self.step = 0
         if distributed.is_generator():  # it only runs phases 1-3 (rl.pipeline.run_generator): no optimizer
             return
         mini = args.mini_batch_size or args.batch_size  # the schedule counts optimizer steps: K passes x minibatches
-        counters = self.run.start(self._modules(), args.max_steps, param_groups=self._param_groups(),
-                                  schedule_steps=max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini)))
+        counters = self.run.start(
+            self._modules(),
+            args.max_steps,
+            param_groups=self._param_groups(),
+            schedule_steps=max(1, args.max_steps * args.num_iterations * math.ceil(args.batch_size / mini)),
+        )
         if counters is not None:
             self._restore(counters)
 
@@ -150,16 +182,18 @@ class RLTrainer:
                 exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5
             with timer(timings, "update"):
                 if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
-                    metrics.update(self.update(exp))                                # 6
-            metrics.update(efficiency.step_metrics(distributed.reduce_sum))  # perf/*_efficiency: positions needed/computed
+                    metrics.update(self.update(exp))  # 6
+            metrics.update(
+                efficiency.step_metrics(distributed.reduce_sum)
+            )  # perf/*_efficiency: positions needed/computed
             self.step += 1
             self.sampler.publish(self.step, timings)  # generator ranks go on with the weights of this step
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
             if self._eval_due(last=stop):
                 with trace.span("evaluate", step=self.step):
                     metrics.update(self.evaluate())
-            self._log(metrics, exp, timings)                                        # 7
-            self.run.step_done(self.step, self._counters)                           # checkpoint
+            self._log(metrics, exp, timings)  # 7
+            self.run.step_done(self.step, self._counters)  # checkpoint
             if stop:
                 break
         if self.sampler.agent is not None:
@@ -170,14 +204,22 @@ class RLTrainer:
     def make_experience(self, rollout: Rollout, scores, valid, metrics: dict) -> Experience:
         """Phases 4–5 (``rl.experience.make_experience``): old / reference log-probs and values,
         token rewards and advantages, with this step's β."""
-        return experience.make_experience(self.models, part(experience.ExperienceMaking, self.args), rollout, scores,
-                                          valid, self.kl_ctl.value, metrics)
+        return experience.make_experience(
+            self.models,
+            part(experience.ExperienceMaking, self.args),
+            rollout,
+            scores,
+            valid,
+            self.kl_ctl.value,
+            metrics,
+        )
 
     def update(self, exp: Experience) -> dict:
         """Phase 6 (``rl.update.update``): K passes of minibatch updates, each closed by
         ``optimizer_step``; returns the update's metrics."""
-        return update.update(self.models, part(update.MinibatchUpdate, self.args), exp, self.kl_ctl.value, self.step,
-                             self.optimizer_step)
+        return update.update(
+            self.models, part(update.MinibatchUpdate, self.args), exp, self.kl_ctl.value, self.step, self.optimizer_step
+        )
 
     def optimizer_step(self) -> dict:
         """One optimizer step of the run (a non-finite gradient norm is skipped: ``NonFiniteGuard``);
@@ -194,8 +236,9 @@ class RLTrainer:
         if self.eval_rows is None:
             raise ValueError("evaluate() needs an eval_dataset")
         args = self.args
-        sampling = SamplingParams.from_config(args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens,
-                                              greedy=True)
+        sampling = SamplingParams.from_config(
+            args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens, greedy=True
+        )
         # Every process evaluates the whole set with the current weights (greedy: the same numbers).
         return self.sampler.evaluate(self.eval_rows, self.eval_prompt_ids, sampling, self.weights_version)
 
@@ -205,18 +248,21 @@ class RLTrainer:
         return self.eval_rows is not None and (last or bool(every and self.step % every == 0))
 
     # ---------------------------------------------------------------- set-up and bookkeeping
-    def _build_sampler(self, model, train_rows, reward_funcs, reward_weights, tools, environment_factory,
-                       agent_program=None) -> Sampler:
+    def _build_sampler(
+        self, model, train_rows, reward_funcs, reward_weights, tools, environment_factory, agent_program=None
+    ) -> Sampler:
         """Phases 1-3's component (``rl.sampler.Sampler``; with ``rollout_workers``, a trainer rank's
         ``rl.pipeline.RemoteSampler``): the agent (tools, environments), the reward sources, the
         prompts' token ids (the eval prompts' too: ``eval_prompt_ids``) and the engine, sized for
         the longest of them."""
         args, tokenizer = self.args, self.tokenizer
         limit = prompt_limit(args.max_prompt_length, args.max_new_tokens, self.models.policy.config)
-        options = AgentOptions(args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout,
-                               model_name(model))
-        agent = build_agent(tokenizer, tools, environment_factory, options, limit,
-                            eos_token_ids(tokenizer, self.models.policy))  # the turn's end: the model's end ids too
+        options = AgentOptions(
+            args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout, model_name(model)
+        )
+        agent = build_agent(
+            tokenizer, tools, environment_factory, options, limit, eos_token_ids(tokenizer, self.models.policy)
+        )  # the turn's end: the model's end ids too
         sources, weights = reward_funcs, reward_weights
         if agent_program is not None:  # the program's episodes through the endpoint; its reward one more source
             agent = program_agent(agent_program, agent, tokenizer, self.models, model_name(model))
@@ -226,15 +272,21 @@ class RLTrainer:
         rewards = build_rewards(sources, weights, tokenizer, self.models.device)
         cut = args.truncate_prompts
         prompt_ids = tokenize_prompts(train_rows, tokenizer, limit, cut)
-        self.eval_prompt_ids = (tokenize_prompts(self.eval_rows, tokenizer, limit, cut, "eval_dataset")
-                                if self.eval_rows is not None else None)
+        self.eval_prompt_ids = (
+            tokenize_prompts(self.eval_rows, tokenizer, limit, cut, "eval_dataset")
+            if self.eval_rows is not None
+            else None
+        )
         # An agent's prompts carry the tools' schemas and environments' text: size the engine for the longest allowed.
         longest = [[0] * limit] if agent is not None and limit else []
-        engine = build_engine(part(EngineConfig, args), self.models, prompt_ids + (self.eval_prompt_ids or []) + longest)
+        engine = build_engine(
+            part(EngineConfig, args), self.models, prompt_ids + (self.eval_prompt_ids or []) + longest
+        )
         parts = (part(SamplerConfig, args), part(ScoreShaping, args), SamplingParams.from_config(args))
         if args.rollout_workers and not distributed.is_generator():
-            return RemoteSampler(*parts, train_rows, prompt_ids, self.models, engine, rewards, agent,
-                                 max_staleness=args.max_staleness)
+            return RemoteSampler(
+                *parts, train_rows, prompt_ids, self.models, engine, rewards, agent, max_staleness=args.max_staleness
+            )
         return Sampler(*parts, train_rows, prompt_ids, self.models, engine, rewards, agent)
 
     def _param_groups(self) -> list[dict]:
@@ -242,19 +294,27 @@ class RLTrainer:
         args = self.args
         groups = [{"params": [p for p in self.models.policy.parameters() if p.requires_grad], "lr": args.learning_rate}]
         if self.models.critic_module is not None:
-            groups.append({"params": [p for p in self.models.critic_module.parameters() if p.requires_grad],
-                           "lr": args.critic_learning_rate or args.learning_rate})
+            groups.append(
+                {
+                    "params": [p for p in self.models.critic_module.parameters() if p.requires_grad],
+                    "lr": args.critic_learning_rate or args.learning_rate,
+                }
+            )
         return groups
 
     def _log(self, metrics: dict, exp: Experience, timings: dict) -> None:
         """Global metrics (every process computes the same row); rank 0 writes and prints it."""
         tokens = distributed.reduce_sum(exp.rollout.response_mask.sum().float())
-        metrics.update({
-            **rollout_metrics(exp.rollout), "kl/coef": self.kl_ctl.value, "perf/lr": self.run.scheduler.get_last_lr()[0],
-            "perf/skipped_steps": float(self.run.guard.skipped),
-            **{f"perf/time_{k}": v for k, v in timings.items()},
-            "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
-        })
+        metrics.update(
+            {
+                **rollout_metrics(exp.rollout),
+                "kl/coef": self.kl_ctl.value,
+                "perf/lr": self.run.scheduler.get_last_lr()[0],
+                "perf/skipped_steps": float(self.run.guard.skipped),
+                **{f"perf/time_{k}": v for k, v in timings.items()},
+                "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
+            }
+        )
         row = self.run.log(self.step, metrics)
         if "kl/k1" in row:  # KL per sequence drives the adaptive controller
             seq_kl = row["kl/k1"] * row["rollout/response_length_mean"]

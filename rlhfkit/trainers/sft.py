@@ -57,22 +57,34 @@ class SFTTrainer(SupervisedTrainer):
 
     main_metric = "sft/loss"
 
-    def __init__(self, model, args: SFTConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, peft_config=None, callbacks=None):
+    def __init__(
+        self,
+        model,
+        args: SFTConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        peft_config=None,
+        callbacks=None,
+    ):
         self.args = args = args or SFTConfig()
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
         is_path = self._check_model(model, processing_class)
         rows_per_step, world = args.batch_size * args.grad_accumulation, distributed.planned_world()
         if rows_per_step % world:
-            raise ValueError(f"batch_size x grad_accumulation = {rows_per_step} must be divisible by the number of "
-                             f"processes ({world}): each process trains on an equal share of every step's rows")
+            raise ValueError(
+                f"batch_size x grad_accumulation = {rows_per_step} must be divisible by the number of "
+                f"processes ({world}): each process trains on an equal share of every step's rows"
+            )
         resolve_chat_template(args.chat_template)  # a bad value is one line before anything is loaded
         train_rows = load_sft_dataset(train_dataset, "train_dataset")
         eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
         self._check_run(callbacks)
-        self.tokenizer = load_tokenizer(processing_class if processing_class is not None else model,
-                                        "model" if processing_class is None else "processing_class")
+        self.tokenizer = load_tokenizer(
+            processing_class if processing_class is not None else model,
+            "model" if processing_class is None else "processing_class",
+        )
         use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
         self.end_ids = _end_ids(model, self.tokenizer)  # where a chat row's assistant turns end
         train = self._encode_rows(train_rows, "train_dataset")
@@ -94,19 +106,32 @@ class SFTTrainer(SupervisedTrainer):
         self.train_model = distributed.shard(self.model, args.parallelism)
         if distributed.role_size() > 1:  # dropout masks differ from process to process
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
-        self._open_run(model, {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
-                       peft_config)
+        self._open_run(
+            model,
+            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
+            peft_config,
+        )
         self.epoch, self.data_pos, self.units_seen = 0, 0, 0
         self.order = self._epoch_order(0)
-        self._start_training(args.max_steps if args.max_steps is not None
-                             else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step)))
+        self._start_training(
+            args.max_steps
+            if args.max_steps is not None
+            else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step))
+        )
 
     def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
         """The checked rows as training examples (``encode_sft_rows``: its truncation cuts a long
         row's prompt start first); the TRL drop-in overrides it with TRL's tokens and truncation."""
         a = self.args
-        return encode_sft_rows(rows, self.tokenizer, a.max_length, name, completion_only=a.completion_only_loss,
-                               assistant_only=a.assistant_only_loss, end_ids=self.end_ids)
+        return encode_sft_rows(
+            rows,
+            self.tokenizer,
+            a.max_length,
+            name,
+            completion_only=a.completion_only_loss,
+            assistant_only=a.assistant_only_loss,
+            end_ids=self.end_ids,
+        )
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -137,8 +162,8 @@ class SFTTrainer(SupervisedTrainer):
         forward and backward passes; DDP synchronises gradients on the last micro-batch only."""
         args, world, rank = self.args, distributed.role_size(), distributed.role_rank()
         share = len(units) // world  # divisible: checked at construction
-        mine, size = units[rank * share:(rank + 1) * share], -(-args.batch_size // world)
-        batches = [self._collate(mine[i:i + size]) for i in range(0, len(mine), size)]
+        mine, size = units[rank * share : (rank + 1) * share], -(-args.batch_size // world)
+        batches = [self._collate(mine[i : i + size]) for i in range(0, len(mine), size)]
         local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
         n_tokens = max(1, int(distributed.sum_floats([local_tokens])[0]))
         total = torch.zeros((), device=self.device)
@@ -149,9 +174,14 @@ class SFTTrainer(SupervisedTrainer):
             total += loss_sum.detach()
         total = distributed.reduce_sum(total)
         perf = self.run.optimizer_step(total)
-        return {"sft/loss": total / n_tokens, "sft/lr": perf["perf/lr"], "sft/grad_norm": perf["perf/grad_norm"],
-                "sft/tokens": float(n_tokens), "sft/epoch": self.units_seen / len(self.units),
-                "perf/skipped_steps": perf["perf/skipped_steps"]}
+        return {
+            "sft/loss": total / n_tokens,
+            "sft/lr": perf["perf/lr"],
+            "sft/grad_norm": perf["perf/grad_norm"],
+            "sft/tokens": float(n_tokens),
+            "sft/epoch": self.units_seen / len(self.units),
+            "perf/skipped_steps": perf["perf/skipped_steps"],
+        }
 
     def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
         """(Σ cross-entropy over the batch's completion tokens, their count); logits in float32.
@@ -159,8 +189,12 @@ class SFTTrainer(SupervisedTrainer):
         ``packed``: call the model with ``attention_mask=None`` and the position ids, from which
         transformers builds a block-diagonal causal mask (one block per packed example)."""
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        inputs = dict(input_ids=batch["input_ids"], attention_mask=None if packed else batch["attention_mask"],
-                      position_ids=batch["position_ids"], use_cache=False)
+        inputs = dict(
+            input_ids=batch["input_ids"],
+            attention_mask=None if packed else batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        )
         if not packed and packable_model(self.model, batch["input_ids"].shape[1]):
             # One example per row, padded at its end: the causal mask alone is exact for its tokens, so
             # no mask (SDPA's fused causal kernels, no (B, 1, L, L) mask: models.aligned); positions 0, 1, ...
@@ -169,8 +203,9 @@ class SFTTrainer(SupervisedTrainer):
         keep = targets != IGNORE_INDEX
         with self._autocast():
             if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
-                _, (logprobs, _, _) = streamed_forward(self.train_model, lambda h: h[:, :-1][keep], targets[keep],
-                                                       **inputs)
+                _, (logprobs, _, _) = streamed_forward(
+                    self.train_model, lambda h: h[:, :-1][keep], targets[keep], **inputs
+                )
                 return -logprobs.sum(), int(keep.sum())
             logits = self.train_model(**inputs).logits
         # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.
@@ -190,13 +225,14 @@ class SFTTrainer(SupervisedTrainer):
         was_training = self.model.training
         self.train_model.eval()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_examples)
-        mine, size = self.eval_examples[n * rank // world:n * (rank + 1) // world], -(-self.args.batch_size // world)
-        chunks = [mine[i:i + size] for i in range(0, len(mine), size)]
+        mine, size = self.eval_examples[n * rank // world : n * (rank + 1) // world], -(-self.args.batch_size // world)
+        chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
         total, count = 0.0, 0
         for i in range(distributed.reduce_max(len(chunks))):
             real = i < len(chunks)
-            batch = collate_groups([[e] for e in (chunks[i] if real else self.eval_examples[:1])],
-                                   self.tokenizer.pad_token_id)
+            batch = collate_groups(
+                [[e] for e in (chunks[i] if real else self.eval_examples[:1])], self.tokenizer.pad_token_id
+            )
             loss_sum, k = self.loss_sum(batch)
             if real:
                 total, count = total + float(loss_sum), count + k
@@ -251,8 +287,10 @@ def _end_ids(model, tokenizer) -> tuple[int, ...]:
     from transformers import AutoConfig, GenerationConfig
 
     source = resolve_model_dir(model)
-    for read in (GenerationConfig.from_pretrained,
-                 lambda s: GenerationConfig.from_model_config(AutoConfig.from_pretrained(s))):
+    for read in (
+        GenerationConfig.from_pretrained,
+        lambda s: GenerationConfig.from_model_config(AutoConfig.from_pretrained(s)),
+    ):
         try:
             return eos_token_ids(tokenizer, read(source))
         except (OSError, ValueError):  # no such file (an adapter directory has neither)

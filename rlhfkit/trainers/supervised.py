@@ -65,11 +65,16 @@ class SupervisedTrainer:
         """Pairs whose completions fit ``max_length``: none is an error, some dropped a warning."""
         limit = self.args.max_length
         if not pairs:
-            raise ValueError(f"{name}: every pair is longer than max_length={limit} tokens even with its prompt "
-                             "cut; raise max_length")
+            raise ValueError(
+                f"{name}: every pair is longer than max_length={limit} tokens even with its prompt "
+                "cut; raise max_length"
+            )
         if dropped:
-            warnings.warn(f"{name}: dropped {dropped} of {total} pairs whose completion does not fit in "
-                          f"max_length={limit} tokens", stacklevel=3)
+            warnings.warn(
+                f"{name}: dropped {dropped} of {total} pairs whose completion does not fit in "
+                f"max_length={limit} tokens",
+                stacklevel=3,
+            )
         return pairs
 
     def _batch(self, step: int) -> list[int]:
@@ -90,7 +95,7 @@ class SupervisedTrainer:
         world = distributed.role_size()
         size, share = -(-self.args.batch_size // world), -(-n // world)  # the largest share
         passes = max(1, -(-share // size))
-        return [mine[k * size:(k + 1) * size] for k in range(passes)]
+        return [mine[k * size : (k + 1) * size] for k in range(passes)]
 
     # ---------------------------------------------------------------- precision and memory
     def _autocast(self):

@@ -18,5 +18,15 @@ from .grpo import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from .reward import RewardConfig, RewardTrainer
 from .sft import SFTConfig, SFTTrainer
 
-__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer", "RewardConfig",
-           "RewardTrainer", "SFTConfig", "SFTTrainer"]
+__all__ = [
+    "DPOConfig",
+    "DPOTrainer",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "RLOOConfig",
+    "RLOOTrainer",
+    "RewardConfig",
+    "RewardTrainer",
+    "SFTConfig",
+    "SFTTrainer",
+]

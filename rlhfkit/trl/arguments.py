@@ -21,30 +21,103 @@ import dataclasses
 import math
 
 # Accepted with any value: they change no number rlhfkit computes (see the module docstring).
-NO_EFFECT = frozenset({
-    "logging_first_step", "logging_nan_inf_filter", "logging_strategy", "log_level", "log_level_replica",
-    "log_on_each_node", "skip_memory_metrics", "include_num_input_tokens_seen", "project", "trackio_bucket_id",
-    "trackio_space_id", "trackio_static_space_id", "dataloader_num_workers", "dataloader_pin_memory",
-    "dataloader_persistent_workers", "dataloader_prefetch_factor", "dataloader_multiprocessing_context",
-    "remove_unused_columns", "label_names", "do_train", "do_eval", "do_predict", "per_device_eval_batch_size",
-    "eval_accumulation_steps", "eval_do_concat_batches", "eval_use_gather_object", "batch_eval_metrics",
-    "prediction_loss_only", "include_for_metrics", "save_on_each_node", "save_only_model", "local_rank",
-    "ddp_timeout", "ddp_backend", "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
-    "ddp_static_graph", "use_cache", "torch_empty_cache_steps", "average_tokens_across_devices",
-    "accelerator_config", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_revision",
-    "restore_callback_states_from_checkpoint", "ignore_data_skip", "tf32", "eval_on_start",
-    # TRL's own logging and loading switches with no counterpart to steer
-    "log_completions", "num_completions_to_print", "log_unique_prompts", "log_multimodal", "trust_remote_code",
-    "dataset_num_proc", "ds3_gather_for_generation", "pad_to_multiple_of", "disable_dropout",
-})
+NO_EFFECT = frozenset(
+    {
+        "logging_first_step",
+        "logging_nan_inf_filter",
+        "logging_strategy",
+        "log_level",
+        "log_level_replica",
+        "log_on_each_node",
+        "skip_memory_metrics",
+        "include_num_input_tokens_seen",
+        "project",
+        "trackio_bucket_id",
+        "trackio_space_id",
+        "trackio_static_space_id",
+        "dataloader_num_workers",
+        "dataloader_pin_memory",
+        "dataloader_persistent_workers",
+        "dataloader_prefetch_factor",
+        "dataloader_multiprocessing_context",
+        "remove_unused_columns",
+        "label_names",
+        "do_train",
+        "do_eval",
+        "do_predict",
+        "per_device_eval_batch_size",
+        "eval_accumulation_steps",
+        "eval_do_concat_batches",
+        "eval_use_gather_object",
+        "batch_eval_metrics",
+        "prediction_loss_only",
+        "include_for_metrics",
+        "save_on_each_node",
+        "save_only_model",
+        "local_rank",
+        "ddp_timeout",
+        "ddp_backend",
+        "ddp_find_unused_parameters",
+        "ddp_bucket_cap_mb",
+        "ddp_broadcast_buffers",
+        "ddp_static_graph",
+        "use_cache",
+        "torch_empty_cache_steps",
+        "average_tokens_across_devices",
+        "accelerator_config",
+        "hub_model_id",
+        "hub_strategy",
+        "hub_token",
+        "hub_private_repo",
+        "hub_revision",
+        "restore_callback_states_from_checkpoint",
+        "ignore_data_skip",
+        "tf32",
+        "eval_on_start",
+        # TRL's own logging and loading switches with no counterpart to steer
+        "log_completions",
+        "num_completions_to_print",
+        "log_unique_prompts",
+        "log_multimodal",
+        "trust_remote_code",
+        "dataset_num_proc",
+        "ds3_gather_for_generation",
+        "pad_to_multiple_of",
+        "disable_dropout",
+    }
+)
 
 # Translated by ``common`` (the trainer-specific ones by each config's own ``to_rlhfkit``).
-TRANSLATED = frozenset({
-    "output_dir", "learning_rate", "weight_decay", "max_grad_norm", "seed", "lr_scheduler_type", "warmup_steps",
-    "report_to", "run_name", "logging_steps", "save_strategy", "save_steps", "save_total_limit", "bf16", "fp16",
-    "gradient_checkpointing", "optim", "use_cpu", "disable_tqdm", "resume_from_checkpoint", "eval_strategy",
-    "eval_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs",
-})
+TRANSLATED = frozenset(
+    {
+        "output_dir",
+        "learning_rate",
+        "weight_decay",
+        "max_grad_norm",
+        "seed",
+        "lr_scheduler_type",
+        "warmup_steps",
+        "report_to",
+        "run_name",
+        "logging_steps",
+        "save_strategy",
+        "save_steps",
+        "save_total_limit",
+        "bf16",
+        "fp16",
+        "gradient_checkpointing",
+        "optim",
+        "use_cpu",
+        "disable_tqdm",
+        "resume_from_checkpoint",
+        "eval_strategy",
+        "eval_steps",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "max_steps",
+        "num_train_epochs",
+    }
+)
 
 ADVICE = {
     "deepspeed": "run under torchrun with FSDP2 (rlhfkit <command> --nproc-per-node N; parallelism='fsdp')",
@@ -67,8 +140,12 @@ ADVICE = {
 
 # transformers' schedules (rlhfkit's hf_*: warmup factor s/w, the first update at learning rate 0);
 # plain "constant" ignores warmup_steps there, so ``common`` sets the warmup to 0 for it.
-SCHEDULERS = {"linear": "hf_linear", "cosine": "hf_cosine", "constant": "hf_constant",
-              "constant_with_warmup": "hf_constant"}
+SCHEDULERS = {
+    "linear": "hf_linear",
+    "cosine": "hf_cosine",
+    "constant": "hf_constant",
+    "constant_with_warmup": "hf_constant",
+}
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 
 
@@ -89,8 +166,10 @@ def refuse_unsupported(config, handled: frozenset) -> None:
         value, default = getattr(config, field.name), field_default(field)
         if value != default and not (value is None and default is None):
             instead = f"; instead: {ADVICE[field.name]}" if field.name in ADVICE else ""
-            raise ValueError(f"{name} field {field.name!r}={value!r} is not supported by rlhfkit (only its default "
-                             f"{default!r}){instead}")
+            raise ValueError(
+                f"{name} field {field.name!r}={value!r} is not supported by rlhfkit (only its default "
+                f"{default!r}){instead}"
+            )
 
 
 def check_choice(config, field: str, allowed) -> None:
@@ -98,7 +177,9 @@ def check_choice(config, field: str, allowed) -> None:
     value = getattr(value, "value", value)  # transformers' enums
     if value not in allowed:
         instead = ADVICE.get(field, f"one of {', '.join(map(repr, allowed))}")
-        raise ValueError(f"{type(config).__name__} field {field!r}={value!r} is not supported by rlhfkit: use {instead}")
+        raise ValueError(
+            f"{type(config).__name__} field {field!r}={value!r} is not supported by rlhfkit: use {instead}"
+        )
 
 
 def common(config, optimizer_steps: int) -> dict:
@@ -114,17 +195,27 @@ def common(config, optimizer_steps: int) -> dict:
     report = config.report_to
     report = () if report in (None, "none", ["none"]) else tuple([report] if isinstance(report, str) else report)
     if "all" in report:
-        raise ValueError(f"{type(config).__name__} field 'report_to'='all' is not supported by rlhfkit: name the "
-                         "trackers (tensorboard, wandb, mlflow, trackio)")
+        raise ValueError(
+            f"{type(config).__name__} field 'report_to'='all' is not supported by rlhfkit: name the "
+            "trackers (tensorboard, wandb, mlflow, trackio)"
+        )
     autocast = "bfloat16" if config.bf16 else "float16" if config.fp16 else None
     return dict(
-        output_dir=config.output_dir, learning_rate=config.learning_rate, weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm or None, seed=config.seed, lr_scheduler=SCHEDULERS[scheduler],
+        output_dir=config.output_dir,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm or None,
+        seed=config.seed,
+        lr_scheduler=SCHEDULERS[scheduler],
         warmup_steps=0 if scheduler == "constant" else as_steps(config.warmup_steps, optimizer_steps),
-        report_to=report, run_name=config.run_name,
-        autocast=autocast, gradient_checkpointing=bool(config.gradient_checkpointing),
-        device="cpu" if config.use_cpu else "auto", progress_bar=not config.disable_tqdm,
-        resume_from=config.resume_from_checkpoint)
+        report_to=report,
+        run_name=config.run_name,
+        autocast=autocast,
+        gradient_checkpointing=bool(config.gradient_checkpointing),
+        device="cpu" if config.use_cpu else "auto",
+        progress_bar=not config.disable_tqdm,
+        resume_from=config.resume_from_checkpoint,
+    )
 
 
 def as_steps(value: float, total: int) -> int:
@@ -152,7 +243,9 @@ def model_dtype(config) -> str:
     dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
     odd = {k: v for k, v in kwargs.items() if v not in _INIT_DEFAULTS.get(k, ())}
     if odd or dtype not in (None, "float32", "bfloat16", "float16"):
-        raise ValueError(f"{type(config).__name__} field 'model_init_kwargs'={config.model_init_kwargs!r} is not "
-                         "supported by rlhfkit: only {'dtype': 'float32' | 'bfloat16' | 'float16'} (name the "
-                         "checkpoint's dtype instead of 'auto')")
+        raise ValueError(
+            f"{type(config).__name__} field 'model_init_kwargs'={config.model_init_kwargs!r} is not "
+            "supported by rlhfkit: only {'dtype': 'float32' | 'bfloat16' | 'float16'} (name the "
+            "checkpoint's dtype instead of 'auto')"
+        )
     return dtype or "float32"

@@ -54,32 +54,50 @@ class DPOConfig(SupervisedArguments):
     # Translated by to_rlhfkit; TRL 1.16 itself ignores padding_free (it falls back to padding), and
     # precompute_ref_batch_size only sets how many pairs one reference pass scores. Any other: default only.
     HANDLED = SupervisedArguments.HANDLED | {
-        "disable_dropout", "padding_free", "precompute_ref_log_probs", "precompute_ref_batch_size", "loss_type",
-        "label_smoothing", "beta"}
+        "disable_dropout",
+        "padding_free",
+        "precompute_ref_log_probs",
+        "precompute_ref_batch_size",
+        "loss_type",
+        "label_smoothing",
+        "beta",
+    }
 
     def __post_init__(self):
         if isinstance(self.loss_type, str):  # TRL's rule: one name is a list of one
             self.loss_type = [self.loss_type]
         if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):  # TRL's check
-            raise ValueError("`loss_weights` must have the same length as `loss_type` when combining multiple losses. "
-                             f"Got {len(self.loss_weights)} weights for {len(self.loss_type)} loss types.")
+            raise ValueError(
+                "`loss_weights` must have the same length as `loss_type` when combining multiple losses. "
+                f"Got {len(self.loss_weights)} weights for {len(self.loss_type)} loss types."
+            )
         super().__post_init__()
         if len(self.loss_type) != 1 or self.loss_type[0] not in LOSS_TYPES:
-            raise ValueError(f"DPOConfig field 'loss_type'={self.loss_type!r} is not supported by rlhfkit: one of "
-                             f"{', '.join(map(repr, LOSS_TYPES))} (one loss; rlhfkit's own DPOConfig also has 'simpo')")
+            raise ValueError(
+                f"DPOConfig field 'loss_type'={self.loss_type!r} is not supported by rlhfkit: one of "
+                f"{', '.join(map(repr, LOSS_TYPES))} (one loss; rlhfkit's own DPOConfig also has 'simpo')"
+            )
         if not self.disable_dropout:
-            raise ValueError("DPOConfig field 'disable_dropout'=False is not supported by rlhfkit: its DPO always "
-                             "turns dropout off (the implicit rewards must not be noise)")
+            raise ValueError(
+                "DPOConfig field 'disable_dropout'=False is not supported by rlhfkit: its DPO always "
+                "turns dropout off (the implicit rewards must not be noise)"
+            )
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> NativeDPOConfig:
         """The rlhfkit ``DPOConfig`` of this config for ``n_rows`` pairs on ``world`` processes."""
         (loss,) = self.loss_type
         if self.label_smoothing and loss == "sigmoid":
-            warn_once(f"DPOConfig: label_smoothing={self.label_smoothing} has no effect with loss_type 'sigmoid' in "
-                      "TRL 1.16 (its 'robust' loss reads it), nor here")
+            warn_once(
+                f"DPOConfig: label_smoothing={self.label_smoothing} has no effect with loss_type 'sigmoid' in "
+                "TRL 1.16 (its 'robust' loss reads it), nor here"
+            )
         fields = self.supervised_fields(n_rows, world)
-        fields.update(loss_type=LOSS_TYPES[loss], beta=self.beta, label_smoothing=0.0,
-                      precompute_ref_logprobs=self.precompute_ref_log_probs)
+        fields.update(
+            loss_type=LOSS_TYPES[loss],
+            beta=self.beta,
+            label_smoothing=0.0,
+            precompute_ref_logprobs=self.precompute_ref_log_probs,
+        )
         return NativeDPOConfig(**fields)
 
 
@@ -93,16 +111,38 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
     config_class, suffix, loss_key = DPOConfig, "DPO", "dpo/loss"
     trl_table = DPO_METRICS
 
-    def __init__(self, model, ref_model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, compute_metrics=None, callbacks=None, optimizers=(None, None),
-                 quantization_config=None, peft_config=None):
-        refused = dict(data_collator=data_collator, compute_metrics=compute_metrics,
-                       quantization_config=quantization_config)
-        native, eval_dataset = self.native(model, args, train_dataset, eval_dataset,
-                                           lambda d: len(load_preference_dataset(d)), optimizers, refused)
+    def __init__(
+        self,
+        model,
+        ref_model=None,
+        args=None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+    ):
+        refused = dict(
+            data_collator=data_collator, compute_metrics=compute_metrics, quantization_config=quantization_config
+        )
+        native, eval_dataset = self.native(
+            model, args, train_dataset, eval_dataset, lambda d: len(load_preference_dataset(d)), optimizers, refused
+        )
         tokenizer = self.trl_tokenizer(model, processing_class, pad_token=self.trl_args.pad_token)
-        super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer, ref_model=ref_model,
-                         peft_config=peft_config, callbacks=trl_callbacks(callbacks, self))
+        super().__init__(
+            model,
+            native,
+            train_dataset,
+            eval_dataset,
+            processing_class=tokenizer,
+            ref_model=ref_model,
+            peft_config=peft_config,
+            callbacks=trl_callbacks(callbacks, self),
+        )
 
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
         """TRL's tokens (``trl_encode``) and truncation (``truncation_mode="keep_start"``), not

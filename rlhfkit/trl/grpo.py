@@ -33,8 +33,12 @@ from .state import TRLTrainerMixin
 # TRL's loss_type -> (rlhfkit's policy_loss, loss_agg). "grpo": each sequence's token mean, averaged;
 # "dapo": the mean over every token of the optimizer step; "dr_grpo": token sums over a constant
 # (max_completion_length); "cispo": the capped, detached ratio with the dapo normaliser.
-LOSS_TYPES = {"grpo": ("ppo_clip", "seq-mean-token-mean"), "dapo": ("ppo_clip", "token-mean"),
-              "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"), "cispo": ("cispo", "token-mean")}
+LOSS_TYPES = {
+    "grpo": ("ppo_clip", "seq-mean-token-mean"),
+    "dapo": ("ppo_clip", "token-mean"),
+    "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"),
+    "cispo": ("cispo", "token-mean"),
+}
 SCALE_REWARDS = {"group": "group", "none": "group_no_std"}
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -98,12 +102,35 @@ class _Generation(TrainingArguments):
     use_transformers_paged: bool = False
 
     # Translated by to_rlhfkit (the rest of TRL's fields: their default only, see arguments.py).
-    HANDLED = frozenset({
-        "model_init_kwargs", "num_generations", "max_completion_length", "shuffle_dataset", "generation_batch_size",
-        "steps_per_generation", "temperature", "top_p", "top_k", "use_vllm", "vllm_mode", "vllm_enable_sleep_mode",
-        "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "num_iterations", "epsilon", "epsilon_high",
-        "reward_weights", "mask_truncated_completions", "bf16", "logging_steps", "gradient_checkpointing",
-        "activation_checkpointing", "learning_rate", "remove_unused_columns"})
+    HANDLED = frozenset(
+        {
+            "model_init_kwargs",
+            "num_generations",
+            "max_completion_length",
+            "shuffle_dataset",
+            "generation_batch_size",
+            "steps_per_generation",
+            "temperature",
+            "top_p",
+            "top_k",
+            "use_vllm",
+            "vllm_mode",
+            "vllm_enable_sleep_mode",
+            "vllm_gpu_memory_utilization",
+            "vllm_tensor_parallel_size",
+            "num_iterations",
+            "epsilon",
+            "epsilon_high",
+            "reward_weights",
+            "mask_truncated_completions",
+            "bf16",
+            "logging_steps",
+            "gradient_checkpointing",
+            "activation_checkpointing",
+            "learning_rate",
+            "remove_unused_columns",
+        }
+    )
 
     def __post_init__(self):
         refuse_unsupported(self, self.HANDLED)
@@ -117,26 +144,37 @@ class _Generation(TrainingArguments):
             self.steps_per_generation = self.gradient_accumulation_steps
         elif self.steps_per_generation is None:
             if self.generation_batch_size % (self.per_device_train_batch_size * world):
-                raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
-                                 f"batch size ({self.per_device_train_batch_size * world}).")
+                raise ValueError(
+                    f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
+                    f"batch size ({self.per_device_train_batch_size * world})."
+                )
             self.steps_per_generation = self.generation_batch_size // (self.per_device_train_batch_size * world)
         elif self.generation_batch_size is not None:
-            raise ValueError("'generation_batch_size' and 'steps_per_generation' can not be both configured at the "
-                             "same time")
+            raise ValueError(
+                "'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time"
+            )
         self.generation_batch_size = self.per_device_train_batch_size * world * self.steps_per_generation
         if self.generation_batch_size % self.num_generations:
-            raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
-                             f"num_generations ({self.num_generations}).")
+            raise ValueError(
+                f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
+                f"num_generations ({self.num_generations})."
+            )
         if self.num_generations < 2:
-            raise ValueError("GRPO requires at least 2 generations per prompt to calculate the advantages. You "
-                             f"provided {self.num_generations}, which is less than the minimum required.")
+            raise ValueError(
+                "GRPO requires at least 2 generations per prompt to calculate the advantages. You "
+                f"provided {self.num_generations}, which is less than the minimum required."
+            )
         if self.steps_per_generation % self.gradient_accumulation_steps:
-            raise ValueError(f"{type(self).__name__}: steps_per_generation ({self.steps_per_generation}) must be a "
-                             f"multiple of gradient_accumulation_steps ({self.gradient_accumulation_steps}) in rlhfkit: "
-                             "an optimizer step never spans two generations")
+            raise ValueError(
+                f"{type(self).__name__}: steps_per_generation ({self.steps_per_generation}) must be a "
+                f"multiple of gradient_accumulation_steps ({self.gradient_accumulation_steps}) in rlhfkit: "
+                "an optimizer step never spans two generations"
+            )
         if not self.shuffle_dataset:
-            raise ValueError(f"{type(self).__name__} field 'shuffle_dataset'=False is not supported by rlhfkit (the "
-                             "data order is always a seeded shuffle per epoch)")
+            raise ValueError(
+                f"{type(self).__name__} field 'shuffle_dataset'=False is not supported by rlhfkit (the "
+                "data order is always a seeded shuffle per epoch)"
+            )
         check_choice(self, "vllm_mode", ("colocate",))
         check_choice(self, "vllm_tensor_parallel_size", (1,))
 
@@ -153,19 +191,25 @@ class _Generation(TrainingArguments):
         name = type(self).__name__
         if self.max_steps > 0:
             if self.max_steps % per:
-                raise ValueError(f"{name}: max_steps={self.max_steps} is not a whole number of "
-                                 f"generations ({per} optimizer steps each: num_iterations x steps_per_generation / "
-                                 "gradient_accumulation_steps)")
+                raise ValueError(
+                    f"{name}: max_steps={self.max_steps} is not a whole number of "
+                    f"generations ({per} optimizer steps each: num_iterations x steps_per_generation / "
+                    "gradient_accumulation_steps)"
+                )
             return self.max_steps // per
         prompts = self.generation_batch_size // self.num_generations
         if n_rows < prompts:
-            raise ValueError(f"{name}: the train dataset has {n_rows} prompts, fewer than one generation takes "
-                             f"({prompts}: generation_batch_size / num_generations), so TRL would train 0 steps; "
-                             "add prompts or lower per_device_train_batch_size")
+            raise ValueError(
+                f"{name}: the train dataset has {n_rows} prompts, fewer than one generation takes "
+                f"({prompts}: generation_batch_size / num_generations), so TRL would train 0 steps; "
+                "add prompts or lower per_device_train_batch_size"
+            )
         steps = math.ceil(self.num_train_epochs * (n_rows // prompts) * per)
         if steps % per:
-            raise ValueError(f"{name}: num_train_epochs={self.num_train_epochs} gives {steps} optimizer steps, not a "
-                             f"whole number of generations ({per} optimizer steps each); set max_steps")
+            raise ValueError(
+                f"{name}: num_train_epochs={self.num_train_epochs} gives {steps} optimizer steps, not a "
+                f"whole number of generations ({per} optimizer steps each); set max_steps"
+            )
         return steps // per
 
     def _rl_fields(self, n_rows: int, world: int) -> dict:
@@ -175,24 +219,34 @@ class _Generation(TrainingArguments):
         to_rl = lambda n: max(1, int(n) // per_gen) if n else 0  # noqa: E731  (optimizer steps -> generations)
         fields = common(self, steps * per_gen)
         fields.update(
-            max_steps=steps, group_size=self.num_generations,
+            max_steps=steps,
+            group_size=self.num_generations,
             prompts_per_step=self.generation_batch_size // self.num_generations,
             mini_batch_size=self.per_device_train_batch_size * world * self.gradient_accumulation_steps,
-            micro_batch_size=self.per_device_train_batch_size, num_iterations=self.num_iterations,
-            max_new_tokens=self.max_completion_length, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, clip_low=self.epsilon,
+            micro_batch_size=self.per_device_train_batch_size,
+            num_iterations=self.num_iterations,
+            max_new_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            clip_low=self.epsilon,
             clip_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
             mask_truncated_completions=self.mask_truncated_completions,
             # TRL's rules: a masked truncated row still counts as a row, an unscored one stays in the loss with
             # advantage 0, and an epoch's last incomplete generation is dropped
-            masked_rows_count=True, unscored_in_loss=True, drop_last=True,
+            masked_rows_count=True,
+            unscored_in_loss=True,
+            drop_last=True,
             dtype=model_dtype(self),
-            rollout_engine="vllm" if self.use_vllm else "hf", vllm_sleep=self.vllm_enable_sleep_mode,
+            rollout_engine="vllm" if self.use_vllm else "hf",
+            vllm_sleep=self.vllm_enable_sleep_mode,
             vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
-            log_every=to_rl(self.logging_steps), save_steps=to_rl(self.save_steps) if self.save_strategy != "no" else 0,
+            log_every=to_rl(self.logging_steps),
+            save_steps=to_rl(self.save_steps) if self.save_strategy != "no" else 0,
             save_total_limit=self.save_total_limit,
             eval_every=to_rl(self.eval_steps or self.logging_steps) if self.eval_strategy != "no" else 0,
-            overwrite=True)  # TRL writes into an existing output_dir: output_dir.py replaces rlhfkit's files only
+            overwrite=True,
+        )  # TRL writes into an existing output_dir: output_dir.py replaces rlhfkit's files only
         return fields
 
 
@@ -232,9 +286,18 @@ class GRPOConfig(_Generation):
     vllm_importance_sampling_cap: float | None = None
 
     HANDLED = _Generation.HANDLED | {
-        "beta", "importance_sampling_level", "scale_rewards", "loss_type", "entropy_coef",
-        "max_tool_calling_iterations", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-        "vllm_importance_sampling_clip_max", "vllm_importance_sampling_clip_min", "use_bias_correction_kl"}
+        "beta",
+        "importance_sampling_level",
+        "scale_rewards",
+        "loss_type",
+        "entropy_coef",
+        "max_tool_calling_iterations",
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+        "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min",
+        "use_bias_correction_kl",
+    }
 
     def __post_init__(self):
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
@@ -245,9 +308,11 @@ class GRPOConfig(_Generation):
         check_choice(self, "vllm_importance_sampling_mode", IS_MODES)
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
         if high is not None and not high > 1 or low is not None and not (0 <= low and (high is None or low < high)):
-            raise ValueError(f"GRPOConfig fields 'vllm_importance_sampling_clip_min'={low!r} and "
-                             f"'vllm_importance_sampling_clip_max'={high!r} are not supported by rlhfkit: a cap above 1 "
-                             "(or None) and a floor in [0, cap) (or None)")
+            raise ValueError(
+                f"GRPOConfig fields 'vllm_importance_sampling_clip_min'={low!r} and "
+                f"'vllm_importance_sampling_clip_max'={high!r} are not supported by rlhfkit: a cap above 1 "
+                "(or None) and a floor in [0, cap) (or None)"
+            )
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         """The ``RLConfig`` of this config for a dataset of ``n_rows`` prompts on ``world`` processes."""
@@ -257,22 +322,35 @@ class GRPOConfig(_Generation):
             fields["clip_high"] -= 1.0  # (TRL's default epsilon_high 0.2 caps it at 0.2: -0.8 here, as TRL runs it)
         iterations = self.max_tool_calling_iterations
         if self.beta and self.use_bias_correction_kl:
-            warn_once("GRPOConfig: rlhfkit's KL term is not weighted by the importance ratio as TRL's "
-                      "use_bias_correction_kl=True weighs it (the same value on policy, another gradient); set "
-                      "use_bias_correction_kl=False to say you know")
+            warn_once(
+                "GRPOConfig: rlhfkit's KL term is not weighted by the importance ratio as TRL's "
+                "use_bias_correction_kl=True weighs it (the same value on policy, another gradient); set "
+                "use_bias_correction_kl=False to say you know"
+            )
         fields.update(
-            algorithm="grpo", advantage_estimator=SCALE_REWARDS[self.scale_rewards], policy_loss=policy_loss,
-            loss_agg=loss_agg, loss_horizon=self.max_completion_length if self.loss_type == "dr_grpo" else None,
-            use_critic=False, kl_coef=self.beta, kl_estimator="k3", kl_in_reward=False, whiten_advantages=False,
+            algorithm="grpo",
+            advantage_estimator=SCALE_REWARDS[self.scale_rewards],
+            policy_loss=policy_loss,
+            loss_agg=loss_agg,
+            loss_horizon=self.max_completion_length if self.loss_type == "dr_grpo" else None,
+            use_critic=False,
+            kl_coef=self.beta,
+            kl_estimator="k3",
+            kl_in_reward=False,
+            whiten_advantages=False,
             advantage_epsilon=1e-4,  # TRL's (rewards - mean) / (std + 1e-4)
-            importance_sampling_level=self.importance_sampling_level, dynamic_sampling=False,
-            entropy_coef=self.entropy_coef, entropy_agg="micro-batch-token-mean",
+            importance_sampling_level=self.importance_sampling_level,
+            dynamic_sampling=False,
+            entropy_coef=self.entropy_coef,
+            entropy_agg="micro-batch-token-mean",
             max_tool_calling_iterations=self.max_completion_length if iterations is None else iterations,
             # TRL's sampling correction: clip_max caps (None: no cap), clip_min floors (None: none), and a mask
             # mode's rejected tokens stay in the normaliser with weight 0
             rollout_is=self.vllm_importance_sampling_mode if self.vllm_importance_sampling_correction else "none",
             rollout_is_threshold=self.vllm_importance_sampling_clip_max,
-            rollout_is_threshold_low=self.vllm_importance_sampling_clip_min or 0.0, rollout_is_zero_masked=True)
+            rollout_is_threshold_low=self.vllm_importance_sampling_clip_min or 0.0,
+            rollout_is_zero_masked=True,
+        )
         return RLConfig(**fields)
 
 
@@ -291,18 +369,26 @@ class RLOOConfig(_Generation):
     def __post_init__(self):
         super().__post_init__()
         if self.num_iterations != 1:
-            raise ValueError("RLOOConfig field 'num_iterations' must be 1 in rlhfkit: TRL's RLOO clips a sequence-level "
-                             "ratio of summed log-probs, which rlhfkit's rloo preset does not (use GRPOConfig for "
-                             "several passes)")
+            raise ValueError(
+                "RLOOConfig field 'num_iterations' must be 1 in rlhfkit: TRL's RLOO clips a sequence-level "
+                "ratio of summed log-probs, which rlhfkit's rloo preset does not (use GRPOConfig for "
+                "several passes)"
+            )
         clip = self.reward_clip_range
         if clip is not None and clip[0] != -clip[1]:
-            raise ValueError(f"RLOOConfig field 'reward_clip_range'={clip!r} is not supported by rlhfkit: only a range "
-                             "symmetric about 0, (-c, c)")
+            raise ValueError(
+                f"RLOOConfig field 'reward_clip_range'={clip!r} is not supported by rlhfkit: only a range "
+                "symmetric about 0, (-c, c)"
+            )
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         fields = self._rl_fields(n_rows, world)
-        fields.update(algorithm="rloo", kl_coef=self.beta, rollout_is="none",  # TRL's RLOO corrects no vLLM gap
-                      reward_clip=None if self.reward_clip_range is None else self.reward_clip_range[1])
+        fields.update(
+            algorithm="rloo",
+            kl_coef=self.beta,
+            rollout_is="none",  # TRL's RLOO corrects no vLLM gap
+            reward_clip=None if self.reward_clip_range is None else self.reward_clip_range[1],
+        )
         return RLConfig(**fields)
 
 
@@ -314,14 +400,37 @@ class GRPOTrainer(TRLTrainerMixin, RLTrainer):
 
     config_class, suffix = GRPOConfig, "GRPO"
 
-    def __init__(self, model, reward_funcs, args=None, train_dataset=None, eval_dataset=None, processing_class=None,
-                 reward_processing_classes=None, callbacks=None, optimizers=(None, None), peft_config=None,
-                 tools=None, environment_factory=None):
-        native, eval_dataset, weights = self.translate(model, args, train_dataset, eval_dataset,
-                                                       reward_processing_classes, optimizers)
-        super().__init__(model, reward_funcs, native, train_dataset, processing_class=processing_class,
-                         reward_weights=weights, peft_config=peft_config, eval_dataset=eval_dataset, tools=tools,
-                         environment_factory=environment_factory, callbacks=trl_callbacks(callbacks, self))
+    def __init__(
+        self,
+        model,
+        reward_funcs,
+        args=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
+        tools=None,
+        environment_factory=None,
+    ):
+        native, eval_dataset, weights = self.translate(
+            model, args, train_dataset, eval_dataset, reward_processing_classes, optimizers
+        )
+        super().__init__(
+            model,
+            reward_funcs,
+            native,
+            train_dataset,
+            processing_class=processing_class,
+            reward_weights=weights,
+            peft_config=peft_config,
+            eval_dataset=eval_dataset,
+            tools=tools,
+            environment_factory=environment_factory,
+            callbacks=trl_callbacks(callbacks, self),
+        )
         # Reward functions' trainer_state counts optimizer steps, as TRL's self.state does.
         self.sampler.state_steps_per_step = self.trl_args.optimizer_steps_per_generation
 

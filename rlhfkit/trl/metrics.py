@@ -30,19 +30,47 @@ RL_METRICS = {
 # (ratio below 1 - epsilon with a negative advantage, or above 1 + epsilon_high with a positive one)
 GRPO_ONLY = {"kl": "kl/k3", "clip_ratio/region_mean": "policy/clip_frac"}
 
-SFT_METRICS = {"loss": "sft/loss", "grad_norm": "sft/grad_norm", "learning_rate": "sft/lr", "epoch": "sft/epoch",
-               "eval_loss": "eval/loss"}
+SFT_METRICS = {
+    "loss": "sft/loss",
+    "grad_norm": "sft/grad_norm",
+    "learning_rate": "sft/lr",
+    "epoch": "sft/epoch",
+    "eval_loss": "eval/loss",
+}
 
 # rewards/*, logps/* are TRL's names already
-DPO_METRICS = {"loss": "dpo/loss", "grad_norm": "perf/grad_norm", "learning_rate": "perf/lr", "epoch": "dpo/epoch",
-               "eval_loss": "eval/loss", **{f"eval_{k}": f"eval/{k}" for k in (
-                   "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-                   "logps/rejected")}}
+DPO_METRICS = {
+    "loss": "dpo/loss",
+    "grad_norm": "perf/grad_norm",
+    "learning_rate": "perf/lr",
+    "epoch": "dpo/epoch",
+    "eval_loss": "eval/loss",
+    **{
+        f"eval_{k}": f"eval/{k}"
+        for k in (
+            "rewards/chosen",
+            "rewards/rejected",
+            "rewards/accuracies",
+            "rewards/margins",
+            "logps/chosen",
+            "logps/rejected",
+        )
+    },
+}
 
-REWARD_METRICS = {"loss": "rm/loss", "grad_norm": "perf/grad_norm", "learning_rate": "perf/lr", "epoch": "rm/epoch",
-                  "accuracy": "rm/accuracy", "margin": "rm/margin_mean", "mean_reward": "rm/reward_mean",
-                  "eval_loss": "eval/loss", "eval_accuracy": "eval/accuracy", "eval_margin": "eval/margin_mean",
-                  "eval_mean_reward": "eval/reward_mean"}
+REWARD_METRICS = {
+    "loss": "rm/loss",
+    "grad_norm": "perf/grad_norm",
+    "learning_rate": "perf/lr",
+    "epoch": "rm/epoch",
+    "accuracy": "rm/accuracy",
+    "margin": "rm/margin_mean",
+    "mean_reward": "rm/reward_mean",
+    "eval_loss": "eval/loss",
+    "eval_accuracy": "eval/accuracy",
+    "eval_margin": "eval/margin_mean",
+    "eval_mean_reward": "eval/reward_mean",
+}
 
 
 def rl_metrics(config, reward_names) -> dict:

@@ -32,22 +32,29 @@ def claim_output_dir(trainer: str, output_dir, resume_from) -> None:
     found = _names(path, [p for p in run_outputs(path) if p.exists() or p.is_symlink()])
     if (path / MARKER).is_file():
         if found:
-            warn_once(f"{trainer}: output_dir {str(path)!r} holds an earlier run: its {found} are replaced, as "
-                      "TRL writes into an existing output_dir; its other files are kept")
+            warn_once(
+                f"{trainer}: output_dir {str(path)!r} holds an earlier run: its {found} are replaced, as "
+                "TRL writes into an existing output_dir; its other files are kept"
+            )
         return
     if found:
-        raise ValueError(f"{trainer}: output_dir {str(path)!r} holds {found}, which an rlhfkit run writes, but no "
-                         f"{MARKER} marker: rlhfkit did not write them and will not replace them; choose another "
-                         "output_dir, or move them out")
+        raise ValueError(
+            f"{trainer}: output_dir {str(path)!r} holds {found}, which an rlhfkit run writes, but no "
+            f"{MARKER} marker: rlhfkit did not write them and will not replace them; choose another "
+            "output_dir, or move them out"
+        )
     if int(os.environ.get("RANK", "0")) == 0:  # the process that writes the run directory
         mark_run_dir(path)
-    warn_once(f"{trainer}: output_dir {str(path)!r} holds files rlhfkit did not write: the run writes beside them, "
-              "as TRL does, and removes none")
+    warn_once(
+        f"{trainer}: output_dir {str(path)!r} holds files rlhfkit did not write: the run writes beside them, "
+        "as TRL does, and removes none"
+    )
 
 
 def _names(root: Path, paths: list[Path], most: int = 8) -> str:
     """The top-level entries of ``root`` that ``paths`` lie in, as ``checkpoint-2/, metrics.jsonl``."""
-    tops = sorted({p.relative_to(root).parts[0] + ("/" if (root / p.relative_to(root).parts[0]).is_dir() else "")
-                   for p in paths})
+    tops = sorted(
+        {p.relative_to(root).parts[0] + ("/" if (root / p.relative_to(root).parts[0]).is_dir() else "") for p in paths}
+    )
     more = f" and {len(tops) - most} more" if len(tops) > most else ""
     return ", ".join(tops[:most]) + more

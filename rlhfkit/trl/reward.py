@@ -44,14 +44,20 @@ class RewardConfig(SupervisedArguments):
     center_rewards_coefficient: float | None = None
 
     # Translated by to_rlhfkit or applied by the trainer (the tokens and template, on the tokenizer).
-    HANDLED = SupervisedArguments.HANDLED | {"chat_template_path", "disable_dropout", "eos_token",
-                                             "center_rewards_coefficient"}
+    HANDLED = SupervisedArguments.HANDLED | {
+        "chat_template_path",
+        "disable_dropout",
+        "eos_token",
+        "center_rewards_coefficient",
+    }
 
     def __post_init__(self):
         super().__post_init__()
         if not self.disable_dropout:
-            raise ValueError("RewardConfig field 'disable_dropout'=False is not supported by rlhfkit: its reward "
-                             "models always score without dropout")
+            raise ValueError(
+                "RewardConfig field 'disable_dropout'=False is not supported by rlhfkit: its reward "
+                "models always score without dropout"
+            )
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RewardModelConfig:
         """The rlhfkit ``RewardModelConfig`` of this config for ``n_rows`` pairs on ``world`` processes."""
@@ -72,23 +78,48 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
     config_class, suffix, loss_key = RewardConfig, "Reward", "rm/loss"
     trl_table = REWARD_METRICS
 
-    def __init__(self, model, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, compute_metrics=None, callbacks=None, optimizers=(None, None),
-                 optimizer_cls_and_kwargs=None, preprocess_logits_for_metrics=None, quantization_config=None,
-                 peft_config=None):
+    def __init__(
+        self,
+        model,
+        args=None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_metrics=None,
+        callbacks=None,
+        optimizers=(None, None),
+        optimizer_cls_and_kwargs=None,
+        preprocess_logits_for_metrics=None,
+        quantization_config=None,
+        peft_config=None,
+    ):
         if type(model).__name__.endswith("ForSequenceClassification"):
-            raise ValueError("RewardTrainer: a sequence-classification model object is not supported by rlhfkit: pass "
-                             "its directory (save_pretrained), from which rlhfkit loads its score head")
-        refused = dict(data_collator=data_collator, compute_metrics=compute_metrics,
-                       optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-                       preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-                       quantization_config=quantization_config)
-        native, eval_dataset = self.native(model, args, train_dataset, eval_dataset,
-                                           lambda d: len(load_preference_dataset(d)), optimizers, refused)
+            raise ValueError(
+                "RewardTrainer: a sequence-classification model object is not supported by rlhfkit: pass "
+                "its directory (save_pretrained), from which rlhfkit loads its score head"
+            )
+        refused = dict(
+            data_collator=data_collator,
+            compute_metrics=compute_metrics,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+            quantization_config=quantization_config,
+        )
+        native, eval_dataset = self.native(
+            model, args, train_dataset, eval_dataset, lambda d: len(load_preference_dataset(d)), optimizers, refused
+        )
         a = self.trl_args
         tokenizer = self.trl_tokenizer(model, processing_class, a.eos_token, a.pad_token, a.chat_template_path)
-        super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=trl_callbacks(callbacks, self))
+        super().__init__(
+            model,
+            native,
+            train_dataset,
+            eval_dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=trl_callbacks(callbacks, self),
+        )
 
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
         """TRL's tokens (``trl_encode``) and length rule, not rlhfkit's (which cuts a long prompt's
@@ -129,12 +160,20 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
         level = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # not the load report of the new head (TRL hides it too)
         try:
-            seq = from_hub_or_dir(AutoModelForSequenceClassification.from_pretrained, source, "model", num_labels=1,
-                                  dtype=resolve_dtype(self.args.dtype))
+            seq = from_hub_or_dir(
+                AutoModelForSequenceClassification.from_pretrained,
+                source,
+                "model",
+                num_labels=1,
+                dtype=resolve_dtype(self.args.dtype),
+            )
         finally:
             hf_logging.set_verbosity(level)
-        heads = [m for name, m in seq.named_children()
-                 if name != seq.base_model_prefix and next(m.parameters(), None) is not None]
+        heads = [
+            m
+            for name, m in seq.named_children()
+            if name != seq.base_model_prefix and next(m.parameters(), None) is not None
+        ]
         if len(heads) != 1 or not isinstance(heads[0], torch.nn.Linear):  # no linear score head: rlhfkit's own
             return super()._load_model(model)
         scalar = ScalarModel(seq.base_model, heads[0])

@@ -50,14 +50,27 @@ class SFTConfig(SupervisedArguments):
     # TRL's fields to_rlhfkit translates or the trainer applies; padding_free and eval_packing change
     # no number (rlhfkit packs with position ids; its eval loss is exact unpacked). Any other: default only.
     HANDLED = SupervisedArguments.HANDLED | {
-        "chat_template_path", "dataset_text_field", "eos_token", "packing", "packing_strategy", "padding_free",
-        "eval_packing", "completion_only_loss", "assistant_only_loss", "loss_type"}
+        "chat_template_path",
+        "dataset_text_field",
+        "eos_token",
+        "packing",
+        "packing_strategy",
+        "padding_free",
+        "eval_packing",
+        "completion_only_loss",
+        "assistant_only_loss",
+        "loss_type",
+    }
 
     def __post_init__(self):
         if self.loss_type == "chunked_nll":  # TRL's deprecated alias
-            warnings.warn("`loss_type='chunked_nll'` is deprecated and will be removed in v2.0.0. Use "
-                          "`loss_type='nll'` (the default), which computes the loss the same way, without "
-                          "materializing the full logits.", FutureWarning, stacklevel=3)
+            warnings.warn(
+                "`loss_type='chunked_nll'` is deprecated and will be removed in v2.0.0. Use "
+                "`loss_type='nll'` (the default), which computes the loss the same way, without "
+                "materializing the full logits.",
+                FutureWarning,
+                stacklevel=3,
+            )
             self.loss_type = "nll"
         super().__post_init__()
         check_choice(self, "loss_type", ("nll",))
@@ -69,8 +82,10 @@ class SFTConfig(SupervisedArguments):
         """The rlhfkit ``SFTConfig`` of this config for ``n_rows`` training rows on ``world``
         processes: without packing, TRL's number of optimizer steps (``max_steps``) for them."""
         if self.packing and self.max_steps <= 0 and (0 < self.warmup_steps < 1 or 0 < self.logging_steps < 1):
-            raise ValueError("SFTConfig: a ratio warmup_steps or logging_steps (< 1) with packing needs max_steps in "
-                             "rlhfkit: the number of packed rows is known only once the data are tokenised")
+            raise ValueError(
+                "SFTConfig: a ratio warmup_steps or logging_steps (< 1) with packing needs max_steps in "
+                "rlhfkit: the number of packed rows is known only once the data are tokenised"
+            )
         fields = self.supervised_fields(n_rows, world)
         if not self.packing:  # TRL's step count (its epochs end on a short step; rlhfkit's SFT rolls into the next)
             fields["max_steps"] = self.optimizer_steps(n_rows, world)
@@ -78,7 +93,8 @@ class SFTConfig(SupervisedArguments):
             packing=self.packing,
             # TRL: None is True for prompt/completion rows; assistant masks also leave the prompt untrained
             completion_only_loss=self.completion_only_loss is not False or self.assistant_only_loss,
-            assistant_only_loss=self.assistant_only_loss)
+            assistant_only_loss=self.assistant_only_loss,
+        )
         return NativeSFTConfig(**fields)
 
 
@@ -91,24 +107,51 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
     config_class, suffix, loss_key = SFTConfig, "SFT", "sft/loss"
     trl_table = SFT_METRICS
 
-    def __init__(self, model, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, compute_loss_func=None, compute_metrics=None, callbacks=None,
-                 optimizers=(None, None), optimizer_cls_and_kwargs=None, preprocess_logits_for_metrics=None,
-                 quantization_config=None, peft_config=None, formatting_func=None):
-        refused = dict(data_collator=data_collator, compute_loss_func=compute_loss_func,
-                       compute_metrics=compute_metrics, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
-                       preprocess_logits_for_metrics=preprocess_logits_for_metrics,
-                       quantization_config=quantization_config)
+    def __init__(
+        self,
+        model,
+        args=None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        compute_loss_func=None,
+        compute_metrics=None,
+        callbacks=None,
+        optimizers=(None, None),
+        optimizer_cls_and_kwargs=None,
+        preprocess_logits_for_metrics=None,
+        quantization_config=None,
+        peft_config=None,
+        formatting_func=None,
+    ):
+        refused = dict(
+            data_collator=data_collator,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+            quantization_config=quantization_config,
+        )
         args = self.trl_config(model, args, optimizers)
         field = args.dataset_text_field
-        train_dataset, eval_dataset = (_as_text_rows(d, field, formatting_func, name) if d is not None else None
-                                       for d, name in ((train_dataset, "train_dataset"),
-                                                       (eval_dataset, "eval_dataset")))
-        native, eval_dataset = self.native(model, args, train_dataset, eval_dataset,
-                                           lambda d: len(load_sft_dataset(d)), optimizers, refused)
+        train_dataset, eval_dataset = (
+            _as_text_rows(d, field, formatting_func, name) if d is not None else None
+            for d, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset"))
+        )
+        native, eval_dataset = self.native(
+            model, args, train_dataset, eval_dataset, lambda d: len(load_sft_dataset(d)), optimizers, refused
+        )
         tokenizer = self.trl_tokenizer(model, processing_class, args.eos_token, args.pad_token, args.chat_template_path)
-        super().__init__(model, native, train_dataset, eval_dataset, processing_class=tokenizer,
-                         peft_config=peft_config, callbacks=trl_callbacks(callbacks, self))
+        super().__init__(
+            model,
+            native,
+            train_dataset,
+            eval_dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            callbacks=trl_callbacks(callbacks, self),
+        )
 
     def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
         """TRL's tokens and truncation, not rlhfkit's. Text rows and text prompt-completion rows are
@@ -124,19 +167,31 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
             whole = [_trl_text_row(row, tok, a.completion_only_loss) for row in rows]
             note_unknown(name, [e.input_ids for e in whole], tok)
         else:
-            whole = encode_sft_rows(rows, tok, None, name, completion_only=a.completion_only_loss,
-                                    assistant_only=a.assistant_only_loss, end_ids=self.end_ids)
+            whole = encode_sft_rows(
+                rows,
+                tok,
+                None,
+                name,
+                completion_only=a.completion_only_loss,
+                assistant_only=a.assistant_only_loss,
+                end_ids=self.end_ids,
+            )
         out = [_keep_start(e, limit) for e in whole]
         note_cut(name, sum(e.cut for e in out), len(out), "rows", limit, "their end, TRL's keep_start")
         if a.packing:  # TRL's packing truncates and drops nothing
             return out
         kept = [e for e in out if _trains(e)]
         if not kept:
-            raise ValueError(f"{name}: every row's prompt fills max_length={limit} tokens, leaving nothing to train "
-                             "(TRL drops such rows); raise max_length")
+            raise ValueError(
+                f"{name}: every row's prompt fills max_length={limit} tokens, leaving nothing to train "
+                "(TRL drops such rows); raise max_length"
+            )
         if len(kept) < len(out):
-            warnings.warn(f"{name}: dropped {len(out) - len(kept)} of {len(out)} rows whose prompt fills "
-                          f"max_length={limit} tokens (nothing left to train), as TRL does", stacklevel=2)
+            warnings.warn(
+                f"{name}: dropped {len(out) - len(kept)} of {len(out)} rows whose prompt fills "
+                f"max_length={limit} tokens (nothing left to train), as TRL does",
+                stacklevel=2,
+            )
         return kept
 
 
@@ -178,5 +233,7 @@ def _as_text_rows(dataset, field: str, formatting_func, name: str):
     rows = [row for _, row in labelled_rows(dataset, name)[1]]
     if formatting_func is not None:
         return [{"text": formatting_func(row)} for row in rows]
-    return [{"text": row[field]} if field in row and not {"prompt", "completion", "messages"} & set(row) else row
-            for row in rows]
+    return [
+        {"text": row[field]} if field in row and not {"prompt", "completion", "messages"} & set(row) else row
+        for row in rows
+    ]

@@ -20,13 +20,16 @@ class TRLTrainerMixin:
     suffix = ""
     loss_key = "policy/loss"  # the logged loss train() averages into TrainOutput.training_loss
 
-    def translate(self, model, args, train_dataset, eval_dataset, reward_processing_classes=None,
-                  optimizers=(None, None)):
+    def translate(
+        self, model, args, train_dataset, eval_dataset, reward_processing_classes=None, optimizers=(None, None)
+    ):
         """``(RLConfig, eval_dataset, reward_weights)`` from TRL's arguments: TRL's default config
         when ``args`` is None; the evaluation set only when ``eval_strategy`` asks for one."""
         if reward_processing_classes is not None:
-            raise ValueError(f"{type(self).__name__}: reward_processing_classes is not supported by rlhfkit: a reward "
-                             "model directory carries its own tokenizer")
+            raise ValueError(
+                f"{type(self).__name__}: reward_processing_classes is not supported by rlhfkit: a reward "
+                "model directory carries its own tokenizer"
+            )
         args = self.trl_config(model, args, optimizers)
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a JSONL path)")
@@ -39,13 +42,16 @@ class TRLTrainerMixin:
         """``args`` (kept as ``trl_args``), or TRL's default config when it is None (``output_dir``
         ``<model name>-<suffix>``); another config class and TRL's ``optimizers`` are refused."""
         if optimizers != (None, None) and optimizers is not None:
-            raise ValueError(f"{type(self).__name__}: optimizers=(...) is not supported by rlhfkit: AdamW with the "
-                             "config's learning_rate, weight_decay and lr_scheduler_type")
+            raise ValueError(
+                f"{type(self).__name__}: optimizers=(...) is not supported by rlhfkit: AdamW with the "
+                "config's learning_rate, weight_decay and lr_scheduler_type"
+            )
         if args is None:
             args = self.config_class(output_dir=f"{Path(model_name(model)).name}-{self.suffix}")
         if not isinstance(args, self.config_class):
-            raise TypeError(f"{type(self).__name__}: args must be a {self.config_class.__name__}, got "
-                            f"{type(args).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}: args must be a {self.config_class.__name__}, got {type(args).__name__}"
+            )
         self.trl_args = args
         return args
 
@@ -83,9 +89,11 @@ class TRLTrainerMixin:
         from transformers.trainer_utils import TrainOutput
 
         if resume_from_checkpoint not in (None, self.trl_args.resume_from_checkpoint):  # scripts pass the config's
-            raise ValueError(f"{type(self).__name__}.train(resume_from_checkpoint=...) is not supported by rlhfkit: "
-                             f"set resume_from_checkpoint in the {self.config_class.__name__} (a checkpoint directory "
-                             "or 'latest')")
+            raise ValueError(
+                f"{type(self).__name__}.train(resume_from_checkpoint=...) is not supported by rlhfkit: "
+                f"set resume_from_checkpoint in the {self.config_class.__name__} (a checkpoint directory "
+                "or 'latest')"
+            )
         self.history = super().train()
         losses = [r[self.loss_key] for r in self.history if self.loss_key in r]
         metrics = dict(self.history[-1]) if self.history else {}

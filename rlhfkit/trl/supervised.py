@@ -50,22 +50,36 @@ class SupervisedArguments(TrainingArguments):
 
     # Translated (with TRANSLATED of arguments.py) by supervised_fields; the rest: refused off their default.
     # activation_checkpointing: transformers' new name of gradient_checkpointing, which mirrors it.
-    HANDLED = frozenset({"bf16", "logging_steps", "gradient_checkpointing", "activation_checkpointing",
-                         "learning_rate", "model_init_kwargs", "max_length", "pad_token"})
+    HANDLED = frozenset(
+        {
+            "bf16",
+            "logging_steps",
+            "gradient_checkpointing",
+            "activation_checkpointing",
+            "learning_rate",
+            "model_init_kwargs",
+            "max_length",
+            "pad_token",
+        }
+    )
 
     def __post_init__(self):
         refuse_unsupported(self, self.HANDLED)
         self.bf16 = not self.fp16 if self.bf16 is None else self.bf16  # TRL's base_config rule
         if self.pad_token is not None:  # TRL's own deprecation
-            warnings.warn("`pad_token` is deprecated and will be removed in v2.0.0. Set `tokenizer.pad_token` "
-                          "directly and pass it as `processing_class` to the trainer instead.", FutureWarning,
-                          stacklevel=3)
+            warnings.warn(
+                "`pad_token` is deprecated and will be removed in v2.0.0. Set `tokenizer.pad_token` "
+                "directly and pass it as `processing_class` to the trainer instead.",
+                FutureWarning,
+                stacklevel=3,
+            )
         with warnings.catch_warnings():  # TRL's own default: transformers 5 calls the field deprecated
             warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
             super().__post_init__()
         if isinstance(self.pad_to_multiple_of, str) and self.pad_to_multiple_of != "auto":  # TRL's CLI rule
-            self.pad_to_multiple_of = (None if self.pad_to_multiple_of.lower() in ("none", "null")
-                                       else int(self.pad_to_multiple_of))
+            self.pad_to_multiple_of = (
+                None if self.pad_to_multiple_of.lower() in ("none", "null") else int(self.pad_to_multiple_of)
+            )
         if self.pad_to_multiple_of == "auto":
             self.pad_to_multiple_of = None  # padding changes no number rlhfkit computes
 
@@ -86,14 +100,18 @@ class SupervisedArguments(TrainingArguments):
         steps = self.optimizer_steps(n_rows, world)
         fields = common(self, steps)
         fields.update(
-            batch_size=self.per_device_train_batch_size * world, grad_accumulation=self.gradient_accumulation_steps,
-            max_steps=self.max_steps if self.max_steps > 0 else None, num_epochs=self.num_train_epochs,
-            max_length=NO_LIMIT if self.max_length is None else self.max_length, dtype=model_dtype(self),
+            batch_size=self.per_device_train_batch_size * world,
+            grad_accumulation=self.gradient_accumulation_steps,
+            max_steps=self.max_steps if self.max_steps > 0 else None,
+            num_epochs=self.num_train_epochs,
+            max_length=NO_LIMIT if self.max_length is None else self.max_length,
+            dtype=model_dtype(self),
             log_every=as_steps(self.logging_steps, steps),
             save_steps=as_steps(self.save_steps, steps) if self.save_strategy != "no" else 0,
             save_total_limit=self.save_total_limit,
             eval_every=as_steps(self.eval_steps or self.logging_steps, steps) if self.eval_strategy != "no" else 0,
-            overwrite=True)  # TRL writes into an existing output_dir: output_dir.py replaces rlhfkit's files only
+            overwrite=True,
+        )  # TRL writes into an existing output_dir: output_dir.py replaces rlhfkit's files only
         return fields
 
 
@@ -129,8 +147,10 @@ class SupervisedTRLTrainer(TRLTrainerMixin):
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
         if isinstance(eval_dataset, dict):
-            raise ValueError(f"{type(self).__name__}: eval_dataset as a dict of datasets is not supported by rlhfkit: "
-                             "pass one dataset")
+            raise ValueError(
+                f"{type(self).__name__}: eval_dataset as a dict of datasets is not supported by rlhfkit: "
+                "pass one dataset"
+            )
         native = args.to_rlhfkit(n_rows(train_dataset), distributed.planned_world())
         claim_output_dir(type(self).__name__, native.output_dir, native.resume_from)
         return native, eval_dataset if args.eval_strategy != "no" else None
@@ -143,19 +163,26 @@ class SupervisedTRLTrainer(TRLTrainerMixin):
         is_path = isinstance(model, (str, Path))
         if processing_class is None and is_path and not (eos_token or pad_token or chat_template_path):
             return None  # the rlhfkit trainer loads it
-        tok = processing_class if processing_class is not None else load_tokenizer(
-            str(model) if is_path else model_name(model), "model")
+        tok = (
+            processing_class
+            if processing_class is not None
+            else load_tokenizer(str(model) if is_path else model_name(model), "model")
+        )
         for name, token in (("eos_token", eos_token), ("pad_token", pad_token)):
             if token is not None:
                 if token not in tok.get_vocab():
-                    raise ValueError(f"The specified `{name}` ({token!r}) is not found in the vocabulary of the given "
-                                     f"`processing_class` ({type(tok).__name__}).")
+                    raise ValueError(
+                        f"The specified `{name}` ({token!r}) is not found in the vocabulary of the given "
+                        f"`processing_class` ({type(tok).__name__})."
+                    )
                 setattr(tok, name, token)
         if chat_template_path is not None:
             path = Path(chat_template_path)
             if not (path.is_file() and path.suffix in (".jinja", ".j2")):
-                raise ValueError(f"chat_template_path={chat_template_path!r} is not supported by rlhfkit: only a "
-                                 ".jinja or .j2 file (cloning another tokenizer's template is not)")
+                raise ValueError(
+                    f"chat_template_path={chat_template_path!r} is not supported by rlhfkit: only a "
+                    ".jinja or .j2 file (cloning another tokenizer's template is not)"
+                )
             tok.chat_template = path.read_text(encoding="utf-8")
         return tok
 
@@ -164,11 +191,13 @@ class SupervisedTRLTrainer(TRLTrainerMixin):
         """``pairs`` after TRL's length filter dropped ``dropped`` of ``total`` (``why``: which pairs,
         before "max_length"): none left is an error, some dropped a warning."""
         if not pairs:
-            raise ValueError(f"{name}: TRL drops pairs {why} max_length={limit} tokens, and that is every pair; raise "
-                             "max_length")
+            raise ValueError(
+                f"{name}: TRL drops pairs {why} max_length={limit} tokens, and that is every pair; raise max_length"
+            )
         if dropped:
-            warnings.warn(f"{name}: dropped {dropped} of {total} pairs {why} max_length={limit} tokens, as TRL does",
-                          stacklevel=3)
+            warnings.warn(
+                f"{name}: dropped {dropped} of {total} pairs {why} max_length={limit} tokens, as TRL does", stacklevel=3
+            )
         return pairs
 
     trl_table: dict = {}  # TRL's metric name -> rlhfkit's (metrics.py), each trainer's own

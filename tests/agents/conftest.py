@@ -29,7 +29,7 @@ class ScriptedEngine:
     def generate(self, prompts, n, sampling, seed=None):
         texts = self.turns[len(self.contexts)]
         self.contexts.append([list(p) for p in prompts])
-        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][:sampling.max_new_tokens] for t in texts]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][: sampling.max_new_tokens] for t in texts]
         self.returned.append(ids)
         return build_rollout(prompts, ids, 1, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
 

@@ -34,8 +34,7 @@ class Counter:
         return float(self.value == self.target)
 
 
-ROWS = [{"prompt": [{"role": "user", "content": "Count."}], "target": 3},
-        {"prompt": "Count.", "target": 5}]
+ROWS = [{"prompt": [{"role": "user", "content": "Count."}], "target": 3}, {"prompt": "Count.", "target": 5}]
 
 
 def test_each_episode_gets_its_own_environment_and_its_reward(chatml):
@@ -44,7 +43,7 @@ def test_each_episode_gets_its_own_environment_and_its_reward(chatml):
     assert len(episodes) == 4 and len({id(e.environment) for e in episodes}) == 4
     assert set(episodes[0].tools) == {"step"}  # public methods, reset and get_reward excepted
     assert "Count. Reach 3." in chatml.decode(episodes[0].prompt_ids)  # reset's string on the last user message
-    assert "\"name\": \"step\"" in chatml.decode(episodes[0].prompt_ids)  # the schema reached the template
+    assert '"name": "step"' in chatml.decode(episodes[0].prompt_ids)  # the schema reached the template
     call = '<tool_call>\n{"name": "step", "arguments": {"by": 3}}\n</tool_call><|im_end|>'
     engine = ScriptedEngine(chatml, [[call, "no<|im_end|>", call, call], ["ok<|im_end|>"] * 3])
     agent.run(engine, episodes, SamplingParams(max_new_tokens=300))
@@ -112,7 +111,8 @@ def test_a_template_that_rewrites_history_is_accepted_and_renders_each_turn(chat
     chatml.chat_template = (
         "{% for m in messages %}{% if m['role'] == 'assistant' and not loop.last %}<|im_start|>assistant\n<|im_end|>\n"
         "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     agent = Agent(chatml, tools=[add], options=AgentOptions(model_name="mymodel"))
     assert agent.start(ROWS, [0], 1)[0].rewrites
     with pytest.raises(ValueError, match="mymodel: the chat template is not prefix-preserving"):
@@ -126,11 +126,15 @@ def test_prompts_longer_than_the_limit_name_their_row(chatml):
 
 
 def test_hermes_tool_calls_parse():
-    content, calls = parse_tool_calls('Let me add.\n<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n'
-                                      '</tool_call>\n<tool_call>{"name": "add", "arguments": {"b": 2}}</tool_call>')
+    content, calls = parse_tool_calls(
+        'Let me add.\n<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n'
+        '</tool_call>\n<tool_call>{"name": "add", "arguments": {"b": 2}}</tool_call>'
+    )
     assert content == "Let me add."
-    assert [c["function"] for c in calls] == [{"name": "add", "arguments": {"a": 1}},
-                                              {"name": "add", "arguments": {"b": 2}}]
+    assert [c["function"] for c in calls] == [
+        {"name": "add", "arguments": {"a": 1}},
+        {"name": "add", "arguments": {"b": 2}},
+    ]
     assert parse_tool_calls("just text") == ("just text", [])
     assert json.dumps(calls[0]["function"]["arguments"]) == '{"a": 1}'
 
@@ -145,8 +149,19 @@ def test_evaluation_runs_agent_episodes_and_scores_their_conversations(chatml):
     call = '<tool_call>\n{"name": "step", "arguments": {"by": 3}}\n</tool_call><|im_end|>'
     engine = ScriptedEngine(chatml, [[call, "five<|im_end|>"], ["done<|im_end|>"]])
     rewards = RewardFunctions([environment_reward])
-    result = run_evaluation(None, None, chatml, rewards, ROWS, None, 1, SamplingParams(max_new_tokens=300, greedy=True),
-                            64, engine=engine, agent=agent)
+    result = run_evaluation(
+        None,
+        None,
+        chatml,
+        rewards,
+        ROWS,
+        None,
+        1,
+        SamplingParams(max_new_tokens=300, greedy=True),
+        64,
+        engine=engine,
+        agent=agent,
+    )
     m = result["metrics"]
     assert m["eval/turns_mean"] == 1.5 and m["eval/tool_calls_mean"] == 0.5
     assert m["eval/environment_reward_mean"] == 0.5  # row 0 reached its target 3, row 1 never moved

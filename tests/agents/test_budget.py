@@ -38,8 +38,9 @@ def n_tokens(tok, text):
 def test_a_cut_episode_keeps_only_what_the_model_saw(chatml):
     budget = n_tokens(chatml, CALL) + 5  # the call fits, its tool suffix does not
     episodes = [start_episode(chatml, ROWS[0]["prompt"], make_tools([add]))]
-    rollout = run_episodes(ScriptedEngine(chatml, [[CALL]]), chatml, episodes, SamplingParams(max_new_tokens=budget),
-                           AgentOptions())
+    rollout = run_episodes(
+        ScriptedEngine(chatml, [[CALL]]), chatml, episodes, SamplingParams(max_new_tokens=budget), AgentOptions()
+    )
     (e,) = episodes
     assert [m["role"] for m in e.messages] == ["assistant"]  # the tool message the model never received is gone
     assert e.truncated and e.has_eos and not rollout.has_eos[0]  # its turn ended, the episode did not
@@ -48,8 +49,21 @@ def test_a_cut_episode_keeps_only_what_the_model_saw(chatml):
 
 def trainer(**config):
     tok = chatml_tokenizer()
-    args = RLConfig(**{**dict(algorithm="grpo", prompts_per_step=1, group_size=2, max_steps=1, save_steps=0,
-                              chat_template=TINY_TOOLS_TEMPLATE, kl_coef=0.0, log_every=0), **config})
+    args = RLConfig(
+        **{
+            **dict(
+                algorithm="grpo",
+                prompts_per_step=1,
+                group_size=2,
+                max_steps=1,
+                save_steps=0,
+                chat_template=TINY_TOOLS_TEMPLATE,
+                kl_coef=0.0,
+                log_every=0,
+            ),
+            **config,
+        }
+    )
     t = RLTrainer(tiny_causal_lm(tok), [last_message], args, ROWS, processing_class=tok, tools=[add])
     return t, tok
 
@@ -71,8 +85,14 @@ def test_a_cut_episode_is_truncated_for_the_reward_the_penalties_and_the_mask():
     suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "add", "content": "19"}], [make_tools([add])["add"].schema])
     first = n_tokens(tok, CALL) + len(suffix) + n_tokens(tok, "19<|im_end|>")
     budget = first + 2  # the first episode ends 2 tokens short of it; the second's suffix overflows
-    t, _ = trainer(max_new_tokens=budget, missing_eos_penalty=-2.0, overlong_buffer_len=4, overlong_penalty=1.0,
-                   mask_truncated_completions=True, normalize_rewards=False)
+    t, _ = trainer(
+        max_new_tokens=budget,
+        missing_eos_penalty=-2.0,
+        overlong_buffer_len=4,
+        overlong_penalty=1.0,
+        mask_truncated_completions=True,
+        normalize_rewards=False,
+    )
     rollout, episodes, scores, valid, metrics = scored_step(t, [[CALL, "I will add. " + CALL], ["19<|im_end|>"]])
     assert rollout.has_eos.tolist() == [True, False] and [e.truncated for e in episodes] == [False, True]
     assert [m["content"] for m in SEEN["last"]] == ["19", "I will add."] and "tool_calls" in SEEN["last"][1]

@@ -21,8 +21,9 @@ from rlhfkit.tasks.calculator_demo import accuracy_curve, demo_files, rl_job, tr
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY_RL = dict(max_steps=2, eval_every=2, prompts_per_step=2, group_size=2, max_new_tokens=96, save_steps=0,
-               learning_rate=1e-3)
+TINY_RL = dict(
+    max_steps=2, eval_every=2, prompts_per_step=2, group_size=2, max_new_tokens=96, save_steps=0, learning_rate=1e-3
+)
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +60,17 @@ def test_the_yaml_run_on_two_processes_runs_the_same_path(warm, tmp_path):
     config = tmp_path / "job.yaml"
     config.write_text(yaml.safe_dump(rl_job(model_dir, paths, tmp_path / "run", "environment", **TINY_RL)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
-    out = subprocess.run([sys.executable, "-m", "rlhfkit", "rl", "--config", str(config), "--nproc-per-node", "2",
-                          "--quiet"], capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlhfkit", "rl", "--config", str(config), "--nproc-per-node", "2", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [step for step, _ in accuracy_curve(rows)] == [0, 2]
-    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["environment"] == \
-        "rlhfkit.tasks.calculator:Calculator"
+    assert (
+        yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["environment"]
+        == "rlhfkit.tasks.calculator:Calculator"
+    )

@@ -49,7 +49,7 @@ class TurnEndEngine:
     def generate(self, prompts, n, sampling, seed=None):
         texts = self.turns[len(self.contexts)]
         self.contexts.append([list(p) for p in prompts])
-        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][:sampling.max_new_tokens] for t in texts]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][: sampling.max_new_tokens] for t in texts]
         return build_rollout(prompts, ids, 1, self.tokenizer.pad_token_id, self.eos_ids)
 
     def sleep(self):
@@ -97,8 +97,18 @@ def test_the_trainer_takes_the_end_of_turn_from_the_model(tok):
     end ids (a template that never writes the tokenizer's EOS is not refused), and a tool episode
     ended by <|im_end|> is scored, not penalised as missing its EOS."""
     model = tiny_turn_end_lm(tok, seed=0)
-    args = RLConfig(algorithm="grpo", prompts_per_step=1, group_size=2, max_steps=1, save_steps=0, kl_coef=0.0,
-                    log_every=0, max_new_tokens=120, missing_eos_penalty=-3.0, normalize_rewards=False)
+    args = RLConfig(
+        algorithm="grpo",
+        prompts_per_step=1,
+        group_size=2,
+        max_steps=1,
+        save_steps=0,
+        kl_coef=0.0,
+        log_every=0,
+        max_new_tokens=120,
+        missing_eos_penalty=-3.0,
+        normalize_rewards=False,
+    )
     t = RLTrainer(model, [last_content], args, [{"prompt": USER}], processing_class=tok, tools=[add])
     t.sampler.engine = TurnEndEngine(tok, [[CALL, "no call" + END], ["19" + END]], eos_token_ids(tok, model))
     rows = t.sampler.sample_prompts()
@@ -110,7 +120,6 @@ def test_the_trainer_takes_the_end_of_turn_from_the_model(tok):
     assert json.loads(json.dumps(episodes[0].messages[1]))["content"] == "19"
 
 
-
 def test_the_endpoint_answers_a_turn_ended_by_the_end_of_turn_as_stopped(tok):
     """``endpoint.sampling.answer_group`` (a batch of requests, past the server's checks): each
     reply ends at <|im_end|>, not shown in its text, finished as "stop", not "length"."""
@@ -118,12 +127,25 @@ def test_the_endpoint_answers_a_turn_ended_by_the_end_of_turn_as_stopped(tok):
 
     eot = tok.convert_tokens_to_ids(END)
     model = tiny_turn_end_lm(tok, seed=0).eval()
-    endpoint = SimpleNamespace(engine=HFEngine(model, tok.pad_token_id, tok.eos_token_id), tokenizer=tok,
-                               logprob_model=None, model_name="tiny", training=False, version=0)
+    endpoint = SimpleNamespace(
+        engine=HFEngine(model, tok.pad_token_id, tok.eos_token_id),
+        tokenizer=tok,
+        logprob_model=None,
+        model_name="tiny",
+        training=False,
+        version=0,
+    )
     request = SimpleNamespace(n=4, stop=[], tools=None, tool_choice="auto", logprobs=False)
     prompt = tok.apply_chat_template(USER, add_generation_prompt=True, tokenize=True, return_dict=False)
-    pending = SimpleNamespace(request=request, sampling=SamplingParams(max_new_tokens=40), seed=5, prompt_ids=prompt,
-                              turn=0, record=None, messages=USER)
+    pending = SimpleNamespace(
+        request=request,
+        sampling=SamplingParams(max_new_tokens=40),
+        seed=5,
+        prompt_ids=prompt,
+        turn=0,
+        record=None,
+        messages=USER,
+    )
     (answer,) = answer_group(endpoint, [pending])
     for choice in answer["choices"]:
         assert choice["token_ids"][-1] == eot and eot not in choice["token_ids"][:-1], choice["token_ids"]
@@ -136,8 +158,14 @@ def test_the_endpoint_server_serves_such_a_model(tok):
     from rlhfkit.endpoint import Endpoint
 
     model = tiny_turn_end_lm(tok, seed=0).eval()
-    endpoint = Endpoint(HFEngine(model, tok.pad_token_id, tok.eos_token_id), tok, SamplingParams(max_new_tokens=40),
-                        "tiny", training=False, max_positions=256).start()
+    endpoint = Endpoint(
+        HFEngine(model, tok.pad_token_id, tok.eos_token_id),
+        tok,
+        SamplingParams(max_new_tokens=40),
+        "tiny",
+        training=False,
+        max_positions=256,
+    ).start()
     done = threading.Event()
     thread = threading.Thread(target=endpoint.serve, kwargs={"until": done.is_set}, daemon=True)
     thread.start()

@@ -58,8 +58,9 @@ def run(chatml, turns, fns=(add,), n=1, max_new_tokens=400, **options):
     tools = make_tools(list(fns))
     episodes = [start_episode(chatml, USER, tools) for _ in range(n)]
     engine = ScriptedEngine(chatml, turns)
-    rollout = run_episodes(engine, chatml, episodes, SamplingParams(max_new_tokens=max_new_tokens),
-                           AgentOptions(**options))
+    rollout = run_episodes(
+        engine, chatml, episodes, SamplingParams(max_new_tokens=max_new_tokens), AgentOptions(**options)
+    )
     return rollout, episodes, engine
 
 
@@ -69,11 +70,14 @@ def test_trained_ids_are_the_sampled_ids_and_tool_output_is_masked(chatml):
     row = rollout.response_ids[0]
     assert row[rollout.response_mask[0].bool()].tolist() == sampled  # byte for byte, in order
     # the second turn continued from the exact ids so far: prompt + turn 1 + the tool suffix
-    first, suffix = engine.returned[0][0], e.ids[len(engine.returned[0][0]):-len(engine.returned[1][0])]
+    first, suffix = engine.returned[0][0], e.ids[len(engine.returned[0][0]) : -len(engine.returned[1][0])]
     assert engine.contexts[1][0] == e.prompt_ids + first + suffix
-    assert chatml.decode(suffix) == "\n<|im_start|>tool\n<tool_response>\n19\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        chatml.decode(suffix)
+        == "\n<|im_start|>tool\n<tool_response>\n19\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     masked = rollout.response_mask[0] == 0
-    real = rollout.attention_mask[0, rollout.prompt_len:].bool()
+    real = rollout.attention_mask[0, rollout.prompt_len :].bool()
     assert row[masked & real].tolist() == suffix  # every unsampled real token is the tool suffix
     # the whole episode is what the template renders for the conversation (no token lost or added)
     full = render(chatml, USER + e.messages, [t.schema for t in e.tools.values()], False)
@@ -90,16 +94,21 @@ def test_rows_of_different_lengths_keep_their_own_ids(chatml):
         n = len(e.ids)
         assert rollout.response_ids[i, :n].tolist() == e.ids
         assert rollout.response_mask[i, :n].tolist() == [int(s) for s in e.sampled]
-        assert rollout.response_mask[i, n:].sum() == 0 and rollout.attention_mask[i, rollout.prompt_len + n:].sum() == 0
+        assert (
+            rollout.response_mask[i, n:].sum() == 0 and rollout.attention_mask[i, rollout.prompt_len + n :].sum() == 0
+        )
     assert [e.turns for e in episodes] == [2, 1]
     assert rollout.has_eos.tolist() == [True, True]
 
 
-@pytest.mark.parametrize("tool,turn,expect", [
-    (fails, call("fails", x=1), "RuntimeError: boom"),
-    (add, call("subtract", a=1, b=2), "unknown tool 'subtract'"),
-    (add, call("add", a=1), "TypeError"),
-])
+@pytest.mark.parametrize(
+    "tool,turn,expect",
+    [
+        (fails, call("fails", x=1), "RuntimeError: boom"),
+        (add, call("subtract", a=1, b=2), "unknown tool 'subtract'"),
+        (add, call("add", a=1), "TypeError"),
+    ],
+)
 def test_a_failing_call_reaches_the_model_as_an_error_and_is_counted(chatml, tool, turn, expect):
     _, (e,), _ = run(chatml, [[turn], ["done<|im_end|>"]], fns=(tool,))
     assert expect in json.loads(e.messages[1]["content"])["error"]
@@ -118,9 +127,14 @@ def test_async_tools_run(chatml):
     assert e.messages[1]["content"] == "5" and e.tool_errors == 0
 
 
-@pytest.mark.parametrize("turn", ['<tool_call>\n{"name": "add", "arguments": {"a": 1,}\n</tool_call><|im_end|>',
-                                  '<tool_call>{"arguments": {}}</tool_call><|im_end|>',
-                                  '<tool_call>{"name": "add", "arguments": {"a": 1}<|im_end|>'])
+@pytest.mark.parametrize(
+    "turn",
+    [
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1,}\n</tool_call><|im_end|>',
+        '<tool_call>{"arguments": {}}</tool_call><|im_end|>',
+        '<tool_call>{"name": "add", "arguments": {"a": 1}<|im_end|>',
+    ],
+)
 def test_a_malformed_call_ends_the_episode_and_is_counted(chatml, turn):
     _, (e,), engine = run(chatml, [[turn]])
     assert len(engine.contexts) == 1 and e.done and e.tool_errors == 1 and e.tool_calls == 0

@@ -36,13 +36,17 @@ def run(tok, turns, max_new_tokens=400):
     return rollout, episode, engine, [t.schema for t in tools.values()]
 
 
-@pytest.mark.parametrize("keep,first,segments", [
-    (False, "<think>\nplan\n</think>\n\n" + CALL, 2),  # every earlier <think> dropped: rewritten
-    (True, "<think>plan</think>" + CALL, 2),  # Qwen3: kept but normalised to <think>\n…\n</think>\n\n
-    (True, "<think>\nplan\n</think>\n\n" + CALL, 1),  # Qwen3, written as it renders it: no rewrite
-])
-def test_each_turn_is_prompted_with_the_templates_rendering_and_trained_once_in_its_context(chatml, keep, first,
-                                                                                          segments):
+@pytest.mark.parametrize(
+    "keep,first,segments",
+    [
+        (False, "<think>\nplan\n</think>\n\n" + CALL, 2),  # every earlier <think> dropped: rewritten
+        (True, "<think>plan</think>" + CALL, 2),  # Qwen3: kept but normalised to <think>\n…\n</think>\n\n
+        (True, "<think>\nplan\n</think>\n\n" + CALL, 1),  # Qwen3, written as it renders it: no rewrite
+    ],
+)
+def test_each_turn_is_prompted_with_the_templates_rendering_and_trained_once_in_its_context(
+    chatml, keep, first, segments
+):
     chatml.chat_template = thinking_template(keep)
     rollout, e, engine, schemas = run(chatml, [[first], ["<think>\nsum\n</think>\n\n19<|im_end|>"]])
     assert e.rewrites and e.turns == 2 and e.has_eos
@@ -53,9 +57,12 @@ def test_each_turn_is_prompted_with_the_templates_rendering_and_trained_once_in_
     # trained ids = sampled ids, each once, in order; the engine's context precedes each turn in its segment
     mask = rollout.response_mask[0].bool()
     assert rollout.response_ids[0][mask].tolist() == sampled[0] + sampled[1]
-    view = segment_view(rollout.input_ids, rollout.attention_mask,
-                        rollout.segments if rollout.segments is not None else torch.zeros_like(rollout.input_ids),
-                        mask.shape[0])
+    view = segment_view(
+        rollout.input_ids,
+        rollout.attention_mask,
+        rollout.segments if rollout.segments is not None else torch.zeros_like(rollout.input_ids),
+        mask.shape[0],
+    )
     rows = [r[m.bool()].tolist() for r, m in zip(view.input_ids, view.attention_mask)]
     if segments == 2:
         assert rows == [engine.contexts[0][0] + sampled[0], engine.contexts[1][0] + sampled[1]]
@@ -81,9 +88,13 @@ def test_templates_that_rewrite_history_are_told_from_those_that_do_not(chatml):
     from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
 
     found = {}
-    for name, template in [("chatml_tools", chatml.chat_template), ("tiny_tools", TINY_TOOLS_TEMPLATE),
-                           ("qwen3", thinking_template(True)), ("strip_all", thinking_template(False)),
-                           ("r1", R1_STYLE)]:
+    for name, template in [
+        ("chatml_tools", chatml.chat_template),
+        ("tiny_tools", TINY_TOOLS_TEMPLATE),
+        ("qwen3", thinking_template(True)),
+        ("strip_all", thinking_template(False)),
+        ("r1", R1_STYLE),
+    ]:
         chatml.chat_template = template
         found[name] = rewrites_history(chatml, None)
     assert found == {"chatml_tools": False, "tiny_tools": False, "qwen3": True, "strip_all": True, "r1": True}
@@ -91,16 +102,18 @@ def test_templates_that_rewrite_history_are_told_from_those_that_do_not(chatml):
 
 # DeepSeek-R1's rule: every assistant message's reasoning is dropped, the last one's too — so the
 # renderings are prefix-preserving, but never hold the <think> the model sampled.
-R1_STYLE = ("{% for m in messages %}{% set c = m['content'] or '' %}{% if '</think>' in c %}"
-            "{% set c = c.split('</think>')[-1] %}{% endif %}<|im_start|>{{ m['role'] }}\n{{ c }}"
-            "{% for t in (m['tool_calls'] or []) %}<tool_call>{{ t['function']['name'] }}</tool_call>{% endfor %}"
-            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+R1_STYLE = (
+    "{% for m in messages %}{% set c = m['content'] or '' %}{% if '</think>' in c %}"
+    "{% set c = c.split('</think>')[-1] %}{% endif %}<|im_start|>{{ m['role'] }}\n{{ c }}"
+    "{% for t in (m['tool_calls'] or []) %}<tool_call>{{ t['function']['name'] }}</tool_call>{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def test_a_prefix_preserving_template_gives_the_rows_it_always_gave(chatml):
     rollout, e, engine, _ = run(chatml, [[CALL], ["19<|im_end|>"]])
     assert not e.rewrites and rollout.segments is None and set(e.segment) == {0}
-    assert engine.contexts[1][0] == e.prompt_ids + engine.returned[0][0] + e.ids[len(engine.returned[0][0]):-3]
+    assert engine.contexts[1][0] == e.prompt_ids + engine.returned[0][0] + e.ids[len(engine.returned[0][0]) : -3]
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -110,20 +123,33 @@ def test_trainer_logprobs_match_the_engines_over_rewritten_histories(chatml, mon
     every sampled token (one forward pass over the packed rows) equals HF generate's."""
     chatml.chat_template = thinking_template(keep)
     model = _turn_ending_model(chatml)
-    monkeypatch.setattr(episode_module, "parse_tool_calls", lambda text, tok, tools: (
-        f"<think>{text}</think>", [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]))
+    monkeypatch.setattr(
+        episode_module,
+        "parse_tool_calls",
+        lambda text, tok, tools: (
+            f"<think>{text}</think>",
+            [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}],
+        ),
+    )
     engine = Recording(model, chatml.pad_token_id, chatml.eos_token_id, logprobs=True)
     episodes = [start_episode(chatml, [{"role": "user", "content": f"{i}+1?"}], make_tools([add])) for i in range(4)]
-    rollout = run_episodes(engine, chatml, episodes, SamplingParams(max_new_tokens=220, temperature=0.8),
-                           AgentOptions(max_tool_calling_iterations=2), seed=3)
+    rollout = run_episodes(
+        engine,
+        chatml,
+        episodes,
+        SamplingParams(max_new_tokens=220, temperature=0.8),
+        AgentOptions(max_tool_calling_iterations=2),
+        seed=3,
+    )
     assert rollout.segments is not None and max(e.segment[-1] for e in episodes) >= 1  # histories were rewritten
     mask = rollout.response_mask.bool()
     for i, e in enumerate(episodes):
         assert rollout.response_ids[i][mask[i]].tolist() == [t for t, s in zip(e.ids, e.sampled) if s]
     trainer = forward_rollout(model, rollout, 0.8).logprobs
     assert (trainer - rollout.logprobs)[mask].abs().max() < 1e-4
-    one_sequence = Rollout(rollout.input_ids, rollout.attention_mask, rollout.response_mask, rollout.has_eos,
-                           rollout.prompt_len)
+    one_sequence = Rollout(
+        rollout.input_ids, rollout.attention_mask, rollout.response_mask, rollout.has_eos, rollout.prompt_len
+    )
     wrong = forward_rollout(model, one_sequence, 0.8).logprobs  # each row as one sequence: later turns out of context
     assert (wrong - rollout.logprobs)[mask].abs().max() > 1e-3
 
@@ -140,9 +166,20 @@ def test_an_rl_step_trains_each_sampled_token_in_the_context_it_was_sampled_in(a
 
     tok = chatml_tokenizer()
     rows = [{"prompt": USER}, {"prompt": [{"role": "user", "content": "3+4?"}]}]
-    args = RLConfig(algorithm=algorithm, prompts_per_step=2, group_size=2 if algorithm == "grpo" else 1,
-                    max_new_tokens=200, max_steps=1, chat_template=thinking_template(False), save_steps=0, log_every=0,
-                    learning_rate=1e-2, kl_coef=0.0, num_iterations=2, whiten_advantages=False)
+    args = RLConfig(
+        algorithm=algorithm,
+        prompts_per_step=2,
+        group_size=2 if algorithm == "grpo" else 1,
+        max_new_tokens=200,
+        max_steps=1,
+        chat_template=thinking_template(False),
+        save_steps=0,
+        log_every=0,
+        learning_rate=1e-2,
+        kl_coef=0.0,
+        num_iterations=2,
+        whiten_advantages=False,
+    )
     seen = {}
 
     def alternating(prompts, completions, completion_ids, **columns):
@@ -151,8 +188,10 @@ def test_an_rl_step_trains_each_sampled_token_in_the_context_it_was_sampled_in(a
 
     t = RLTrainer(tiny_causal_lm(tok), [alternating], args, rows, processing_class=tok, tools=[add])
     n = args.prompts_per_step * args.group_size
-    t.sampler.engine = engine = ScriptedEngine(tok, [["<think>\nplan\n</think>\n\n" + CALL] * n,
-                                                     [f"<think>\nsum {i}\n</think>\n\n19<|im_end|>" for i in range(n)]])
+    t.sampler.engine = engine = ScriptedEngine(
+        tok,
+        [["<think>\nplan\n</think>\n\n" + CALL] * n, [f"<think>\nsum {i}\n</think>\n\n19<|im_end|>" for i in range(n)]],
+    )
     picked = t.sampler.sample_prompts()
     rollout, episodes = t.sampler.generate(picked)
     scores, valid, metrics = t.sampler.score(picked, rollout, episodes)
@@ -162,8 +201,12 @@ def test_an_rl_step_trains_each_sampled_token_in_the_context_it_was_sampled_in(a
     model = t.models.policy
     for i in range(n):  # each turn's log-probs after its own context, one sequence per turn
         contexts = [torch.tensor([engine.contexts[k][i] + engine.returned[k][i]]) for k in range(2)]
-        alone = torch.cat([forward_response(model, c, torch.ones_like(c), len(engine.returned[k][i])).logprobs[0]
-                           for k, c in enumerate(contexts)])
+        alone = torch.cat(
+            [
+                forward_response(model, c, torch.ones_like(c), len(engine.returned[k][i])).logprobs[0]
+                for k, c in enumerate(contexts)
+            ]
+        )
         torch.testing.assert_close(exp.old_logprobs[i][exp.mask[i]], alone, atol=1e-5, rtol=0)
         if algorithm == "ppo":  # GAE over the episode's sampled tokens, across the segments
             sampled = exp.mask[i].nonzero().flatten()

@@ -23,8 +23,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # tiny model with 256 positions has room for the episode.
 COMPACT = TINY_TOOLS_TEMPLATE
 
-ROWS = [{"prompt": [{"role": "user", "content": f"{a}+{b}?"}], "answer": str(a + b)} for a, b in
-        [(1, 2), (3, 4), (5, 1), (2, 2)]]
+ROWS = [
+    {"prompt": [{"role": "user", "content": f"{a}+{b}?"}], "answer": str(a + b)}
+    for a, b in [(1, 2), (3, 4), (5, 1), (2, 2)]
+]
 SEEN = {}
 
 
@@ -66,9 +68,24 @@ def sees_conversations(prompts, completions, environments=None, **columns):
 def trainer(tmp_path, config=None, **kwargs):
     tok = chatml_tokenizer()
     model = tiny_causal_lm(tok)
-    args = RLConfig(**{**dict(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=40, max_steps=2,
-                              output_dir=str(tmp_path / "run"), chat_template=COMPACT, kl_coef=0.0, save_steps=0,
-                              num_logged_samples=4, max_tool_calling_iterations=2), **(config or {})})
+    args = RLConfig(
+        **{
+            **dict(
+                algorithm="grpo",
+                prompts_per_step=2,
+                group_size=2,
+                max_new_tokens=40,
+                max_steps=2,
+                output_dir=str(tmp_path / "run"),
+                chat_template=COMPACT,
+                kl_coef=0.0,
+                save_steps=0,
+                num_logged_samples=4,
+                max_tool_calling_iterations=2,
+            ),
+            **(config or {}),
+        }
+    )
     return RLTrainer(model, [sees_conversations], args, ROWS, processing_class=tok, **kwargs)
 
 
@@ -76,7 +93,9 @@ def test_tools_run_through_the_loop_and_are_logged_and_recorded(tmp_path):
     t = trainer(tmp_path, tools=[add])
     t.train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert {"agent/turns_mean", "agent/tool_calls_mean", "agent/tool_errors", "agent/truncated_episodes"} <= set(rows[-1])
+    assert {"agent/turns_mean", "agent/tool_calls_mean", "agent/tool_errors", "agent/truncated_episodes"} <= set(
+        rows[-1]
+    )
     assert rows[-1]["agent/turns_mean"] >= 1
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
     assert all(isinstance(s["completion"], list) and s["completion"][0]["role"] == "assistant" for s in samples)
@@ -113,10 +132,15 @@ def test_ppo_runs_gae_across_the_tool_suffix_gap(tmp_path):
     """PPO's critic and GAE over an episode: advantages and returns live on the sampled tokens
     only, and GAE over the episode with its tool-suffix gap equals GAE over its sampled tokens
     alone — the gap is skipped, not a step."""
-    t = trainer(tmp_path, {"algorithm": "ppo", "group_size": 1, "prompts_per_step": 4, "whiten_advantages": False,
-                           "max_new_tokens": 120}, tools=[add])
+    t = trainer(
+        tmp_path,
+        {"algorithm": "ppo", "group_size": 1, "prompts_per_step": 4, "whiten_advantages": False, "max_new_tokens": 120},
+        tools=[add],
+    )
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
-    t.sampler.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>", "x<|im_end|>", "3<|im_end|>", "4<|im_end|>"]])
+    t.sampler.engine = ScriptedEngine(
+        t.tokenizer, [[call] * 4, ["3<|im_end|>", "x<|im_end|>", "3<|im_end|>", "4<|im_end|>"]]
+    )
     rows = t.sampler.sample_prompts()
     rollout, episodes = t.sampler.generate(rows)
     scores, valid, metrics = t.sampler.score(rows, rollout, episodes)
@@ -144,8 +168,17 @@ def test_every_preset_trains_on_tool_episodes(tmp_path, algorithm):
     """One step of each preset on scripted tool episodes (a call, the tool's turn, an answer): the
     update trains on the sampled tokens only and changes the policy."""
     tok = chatml_tokenizer()
-    args = RLConfig(algorithm=algorithm, prompts_per_step=2, group_size=2, max_new_tokens=120, max_steps=1,
-                    chat_template=COMPACT, save_steps=0, log_every=0, learning_rate=1e-2)
+    args = RLConfig(
+        algorithm=algorithm,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=120,
+        max_steps=1,
+        chat_template=COMPACT,
+        save_steps=0,
+        log_every=0,
+        learning_rate=1e-2,
+    )
     t = RLTrainer(tiny_causal_lm(tok), [alternating], args, ROWS, processing_class=tok, tools=[add])
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
     t.sampler.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
@@ -159,10 +192,26 @@ def test_lora_trains_the_adapter_on_tool_episodes(tmp_path):
     from peft import LoraConfig
 
     tok = chatml_tokenizer()
-    args = RLConfig(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=120, max_steps=1,
-                    chat_template=COMPACT, save_steps=0, log_every=0, learning_rate=1e-2)
-    t = RLTrainer(tiny_causal_lm(tok), [alternating], args, ROWS, processing_class=tok, tools=[add],
-                  peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    args = RLConfig(
+        algorithm="grpo",
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=120,
+        max_steps=1,
+        chat_template=COMPACT,
+        save_steps=0,
+        log_every=0,
+        learning_rate=1e-2,
+    )
+    t = RLTrainer(
+        tiny_causal_lm(tok),
+        [alternating],
+        args,
+        ROWS,
+        processing_class=tok,
+        tools=[add],
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><|im_end|>'
     t.sampler.engine = ScriptedEngine(t.tokenizer, [[call] * 4, ["3<|im_end|>"] * 4])
     named = dict(t.models.policy.named_parameters())

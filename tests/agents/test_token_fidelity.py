@@ -20,7 +20,8 @@ class Recording(HFEngine):
     def generate(self, prompts, n, sampling, seed=None):
         out = super().generate(prompts, n, sampling, seed)
         self.returned = getattr(self, "returned", []) + [
-            out.response_ids[i, : int(out.response_mask[i].sum())].tolist() for i in range(len(prompts))]
+            out.response_ids[i, : int(out.response_mask[i].sum())].tolist() for i in range(len(prompts))
+        ]
         return out
 
 
@@ -28,9 +29,18 @@ def _turn_ending_model(chatml):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(chatml), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=2048,
-                         pad_token_id=chatml.pad_token_id, eos_token_id=chatml.eos_token_id, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(chatml),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        pad_token_id=chatml.pad_token_id,
+        eos_token_id=chatml.eos_token_id,
+        bos_token_id=None,
+    )
     model = LlamaForCausalLM(config).float()
     with torch.no_grad():  # a random model that ends its turns often, so episodes have several turns
         model.lm_head.weight[chatml.eos_token_id] *= 0
@@ -40,8 +50,14 @@ def _turn_ending_model(chatml):
 
 def _always_call_the_tool(monkeypatch):
     # Whatever a turn says, it calls the tool: the turns are sampled, the calls are forced.
-    monkeypatch.setattr(episode_module, "parse_tool_calls", lambda text, tok, tools: (
-        text, [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": len(text)}}}]))
+    monkeypatch.setattr(
+        episode_module,
+        "parse_tool_calls",
+        lambda text, tok, tools: (
+            text,
+            [{"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": len(text)}}}],
+        ),
+    )
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -64,7 +80,7 @@ def test_trainer_logprobs_and_ids_match_the_sampler_over_tool_turns(chatml, monk
     for i in range(len(episodes)):
         assert rollout.response_ids[i][mask[i]].tolist() == per_episode[i][: int(mask[i].sum())]
     # tool suffixes are in the sequence (attended) but masked out of training
-    gaps = rollout.attention_mask[:, rollout.prompt_len:].bool() & ~mask
+    gaps = rollout.attention_mask[:, rollout.prompt_len :].bool() & ~mask
     assert gaps.sum() > 0
     trainer = forward_response(model, rollout.input_ids, rollout.attention_mask, mask.shape[1], temperature).logprobs
     assert (trainer - rollout.logprobs)[mask].abs().max() < 1e-4

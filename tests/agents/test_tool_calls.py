@@ -87,8 +87,10 @@ def test_episodes_run_their_calls_side_by_side():
     turns = [[call("push", x=1) + "<|im_end|>"] * n] * rounds + [["done<|im_end|>"] * n]
     episodes, _, _, elapsed = episodes_of(turns, n)
     assert all(e.environment.items == [1] * rounds for e in episodes)
-    print(f"\n{n} episodes x {rounds} rounds of one {SLOW} s call: {elapsed:.3f} s "
-          f"(one call per round: {rounds * SLOW:.1f} s; one per episode: {n * rounds * SLOW:.1f} s)")
+    print(
+        f"\n{n} episodes x {rounds} rounds of one {SLOW} s call: {elapsed:.3f} s "
+        f"(one call per round: {rounds * SLOW:.1f} s; one per episode: {n * rounds * SLOW:.1f} s)"
+    )
     assert elapsed < rounds * SLOW + 0.5
 
 
@@ -118,10 +120,17 @@ def raising(kind):
     return fail_async if kind is asyncio.CancelledError else fail
 
 
-@pytest.mark.parametrize("kind,expect", [(ValueError("bad"), "ValueError: bad"), (SystemExit(3), "SystemExit: 3"),
-                                         (KeyboardInterrupt, "KeyboardInterrupt"), (GeneratorExit, "GeneratorExit"),
-                                         (asyncio.CancelledError, "CancelledError"),
-                                         (Boom(), "Boom: (its message cannot be printed)")])
+@pytest.mark.parametrize(
+    "kind,expect",
+    [
+        (ValueError("bad"), "ValueError: bad"),
+        (SystemExit(3), "SystemExit: 3"),
+        (KeyboardInterrupt, "KeyboardInterrupt"),
+        (GeneratorExit, "GeneratorExit"),
+        (asyncio.CancelledError, "CancelledError"),
+        (Boom(), "Boom: (its message cannot be printed)"),
+    ],
+)
 def test_every_exception_of_a_tool_is_a_tool_message(kind, expect):
     tools = make_tools([raising(kind)])
     (name,) = tools

@@ -182,9 +182,7 @@ def test_rloo_equals_scaled_group_centred():
         scores = torch.randn(4 * G, generator=g, dtype=F64)
         mean = scores.reshape(4, G).mean(dim=1).repeat_interleave(G)
         torch.testing.assert_close(rloo_advantages(scores, G), G / (G - 1) * (scores - mean))
-        torch.testing.assert_close(
-            rloo_advantages(scores, G), G / (G - 1) * group_advantages(scores, G, scale="none")
-        )
+        torch.testing.assert_close(rloo_advantages(scores, G), G / (G - 1) * group_advantages(scores, G, scale="none"))
 
 
 def test_reinforce_baselines():

@@ -88,13 +88,16 @@ def test_only_reward_differences_matter():
     torch.testing.assert_close(bradley_terry_loss(c + 5.0, r + 5.0)[0], bradley_terry_loss(c, r)[0])
 
 
-@pytest.mark.parametrize("chosen,rejected,margin,message", [
-    (torch.zeros(3), torch.zeros(2), None, "shape mismatch"),
-    (torch.zeros(2, 3), torch.zeros(2, 3), None, "chosen must have 1 dimension"),
-    (torch.zeros(0), torch.zeros(0), None, "at least one pair"),
-    (torch.zeros(3), torch.zeros(3), torch.zeros(2), "margin must be a number or have shape"),
-    ([1.0], torch.zeros(1), None, "chosen must be a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "chosen,rejected,margin,message",
+    [
+        (torch.zeros(3), torch.zeros(2), None, "shape mismatch"),
+        (torch.zeros(2, 3), torch.zeros(2, 3), None, "chosen must have 1 dimension"),
+        (torch.zeros(0), torch.zeros(0), None, "at least one pair"),
+        (torch.zeros(3), torch.zeros(3), torch.zeros(2), "margin must be a number or have shape"),
+        ([1.0], torch.zeros(1), None, "chosen must be a torch.Tensor"),
+    ],
+)
 def test_bad_inputs_raise_clear_errors(chosen, rejected, margin, message):
     with pytest.raises(ValueError, match=message):
         bradley_terry_loss(chosen, rejected, margin)

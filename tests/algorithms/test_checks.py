@@ -77,7 +77,9 @@ def test_check_mask_accepts_bool_int_float(mask):
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 def test_check_mask_refuses_complex(dtype):
-    with pytest.raises(ValueError, match=rf"response_mask must be bool, integer or float 0/1 values, got dtype {dtype}"):
+    with pytest.raises(
+        ValueError, match=rf"response_mask must be bool, integer or float 0/1 values, got dtype {dtype}"
+    ):
         check_mask(torch.ones(1, 3, dtype=dtype), (1, 3))
 
 
@@ -128,12 +130,15 @@ def test_gae_bad_shapes():
         gae(torch.zeros(3), torch.zeros(3), torch.ones(3), 1.0, 0.95)
     with pytest.raises(ValueError, match=r"response_mask must have shape \(2, 3\), got \(3, 2\)"):
         gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(3, 2), 1.0, 0.95)
-    with pytest.raises(ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex64"):
+    with pytest.raises(
+        ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex64"
+    ):
         gae(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.complex64), 1.0, 0.95)
 
 
-@pytest.mark.parametrize("fn", [lambda s, g: group_advantages(s, g), lambda s, g: rloo_advantages(s, g)],
-                         ids=["group", "rloo"])
+@pytest.mark.parametrize(
+    "fn", [lambda s, g: group_advantages(s, g), lambda s, g: rloo_advantages(s, g)], ids=["group", "rloo"]
+)
 def test_group_estimators_bad_group_size(fn):
     with pytest.raises(ValueError, match=r"group_size=4 does not divide the batch: scores has 6 rows"):
         fn(torch.zeros(6), 4)
@@ -146,7 +151,9 @@ def test_group_estimators_bad_group_size(fn):
 
 
 def test_token_level_rewards_empty_row_names_rows_and_shape():
-    with pytest.raises(ValueError, match=r"response_mask has rows without any response token: rows \[1\] of shape \(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"response_mask has rows without any response token: rows \[1\] of shape \(3, 4\)"
+    ):
         token_level_rewards(torch.zeros(3), torch.zeros(3, 4), torch.tensor([[1, 0, 0, 0], [0] * 4, [1] * 4]), 0.1)
 
 
@@ -155,7 +162,9 @@ def test_policy_and_value_losses_bad_masks():
     for fn in (ppo_policy_loss, pg_loss, lambda *a: cispo_policy_loss(*a, clip_high=4.0)):
         with pytest.raises(ValueError, match=r"response_mask must have shape \(2, 3\), got \(2,\)"):
             fn(x, x, x, torch.ones(2))
-        with pytest.raises(ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex128"):
+        with pytest.raises(
+            ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex128"
+        ):
             fn(x, x, x, torch.ones(2, 3, dtype=torch.complex128))
     with pytest.raises(ValueError, match=r"response_mask must have shape \(2, 3\), got \(2, 2\)"):
         value_loss(x, x, x, torch.ones(2, 2))

@@ -49,8 +49,7 @@ def test_label_smoothing_is_the_expected_loss_under_flipped_labels():
 
 def test_hinge_is_slic():
     # β = 0.5: h = 2 -> max(0, 1 - 1) = 0; h = -1 -> max(0, 1 + 0.5) = 1.5; h = 0.4 -> 1 - 0.2 = 0.8
-    losses, _, _ = dpo_loss(t(-5, -4, -1.0), t(-7, -3, -1.4), t(-6, -4, -2), t(-6, -4, -2), beta=0.5,
-                            loss_type="hinge")
+    losses, _, _ = dpo_loss(t(-5, -4, -1.0), t(-7, -3, -1.4), t(-6, -4, -2), t(-6, -4, -2), beta=0.5, loss_type="hinge")
     assert losses.tolist() == pytest.approx([0.0, 1.5, 0.8], abs=1e-6)
 
 
@@ -58,8 +57,16 @@ def test_ipo_on_length_normalised_log_probs():
     # c = -6 over 3 tokens -> -2; r = -8 over 4 -> -2; c_ref = -9/3 = -3; r_ref = -4/4 = -1
     # h̄ = (-2 - -2) - (-3 - -1) = 2; β = 0.25 -> 1/(2β) = 2 -> (2 - 2)^2 = 0
     # second pair: c = -2/2 = -1, r = -6/3 = -2, refs -1 and -1 -> h̄ = 1 - 0 = 1; β = 0.25 -> (1 - 2)^2 = 1
-    losses, chosen, rejected = dpo_loss(t(-6, -2), t(-8, -6), t(-9, -2), t(-4, -3), beta=0.25, loss_type="ipo",
-                                        chosen_lengths=t(3, 2), rejected_lengths=t(4, 3))
+    losses, chosen, rejected = dpo_loss(
+        t(-6, -2),
+        t(-8, -6),
+        t(-9, -2),
+        t(-4, -3),
+        beta=0.25,
+        loss_type="ipo",
+        chosen_lengths=t(3, 2),
+        rejected_lengths=t(4, 3),
+    )
     assert losses.tolist() == pytest.approx([0.0, 1.0], abs=1e-6)
     # rewards on the normalised log-probs: 0.25 * (-2 - -3) = 0.25; 0.25 * (-1 - -1) = 0
     assert chosen.tolist() == pytest.approx([0.25, 0.0], abs=1e-7)
@@ -68,8 +75,9 @@ def test_ipo_on_length_normalised_log_probs():
 
 def test_simpo_is_reference_free_and_length_normalised():
     # c = -6/3 = -2, r = -12/4 = -3; β = 2, γ = 0.5: -log σ(2*-2 - 2*-3 - 0.5) = -log σ(1.5) = 0.201413
-    losses, chosen, rejected = dpo_loss(t(-6), t(-12), beta=2.0, loss_type="simpo", simpo_gamma=0.5,
-                                        chosen_lengths=t(3), rejected_lengths=t(4))
+    losses, chosen, rejected = dpo_loss(
+        t(-6), t(-12), beta=2.0, loss_type="simpo", simpo_gamma=0.5, chosen_lengths=t(3), rejected_lengths=t(4)
+    )
     assert losses.item() == pytest.approx(-log_sigmoid(1.5), rel=1e-6)
     assert losses.item() == pytest.approx(0.201413, abs=1e-6)
     assert (chosen.item(), rejected.item()) == pytest.approx((-4.0, -6.0))
@@ -92,8 +100,9 @@ def test_the_reference_gets_no_gradient(loss_type):
     # Reference log-probs that require grad (e.g. computed without no_grad): only the policy learns.
     c, r = t(-5, -4).requires_grad_(), t(-7, -3).requires_grad_()
     c_ref, r_ref = t(-6, -4).requires_grad_(), t(-5, -2).requires_grad_()
-    losses, _, _ = dpo_loss(c, r, c_ref, r_ref, beta=0.1, loss_type=loss_type, chosen_lengths=t(2, 3),
-                            rejected_lengths=t(3, 2))
+    losses, _, _ = dpo_loss(
+        c, r, c_ref, r_ref, beta=0.1, loss_type=loss_type, chosen_lengths=t(2, 3), rejected_lengths=t(3, 2)
+    )
     losses.sum().backward()
     assert c_ref.grad is None and r_ref.grad is None
     assert c.grad.abs().sum() > 0 and r.grad.abs().sum() > 0
@@ -106,29 +115,37 @@ def test_large_margins_stay_finite():
     assert losses.item() == pytest.approx(2e4, rel=1e-6)  # -log σ(-2e4) = 2e4, not inf
     for loss_type in DPO_LOSS_TYPES:
         refs = (None, None) if loss_type == "simpo" else (t(0.0), t(0.0))
-        out, _, _ = dpo_loss(t(-1e4), t(1e4), *refs, beta=1.0, loss_type=loss_type, chosen_lengths=t(1),
-                             rejected_lengths=t(1))
+        out, _, _ = dpo_loss(
+            t(-1e4), t(1e4), *refs, beta=1.0, loss_type=loss_type, chosen_lengths=t(1), rejected_lengths=t(1)
+        )
         assert torch.isfinite(out).all(), loss_type
 
 
 def test_wider_inputs_keep_their_precision():
-    losses, _, _ = dpo_loss(torch.tensor([-5.0], dtype=torch.float64), torch.tensor([-7.0], dtype=torch.float64),
-                            torch.tensor([-6.0], dtype=torch.float64), torch.tensor([-6.0], dtype=torch.float64))
+    losses, _, _ = dpo_loss(
+        torch.tensor([-5.0], dtype=torch.float64),
+        torch.tensor([-7.0], dtype=torch.float64),
+        torch.tensor([-6.0], dtype=torch.float64),
+        torch.tensor([-6.0], dtype=torch.float64),
+    )
     assert losses.dtype == torch.float64
     half, _, _ = dpo_loss(t(-5).half(), t(-7).half(), t(-6).half(), t(-6).half())
     assert half.dtype == torch.float32
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(loss_type="kto"), "loss_type must be one of sigmoid, ipo, hinge, simpo"),
-    (dict(beta=0.0), "beta must be > 0"),
-    (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
-    (dict(label_smoothing=0.1, loss_type="hinge"), "label_smoothing applies to loss_type='sigmoid' only"),
-    (dict(ref=False), "needs ref_chosen_logps and ref_rejected_logps"),
-    (dict(loss_type="simpo", lengths=True), "reference-free"),
-    (dict(loss_type="ipo"), "needs chosen_lengths and rejected_lengths"),
-    (dict(rejected=t(-1, -2)), "shape mismatch"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(loss_type="kto"), "loss_type must be one of sigmoid, ipo, hinge, simpo"),
+        (dict(beta=0.0), "beta must be > 0"),
+        (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
+        (dict(label_smoothing=0.1, loss_type="hinge"), "label_smoothing applies to loss_type='sigmoid' only"),
+        (dict(ref=False), "needs ref_chosen_logps and ref_rejected_logps"),
+        (dict(loss_type="simpo", lengths=True), "reference-free"),
+        (dict(loss_type="ipo"), "needs chosen_lengths and rejected_lengths"),
+        (dict(rejected=t(-1, -2)), "shape mismatch"),
+    ],
+)
 def test_bad_arguments_are_clear_errors(kwargs, message):
     kwargs = dict(kwargs)
     refs = (t(-1), t(-1)) if kwargs.pop("ref", True) else (None, None)
@@ -146,8 +163,9 @@ def test_traits_decide_the_arguments_each_loss_needs(loss_type):
     losses, _, _ = dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type, **lengths)
     assert torch.isfinite(losses).all()
     with pytest.raises(ValueError, match="reference-free" if not traits["reference"] else "needs ref_chosen_logps"):
-        dpo_loss(t(-1), t(-2), *((t(-1), t(-1)) if not traits["reference"] else (None, None)),
-                 loss_type=loss_type, **lengths)
+        dpo_loss(
+            t(-1), t(-2), *((t(-1), t(-1)) if not traits["reference"] else (None, None)), loss_type=loss_type, **lengths
+        )
     if traits["length_normalised"]:
         with pytest.raises(ValueError, match="needs chosen_lengths"):
             dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type)

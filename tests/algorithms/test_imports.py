@@ -45,8 +45,9 @@ def test_imports_are_torch_stdlib_or_relative(path):
 
 
 def test_checker_catches_forbidden_imports():
-    tree = ast.parse("import numpy as np\nfrom rlhfkit.models import x\nfrom ..models import y\nimport os.path\n"
-                     "from . import kl\n")
+    tree = ast.parse(
+        "import numpy as np\nfrom rlhfkit.models import x\nfrom ..models import y\nimport os.path\nfrom . import kl\n"
+    )
     mods = [m for m, _ in _imported_top_levels(tree)]
     assert mods == ["numpy", "rlhfkit", "<relative import above rlhfkit.algorithms>", "os"]
     assert [m for m in mods if m not in ALLOWED_THIRD_PARTY and m not in sys.stdlib_module_names] == mods[:3]

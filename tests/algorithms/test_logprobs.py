@@ -246,16 +246,19 @@ from rlhfkit.algorithms import log_kept_mass  # noqa: E402
 _P = torch.tensor([0.5, 0.3, 0.15, 0.05])
 
 
-@pytest.mark.parametrize("top_k, top_p, token, kept", [
-    (0, 1.0, 3, 1.0),     # no truncation: log S = 0 exactly
-    (0, 0.7, 0, 0.8),     # ascending cumsum 0.05, 0.2, 0.5, 1: those <= 0.3 go -> {0.5, 0.3}
-    (1, 1.0, 0, 0.5),     # top-1 keeps the argmax alone
-    (1, 1.0, 2, 0.65),    # ... and a sampled token outside it is counted in: 0.5 + 0.15
-    (3, 0.6, 1, 0.8),     # top-3 renormalised: .5/.95, .3/.95, .15/.95; cumsum .158 <= .4 goes -> {0.5, 0.3}
-    (3, 0.5, 0, 0.5),     # ... .158, .474 <= .5 go -> {0.5}
-    (2, 1.0, 1, 0.8),     # top-2
-    (4, 1.0, 3, 1.0),     # k >= V: off
-])
+@pytest.mark.parametrize(
+    "top_k, top_p, token, kept",
+    [
+        (0, 1.0, 3, 1.0),  # no truncation: log S = 0 exactly
+        (0, 0.7, 0, 0.8),  # ascending cumsum 0.05, 0.2, 0.5, 1: those <= 0.3 go -> {0.5, 0.3}
+        (1, 1.0, 0, 0.5),  # top-1 keeps the argmax alone
+        (1, 1.0, 2, 0.65),  # ... and a sampled token outside it is counted in: 0.5 + 0.15
+        (3, 0.6, 1, 0.8),  # top-3 renormalised: .5/.95, .3/.95, .15/.95; cumsum .158 <= .4 goes -> {0.5, 0.3}
+        (3, 0.5, 0, 0.5),  # ... .158, .474 <= .5 go -> {0.5}
+        (2, 1.0, 1, 0.8),  # top-2
+        (4, 1.0, 3, 1.0),  # k >= V: off
+    ],
+)
 def test_log_kept_mass_hand_computed(top_k, top_p, token, kept):
     logits = (_P.log() + 1.7)[None, None]  # a shift changes no probability
     got = log_kept_mass(logits, torch.tensor([[token]]), top_k=top_k, top_p=top_p)

@@ -173,8 +173,12 @@ def test_ppo_aggregation_modes_and_float32():
     adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     # ρ = 1: loss_t = -A; token-mean = -(1+2+4)/3; seq-mean-token-mean = -(1.5 + 4)/2
-    for agg, expected in [("token-mean", -7 / 3), ("seq-mean-token-mean", -2.75),
-                          ("seq-mean-token-sum", -3.5), ("seq-mean-token-sum-norm", -7 / 6)]:
+    for agg, expected in [
+        ("token-mean", -7 / 3),
+        ("seq-mean-token-mean", -2.75),
+        ("seq-mean-token-sum", -3.5),
+        ("seq-mean-token-sum-norm", -7 / 6),
+    ]:
         loss, _ = ppo_policy_loss(old.clone(), old, adv, mask, agg=agg)
         assert loss.dtype == torch.float32
         assert loss.item() == pytest.approx(expected, rel=1e-6)

@@ -68,8 +68,9 @@ def test_gspo_loss_clips_whole_sequences_by_hand():
     #   row 1: s = 0.9 ≥ 0.8 with A < 0 → -A·s = 0.9; d/dlogp_{1,u} = -A·s/|y_1| = 0.3
     # loss = (-1.2 + 0.9) / 2 = -0.15; gradient 0.3 / 2 rows = 0.15 on row 1's tokens
     logprobs, old, mask = _gspo_inputs()
-    loss, m = ppo_policy_loss(logprobs, old, t([1.0, -1.0]), mask, agg="seq-mean-token-mean",
-                              importance_sampling_level="sequence")
+    loss, m = ppo_policy_loss(
+        logprobs, old, t([1.0, -1.0]), mask, agg="seq-mean-token-mean", importance_sampling_level="sequence"
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.15, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[0.0, 0.0, 0.0], [0.15, 0.15, 0.15]]), rtol=0, atol=1e-12)
@@ -87,8 +88,9 @@ def test_gspo_loss_clips_whole_sequences_by_hand():
 def test_gspo_token_equals_gspo_with_sequence_advantages_and_differs_with_token_advantages():
     # One advantage per sequence: the same loss and gradient as GSPO.
     logprobs, old, mask = _gspo_inputs()
-    loss, _ = ppo_policy_loss(logprobs, old, t([1.0, -1.0]), mask, agg="seq-mean-token-mean",
-                              importance_sampling_level="sequence_token")
+    loss, _ = ppo_policy_loss(
+        logprobs, old, t([1.0, -1.0]), mask, agg="seq-mean-token-mean", importance_sampling_level="sequence_token"
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-0.15, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[0.0, 0.0, 0.0], [0.15, 0.15, 0.15]]), rtol=0, atol=1e-12)
@@ -117,8 +119,16 @@ def test_gspo_with_the_papers_clip_range():
     ratios = [1.0005, 1.0003, 0.9996, 0.9998]
     old = torch.full((4, 2), L(0.25), dtype=F64)
     logprobs = (old + t([[L(r * 1.01), L(r / 1.01)] for r in ratios])).requires_grad_()
-    loss, m = ppo_policy_loss(logprobs, old, t([1.0, 1.0, -1.0, -1.0]), torch.ones(4, 2), clip_low=3e-4,
-                              clip_high=4e-4, agg="seq-mean-token-mean", importance_sampling_level="sequence")
+    loss, m = ppo_policy_loss(
+        logprobs,
+        old,
+        t([1.0, 1.0, -1.0, -1.0]),
+        torch.ones(4, 2),
+        clip_low=3e-4,
+        clip_high=4e-4,
+        agg="seq-mean-token-mean",
+        importance_sampling_level="sequence",
+    )
     loss.backward()
     assert loss.item() == pytest.approx((-1.0004 - 1.0003 + 0.9997 + 0.9998) / 4, abs=1e-12)
     want = t([[0.0, 0.0], [-1.0003 / 8, -1.0003 / 8], [0.0, 0.0], [0.9998 / 8, 0.9998 / 8]])
@@ -133,8 +143,9 @@ def test_sequence_level_dual_clip_by_hand():
     old = torch.full((1, 2), L(0.1), dtype=F64)
     for dual, want, grad in ((3.0, 3.0, 0.0), (None, 6.0, 3.0)):
         logprobs = (old + t([[L(4.0), L(9.0)]])).requires_grad_()
-        loss, m = ppo_policy_loss(logprobs, old, t([-1.0]), torch.ones(1, 2), dual_clip=dual,
-                                  importance_sampling_level="sequence")
+        loss, m = ppo_policy_loss(
+            logprobs, old, t([-1.0]), torch.ones(1, 2), dual_clip=dual, importance_sampling_level="sequence"
+        )
         loss.backward()
         assert loss.item() == pytest.approx(want, abs=1e-12)
         torch.testing.assert_close(logprobs.grad, t([[grad, grad]]), rtol=0, atol=1e-12)
@@ -146,11 +157,17 @@ def test_sequence_level_empty_rows_and_padding_count_for_nothing():
     kw = dict(agg="seq-mean-token-mean", importance_sampling_level="sequence")
     want, _ = ppo_policy_loss(logprobs, old, t([1.0, -1.0]), mask, **kw)
     padded = torch.cat([logprobs, t([[NAN, 5.0, -7.0]])])
-    got, m = ppo_policy_loss(padded, torch.cat([old, t([[0.0, 0.0, 0.0]])]), t([1.0, -1.0, 3.0]),
-                             torch.cat([mask, torch.zeros(1, 3, dtype=mask.dtype)]), **kw)
+    got, m = ppo_policy_loss(
+        padded,
+        torch.cat([old, t([[0.0, 0.0, 0.0]])]),
+        t([1.0, -1.0, 3.0]),
+        torch.cat([mask, torch.zeros(1, 3, dtype=mask.dtype)]),
+        **kw,
+    )
     assert got.item() == pytest.approx(want.item(), abs=1e-12) and torch.isfinite(got)
-    assert importance_ratio(padded, torch.zeros(3, 3, dtype=F64), torch.tensor(GSPO_MASK + [[0, 0, 0]]),
-                            "sequence")[2].tolist() == [1.0, 1.0, 1.0]  # an empty row: s = 1
+    assert importance_ratio(padded, torch.zeros(3, 3, dtype=F64), torch.tensor(GSPO_MASK + [[0, 0, 0]]), "sequence")[
+        2
+    ].tolist() == [1.0, 1.0, 1.0]  # an empty row: s = 1
     assert m["policy/ratio_max"].item() == pytest.approx(1.5, abs=1e-12)
 
 
@@ -166,8 +183,11 @@ def test_token_level_is_the_default_and_unchanged():
 
 def test_unknown_importance_sampling_level_is_refused():
     logprobs, old, mask = _gspo_inputs()
-    with pytest.raises(ValueError, match=r"importance_sampling_level must be one of token, sequence, sequence_token, "
-                                         r"got 'seq'"):
+    with pytest.raises(
+        ValueError,
+        match=r"importance_sampling_level must be one of token, sequence, sequence_token, "
+        r"got 'seq'",
+    ):
         ppo_policy_loss(logprobs, old, t([1.0, -1.0]), mask, importance_sampling_level="seq")
     assert IMPORTANCE_SAMPLING_LEVELS == ("token", "sequence", "sequence_token")
 
@@ -217,8 +237,19 @@ def test_cispo_on_policy_is_the_policy_gradient():
 def test_cispo_registry_entry_ignores_clip_low_and_dual_clip():
     logprobs, old, adv, mask = _cispo_inputs()
     want, _ = cispo_policy_loss(logprobs, old, adv, mask, clip_high=4.0)
-    got, _ = POLICY_LOSSES.get("cispo")(logprobs, old, adv, mask, agg="token-mean", horizon=None, clip_low=0.2,
-                                        clip_high=4.0, dual_clip=3.0, weights=None, importance_sampling_level="token")
+    got, _ = POLICY_LOSSES.get("cispo")(
+        logprobs,
+        old,
+        adv,
+        mask,
+        agg="token-mean",
+        horizon=None,
+        clip_low=0.2,
+        clip_high=4.0,
+        dual_clip=3.0,
+        weights=None,
+        importance_sampling_level="token",
+    )
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match=r"clip_high must be > -1 \(the weight's cap 1 \+ clip_high > 0\), got -1"):
         cispo_policy_loss(logprobs, old, adv, mask, clip_high=-1)
@@ -239,16 +270,22 @@ def test_cispo_sequence_level_caps_the_sequence_ratio():
     # loss = -2·(log π_0 + log π_1) / 2 with log π = [ln 0.4, ln 0.9]; gradient -2/2 = -1 each
     old = torch.full((1, 2), L(0.1), dtype=F64)
     logprobs = (old + t([[L(4.0), L(9.0)]])).requires_grad_()
-    loss, m = cispo_policy_loss(logprobs, old, t([1.0]), torch.ones(1, 2), clip_high=1.0,
-                                importance_sampling_level="sequence")
+    loss, m = cispo_policy_loss(
+        logprobs, old, t([1.0]), torch.ones(1, 2), clip_high=1.0, importance_sampling_level="sequence"
+    )
     loss.backward()
     assert loss.item() == pytest.approx(-(L(0.4) + L(0.9)), abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[-1.0, -1.0]]), rtol=0, atol=1e-12)
     assert m["policy/ratio_max"].item() == pytest.approx(6.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("name, direct, kw", [("ppo_clip", ppo_policy_loss, dict(clip_low=0.2, clip_high=0.2)),
-                                               ("cispo", cispo_policy_loss, dict(clip_high=0.2))])
+@pytest.mark.parametrize(
+    "name, direct, kw",
+    [
+        ("ppo_clip", ppo_policy_loss, dict(clip_low=0.2, clip_high=0.2)),
+        ("cispo", cispo_policy_loss, dict(clip_high=0.2)),
+    ],
+)
 def test_registry_entries_forward_the_level(name, direct, kw):
     logprobs, old, mask = _gspo_inputs()
     adv = t([1.0, -1.0])
@@ -265,8 +302,11 @@ def test_the_levels_each_loss_takes():
     assert POLICY_LOSSES.traits("ppo_clip")["importance_sampling_levels"] == IMPORTANCE_SAMPLING_LEVELS
     assert POLICY_LOSSES.traits("cispo")["importance_sampling_levels"] == IMPORTANCE_SAMPLING_LEVELS
     lp = torch.zeros(1, 2)
-    with pytest.raises(ValueError, match=r"policy loss 'vanilla' has no importance ratio: importance_sampling_level "
-                                         r"must be 'token', got 'sequence'"):
+    with pytest.raises(
+        ValueError,
+        match=r"policy loss 'vanilla' has no importance ratio: importance_sampling_level "
+        r"must be 'token', got 'sequence'",
+    ):
         POLICY_LOSSES.get("vanilla")(lp, lp, lp, torch.ones(1, 2), importance_sampling_level="sequence")
 
 
@@ -315,6 +355,10 @@ def test_group_has_variance_by_hand():
 def test_mask_truncated_by_hand():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
     out = mask_truncated(mask, torch.tensor([True, False, True]))
-    assert out.dtype == torch.bool and out.tolist() == [[True, True, False], [False, False, False], [True, False, False]]
+    assert out.dtype == torch.bool and out.tolist() == [
+        [True, True, False],
+        [False, False, False],
+        [True, False, False],
+    ]
     with pytest.raises(ValueError, match=r"has_eos must have shape \(3,\), got \(2,\)"):
         mask_truncated(mask, torch.tensor([True, False]))

@@ -224,8 +224,11 @@ def test_permuting_groups_permutes_group_estimators(spec):
     scores = torch.randn(n_groups * G, generator=g, dtype=F64)
     perm = torch.randperm(n_groups, generator=g)
     row_perm = (perm[:, None] * G + torch.arange(G)[None, :]).reshape(-1)  # whole groups move
-    for fn in (lambda s: group_advantages(s, G, "std"), lambda s: group_advantages(s, G, "none"),
-               lambda s: rloo_advantages(s, G)):
+    for fn in (
+        lambda s: group_advantages(s, G, "std"),
+        lambda s: group_advantages(s, G, "none"),
+        lambda s: rloo_advantages(s, G),
+    ):
         _close(fn(scores[row_perm]), fn(scores)[row_perm])
     # reordering completions inside a group reorders the output the same way
     inner = torch.cat([k * G + torch.randperm(G, generator=g) for k in range(n_groups)])

@@ -95,8 +95,9 @@ def ours(logprobs, ref, scores, estimator, group_size, use_registry=True, detach
     kl = kl_penalty(logprobs.detach() if detach_kl else logprobs, ref, "k1")
     rewards = token_level_rewards(scores, kl, mask, kl_coef=KL_BETA)
     if use_registry:
-        adv, ret = ADVANTAGE_ESTIMATORS.get(estimator)(rewards, mask, values=None, group_size=group_size,
-                                                        gamma=1.0, lam=1.0)
+        adv, ret = ADVANTAGE_ESTIMATORS.get(estimator)(
+            rewards, mask, values=None, group_size=group_size, gamma=1.0, lam=1.0
+        )
         assert ret is None
         seq_adv = adv[:, 0]
     else:
@@ -116,8 +117,9 @@ def ours(logprobs, ref, scores, estimator, group_size, use_registry=True, detach
 @pytest.mark.parametrize("use_registry", [True, False])
 def test_reinforce_matches_reference(use_registry):
     ref_adv, ref_loss, ref_grad = reference_reinforce(detach_reward=True)
-    adv, loss, grad, metrics = ours(torch.tensor(RF_LOGPROBS), torch.tensor(RF_REF), torch.tensor(RF_SCORES),
-                                    "reinforce", 2, use_registry)
+    adv, loss, grad, metrics = ours(
+        torch.tensor(RF_LOGPROBS), torch.tensor(RF_REF), torch.tensor(RF_SCORES), "reinforce", 2, use_registry
+    )
     torch.testing.assert_close(adv, ref_adv, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
@@ -130,8 +132,7 @@ def test_reinforce_hand_values():
     # baseline = batch mean 0.835 → A = [0.285, -0.285]
     # Σ_t logp = [-22.9, -20.0]; loss = mean(-Σlogp·A) = (6.5265 - 5.7) / 2 = 0.41325
     # gradient on logp_{i,t} = -A_i / B = [-0.1425, 0.1425]
-    adv, loss, grad, _ = ours(torch.tensor(RF_LOGPROBS), torch.tensor(RF_REF), torch.tensor(RF_SCORES),
-                              "reinforce", 2)
+    adv, loss, grad, _ = ours(torch.tensor(RF_LOGPROBS), torch.tensor(RF_REF), torch.tensor(RF_SCORES), "reinforce", 2)
     torch.testing.assert_close(adv, torch.tensor([0.285, -0.285]), rtol=0, atol=1e-5)
     assert loss.item() == pytest.approx(0.41325, abs=1e-5)
     torch.testing.assert_close(grad, torch.tensor([[-0.1425] * 3, [0.1425] * 3]), rtol=0, atol=1e-6)
@@ -150,8 +151,9 @@ def test_reinforce_reference_literal_gradient_adds_the_reward_path():
     seq_logp = torch.tensor(RF_LOGPROBS).sum(-1, keepdim=True)
     torch.testing.assert_close(lit_grad - grad, (KL_BETA * seq_logp / 2).expand(2, 3), rtol=0, atol=1e-5)
     # feeding the live log-probs into the KL does not change our gradient: pg_loss detaches A
-    _, _, grad_live, _ = ours(torch.tensor(RF_LOGPROBS), torch.tensor(RF_REF), torch.tensor(RF_SCORES),
-                              "reinforce", 2, detach_kl=False)
+    _, _, grad_live, _ = ours(
+        torch.tensor(RF_LOGPROBS), torch.tensor(RF_REF), torch.tensor(RF_SCORES), "reinforce", 2, detach_kl=False
+    )
     torch.testing.assert_close(grad_live, grad)
 
 
@@ -197,8 +199,7 @@ def test_rloo_hand_values():
     assert lit_loss.item() == pytest.approx(9.6155 / 9, abs=1e-5)
     # ... and its gradient carries the extra reward-path term β·Σ_t logp / 9
     seq_logp = _flat(RLOO_LOGPROBS).sum(-1, keepdim=True)
-    torch.testing.assert_close(lit_grad.reshape(9, 3) - grad, (KL_BETA * seq_logp / 9).expand(9, 3),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(lit_grad.reshape(9, 3) - grad, (KL_BETA * seq_logp / 9).expand(9, 3), rtol=0, atol=1e-5)
 
 
 def test_rloo_reference_advantages_identity():

@@ -71,7 +71,9 @@ def test_registering_twice_raises():
 
 def test_register_checks_positional_names():
     reg = Registry("policy loss", ("logprobs", "old_logprobs"), ("agg",))
-    with pytest.raises(ValueError, match=r"policy loss 'bad' must take \(logprobs, old_logprobs\) first, got \(lp, old, agg\)"):
+    with pytest.raises(
+        ValueError, match=r"policy loss 'bad' must take \(logprobs, old_logprobs\) first, got \(lp, old, agg\)"
+    ):
         reg.register("bad")(lambda lp, old, agg=None: None)
     with pytest.raises(ValueError, match=r"must take \(logprobs, old_logprobs\) first, got \(logprobs\)"):
         reg.register("short")(lambda logprobs: None)

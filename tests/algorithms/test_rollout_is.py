@@ -84,8 +84,12 @@ def test_every_mode_by_hand(mode):
     torch.testing.assert_close(weights, t(w_exp, torch.float32), rtol=1e-6, atol=0)
     assert torch.equal(mask, t(m_exp, torch.int64).bool())
     assert torch.isfinite(weights).all()
-    assert set(metrics) == {"rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/is_weight_mean",
-                            "rollout/is_masked_frac"}
+    assert set(metrics) == {
+        "rollout/logprob_diff_mean",
+        "rollout/logprob_diff_max",
+        "rollout/is_weight_mean",
+        "rollout/is_masked_frac",
+    }
     for v in metrics.values():
         assert v.dim() == 0 and v.dtype == torch.float32 and not v.requires_grad
     assert metrics["rollout/logprob_diff_mean"].item() == pytest.approx(DIFF_MEAN, rel=1e-6)

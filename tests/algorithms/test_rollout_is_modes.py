@@ -13,10 +13,12 @@ from rlhfkit.algorithms import ROLLOUT_IS_MODES, rollout_is_weights
 L, C = math.log, 2.0
 # token ratios 0.5, 3, 1 | 1.5, 2, (padding) | 0.5, 0.5, 1: the token masks drop the 3, the sequence
 # masks rows 1 (ratio 3) and 2 (ratio 0.25)
-OLD = torch.tensor([[L(0.25), L(0.75), L(0.9)], [L(0.75), L(0.5), 0.0], [L(0.25), L(0.25), L(0.9)]],
-                   dtype=torch.float64)
-ROLLOUT = torch.tensor([[L(0.5), L(0.25), L(0.9)], [L(0.5), L(0.25), 0.0], [L(0.5), L(0.5), L(0.9)]],
-                       dtype=torch.float64)
+OLD = torch.tensor(
+    [[L(0.25), L(0.75), L(0.9)], [L(0.75), L(0.5), 0.0], [L(0.25), L(0.25), L(0.9)]], dtype=torch.float64
+)
+ROLLOUT = torch.tensor(
+    [[L(0.5), L(0.25), L(0.9)], [L(0.5), L(0.25), 0.0], [L(0.5), L(0.5), L(0.9)]], dtype=torch.float64
+)
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]]).bool()
 
 
@@ -45,13 +47,25 @@ def test_reduced_metrics_are_those_of_the_whole_batch(mode):
     together; the weights stay the process's own."""
     whole = rollout_is_weights(OLD, ROLLOUT, MASK, mode, C)[2]
     other = {}
-    rollout_is_weights(OLD[2:], ROLLOUT[2:], MASK[2:], mode, C,
-                       reduce=lambda x: other.setdefault("sum", x), reduce_max=lambda x: other.setdefault("max", x))
-    weights, _, metrics = rollout_is_weights(OLD[:2], ROLLOUT[:2], MASK[:2], mode, C,
-                                             reduce=lambda x: x + other["sum"],
-                                             reduce_max=lambda x: torch.maximum(x, other["max"]))
-    assert {k: v.item() for k, v in metrics.items()} == pytest.approx({k: v.item() for k, v in whole.items()},
-                                                                      abs=1e-7)
+    rollout_is_weights(
+        OLD[2:],
+        ROLLOUT[2:],
+        MASK[2:],
+        mode,
+        C,
+        reduce=lambda x: other.setdefault("sum", x),
+        reduce_max=lambda x: other.setdefault("max", x),
+    )
+    weights, _, metrics = rollout_is_weights(
+        OLD[:2],
+        ROLLOUT[:2],
+        MASK[:2],
+        mode,
+        C,
+        reduce=lambda x: x + other["sum"],
+        reduce_max=lambda x: torch.maximum(x, other["max"]),
+    )
+    assert {k: v.item() for k, v in metrics.items()} == pytest.approx({k: v.item() for k, v in whole.items()}, abs=1e-7)
     assert torch.equal(weights, rollout_is_weights(OLD[:2], ROLLOUT[:2], MASK[:2], mode, C)[0])
 
 

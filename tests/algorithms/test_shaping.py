@@ -22,7 +22,9 @@ def test_last_token_index():
 
 
 def test_last_token_index_empty_row():
-    with pytest.raises(ValueError, match=r"response_mask has rows without any response token: rows \[1\] of shape \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"response_mask has rows without any response token: rows \[1\] of shape \(2, 3\)"
+    ):
         last_token_index(torch.tensor([[1, 0, 0], [0, 0, 0]]))
 
 
@@ -51,15 +53,18 @@ def test_token_level_rewards_sum_is_score_minus_kl():
 
 
 def test_token_level_rewards_dtype_follows_scores():
-    out = token_level_rewards(torch.tensor([1.0]), torch.tensor([[0.5, 0.5]], dtype=torch.bfloat16),
-                              torch.ones(1, 2), kl_coef=1.0)
+    out = token_level_rewards(
+        torch.tensor([1.0]), torch.tensor([[0.5, 0.5]], dtype=torch.bfloat16), torch.ones(1, 2), kl_coef=1.0
+    )
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, torch.tensor([[-0.5, 0.5]]))
 
 
 def test_token_level_rewards_validation():
     mask = torch.ones(2, 3)
-    with pytest.raises(ValueError, match=r"response_mask has rows without any response token: rows \[0\] of shape \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"response_mask has rows without any response token: rows \[0\] of shape \(2, 3\)"
+    ):
         token_level_rewards(torch.zeros(2), torch.zeros(2, 3), torch.tensor([[0, 0, 0], [1, 1, 0]]), 0.1)
     with pytest.raises(ValueError, match=r"scores has 3 rows but response_mask has shape \(2, 3\)"):
         token_level_rewards(torch.zeros(3), None, mask)
@@ -69,7 +74,9 @@ def test_token_level_rewards_validation():
         token_level_rewards(torch.zeros(2, 1), None, mask)
     with pytest.raises(ValueError, match=r"response_mask must have 2 dimension\(s\), got shape \(3,\)"):
         token_level_rewards(torch.zeros(3), None, torch.ones(3))
-    with pytest.raises(ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex64"):
+    with pytest.raises(
+        ValueError, match=r"response_mask must be bool, integer or float 0/1 values, got dtype torch.complex64"
+    ):
         token_level_rewards(torch.zeros(2), None, torch.ones(2, 3, dtype=torch.complex64))
     with pytest.raises(ValueError, match=r"kl must be a torch.Tensor, got list"):
         token_level_rewards(torch.zeros(2), [[0.0] * 3] * 2, mask, 0.1)

@@ -5,8 +5,15 @@ templates multi-turn training cannot use, and the assistant spans every turn is 
 import pytest
 
 from rlhfkit.config.supervised import SFTConfig
-from rlhfkit.data.chat_templates import (PROBE, PROBE_TOOLS, assistant_spans, check_prefix_preserving, render,
-                                         resolve_chat_template, use_chat_template)
+from rlhfkit.data.chat_templates import (
+    PROBE,
+    PROBE_TOOLS,
+    assistant_spans,
+    check_prefix_preserving,
+    render,
+    resolve_chat_template,
+    use_chat_template,
+)
 from rlhfkit.tasks.tiny import char_tokenizer, chatml_tokenizer
 
 
@@ -62,9 +69,11 @@ def test_shipped_template_renders_tools_and_tool_calls():
     text = tok.apply_chat_template(PROBE, tools=PROBE_TOOLS, add_generation_prompt=False, tokenize=False)
     assert text.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n")
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
-    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
-            '</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n22 degrees and sunny\n</tool_response>'
-            '<|im_end|>\n') in text
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+        "</tool_call><|im_end|>\n<|im_start|>tool\n<tool_response>\n22 degrees and sunny\n</tool_response>"
+        "<|im_end|>\n"
+    ) in text
     assert text.endswith("<|im_start|>assistant\nIt is 22 degrees and sunny in Paris.<|im_end|>\n")
     assert "<tools>" not in render(tok, PROBE)  # no tools: no tool list
 
@@ -81,14 +90,23 @@ def test_shipped_template_takes_callables_content_with_calls_and_string_argument
         return "sunny"
 
     tok = chatml_tokenizer()
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "Let me look.", "tool_calls": [
-                    {"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": 2}}},
-                    {"type": "function", "function": {"name": "g", "arguments": '{"x": 2}'}}]}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "f", "arguments": {"b": 1, "a": 2}}},
+                {"type": "function", "function": {"name": "g", "arguments": '{"x": 2}'}},
+            ],
+        },
+    ]
     text = tok.apply_chat_template(messages, tools=[get_weather], tokenize=False)
     assert text == render(tok, messages, [get_json_schema(get_weather)])
-    assert ('Let me look.\n<tool_call>\n{"name": "f", "arguments": {"b": 1, "a": 2}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "g", "arguments": {"x": 2}}\n</tool_call><|im_end|>') in text
+    assert (
+        'Let me look.\n<tool_call>\n{"name": "f", "arguments": {"b": 1, "a": 2}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "g", "arguments": {"x": 2}}\n</tool_call><|im_end|>'
+    ) in text
     assert '"description": "The city\'s name."' in text
 
 
@@ -112,8 +130,10 @@ def test_templates_that_drop_or_cannot_render_tool_calls_are_refused():
     message = _one_line_error(lambda: check_prefix_preserving(char_tokenizer(), "tiny"))
     assert message.startswith("tiny: the chat template cannot render tool calls (it drops the tool call)")
     tok = chatml_tokenizer()
-    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
-                         "{% endif %}{{ m['content'] }}{% endfor %}")
+    tok.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tools') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
     message = _one_line_error(lambda: check_prefix_preserving(tok, "strict"))
     assert message.startswith("strict: the chat template cannot render a tool-call conversation (")
     assert "no tools" in message
@@ -128,15 +148,20 @@ def test_assistant_spans_cover_content_calls_and_eos_not_headers_or_glue():
     assert text == render(tok, PROBE, PROBE_TOOLS)
     assert [text[s:e] for s, e in spans] == [
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-        "It is 22 degrees and sunny in Paris.<|im_end|>"]
+        "It is 22 degrees and sunny in Paris.<|im_end|>",
+    ]
     for start, end in spans:
-        assert text[:start].endswith("<|im_start|>assistant\n") and text[end:end + 1] in ("\n", "")
+        assert text[:start].endswith("<|im_start|>assistant\n") and text[end : end + 1] in ("\n", "")
 
 
 def test_assistant_spans_without_eos_text_end_with_the_turn():
     tok = char_tokenizer()  # its template ends a turn with "\n", no EOS text
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                {"role": "user", "content": "ok"}, {"role": "assistant", "content": "ya"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "ya"},
+    ]
     text, spans = assistant_spans(tok, messages)
     assert text == "u:hi\na:yo\nu:ok\na:ya\n"
     assert [text[s:e] for s, e in spans] == ["yo\n", "ya\n"]
@@ -145,8 +170,12 @@ def test_assistant_spans_without_eos_text_end_with_the_turn():
 def test_assistant_spans_refuse_a_rewriting_template(forgetful_template):
     tok = chatml_tokenizer()
     tok.chat_template = forgetful_template
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                {"role": "user", "content": "ok"}, {"role": "assistant", "content": "ya"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "ya"},
+    ]
     message = _one_line_error(lambda: assistant_spans(tok, messages, name="org/m"))
     assert message.startswith("org/m: the chat template is not prefix-preserving")
     message = _one_line_error(lambda: assistant_spans(tok, messages[1:], name="org/m"))

@@ -28,8 +28,11 @@ CONVERSATION = [
     {"role": "user", "content": "Thanks!"},
     {"role": "assistant", "content": "You are welcome."},
 ]
-TURNS = ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-         "It is 22 C.<|im_end|>", "You are welcome.<|im_end|>"]
+TURNS = [
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+    "It is 22 C.<|im_end|>",
+    "You are welcome.<|im_end|>",
+]
 
 
 def trained_runs(tok, e) -> list[str]:
@@ -55,8 +58,12 @@ def test_every_assistant_turn_is_trained_and_nothing_else():
     text = tok.decode(e.input_ids)
     assert text == render(tok, CONVERSATION).removesuffix("\n")  # the glue after the last <|im_end|> is dropped
     untrained = tok.decode([t for t, m in zip(e.input_ids, e.mask) if not m])
-    for masked in ["<|im_start|>user\nWeather in Paris?<|im_end|>", "<|im_start|>tool\n<tool_response>\n22 C",
-                   "<|im_start|>assistant\n", "Thanks!"]:
+    for masked in [
+        "<|im_start|>user\nWeather in Paris?<|im_end|>",
+        "<|im_start|>tool\n<tool_response>\n22 C",
+        "<|im_start|>assistant\n",
+        "Thanks!",
+    ]:
         assert masked in untrained
     assert e.prompt_len == len(tok(render(tok, CONVERSATION[:1], generation=True))["input_ids"])
 
@@ -67,9 +74,14 @@ def test_the_tools_column_reaches_the_template():
     with_tools, without = encode_sft_rows(load_sft_dataset(rows), tok, None)
     schema = json.dumps(PROBE_TOOLS[0])
     assert schema in tok.decode(with_tools.input_ids) and schema not in tok.decode(without.input_ids)
-    assert trained_runs(tok, with_tools) == trained_runs(tok, without) == [
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
-        "It is 22 degrees and sunny in Paris.<|im_end|>"]
+    assert (
+        trained_runs(tok, with_tools)
+        == trained_runs(tok, without)
+        == [
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>',
+            "It is 22 degrees and sunny in Paris.<|im_end|>",
+        ]
+    )
 
 
 def test_a_conversation_may_end_with_a_tool_call_and_take_a_none_content():
@@ -81,8 +93,12 @@ def test_a_conversation_may_end_with_a_tool_call_and_take_a_none_content():
 
 def test_a_template_without_eos_text_trains_whole_turns_and_the_appended_eos():
     tok = char_tokenizer()  # its template ends a turn with "\n" and never writes the EOS
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                {"role": "user", "content": "ok"}, {"role": "assistant", "content": "ya"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "ya"},
+    ]
     [e] = encode_sft_rows([{"messages": messages}], tok, None)
     assert tok.decode(e.input_ids) == "u:hi\na:yo\nu:ok\na:ya\n<eos>"
     assert trained_runs(tok, e) == ["yo\n", "ya\n<eos>"]
@@ -90,8 +106,11 @@ def test_a_template_without_eos_text_trains_whole_turns_and_the_appended_eos():
 
 def test_single_turn_rows_keep_encode_pair_and_the_turns_path_gives_the_same_tokens():
     tok = chatml_tokenizer()
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+    ]
     [old] = encode_sft_rows([{"messages": messages}], tok, None)
     assert old == encode_pair(messages[:2], "Hello!", tok)  # the row takes encode_pair, as before
     new = encode_conversation(messages, tok)
@@ -106,7 +125,7 @@ def test_truncation_cuts_the_start_before_the_first_turn_then_the_end():
     cut = encode_conversation(CONVERSATION, tok, max_length=n - 5)
     assert cut.input_ids == full.input_ids[5:] and cut.mask == full.mask[5:] and cut.cut and not cut.truncated
     short = encode_conversation(CONVERSATION, tok, max_length=4)  # one token before the first turn, 3 of it
-    assert short.input_ids == full.input_ids[first - 1:first + 3] and short.truncated and short.prompt_len == 1
+    assert short.input_ids == full.input_ids[first - 1 : first + 3] and short.truncated and short.prompt_len == 1
     assert short.mask == (0, 1, 1, 1)
     [row] = encode_sft_rows([{"messages": CONVERSATION}], tok, 4)
     assert row == short
@@ -124,21 +143,44 @@ def test_packed_multi_turn_examples_keep_their_labels():
 # ---------------------------------------------------------------- refusals
 
 
-@pytest.mark.parametrize("row,field,expected", [
-    ({"messages": [CONVERSATION[0], {"role": "tool"}, CONVERSATION[3]]}, "messages",
-     r"message 1 \(0-based\): a tool message needs 'content'"),
-    ({"messages": [CONVERSATION[0], {"role": "assistant", "content": "", "tool_calls": CALL}]}, "messages",
-     r"message 1 \(0-based\): 'tool_calls' must be a non-empty list"),
-    ({"messages": [CONVERSATION[0], {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]}]},
-     "messages", r"tool call 0 \(0-based\): 'arguments' must be an object"),
-    ({"messages": [CONVERSATION[0], {"role": "assistant", "tool_calls": [{"function": {"arguments": "{"}}]}]},
-     "messages", r"tool call 0 .*needs a 'name'"),
-    ({"messages": [{"role": "robot", "content": "x"}, *CONVERSATION[1:]]}, "messages",
-     r"message 0 \(0-based\): 'role' must be one of system, user, assistant, tool, got 'robot'"),
-    ({"messages": CONVERSATION[1:]}, "messages", r"message 0 \(0-based\) is the assistant's"),
-    ({"messages": CONVERSATION, "tools": {"name": "f"}}, "tools", r"expected a list of tool JSON schemas"),
-    ({"prompt": "a", "completion": "b", "tools": PROBE_TOOLS}, "tools", r"tools go with 'messages' rows"),
-])
+@pytest.mark.parametrize(
+    "row,field,expected",
+    [
+        (
+            {"messages": [CONVERSATION[0], {"role": "tool"}, CONVERSATION[3]]},
+            "messages",
+            r"message 1 \(0-based\): a tool message needs 'content'",
+        ),
+        (
+            {"messages": [CONVERSATION[0], {"role": "assistant", "content": "", "tool_calls": CALL}]},
+            "messages",
+            r"message 1 \(0-based\): 'tool_calls' must be a non-empty list",
+        ),
+        (
+            {
+                "messages": [
+                    CONVERSATION[0],
+                    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f"}}]},
+                ]
+            },
+            "messages",
+            r"tool call 0 \(0-based\): 'arguments' must be an object",
+        ),
+        (
+            {"messages": [CONVERSATION[0], {"role": "assistant", "tool_calls": [{"function": {"arguments": "{"}}]}]},
+            "messages",
+            r"tool call 0 .*needs a 'name'",
+        ),
+        (
+            {"messages": [{"role": "robot", "content": "x"}, *CONVERSATION[1:]]},
+            "messages",
+            r"message 0 \(0-based\): 'role' must be one of system, user, assistant, tool, got 'robot'",
+        ),
+        ({"messages": CONVERSATION[1:]}, "messages", r"message 0 \(0-based\) is the assistant's"),
+        ({"messages": CONVERSATION, "tools": {"name": "f"}}, "tools", r"expected a list of tool JSON schemas"),
+        ({"prompt": "a", "completion": "b", "tools": PROBE_TOOLS}, "tools", r"tools go with 'messages' rows"),
+    ],
+)
 def test_bad_rows_name_the_row_and_field(row, field, expected):
     with pytest.raises(ValueError, match=expected) as err:
         load_sft_dataset([{"messages": CONVERSATION}, row], name="my_data")
@@ -152,14 +194,27 @@ def test_templates_multi_turn_rows_cannot_use_are_refused_in_one_line(forgetful_
     tok.name_or_path = "org/thinking-model"
     # a template that rewrites history is used turn by turn (tests/data/test_sft_rewritten_history.py)
     assert len(encode_sft_rows([{"messages": CONVERSATION}], tok, None)) == 3
-    plain = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
-             {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                           {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}]
+    plain = [
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"},
+                {"role": "assistant", "content": "d"},
+            ]
+        },
+    ]
     assert len(encode_sft_rows(plain, tok, None, name="eval")) == 3
-    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}{% if loop.last %}!{% endif %}]{{ m['content'] }}"
-                         "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")  # the last turn's own header
-    with pytest.raises(ValueError, match=r"^eval: row index 0 \(0-based\): org/thinking-model: the chat template does "
-                                         r"not render assistant message 1 \(0-based\) after [^\n]*$"):
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}{% if loop.last %}!{% endif %}]{{ m['content'] }}"
+        "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+    )  # the last turn's own header
+    with pytest.raises(
+        ValueError,
+        match=r"^eval: row index 0 \(0-based\): org/thinking-model: the chat template does "
+        r"not render assistant message 1 \(0-based\) after [^\n]*$",
+    ):
         encode_sft_rows(plain[1:], tok, None, name="eval")
     tok.chat_template = None
     with pytest.raises(ValueError, match=r"org/thinking-model: multi-turn 'messages' rows need a chat template"):
@@ -174,8 +229,9 @@ def test_the_chat_template_option_is_applied_and_saved_with_the_model(tmp_path):
     tok.chat_template = None
     out = tmp_path / "run"
     config = SFTConfig(chat_template="chatml_tools", max_steps=1, batch_size=2, log_every=0, output_dir=str(out))
-    SFTTrainer(tiny_causal_lm(tok, hidden_size=32), config, [{"messages": CONVERSATION}] * 2,
-               processing_class=tok).train()
+    SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=32), config, [{"messages": CONVERSATION}] * 2, processing_class=tok
+    ).train()
     assert AutoTokenizer.from_pretrained(out / "final").chat_template == resolve_chat_template("chatml_tools")
     with pytest.raises(ValueError, match=r"^chat_template: 'chatml' is neither a shipped template"):
         SFTTrainer(str(tmp_path / "no-such-model"), SFTConfig(chat_template="chatml"), [{"messages": CONVERSATION}])
@@ -183,11 +239,16 @@ def test_the_chat_template_option_is_applied_and_saved_with_the_model(tmp_path):
 
 def _weather(rng, city: str) -> list[dict]:
     temp = rng.randint(0, 30)
-    return [{"role": "user", "content": rng.choice(["weather in {}?", "how warm is {}?"]).format(city)},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}]},
-            {"role": "tool", "content": f"{temp} c"},
-            {"role": "assistant", "content": f"it is {temp} c in {city}."}]
+    return [
+        {"role": "user", "content": rng.choice(["weather in {}?", "how warm is {}?"]).format(city)},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": city}}}],
+        },
+        {"role": "tool", "content": f"{temp} c"},
+        {"role": "assistant", "content": f"it is {temp} c in {city}."},
+    ]
 
 
 @pytest.mark.slow  # moved out of the default suite for its 5-minute budget (issue 31); CI runs it in make test-slow
@@ -197,8 +258,9 @@ def test_after_sft_on_tool_conversations_the_first_turn_calls_the_tool():
     measured; copying the city is beyond this model and budget). Training only the last assistant
     turn, as SFT did before, never teaches the call."""
     rng = random.Random(0)
-    names = ("".join(rng.choice("bcdfgklmnprstv") + rng.choice("aeiou") for _ in range(rng.randint(2, 3)))
-             for _ in range(80))
+    names = (
+        "".join(rng.choice("bcdfgklmnprstv") + rng.choice("aeiou") for _ in range(rng.randint(2, 3))) for _ in range(80)
+    )
     conversations = [_weather(rng, city) for city in list(dict.fromkeys(names))[:52]]
     tok = chatml_tokenizer()
     model = tiny_causal_lm(tok, hidden_size=128)
@@ -208,10 +270,11 @@ def test_after_sft_on_tool_conversations_the_first_turn_calls_the_tool():
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     model.eval()
     with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=90, do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            **batch, max_new_tokens=90, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
     calls = 0
-    for row in out[:, batch["input_ids"].shape[1]:]:
+    for row in out[:, batch["input_ids"].shape[1] :]:
         text = tok.decode(row, skip_special_tokens=True)
         if text.startswith("<tool_call>\n") and text.endswith("\n</tool_call>"):
             try:

@@ -20,8 +20,9 @@ def test_right_padding_is_the_default_and_the_mask_not_the_pad_id_marks_padding(
     assert ids.dtype == torch.long and mask.dtype == torch.long
 
 
-@pytest.mark.parametrize("side, ids_row, mask_row", [("right", [4, 9, 9, 9], [1, 0, 0, 0]),
-                                                     ("left", [9, 9, 9, 4], [0, 0, 0, 1])])
+@pytest.mark.parametrize(
+    "side, ids_row, mask_row", [("right", [4, 9, 9, 9], [1, 0, 0, 0]), ("left", [9, 9, 9, 4], [0, 0, 0, 1])]
+)
 def test_min_width_widens_on_the_padding_side_only(side, ids_row, mask_row):
     ids, mask = pad([[4]], 9, side, min_width=4)
     assert ids.tolist() == [ids_row] and mask.tolist() == [mask_row]

@@ -55,26 +55,32 @@ def test_null_margin_means_no_margin():
 # ---------------------------------------------------------------- errors: row and field named
 
 
-@pytest.mark.parametrize("row,message", [
-    ({"chosen": "a", "rejected": "b"}, r"missing field 'prompt' \(fields present: 'chosen', 'rejected'\)"),
-    ({"prompt": "p", "rejected": "b"}, r"row index 1 \(0-based\): missing field 'chosen'"),
-    ({"prompt": "p", "chosen": "a"}, r"row index 1 \(0-based\): missing field 'rejected'"),
-    (dict(ROW, prompt="  "), r"field 'prompt': the prompt is an empty"),
-    (dict(ROW, prompt=[{"role": "robot", "content": "x"}]), r"field 'prompt': message 0 \(0-based\): 'role' must be"),
-    (dict(ROW, chosen=""), r"field 'chosen': the completion is an empty"),
-    (dict(ROW, rejected=" \n"), r"field 'rejected': the completion is an empty"),
-    (dict(ROW, chosen=3), r"field 'chosen': expected a string or a list of chat messages, got int"),
-    (dict(ROW, chosen=[]), r"field 'chosen': the completion is an empty list"),
-    (dict(ROW, chosen=USER), r"field 'chosen': the last message must be the assistant's .* got role 'user'"),
-    (dict(ROW, rejected=reply("  ")), r"field 'rejected': the assistant's message is empty"),
-    (dict(ROW, rejected=[{"role": "assistant"}]), r"field 'rejected': message 0 \(0-based\): 'content' must be"),
-    (dict(ROW, rejected="4"), r"fields 'chosen' and 'rejected' are the same completion '4'"),
-    (dict(ROW, chosen=reply("5")), r"fields 'chosen' and 'rejected' are the same"),
-    (dict(ROW, margin="big"), r"field 'margin': expected a finite number, got str 'big'"),
-    (dict(ROW, margin=True), r"field 'margin': expected a finite number, got bool"),
-    (dict(ROW, margin=math.nan), r"field 'margin': expected a finite number, got float nan"),
-    ([1, 2], r"row index 1 \(0-based\): expected an object \(dict\), got list"),
-])
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ({"chosen": "a", "rejected": "b"}, r"missing field 'prompt' \(fields present: 'chosen', 'rejected'\)"),
+        ({"prompt": "p", "rejected": "b"}, r"row index 1 \(0-based\): missing field 'chosen'"),
+        ({"prompt": "p", "chosen": "a"}, r"row index 1 \(0-based\): missing field 'rejected'"),
+        (dict(ROW, prompt="  "), r"field 'prompt': the prompt is an empty"),
+        (
+            dict(ROW, prompt=[{"role": "robot", "content": "x"}]),
+            r"field 'prompt': message 0 \(0-based\): 'role' must be",
+        ),
+        (dict(ROW, chosen=""), r"field 'chosen': the completion is an empty"),
+        (dict(ROW, rejected=" \n"), r"field 'rejected': the completion is an empty"),
+        (dict(ROW, chosen=3), r"field 'chosen': expected a string or a list of chat messages, got int"),
+        (dict(ROW, chosen=[]), r"field 'chosen': the completion is an empty list"),
+        (dict(ROW, chosen=USER), r"field 'chosen': the last message must be the assistant's .* got role 'user'"),
+        (dict(ROW, rejected=reply("  ")), r"field 'rejected': the assistant's message is empty"),
+        (dict(ROW, rejected=[{"role": "assistant"}]), r"field 'rejected': message 0 \(0-based\): 'content' must be"),
+        (dict(ROW, rejected="4"), r"fields 'chosen' and 'rejected' are the same completion '4'"),
+        (dict(ROW, chosen=reply("5")), r"fields 'chosen' and 'rejected' are the same"),
+        (dict(ROW, margin="big"), r"field 'margin': expected a finite number, got str 'big'"),
+        (dict(ROW, margin=True), r"field 'margin': expected a finite number, got bool"),
+        (dict(ROW, margin=math.nan), r"field 'margin': expected a finite number, got float nan"),
+        ([1, 2], r"row index 1 \(0-based\): expected an object \(dict\), got list"),
+    ],
+)
 def test_bad_rows_name_row_and_field(row, message):
     with pytest.raises(ValueError, match=message) as err:
         load_preference_dataset([ROW, row], name="prefs")
@@ -124,24 +130,36 @@ def test_missing_file_empty_dataset_and_unknown_source(tmp_path):
 
 
 def test_load_completions_accepts_texts_pairs_messages_and_text_rows():
-    rows = ["hello", {"prompt": "p", "completion": "c"}, {"prompt": USER, "completion": reply("yo")},
-            {"messages": USER + reply("sure")}, {"messages": reply("solo")}, {"text": "plain"}]
+    rows = [
+        "hello",
+        {"prompt": "p", "completion": "c"},
+        {"prompt": USER, "completion": reply("yo")},
+        {"messages": USER + reply("sure")},
+        {"messages": reply("solo")},
+        {"text": "plain"},
+    ]
     assert load_completions(rows) == [
-        {"prompt": "", "completion": "hello"}, {"prompt": "p", "completion": "c"},
-        {"prompt": USER, "completion": "yo"}, {"prompt": USER, "completion": "sure"},
-        {"prompt": "", "completion": "solo"}, {"prompt": "", "completion": "plain"},
+        {"prompt": "", "completion": "hello"},
+        {"prompt": "p", "completion": "c"},
+        {"prompt": USER, "completion": "yo"},
+        {"prompt": USER, "completion": "sure"},
+        {"prompt": "", "completion": "solo"},
+        {"prompt": "", "completion": "plain"},
     ]
 
 
-@pytest.mark.parametrize("row,message", [
-    ("", r"the text is an empty string"),
-    (3, r"expected a string or an object \(dict\), got int"),
-    ({"prompt": "p"}, r"missing field 'completion' .*'messages' or 'text'"),
-    ({"prompt": "", "completion": "c"}, r"field 'prompt': the prompt is an empty"),
-    ({"prompt": "p", "completion": ""}, r"field 'completion': the completion is an empty"),
-    ({"messages": USER}, r"field 'messages': the last message must be the assistant's"),
-    ({"text": 5}, r"field 'text': expected a non-empty string, got int"),
-])
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        ("", r"the text is an empty string"),
+        (3, r"expected a string or an object \(dict\), got int"),
+        ({"prompt": "p"}, r"missing field 'completion' .*'messages' or 'text'"),
+        ({"prompt": "", "completion": "c"}, r"field 'prompt': the prompt is an empty"),
+        ({"prompt": "p", "completion": ""}, r"field 'completion': the completion is an empty"),
+        ({"messages": USER}, r"field 'messages': the last message must be the assistant's"),
+        ({"text": 5}, r"field 'text': expected a non-empty string, got int"),
+    ],
+)
 def test_load_completions_errors_name_row_and_field(row, message):
     with pytest.raises(ValueError, match=r"^center_dataset: row index 1 \(0-based\): " + message):
         load_completions(["ok", row])

@@ -216,7 +216,9 @@ def test_jsonl_row_errors_use_the_line_number(tmp_path):
 
 
 def test_in_memory_row_not_a_dict():
-    with pytest.raises(ValueError, match=r"train_dataset: row index 1 \(0-based\): expected an object \(dict\), got str"):
+    with pytest.raises(
+        ValueError, match=r"train_dataset: row index 1 \(0-based\): expected an object \(dict\), got str"
+    ):
         load_prompt_dataset([{"prompt": "a"}, "b"])
 
 
@@ -229,8 +231,10 @@ def test_in_memory_row_not_a_dict():
         ({"role": "user", "content": "x"}, "got dict"),
         ([], "empty list of chat messages"),
         (["hi"], "message 0 (0-based): expected a dict with 'role' and 'content', got str"),
-        ([{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}],
-         "message 1 (0-based): 'role' must be one of system, user, assistant, tool, got 'bot'"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}],
+            "message 1 (0-based): 'role' must be one of system, user, assistant, tool, got 'bot'",
+        ),
         ([{"content": "b"}], "'role' must be one of system, user, assistant, tool, got None"),
         ([{"role": "user"}], "'content' must be a string, got null"),
         ([{"role": "user", "content": ["x"]}], "'content' must be a string, got list"),

@@ -49,8 +49,10 @@ def test_a_task_by_name_gives_chat_prompts_and_the_entries():
 
     expected = reasoning_gym.create_dataset("leg_counting", size=3, seed=0)
     for row, entry in zip(rows, expected):
-        assert row["prompt"] == [{"role": "system", "content": SYSTEM_PROMPTS["default"]},
-                                 {"role": "user", "content": entry["question"]}]
+        assert row["prompt"] == [
+            {"role": "system", "content": SYSTEM_PROMPTS["default"]},
+            {"role": "user", "content": entry["question"]},
+        ]
         assert row["reasoning_gym_task"] == "leg_counting" and row["reasoning_gym_entry"] == entry
         assert row["reasoning_gym_config"] == {}
 
@@ -70,8 +72,14 @@ def test_a_mapping_sets_size_seed_options_and_system_prompt():
 
 def test_yaml_and_command_line_sources(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({"train_dataset": {"reasoning_gym": "basic_arithmetic", "size": 5, "seed": 3},
-                                      "reward_funcs": ["reasoning_gym"]}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "train_dataset": {"reasoning_gym": "basic_arithmetic", "size": 5, "seed": 3},
+                "reward_funcs": ["reasoning_gym"],
+            }
+        )
+    )
     job = load_config(RLJob, recipe, ["eval_dataset={reasoning_gym: {leg_counting: 1, basic_arithmetic: 1}, size: 4}"])
     assert job.train_dataset == {"reasoning_gym": "basic_arithmetic", "size": 5, "seed": 3}
     assert len(load_prompt_dataset(job.train_dataset)) == 5
@@ -83,8 +91,18 @@ def test_yaml_and_command_line_sources(tmp_path):
 
 
 def test_the_command_line_reports_a_bad_task_before_loading_a_model(tmp_path, capsys):
-    assert main(["rl", "model=/no/such/model", "train_dataset=reasoning_gym:leg_countin",
-                 "reward_funcs=[reasoning_gym]", f"output_dir={tmp_path / 'run'}"]) == 2
+    assert (
+        main(
+            [
+                "rl",
+                "model=/no/such/model",
+                "train_dataset=reasoning_gym:leg_countin",
+                "reward_funcs=[reasoning_gym]",
+                f"output_dir={tmp_path / 'run'}",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "train_dataset" in err and "'leg_counting'" in err
 
@@ -97,15 +115,24 @@ def test_a_tiny_run_records_its_mapping_and_reruns_from_the_record(tiny_model_di
 
     torch.set_num_threads(1)
     source = {"reasoning_gym": "basic_arithmetic", "size": 8, "system_prompt": None, "config": SMALL}
-    args = RLConfig(algorithm="grpo", max_steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8,
-                    output_dir=str(tmp_path / "run"))
-    history = RLTrainer(tiny_model_dir, ["reasoning_gym"], args, train_dataset=source,
-                        eval_dataset={**source, "size": 4}).train()
+    args = RLConfig(
+        algorithm="grpo",
+        max_steps=1,
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=8,
+        output_dir=str(tmp_path / "run"),
+    )
+    history = RLTrainer(
+        tiny_model_dir, ["reasoning_gym"], args, train_dataset=source, eval_dataset={**source, "size": 4}
+    ).train()
     assert "reward/reasoning_gym_mean" in history[-1] and "eval/reasoning_gym_mean" in history[-1]
     job = load_config(RLJob, tmp_path / "run" / "config.yaml")
     assert job.train_dataset == source and job.eval_dataset == {**source, "size": 4}
-    assert main(["rl", "--config", str(tmp_path / "run" / "config.yaml"), f"output_dir={tmp_path / 'rerun'}",
-                 "--quiet"]) == 0
+    assert (
+        main(["rl", "--config", str(tmp_path / "run" / "config.yaml"), f"output_dir={tmp_path / 'rerun'}", "--quiet"])
+        == 0
+    )
 
 
 # ---------------------------------------------------------------- errors
@@ -202,14 +229,20 @@ def test_questions_of_the_training_set_are_dropped_from_a_small_eval_set():
 
 # ---------------------------------------------------------------- mixes
 def test_a_weighted_mix_draws_every_task_and_scores_each_row_with_its_own():
-    source = {"reasoning_gym": {"leg_counting": 1.0, "basic_arithmetic": 3.0}, "size": 60, "seed": 2,
-              "config": {"basic_arithmetic": SMALL}}
+    source = {
+        "reasoning_gym": {"leg_counting": 1.0, "basic_arithmetic": 3.0},
+        "size": 60,
+        "seed": 2,
+        "config": {"basic_arithmetic": SMALL},
+    }
     rows = load_prompt_dataset(source)
     tasks = [row["reasoning_gym_task"] for row in rows]
     assert tasks.count("basic_arithmetic") > tasks.count("leg_counting") > 0
     assert all(row["reasoning_gym_entry"]["metadata"]["source_dataset"] == row["reasoning_gym_task"] for row in rows)
-    assert all(row["reasoning_gym_config"] == (SMALL if row["reasoning_gym_task"] == "basic_arithmetic" else {})
-               for row in rows)
+    assert all(
+        row["reasoning_gym_config"] == (SMALL if row["reasoning_gym_task"] == "basic_arithmetic" else {})
+        for row in rows
+    )
     assert score(rows, [f"<answer>{r['reasoning_gym_entry']['answer']}</answer>" for r in rows]) == [1.0] * 60
     message = one_line_error({**source, "config": {"leg_countin": {}}})
     assert "'leg_countin', which is not in the mix" in message

@@ -28,37 +28,44 @@ def test_every_source_kind_gives_the_same_rows(tmp_path):
     datasets.disable_progress_bars()
     (tmp_path / "d.json").write_text(json.dumps(PAIRS), encoding="utf-8")
     datasets.Dataset.from_list(PAIRS).to_parquet(str(tmp_path / "d.parquet"))
-    sources = [PAIRS, datasets.Dataset.from_list(PAIRS), write_jsonl(tmp_path / "d.jsonl", PAIRS),
-               str(tmp_path / "d.json"), tmp_path / "d.parquet"]
+    sources = [
+        PAIRS,
+        datasets.Dataset.from_list(PAIRS),
+        write_jsonl(tmp_path / "d.jsonl", PAIRS),
+        str(tmp_path / "d.json"),
+        tmp_path / "d.parquet",
+    ]
     for source in sources:
         assert load_sft_dataset(source) == PAIRS, source
 
 
 def test_messages_and_chat_pairs_are_accepted():
-    rows = [{"messages": MESSAGES},
-            {"prompt": MESSAGES[:1], "completion": [{"role": "assistant", "content": "yo"}]}]
+    rows = [{"messages": MESSAGES}, {"prompt": MESSAGES[:1], "completion": [{"role": "assistant", "content": "yo"}]}]
     assert load_sft_dataset(rows) == rows
 
 
-@pytest.mark.parametrize("row,field,expected", [
-    ({"prompt": "a"}, None, r"missing field 'completion'"),
-    ({"completion": "a"}, None, r"missing field 'prompt'"),
-    ({"question": "a"}, None, r"missing field 'prompt'.*'messages', or 'text'.*fields present: 'question'"),
-    ({"text": " "}, "text", r"expected a non-empty string, got str"),
-    ({"text": 5}, "text", r"expected a non-empty string, got int"),
-    ({"prompt": "a", "completion": ""}, "completion", r"empty"),
-    ({"prompt": "a", "completion": "   "}, "completion", r"empty"),
-    ({"prompt": "", "completion": "b"}, "prompt", r"empty"),
-    ({"prompt": "a", "completion": 3}, "completion", r"got int"),
-    ({"prompt": "a", "completion": [{"role": "user", "content": "b"}]}, "completion", r"one assistant message"),
-    ({"messages": MESSAGES[:1]}, "messages", r"last message must be the assistant's.*'user'"),
-    ({"messages": MESSAGES[1:]}, "messages", r"at least one message .* before"),
-    ({"messages": []}, "messages", r"empty list"),
-    ({"messages": "hi"}, "messages", r"expected a list of chat messages, got str"),
-    ({"messages": [MESSAGES[0], {"role": "assistant", "content": ""}]}, "messages", r"content is empty"),
-    ({"messages": [{"role": "bot", "content": "x"}, MESSAGES[1]]}, "messages", r"message 0 .*'role'"),
-    ({"messages": MESSAGES, "prompt": "a"}, None, r"both 'messages' and 'prompt'"),
-])
+@pytest.mark.parametrize(
+    "row,field,expected",
+    [
+        ({"prompt": "a"}, None, r"missing field 'completion'"),
+        ({"completion": "a"}, None, r"missing field 'prompt'"),
+        ({"question": "a"}, None, r"missing field 'prompt'.*'messages', or 'text'.*fields present: 'question'"),
+        ({"text": " "}, "text", r"expected a non-empty string, got str"),
+        ({"text": 5}, "text", r"expected a non-empty string, got int"),
+        ({"prompt": "a", "completion": ""}, "completion", r"empty"),
+        ({"prompt": "a", "completion": "   "}, "completion", r"empty"),
+        ({"prompt": "", "completion": "b"}, "prompt", r"empty"),
+        ({"prompt": "a", "completion": 3}, "completion", r"got int"),
+        ({"prompt": "a", "completion": [{"role": "user", "content": "b"}]}, "completion", r"one assistant message"),
+        ({"messages": MESSAGES[:1]}, "messages", r"last message must be the assistant's.*'user'"),
+        ({"messages": MESSAGES[1:]}, "messages", r"at least one message .* before"),
+        ({"messages": []}, "messages", r"empty list"),
+        ({"messages": "hi"}, "messages", r"expected a list of chat messages, got str"),
+        ({"messages": [MESSAGES[0], {"role": "assistant", "content": ""}]}, "messages", r"content is empty"),
+        ({"messages": [{"role": "bot", "content": "x"}, MESSAGES[1]]}, "messages", r"message 0 .*'role'"),
+        ({"messages": MESSAGES, "prompt": "a"}, None, r"both 'messages' and 'prompt'"),
+    ],
+)
 def test_bad_rows_name_the_source_row_and_field(row, field, expected):
     with pytest.raises(ValueError, match=expected) as err:
         load_sft_dataset([PAIRS[0], row], name="my_data")
@@ -105,7 +112,7 @@ def test_encoding_is_encode_pair_and_messages_use_split_messages():
     assert encoded[1] == encode_pair(rows[1]["messages"][:2], "yo", tok)
     text = tok.decode(encoded[1].input_ids)
     assert text == "s:s\nu:hi\na:yo<eos>"
-    assert tok.decode(encoded[1].input_ids[encoded[1].prompt_len:]) == "yo<eos>"
+    assert tok.decode(encoded[1].input_ids[encoded[1].prompt_len :]) == "yo<eos>"
 
 
 @pytest.mark.parametrize("max_length", [2, 3, 5, 6, 7, 100])

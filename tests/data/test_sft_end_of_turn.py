@@ -77,13 +77,16 @@ def test_the_tokenizers_eos_alone_is_unchanged(tok):
     plain = chatml_tokenizer()
     ends = eos_token_ids(plain, tiny_causal_lm(plain))
     assert ends == (plain.eos_token_id,)
-    assert (encode_sft_rows([{"messages": CONVERSATION}], plain, None, end_ids=ends)
-            == encode_sft_rows([{"messages": CONVERSATION}], plain, None))
+    assert encode_sft_rows([{"messages": CONVERSATION}], plain, None, end_ids=ends) == encode_sft_rows(
+        [{"messages": CONVERSATION}], plain, None
+    )
 
 
 def test_a_template_without_end_text_still_gets_the_tokenizers_eos(tok):
-    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
-                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     ends = eos_token_ids(tok, tiny_causal_lm(tok, end_of_turn=END))
     e = encode_conversation(CONVERSATION, tok, end_ids=ends)
     assert trained_runs(tok, e)[-1] == "Bye.<eos>"

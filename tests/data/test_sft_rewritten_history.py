@@ -47,7 +47,7 @@ def test_each_assistant_turn_is_trained_once_as_the_model_would_see_it(keep, exa
     for k, (context, turn) in zip(TURNS, trained):
         prompt = render(tok, CONVERSATION[:k], None, generation=True)
         assert context.endswith(prompt)  # after the template's rendering of the conversation before it
-        assert turn + "\n" == render(tok, CONVERSATION[:k + 1])[len(prompt):]  # the turn as rendered last
+        assert turn + "\n" == render(tok, CONVERSATION[: k + 1])[len(prompt) :]  # the turn as rendered last
         assert turn.startswith("<think>\n") and turn.endswith("<|im_end|>")  # its own reasoning, to the EOS
     for e in encoded:  # each example is one sequence the model saw: its first context is a whole rendering
         assert tok.decode(e.input_ids).startswith("<|im_start|>user\nWeather in Paris?")
@@ -67,5 +67,7 @@ def test_sft_trains_on_conversations_with_a_thinking_template():
     tok = chatml_tokenizer()
     tok.chat_template = thinking_template(False)
     config = SFTConfig(max_steps=1, batch_size=3, log_every=0, max_length=256)
-    trainer = SFTTrainer(tiny_causal_lm(tok, hidden_size=32), config, [{"messages": CONVERSATION}], processing_class=tok)
+    trainer = SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=32), config, [{"messages": CONVERSATION}], processing_class=tok
+    )
     assert len(trainer.units) == 3 and trainer.train()[-1]["sft/loss"] > 0

@@ -1,12 +1,12 @@
 """Run by the asynchronous-rollout tests (test_async.py), under torchrun or as one plain process:
 
-    async_worker.py train <jobs.json>
-        for each [config, out_dir] of the list, in turn (one launch, one import, serves every run;
-        the role groups are made once per process, so every run of one launch has the same
-        rollout_workers): a toy-task run (worker.py's trainer: ``toy_trainer`` with the config's
-        fields, ``lora_r`` for a LoRA adapter, ``adam_eps`` for AdamW's eps); global rank 0 writes the
-        policy's full weights (LoRA merged) to <out_dir>/weights.safetensors and the logged rows to
-        <out_dir>/history.json
+async_worker.py train <jobs.json>
+    for each [config, out_dir] of the list, in turn (one launch, one import, serves every run;
+    the role groups are made once per process, so every run of one launch has the same
+    rollout_workers): a toy-task run (worker.py's trainer: ``toy_trainer`` with the config's
+    fields, ``lora_r`` for a LoRA adapter, ``adam_eps`` for AdamW's eps); global rank 0 writes the
+    policy's full weights (LoRA merged) to <out_dir>/weights.safetensors and the logged rows to
+    <out_dir>/history.json
 """
 
 import json

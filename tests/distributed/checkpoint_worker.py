@@ -1,12 +1,12 @@
 """Run by the checkpoint tests, under torchrun or as one plain process:
 
-    checkpoint_worker.py <jobs.json>
-        for each [config, out_dir] of the list, in turn (one launch, one import, serves every run):
-        a toy-task run (``resume_from`` in the config resumes it; ``lora_r`` trains a LoRA adapter).
-        Rank 0 writes to <out_dir> the full weights and optimizer state (gathered from every process)
-        right after each checkpoint (``saved-<step>.safetensors``), right after resuming
-        (``loaded.safetensors``) and at the end (``final.safetensors``); every rank writes
-        ``loaded-<rank>.json``: the step it resumed at and a digest of its torch RNG state then.
+checkpoint_worker.py <jobs.json>
+    for each [config, out_dir] of the list, in turn (one launch, one import, serves every run):
+    a toy-task run (``resume_from`` in the config resumes it; ``lora_r`` trains a LoRA adapter).
+    Rank 0 writes to <out_dir> the full weights and optimizer state (gathered from every process)
+    right after each checkpoint (``saved-<step>.safetensors``), right after resuming
+    (``loaded.safetensors``) and at the end (``final.safetensors``); every rank writes
+    ``loaded-<rank>.json``: the step it resumed at and a digest of its torch RNG state then.
 """
 
 import hashlib
@@ -31,8 +31,14 @@ def make_trainer(config: dict):
 
     tok = char_tokenizer()
     args = RLConfig(**{"learning_rate": 1e-2, "max_new_tokens": 8, "log_every": 0, **config})
-    return RLTrainer(tiny_causal_lm(tok, seed=0), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok,
-                     peft_config=lora_config(lora_r))
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0),
+        [fraction_of_a],
+        args,
+        train_dataset=PROMPTS,
+        processing_class=tok,
+        peft_config=lora_config(lora_r),
+    )
 
 
 def lora_config(r: int):
@@ -53,8 +59,12 @@ def full_state(trainer) -> dict[str, torch.Tensor]:
     container = torch.nn.ModuleDict(trainer.run.modules)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
     model, optim = get_state_dict(container, trainer.run.optimizer, options=options)  # empty but on rank 0
-    frozen = {f"{name}.{n}" for name, m in trainer.run.modules.items()  # a tied frozen weight slips through
-              for n, p in m.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    frozen = {
+        f"{name}.{n}"
+        for name, m in trainer.run.modules.items()  # a tied frozen weight slips through
+        for n, p in m.named_parameters(remove_duplicate=False)
+        if not p.requires_grad
+    }
     out = {k: v for k, v in model.items() if k not in frozen}
     out.update({f"optimizer.{fqn}.{k}": v for fqn, s in optim.get("state", {}).items() for k, v in s.items()})
     return {k: v.detach().cpu().contiguous().clone() for k, v in out.items()}

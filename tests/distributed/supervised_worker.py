@@ -34,7 +34,9 @@ def train(spec, out_dir):
             from peft import LoraConfig
 
             peft = LoraConfig(**spec["lora"])
-        trainer = DPOTrainer(spec["model"], DPOConfig(**spec["args"]), spec["train"], spec.get("eval"), peft_config=peft)
+        trainer = DPOTrainer(
+            spec["model"], DPOConfig(**spec["args"]), spec["train"], spec.get("eval"), peft_config=peft
+        )
         module = trainer.model
     else:
         trainer = RewardModelTrainer(spec["model"], RewardModelConfig(**spec["args"]), spec["train"], spec.get("eval"))

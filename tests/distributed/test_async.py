@@ -24,8 +24,12 @@ WORKER = str(HERE / "async_worker.py")
 
 
 def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "60",
-            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "RLHFKIT_DIST_TIMEOUT": "60",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def _launch(jobs: list[tuple[Path, dict]], nproc: int = 1) -> None:
@@ -35,10 +39,14 @@ def _launch(jobs: list[tuple[Path, dict]], nproc: int = 1) -> None:
         out.mkdir()
     jobs_file = jobs[0][0].with_name(jobs[0][0].name + "-jobs.json")
     jobs_file.write_text(json.dumps([[config, str(out)] for out, config in jobs]))
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-                if nproc > 1 else [sys.executable])
-    done = subprocess.run([*launcher, WORKER, "train", str(jobs_file)], capture_output=True, text=True, env=_env(),
-                          timeout=600)
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
+    done = subprocess.run(
+        [*launcher, WORKER, "train", str(jobs_file)], capture_output=True, text=True, env=_env(), timeout=600
+    )
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -56,8 +64,15 @@ def _run(tmp_path, name: str, config: dict, nproc: int = 1) -> tuple[dict, list[
 
 ALGORITHMS = ("grpo", "ppo", "dapo", "grpo-lora")
 # the single-process run of each algorithm (S = 0) and the runs of staleness 1
-STALENESS_0 = {a: {"algorithm": a.removesuffix("-lora"), "max_steps": 6, "output_dir": None,
-                   **({"lora_r": 4} if a.endswith("-lora") else {})} for a in ALGORITHMS}
+STALENESS_0 = {
+    a: {
+        "algorithm": a.removesuffix("-lora"),
+        "max_steps": 6,
+        "output_dir": None,
+        **({"lora_r": 4} if a.endswith("-lora") else {}),
+    }
+    for a in ALGORITHMS
+}
 STALENESS_1_STEPS = 15  # see the staleness-1 test
 RESUMED = {"algorithm": "grpo", "max_steps": 4, "rollout_workers": 1, "save_steps": 2, "save_total_limit": 1}
 
@@ -71,11 +86,27 @@ def runs(tmp_path_factory) -> Path:
     run directory resumed-run), in the returned folder."""
     root = tmp_path_factory.mktemp("async")
     _launch([(root / f"sync-{a}", config) for a, config in STALENESS_0.items()])
-    _launch([(root / f"split-{a}", {**config, "rollout_workers": 1}) for a, config in STALENESS_0.items()]
-            + [(root / f"stale-{a}", {"algorithm": a, "max_steps": STALENESS_1_STEPS, "output_dir": None,
-                                      "rollout_workers": 1, "max_staleness": 1}) for a in ("grpo", "ppo")]
-            + [(root / "whole", {**RESUMED, "output_dir": str(root / "whole-run")}),
-               (root / "first", {**RESUMED, "max_steps": 2, "output_dir": str(root / "resumed-run")})], nproc=2)
+    _launch(
+        [(root / f"split-{a}", {**config, "rollout_workers": 1}) for a, config in STALENESS_0.items()]
+        + [
+            (
+                root / f"stale-{a}",
+                {
+                    "algorithm": a,
+                    "max_steps": STALENESS_1_STEPS,
+                    "output_dir": None,
+                    "rollout_workers": 1,
+                    "max_staleness": 1,
+                },
+            )
+            for a in ("grpo", "ppo")
+        ]
+        + [
+            (root / "whole", {**RESUMED, "output_dir": str(root / "whole-run")}),
+            (root / "first", {**RESUMED, "max_steps": 2, "output_dir": str(root / "resumed-run")}),
+        ],
+        nproc=2,
+    )
     return root
 
 
@@ -99,8 +130,12 @@ def _max_rel_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).norm() / a[k].norm()) for k in a)
 
 
-SPLITS = {"ddp-2": (2, 0, "ddp"), "generators-2-trainer-1": (3, 2, "ddp"), "generators-2-trainers-2": (4, 2, "ddp"),
-          "generator-1-fsdp-trainers-2": (3, 1, "fsdp")}  # processes, rollout_workers, parallelism
+SPLITS = {
+    "ddp-2": (2, 0, "ddp"),
+    "generators-2-trainer-1": (3, 2, "ddp"),
+    "generators-2-trainers-2": (4, 2, "ddp"),
+    "generator-1-fsdp-trainers-2": (3, 1, "fsdp"),
+}  # processes, rollout_workers, parallelism
 
 
 SPLIT_CONFIG = {"algorithm": "grpo", "max_steps": 4, "output_dir": None, "adam_eps": 1e-5}
@@ -135,8 +170,12 @@ def test_resumed_at_staleness_0_is_the_uninterrupted_run(runs):
     """The run of 2 steps (``first``, in the ``runs`` launch) resumed from its checkpoint for steps
     3 and 4 ends on the weights of the uninterrupted run of 4 steps (``whole``)."""
     whole, _ = _result(runs / "whole")
-    resumed, rows = _run(runs, "second", {**RESUMED, "output_dir": str(runs / "resumed-run"),
-                                          "resume_from": str(runs / "resumed-run" / "checkpoint-2")}, nproc=2)
+    resumed, rows = _run(
+        runs,
+        "second",
+        {**RESUMED, "output_dir": str(runs / "resumed-run"), "resume_from": str(runs / "resumed-run" / "checkpoint-2")},
+        nproc=2,
+    )
     assert [r["step"] for r in rows] == [3, 4]
     assert _max_diff(whole, resumed) <= 1e-5
     assert (runs / "whole-run" / "samples.jsonl").is_file()  # the generator's samples, written by rank 0
@@ -180,10 +219,29 @@ def test_a_failing_generator_ends_the_job_with_its_error_printed_once(tmp_path, 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["abc", "hello", "xyz", "qq"]))
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "rlhfkit", "rl", f"model={tiny_model_dir}", f"train_dataset={prompts}",
-                          "reward_funcs=[failing:fail_on_rank_1]", "max_new_tokens=6", "prompts_per_step=2",
-                          "max_steps=3", "rollout_workers=1", "--quiet", "--nproc-per-node", "2",
-                          f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, env=_env(), timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlhfkit",
+            "rl",
+            f"model={tiny_model_dir}",
+            f"train_dataset={prompts}",
+            "reward_funcs=[failing:fail_on_rank_1]",
+            "max_new_tokens=6",
+            "prompts_per_step=2",
+            "max_steps=3",
+            "rollout_workers=1",
+            "--quiet",
+            "--nproc-per-node",
+            "2",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=300,
+    )
     assert out.returncode != 0
     assert out.stderr.count("boom on rank 1") == 1, out.stderr[-3000:]
     assert time.perf_counter() - start < 120  # torchrun stops the trainer blocked on the batch
@@ -191,12 +249,25 @@ def test_a_failing_generator_ends_the_job_with_its_error_printed_once(tmp_path, 
 
 @pytest.mark.slow  # moved out of the default suite for its 5-minute budget (issue 31); CI runs it in make test-slow
 def test_a_split_that_leaves_no_trainer_is_refused_before_any_process_starts(tmp_path, tiny_model_dir):
-    base = [sys.executable, "-m", "rlhfkit", "rl", f"model={tiny_model_dir}", "train_dataset=x.jsonl",
-            "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]", "--nproc-per-node", "2"]
-    for extra, message in ((["rollout_workers=2"], "'rollout_workers' is 2 but the job has 2 processes"),
-                           (["max_staleness=1"], "'max_staleness' is 1 but rollout_workers is 0"),
-                           (["rollout_workers=1", "prompts_per_step=3", "--nproc-per-node", "3"],
-                            "prompts_per_step=3 must be divisible by the number of trainer processes (2)")):
+    base = [
+        sys.executable,
+        "-m",
+        "rlhfkit",
+        "rl",
+        f"model={tiny_model_dir}",
+        "train_dataset=x.jsonl",
+        "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]",
+        "--nproc-per-node",
+        "2",
+    ]
+    for extra, message in (
+        (["rollout_workers=2"], "'rollout_workers' is 2 but the job has 2 processes"),
+        (["max_staleness=1"], "'max_staleness' is 1 but rollout_workers is 0"),
+        (
+            ["rollout_workers=1", "prompts_per_step=3", "--nproc-per-node", "3"],
+            "prompts_per_step=3 must be divisible by the number of trainer processes (2)",
+        ),
+    ):
         out = subprocess.run(base + extra, capture_output=True, text=True, env=_env(), timeout=120)
         assert out.returncode == 2 and out.stderr.count("error:") == 1, out.stderr[-2000:]
         assert message in out.stderr and "torch.distributed" not in out.stderr
@@ -214,8 +285,13 @@ def test_the_schedule_generates_step_s_with_version_s_minus_staleness():
 def test_weight_buckets_keep_one_dtype_and_the_size_limit():
     from rlhfkit.rollout.remote import buckets, manifest
 
-    weights = [("a", torch.zeros(4)), ("b", torch.zeros(4)), ("c", torch.zeros(2, dtype=torch.bfloat16)),
-               ("d", torch.zeros(10)), ("e", torch.zeros(1))]
+    weights = [
+        ("a", torch.zeros(4)),
+        ("b", torch.zeros(4)),
+        ("c", torch.zeros(2, dtype=torch.bfloat16)),
+        ("d", torch.zeros(10)),
+        ("e", torch.zeros(1)),
+    ]
     entries = manifest(weights)
     assert entries[2] == ("c", (2,), "bfloat16")
     assert buckets(entries, limit=32) == [[0, 1], [2], [3], [4]]  # d (40 bytes) alone, past the limit
@@ -235,11 +311,24 @@ def test_agent_episodes_on_a_generator_rank_are_the_single_process_run(tmp_path)
     model = save_tiny_model(tmp_path / "model", chatml_tokenizer(), hidden_size=32, heads=2)
     weights = {}
     for name, extra in (("sync", []), ("split", ["rollout_workers=1", "--nproc-per-node", "2"])):
-        job = rl_job(model, paths, tmp_path / name, max_steps=3, eval_every=3, prompts_per_step=2, group_size=4,
-                     max_new_tokens=24)
+        job = rl_job(
+            model,
+            paths,
+            tmp_path / name,
+            max_steps=3,
+            eval_every=3,
+            prompts_per_step=2,
+            group_size=4,
+            max_new_tokens=24,
+        )
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(job))
-        out = subprocess.run([sys.executable, "-m", "rlhfkit", "rl", "--config", str(tmp_path / f"{name}.yaml"),
-                              "--quiet", *extra], capture_output=True, text=True, env=_env(), timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-m", "rlhfkit", "rl", "--config", str(tmp_path / f"{name}.yaml"), "--quiet", *extra],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-4000:]
         weights[name] = load_file(str(tmp_path / name / "final" / "model.safetensors"))
         rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]

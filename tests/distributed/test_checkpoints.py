@@ -41,10 +41,24 @@ def launch(nproc: int, jobs: list[tuple[Path, dict]], fails: bool = False):
     jobs_file = jobs[0][0].with_name(jobs[0][0].name + "-jobs.json")
     jobs_file.write_text(json.dumps([[{**config, "output_dir": str(out / "run")}, str(out)] for out, config in jobs]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if nproc > 1 else [sys.executable])
-    done = subprocess.run(launcher + [str(WORKER), str(jobs_file)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+        ]
+        if nproc > 1
+        else [sys.executable]
+    )
+    done = subprocess.run(
+        launcher + [str(WORKER), str(jobs_file)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert (done.returncode != 0) == fails, done.stderr[-4000:]
     return done.stderr
 
@@ -99,12 +113,21 @@ def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("checkpoints")
     ckpt = {name: str(root / name / "whole" / "run" / "checkpoint-2") for name in RUNS}
     ckpt["one-process"] = str(root / "one-process" / "run" / "checkpoint-2")
-    launch(2, [(root / name / "whole", {**config, "save_steps": 1, "save_total_limit": 3})
-               for name, config in RUNS.items()] + [(root / "lora", LORA)])
-    launch(1, [(root / name / "on-one", {**config, "resume_from": ckpt[name]}) for name, config in RUNS.items()]
-           + [(root / "one-process", {**ONE_PROCESS, "save_steps": 2})])
-    launch(2, [(root / name / "on-two", {**config, "resume_from": ckpt[name]}) for name, config in RUNS.items()]
-           + [(root / "one-to-two", {**ONE_PROCESS, "resume_from": ckpt["one-process"]})])
+    launch(
+        2,
+        [(root / name / "whole", {**config, "save_steps": 1, "save_total_limit": 3}) for name, config in RUNS.items()]
+        + [(root / "lora", LORA)],
+    )
+    launch(
+        1,
+        [(root / name / "on-one", {**config, "resume_from": ckpt[name]}) for name, config in RUNS.items()]
+        + [(root / "one-process", {**ONE_PROCESS, "save_steps": 2})],
+    )
+    launch(
+        2,
+        [(root / name / "on-two", {**config, "resume_from": ckpt[name]}) for name, config in RUNS.items()]
+        + [(root / "one-to-two", {**ONE_PROCESS, "resume_from": ckpt["one-process"]})],
+    )
     return root
 
 
@@ -122,8 +145,16 @@ def test_two_process_checkpoints_are_sharded_and_pruned_by_rank_zero(two_process
     assert kept == ["checkpoint-2", "checkpoint-3", "checkpoint-4"]  # pruned by rank 0
     ckpt = out / "run" / "checkpoint-2"
     assert sorted(p.name for p in ckpt.iterdir()) == sorted(
-        ["dcp", "rng-0.json", "rng-0.safetensors", "rng-1.json", "rng-1.safetensors", "trainer_state.json",
-         "training_state.json"])
+        [
+            "dcp",
+            "rng-0.json",
+            "rng-0.safetensors",
+            "rng-1.json",
+            "rng-1.safetensors",
+            "trainer_state.json",
+            "training_state.json",
+        ]
+    )
     assert sorted(p.name for p in (ckpt / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == 2
     assert json.loads((ckpt / "training_state.json").read_text())["world_size"] == 2

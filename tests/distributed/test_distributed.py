@@ -30,10 +30,24 @@ def _free_port() -> int:
 def run(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
     """``worker.py args`` under torchrun with ``nproc`` processes (plain python for 1)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if nproc > 1 else [sys.executable])
-    out = subprocess.run(launcher + [str(WORKER), *map(str, args)], capture_output=True, text=True, env=env,
-                         timeout=timeout)
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+        ]
+        if nproc > 1
+        else [sys.executable]
+    )
+    out = subprocess.run(
+        launcher + [str(WORKER), *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     return out
 
@@ -43,7 +57,9 @@ def _experience(path: Path, config) -> dict:
     trainer's policy weights before any update."""
     trainer = toy_trainer(**config)
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampler.sampling
+    )
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     data = {k: getattr(exp.rollout, k) for k in ROLLOUT}
@@ -56,25 +72,38 @@ def _experience(path: Path, config) -> dict:
 
 
 CASES = {
-    "grpo-minibatches-micro": dict(algorithm="grpo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=3,
-                                   num_iterations=2, kl_coef=0.05),
+    "grpo-minibatches-micro": dict(
+        algorithm="grpo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=3, num_iterations=2, kl_coef=0.05
+    ),
     "grpo-token-mean": dict(algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", micro_batch_size=2),
-    "ppo-separate-critic": dict(algorithm="ppo", prompts_per_step=8, mini_batch_size=4, micro_batch_size=2,
-                                num_iterations=1),
+    "ppo-separate-critic": dict(
+        algorithm="ppo", prompts_per_step=8, mini_batch_size=4, micro_batch_size=2, num_iterations=1
+    ),
     # issue 21's presets: the sequence ratio (its second pass off-policy), the capped ratio, DAPO's
     # token-mean with truncated completions out of the loss
-    "gspo-minibatches-micro": dict(algorithm="gspo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=3,
-                                   num_iterations=2),
+    "gspo-minibatches-micro": dict(
+        algorithm="gspo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=3, num_iterations=2
+    ),
     "cispo-minibatches": dict(algorithm="cispo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=2),
-    "dapo-mask-truncated": dict(algorithm="dapo", prompts_per_step=4, micro_batch_size=3, overlong_buffer_len=4,
-                                mask_truncated_completions=True),
+    "dapo-mask-truncated": dict(
+        algorithm="dapo", prompts_per_step=4, micro_batch_size=3, overlong_buffer_len=4, mask_truncated_completions=True
+    ),
     # TRL's rules (the drop-in's): the micro-batch entropy term with processes holding unequal numbers of
     # micro-batches (one global shuffle), and truncated rows masked but counted in a seq-mean denominator
-    "grpo-trl-entropy-masked-rows": dict(algorithm="grpo", prompts_per_step=4, mini_batch_size=8, micro_batch_size=2,
-                                         entropy_coef=0.5, entropy_agg="micro-batch-token-mean",
-                                         mask_truncated_completions=True, masked_rows_count=True),
+    "grpo-trl-entropy-masked-rows": dict(
+        algorithm="grpo",
+        prompts_per_step=4,
+        mini_batch_size=8,
+        micro_batch_size=2,
+        entropy_coef=0.5,
+        entropy_agg="micro-batch-token-mean",
+        mask_truncated_completions=True,
+        masked_rows_count=True,
+    ),
     # micro-batches by tokens (issue 43): processes whose rows split into different numbers of micro-batches
-    "grpo-token-budget": dict(algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", max_tokens_per_micro_batch=60),
+    "grpo-token-budget": dict(
+        algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", max_tokens_per_micro_batch=60
+    ),
 }
 
 
@@ -131,10 +160,25 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(one_up
 SHORT_RUNS = {
     "generate": ("generate", dict(algorithm="grpo", parallelism="fsdp")),
     "stop": ("train", dict(algorithm="grpo", prompts_per_step=4, max_steps=6, parallelism="ddp", stop=[1, 2])),
-    "dynamic": ("train", dict(algorithm="dapo", prompts_per_step=4, max_steps=4, max_sampling_rounds=2,
-                              parallelism="ddp", mini_batch_size=4, reward="some_prompts_vary")),
-    **{f"lora-{p}": ("train", dict(algorithm="grpo", prompts_per_step=4, max_steps=3, kl_coef=0.1, lora_r=4,
-                                   parallelism=p)) for p in PARALLELISMS},
+    "dynamic": (
+        "train",
+        dict(
+            algorithm="dapo",
+            prompts_per_step=4,
+            max_steps=4,
+            max_sampling_rounds=2,
+            parallelism="ddp",
+            mini_batch_size=4,
+            reward="some_prompts_vary",
+        ),
+    ),
+    **{
+        f"lora-{p}": (
+            "train",
+            dict(algorithm="grpo", prompts_per_step=4, max_steps=3, kl_coef=0.1, lora_r=4, parallelism=p),
+        )
+        for p in PARALLELISMS
+    },
 }
 
 
@@ -168,8 +212,9 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
     """Under DDP every process holds its own copy of the weights: after 30 steps on different
     prompts and samples, each process's own copy (hashed before any gathering) is the same, and it
     is the model the run saved."""
-    config = dict(algorithm="grpo", prompts_per_step=4, max_steps=30, parallelism="ddp",
-                  output_dir=str(tmp_path / "run"))
+    config = dict(
+        algorithm="grpo", prompts_per_step=4, max_steps=30, parallelism="ddp", output_dir=str(tmp_path / "run")
+    )
     (tmp_path / "config.json").write_text(json.dumps(config))
     run(2, "train", tmp_path / "config.json", tmp_path, timeout=600)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -180,12 +225,23 @@ def test_two_processes_learn_the_toy_task_with_identical_weights(tmp_path):
     assert rank0 and rank0.keys() == rank1.keys()
     assert [k for k in rank0 if rank0[k] != rank1[k]] == []
     saved = load_file(tmp_path / "run" / "final" / "model.safetensors")
-    saved = {k: hashlib.sha256(v.contiguous().flatten().view(torch.uint8).numpy()).hexdigest()
-             for k, v in saved.items()}
+    saved = {
+        k: hashlib.sha256(v.contiguous().flatten().view(torch.uint8).numpy()).hexdigest() for k, v in saved.items()
+    }
     assert sorted(saved.values()) == sorted(rank0.values())  # the copies are the trained, saved weights
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == sorted(
-        [".rlhfkit-run", "config.yaml", "data", "final", "metrics.jsonl", "plots", "run.json", "samples.jsonl",
-         "trace.json"])
+        [
+            ".rlhfkit-run",
+            "config.yaml",
+            "data",
+            "final",
+            "metrics.jsonl",
+            "plots",
+            "run.json",
+            "samples.jsonl",
+            "trace.json",
+        ]
+    )
 
 
 def test_a_callback_that_stops_one_process_stops_every_process(short_runs):
@@ -219,7 +275,7 @@ def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(short_runs):
     for _ in rows:
         kept, generated = [0, 0], 0
         for n in range(1, 3):
-            kept = [kept[r] + sum(varies[pos + 2 * r:pos + 2 * r + 2]) for r in (0, 1)]
+            kept = [kept[r] + sum(varies[pos + 2 * r : pos + 2 * r + 2]) for r in (0, 1)]
             pos, generated = pos + 4, generated + 4
             if sum(min(k, 2) for k in kept) >= 4:
                 break

@@ -26,8 +26,10 @@ WORDS = ["cat", "dog", "sun", "pen", "box", "cup", "hat", "map", "owl", "fig", "
 SFT_ROWS = [{"prompt": f"{w}=", "completion": (w[::-1] * 3)[: 1 + i // 2]} for i, w in enumerate(WORDS)]
 SFT_EVAL = [{"prompt": f"{w}?", "completion": w * (1 + i % 2)} for i, w in enumerate(WORDS[:5])]
 # 9 pairs, batch 8: the second step's single pair leaves one process without pairs (a stand-in).
-RM_ROWS = [{"prompt": f"{w}:", "chosen": w * (1 + i % 3), "rejected": w[::-1][: 1 + i % 3], "margin": 0.5 * (i % 2)}
-           for i, w in enumerate(WORDS[:9])]
+RM_ROWS = [
+    {"prompt": f"{w}:", "chosen": w * (1 + i % 3), "rejected": w[::-1][: 1 + i % 3], "margin": 0.5 * (i % 2)}
+    for i, w in enumerate(WORDS[:9])
+]
 # 9 eval pairs, 4 per pass: the processes hold 4 and 5, so the first pads its second pass.
 RM_EVAL = [{"prompt": f"{w}:", "chosen": w, "rejected": w[::-1]} for w in WORDS[7:16]]
 
@@ -46,10 +48,24 @@ def launch(nproc: int, jobs: list[tuple[dict, Path]]) -> None:
     jobs_file = jobs[0][1].parent / f"jobs-{nproc}.json"
     jobs_file.write_text(json.dumps([[spec, str(out)] for spec, out in jobs]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "120"}
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                 "--master-addr", "127.0.0.1", "--master-port", str(_free_port())] if nproc > 1 else [sys.executable])
-    done = subprocess.run(launcher + [str(WORKER), str(jobs_file)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    launcher = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(nproc),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+        ]
+        if nproc > 1
+        else [sys.executable]
+    )
+    done = subprocess.run(
+        launcher + [str(WORKER), str(jobs_file)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -85,8 +101,17 @@ def sft_spec(model: str, run_dir: Path, parallelism: str) -> dict:
     # lr 1e-3: AdamW's normalised step turns the relative rounding error of a nearly cancelling
     # gradient element into an error of ~lr times it (one process with 2 micro-batches vs 1
     # already differs by 5e-5 relative at lr 1e-2, by 2e-6 at 1e-3).
-    args = dict(learning_rate=1e-3, batch_size=4, grad_accumulation=2, max_steps=2, log_every=0, seed=0,
-                lr_scheduler="constant", parallelism=parallelism, max_length=64)
+    args = dict(
+        learning_rate=1e-3,
+        batch_size=4,
+        grad_accumulation=2,
+        max_steps=2,
+        log_every=0,
+        seed=0,
+        lr_scheduler="constant",
+        parallelism=parallelism,
+        max_length=64,
+    )
     return dict(trainer="sft", model=model, args=args, train=SFT_ROWS, eval=SFT_EVAL)
 
 
@@ -95,8 +120,17 @@ def rm_spec(model: str, run_dir: Path, parallelism: str) -> dict:
     # relative rounding error of ~1e-2, which AdamW's normalised step turns into ~lr x 1e-2.
     # 8 pairs a step in 2 micro-batches of 4 (2 per process); the second step's single pair: one
     # micro-batch, a stand-in on the other process.
-    args = dict(learning_rate=3e-4, batch_size=4, grad_accumulation=2, max_steps=2, log_every=0, seed=0,
-                parallelism=parallelism, max_length=64, output_dir=str(run_dir))
+    args = dict(
+        learning_rate=3e-4,
+        batch_size=4,
+        grad_accumulation=2,
+        max_steps=2,
+        log_every=0,
+        seed=0,
+        parallelism=parallelism,
+        max_length=64,
+        output_dir=str(run_dir),
+    )
     return dict(trainer="rm", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
 
 
@@ -104,8 +138,17 @@ def dpo_spec(model: str, run_dir: Path, lora: bool) -> dict:
     # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
     # stand-in of weight 0). full: the reference (a frozen copy) is sharded too. lora: the reference
     # is the adapter-disabled base, precomputed by slices; final/ is merged from rank 0's copy.
-    args = dict(learning_rate=1e-3, batch_size=8, max_steps=2, log_every=0, seed=0, max_length=64, beta=0.5,
-                precompute_ref_logprobs=lora, output_dir=str(run_dir))
+    args = dict(
+        learning_rate=1e-3,
+        batch_size=8,
+        max_steps=2,
+        log_every=0,
+        seed=0,
+        max_length=64,
+        beta=0.5,
+        precompute_ref_logprobs=lora,
+        output_dir=str(run_dir),
+    )
     spec = dict(trainer="dpo", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
     if lora:
         spec["lora"] = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
@@ -113,15 +156,21 @@ def dpo_spec(model: str, run_dir: Path, lora: bool) -> dict:
 
 
 def run_directory_spec(model: str, run_dir: Path) -> dict:
-    args = dict(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64,
-                output_dir=str(run_dir))
+    args = dict(
+        learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64, output_dir=str(run_dir)
+    )
     return dict(trainer="sft", model=model, args=args, train=SFT_ROWS, eval=SFT_EVAL)
 
 
-SPECS = {"sft-fsdp": lambda m, d: sft_spec(m, d, "fsdp"), "sft-ddp": lambda m, d: sft_spec(m, d, "ddp"),
-         "rm-fsdp": lambda m, d: rm_spec(m, d, "fsdp"), "rm-ddp": lambda m, d: rm_spec(m, d, "ddp"),
-         "dpo-full": lambda m, d: dpo_spec(m, d, False), "dpo-lora-precomputed": lambda m, d: dpo_spec(m, d, True),
-         "run-directory": run_directory_spec}
+SPECS = {
+    "sft-fsdp": lambda m, d: sft_spec(m, d, "fsdp"),
+    "sft-ddp": lambda m, d: sft_spec(m, d, "ddp"),
+    "rm-fsdp": lambda m, d: rm_spec(m, d, "fsdp"),
+    "rm-ddp": lambda m, d: rm_spec(m, d, "ddp"),
+    "dpo-full": lambda m, d: dpo_spec(m, d, False),
+    "dpo-lora-precomputed": lambda m, d: dpo_spec(m, d, True),
+    "run-directory": run_directory_spec,
+}
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +180,10 @@ def runs(tiny_model_dir, tmp_path_factory) -> Path:
     launches shared, every parallelism and variant is in the default suite."""
     root = tmp_path_factory.mktemp("supervised")
     for nproc, label in ((1, "one"), (2, "two")):
-        launch(nproc, [(spec(tiny_model_dir, root / name / label / "run"), root / name / label)
-                       for name, spec in SPECS.items()])
+        launch(
+            nproc,
+            [(spec(tiny_model_dir, root / name / label / "run"), root / name / label) for name, spec in SPECS.items()],
+        )
     return root
 
 
@@ -154,7 +205,8 @@ def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(runs
     histories = {"one": history(out / "one", 1), "two": history(out / "two", 2)}
     assert_same_metrics(histories["one"], histories["two"])
     assert {"rm/loss", "rm/accuracy", "rm/reward_std", "eval/loss", "eval/accuracy", "rm/offset"} <= set(
-        histories["one"][-1])
+        histories["one"][-1]
+    )
     w1, w2 = (load_file(out / name / "weights.safetensors") for name in ("one", "two"))
     assert_same_weights(w1, w2)
     untrained = ScalarModel.from_pretrained(tiny_model_dir).state_dict()
@@ -173,7 +225,8 @@ def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(runs, lora):
     out = runs / ("dpo-lora-precomputed" if lora else "dpo-full")
     assert_same_metrics(history(out / "one", 1), history(out / "two", 2))
     assert {"dpo/loss", "rewards/accuracies", "rewards/margins", "eval/loss", "eval/rewards/chosen"} <= set(
-        history(out / "one", 1)[-1])
+        history(out / "one", 1)[-1]
+    )
     w1, w2 = (load_file(out / name / "weights.safetensors") for name in ("one", "two"))
     assert_same_weights(w1, w2)
     final = [AutoModelForCausalLM.from_pretrained(out / name / "run" / "final") for name in ("one", "two")]
@@ -199,7 +252,8 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(t
         with pytest.raises(ValueError) as err:
             SFTTrainer("/no/such/model", SFTConfig(batch_size=3, grad_accumulation=1, output_dir=str(out)), SFT_ROWS)
         assert str(err.value).startswith(
-            "batch_size x grad_accumulation = 3 must be divisible by the number of processes (2)")
+            "batch_size x grad_accumulation = 3 must be divisible by the number of processes (2)"
+        )
     else:
         with pytest.raises(ValueError) as err:
             RewardModelTrainer("/no/such/model", RewardModelConfig(batch_size=5, output_dir=str(out)), RM_ROWS)
@@ -209,8 +263,17 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(t
 
 def checkpoint_args(trainer: str) -> tuple[list[dict], dict]:
     rows, extra = (SFT_ROWS, {}) if trainer == "sft" else (RM_ROWS, {"beta": 0.5})
-    return rows, dict(learning_rate=1e-3, batch_size=4, max_steps=4, log_every=0, seed=0, max_length=64, save_steps=2,
-                      lr_scheduler="constant", **extra)
+    return rows, dict(
+        learning_rate=1e-3,
+        batch_size=4,
+        max_steps=4,
+        log_every=0,
+        seed=0,
+        max_length=64,
+        save_steps=2,
+        lr_scheduler="constant",
+        **extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +284,12 @@ def resumed_runs(tiny_model_dir, tmp_path_factory) -> Path:
     for trainer in ("sft", "dpo"):
         rows, args = checkpoint_args(trainer)
         two, one = root / trainer / "two", root / trainer / "one"
-        jobs[2].append((dict(trainer=trainer, model=tiny_model_dir, args={**args, "output_dir": str(two / "run")},
-                             train=rows), two))
+        jobs[2].append(
+            (
+                dict(trainer=trainer, model=tiny_model_dir, args={**args, "output_dir": str(two / "run")}, train=rows),
+                two,
+            )
+        )
         resume = {**args, "output_dir": str(one / "run"), "resume_from": str(two / "run" / "checkpoint-2")}
         jobs[1].append((dict(trainer=trainer, model=tiny_model_dir, args=resume, train=rows), one))
     launch(2, jobs[2])

@@ -24,8 +24,14 @@ def micro_batch_counts(experience, budget: int) -> list[int]:
     T = data["response_mask"].shape[1]
     lead, tail = row_spans(data["attention_mask"], T)
     B = len(lead)
-    return [len(split_rows(torch.arange(r * B // 2, (r + 1) * B // 2), lead, tail, max_tokens=budget,
-                           groups=data["prompt_index"])) for r in range(2)]
+    return [
+        len(
+            split_rows(
+                torch.arange(r * B // 2, (r + 1) * B // 2), lead, tail, max_tokens=budget, groups=data["prompt_index"]
+            )
+        )
+        for r in range(2)
+    ]
 
 
 @pytest.mark.slow  # ~12 s on the 2-core machine, nearly all of it the 2-process launch
@@ -59,8 +65,14 @@ def test_a_two_process_fsdp_run_with_a_token_budget_runs_the_same_passes_on_ever
     """Old and reference log-probs and the update in token micro-batches under FSDP2, where every
     forward pass is a collective: a process with fewer micro-batches runs fillers, so the run ends
     (no process waits on a pass the other never runs)."""
-    config = dict(CONFIG, max_steps=2, max_new_tokens=12, parallelism="fsdp", max_tokens_per_micro_batch=24,
-                  output_dir=str(tmp_path / "run"))
+    config = dict(
+        CONFIG,
+        max_steps=2,
+        max_new_tokens=12,
+        parallelism="fsdp",
+        max_tokens_per_micro_batch=24,
+        output_dir=str(tmp_path / "run"),
+    )
     (tmp_path / "config.json").write_text(json.dumps(config))
     run(2, "train", tmp_path / "config.json", tmp_path, timeout=300)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

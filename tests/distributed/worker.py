@@ -1,18 +1,18 @@
 """Run by the distributed tests, under torchrun or as one plain process:
 
-    worker.py update <cases.json>
-        for each [experience.pt, config.json, out.safetensors] of the list, in turn (one launch, one
-        import, serves every case): one RL update of that fixed batch of experience by a fresh trainer
-        with that config; this process trains on its share of the rows, rank 0 writes the full weights
-    worker.py train <config.json> <out_dir>
-        a toy-task run; every process writes, before any gathering, a sha256 of each parameter as it
-        holds it (its own replica under DDP, its shard under FSDP) to <out_dir>/weights-<rank>.json
-    worker.py generate <config.json> <out_dir>
-        process r samples r + 1 times from the policy (FSDP2 gathered, as the agent loop does when
-        one process's episodes end a turn before another's), then all meet at a barrier; each writes
-        what it sampled to <out_dir>/generated-<rank>.json
-    worker.py jobs <jobs.json>
-        each [command, *args] of the list (train or generate), in turn, in this one launch
+worker.py update <cases.json>
+    for each [experience.pt, config.json, out.safetensors] of the list, in turn (one launch, one
+    import, serves every case): one RL update of that fixed batch of experience by a fresh trainer
+    with that config; this process trains on its share of the rows, rank 0 writes the full weights
+worker.py train <config.json> <out_dir>
+    a toy-task run; every process writes, before any gathering, a sha256 of each parameter as it
+    holds it (its own replica under DDP, its shard under FSDP) to <out_dir>/weights-<rank>.json
+worker.py generate <config.json> <out_dir>
+    process r samples r + 1 times from the policy (FSDP2 gathered, as the agent loop does when
+    one process's episodes end a turn before another's), then all meet at a barrier; each writes
+    what it sampled to <out_dir>/generated-<rank>.json
+worker.py jobs <jobs.json>
+    each [command, *args] of the list (train or generate), in turn, in this one launch
 """
 
 import hashlib
@@ -106,8 +106,9 @@ def _trainer(config: dict):
 
         tok = char_tokenizer()
         args = RLConfig(**{"learning_rate": 3e-3, "max_new_tokens": 8, "log_every": 0, "seed": 0, **config})
-        return RLTrainer(tiny_causal_lm(tok, seed=0), [globals()[reward]], args, train_dataset=PROMPTS,
-                         processing_class=tok)
+        return RLTrainer(
+            tiny_causal_lm(tok, seed=0), [globals()[reward]], args, train_dataset=PROMPTS, processing_class=tok
+        )
     lora_r = config.pop("lora_r", 0)
     if not lora_r:
         return toy_trainer(**config)
@@ -120,8 +121,14 @@ def _trainer(config: dict):
     tok = char_tokenizer()
     lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     args = RLConfig(**{"learning_rate": 1e-2, "max_new_tokens": 8, "log_every": 0, **config})
-    return RLTrainer(tiny_causal_lm(tok, seed=0), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok,
-                     peft_config=lora)
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0),
+        [fraction_of_a],
+        args,
+        train_dataset=PROMPTS,
+        processing_class=tok,
+        peft_config=lora,
+    )
 
 
 def local_digests(trainer) -> dict[str, str]:
@@ -130,7 +137,7 @@ def local_digests(trainer) -> dict[str, str]:
     modules = {"policy": trainer.models.policy, "critic": trainer.models.critic_module}
     out = {}
     for prefix, module in modules.items():
-        for name, p in (distributed.unwrap(module).named_parameters() if module is not None else []):
+        for name, p in distributed.unwrap(module).named_parameters() if module is not None else []:
             t = p.detach()
             t = t.to_local() if hasattr(t, "to_local") else t  # an FSDP2 DTensor: this process's shard
             data = t.cpu().contiguous().flatten().view(torch.uint8).numpy()

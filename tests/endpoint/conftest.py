@@ -21,10 +21,19 @@ def turn_ending_model(tokenizer, positions: int = 2048):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=positions,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).float()
     with torch.no_grad():
         model.lm_head.weight[tokenizer.eos_token_id] *= 0
@@ -44,7 +53,7 @@ class ScriptedEngine:
     def generate(self, prompts, n, sampling, seed=None):
         texts = self.turns[len(self.contexts)]
         self.contexts.append([list(p) for p in prompts])
-        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][:sampling.max_new_tokens] for t in texts]
+        ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"][: sampling.max_new_tokens] for t in texts]
         return build_rollout(prompts, ids, 1, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id)
 
     def sleep(self):

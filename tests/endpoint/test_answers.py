@@ -35,8 +35,9 @@ def _fast(model, pre_tokenizer, decoder, vocab_extra=()):
     tok = Tokenizer(model)
     tok.pre_tokenizer, tok.decoder = pre_tokenizer, decoder
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIALS])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>",
-                                   unk_token="<unk>", padding_side="left")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<pad>", unk_token="<unk>", padding_side="left"
+    )
     fast.chat_template = chatml_tokenizer().chat_template
     return fast
 
@@ -48,8 +49,9 @@ def byte_level_tokenizer():
     vocab = {t: i for i, t in enumerate(SPECIALS)}
     for ch in pre_tokenizers.ByteLevel.alphabet():
         vocab.setdefault(ch, len(vocab))
-    return _fast(models.BPE(vocab=vocab, merges=[]), pre_tokenizers.ByteLevel(add_prefix_space=False),
-                 decoders.ByteLevel())
+    return _fast(
+        models.BPE(vocab=vocab, merges=[]), pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    )
 
 
 def byte_fallback_tokenizer():
@@ -63,8 +65,11 @@ def byte_fallback_tokenizer():
     for t in [f"<0x{b:02X}>" for b in range(256)] + ["▁"] + list(string.ascii_letters + string.digits + "<>|_"):
         vocab.setdefault(t, len(vocab))
     decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    return _fast(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"),
-                 pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never"), decoder)
+    return _fast(
+        models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>"),
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never"),
+        decoder,
+    )
 
 
 def client(endpoint):
@@ -77,8 +82,11 @@ def test_each_tokens_bytes_are_its_own(make):
     text = "é€ a😀"
     ids = tok(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
     assert len(ids) > len(text) + 1  # the characters really are split into byte tokens
-    with serving(Endpoint(LogprobEngine(tok, [[text + "<|im_end|>"]]), tok, SamplingParams(max_new_tokens=40),
-                          "m", training=False)) as endpoint:
+    with serving(
+        Endpoint(
+            LogprobEngine(tok, [[text + "<|im_end|>"]]), tok, SamplingParams(max_new_tokens=40), "m", training=False
+        )
+    ) as endpoint:
         r = client(endpoint).chat.completions.create(model="m", messages=USER, logprobs=True)
     choice = r.choices[0]
     assert choice.message.content == text and choice.token_ids == ids
@@ -91,10 +99,15 @@ def test_each_tokens_bytes_are_its_own(make):
 
 def test_special_tokens_are_not_text_of_content(chatml):
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]
-    turns = [["hi<pad> <|im_start|>there<|im_end|>"], ["<tool_call><pad>"], ["x<pad>"],
-             ['ok<pad><tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><|im_end|>']]
-    with serving(Endpoint(ScriptedEngine(chatml, turns), chatml, SamplingParams(max_new_tokens=120), "m",
-                          training=False)) as endpoint:
+    turns = [
+        ["hi<pad> <|im_start|>there<|im_end|>"],
+        ["<tool_call><pad>"],
+        ["x<pad>"],
+        ['ok<pad><tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call><|im_end|>'],
+    ]
+    with serving(
+        Endpoint(ScriptedEngine(chatml, turns), chatml, SamplingParams(max_new_tokens=120), "m", training=False)
+    ) as endpoint:
         c = client(endpoint)
         plain = c.chat.completions.create(model="m", messages=USER)
         cut = c.chat.completions.create(model="m", messages=USER, max_tokens=12)
@@ -107,8 +120,15 @@ def test_special_tokens_are_not_text_of_content(chatml):
 
 
 def test_a_model_it_does_not_serve_is_404_model_not_found(chatml):
-    with serving(Endpoint(ScriptedEngine(chatml, [["a<|im_end|>"]] * 3), chatml, SamplingParams(max_new_tokens=4),
-                          "tiny", training=False)) as endpoint:
+    with serving(
+        Endpoint(
+            ScriptedEngine(chatml, [["a<|im_end|>"]] * 3),
+            chatml,
+            SamplingParams(max_new_tokens=4),
+            "tiny",
+            training=False,
+        )
+    ) as endpoint:
         c = client(endpoint)
         with pytest.raises(openai.NotFoundError) as err:
             c.chat.completions.create(model="gpt-4o", messages=USER)
@@ -123,8 +143,13 @@ def test_a_model_it_does_not_serve_is_404_model_not_found(chatml):
 
 def test_a_training_endpoint_serves_policy_and_its_models_name(chatml):
     """Agent programs send ``policy`` (the documented name) or the name ``/v1/models`` lists."""
-    endpoint = Endpoint(ScriptedEngine(chatml, [["a<|im_end|>"]] * 3), chatml, SamplingParams(max_new_tokens=4),
-                        "org/model", training=True)
+    endpoint = Endpoint(
+        ScriptedEngine(chatml, [["a<|im_end|>"]] * 3),
+        chatml,
+        SamplingParams(max_new_tokens=4),
+        "org/model",
+        training=True,
+    )
     with serving(endpoint):
         c = client(endpoint)
         names = [m.id for m in c.models.list().data]
@@ -139,8 +164,9 @@ def test_a_stop_string_split_across_byte_tokens_stops(chatml):
     special token's name is not text (``stop=["<pad>"]`` does not stop at a sampled ``<pad>``)."""
     tok = byte_level_tokenizer()
     turns = [["ab€cd<|im_end|>"], ["a<pad>b<|im_end|>"]]
-    with serving(Endpoint(ScriptedEngine(tok, turns), tok, SamplingParams(max_new_tokens=40), "m",
-                          training=False)) as endpoint:
+    with serving(
+        Endpoint(ScriptedEngine(tok, turns), tok, SamplingParams(max_new_tokens=40), "m", training=False)
+    ) as endpoint:
         c = client(endpoint)
         euro = c.chat.completions.create(model="m", messages=USER, stop=["€"])
         pad = c.chat.completions.create(model="m", messages=USER, stop=["<pad>"])

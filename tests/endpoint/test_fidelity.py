@@ -24,8 +24,20 @@ from rlhfkit.tasks.tiny import openai_tool_loop
 from .conftest import ScriptedEngine, add, turn_ending_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 
 def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
@@ -37,14 +49,17 @@ def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
     def program(client, row):  # an agent loop: each turn answered with a tool message
         messages, turns = [{"role": "user", "content": row["prompt"]}], []
         for _ in range(3):
-            r = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, logprobs=True,
-                                               max_tokens=30)
+            r = client.chat.completions.create(
+                model="policy", messages=messages, tools=TOOLS, logprobs=True, max_tokens=30
+            )
             choice = r.choices[0]
             turns.append((choice.token_ids, [t.logprob for t in choice.logprobs.content], choice.finish_reason))
             if choice.finish_reason == "length":
                 break
-            messages += [choice.message.model_dump(exclude_none=True),
-                         {"role": "tool", "tool_call_id": "call_0", "content": str(len(turns))}]
+            messages += [
+                choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "call_0", "content": str(len(turns))},
+            ]
         seen[row["prompt"]] = turns
         return None
 
@@ -68,7 +83,7 @@ def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
         torch.testing.assert_close(trainer[i][mask[i]], torch.tensor(reported), atol=2e-5, rtol=0)
         assert episodes[i].turns == len(turns)
         # the row is the recorded ids: the prompt rendering, then each turn and the tool suffix after it
-        assert rollout.input_ids[i][rollout.attention_mask[i].bool()].tolist()[-len(turns[-1][0]):] == turns[-1][0]
+        assert rollout.input_ids[i][rollout.attention_mask[i].bool()].tolist()[-len(turns[-1][0]) :] == turns[-1][0]
 
 
 class AddEnv:
@@ -124,8 +139,13 @@ def test_the_same_episode_through_environment_factory_and_the_endpoint_gives_ide
     assert got.prompt_len == expected.prompt_len and got.logprobs is None and expected.logprobs is None
     for a, b in zip(episodes, in_process):
         assert a.messages == b.messages  # what the reward functions read
-        assert (a.turns, a.tool_calls, a.tool_errors, a.truncated, a.length) == \
-               (b.turns, b.tool_calls, b.tool_errors, b.truncated, b.length)
+        assert (a.turns, a.tool_calls, a.tool_errors, a.truncated, a.length) == (
+            b.turns,
+            b.tool_calls,
+            b.tool_errors,
+            b.truncated,
+            b.length,
+        )
     assert episodes[0].tool_calls == 1 and episodes[1].tool_calls == 0
 
 
@@ -140,8 +160,10 @@ def test_an_edited_history_becomes_a_new_segment_each_sampled_token_trained_once
         messages = [{"role": "user", "content": row["prompt"]}]
         r = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         call = r.choices[0].message.tool_calls[0]
-        messages += [r.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": "3"}]
+        messages += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "3"},
+        ]
         messages[0] = {"role": "user", "content": "1+2=? (edited)"}
         client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
 
@@ -152,7 +174,7 @@ def test_an_edited_history_becomes_a_new_segment_each_sampled_token_trained_once
     finally:
         program.close()
     first, second = engine.contexts[0][0], engine.contexts[1][0]
-    assert second[:len(first)] != first  # the second prompt is a re-rendering, not the recorded ids continued
+    assert second[: len(first)] != first  # the second prompt is a re-rendering, not the recorded ids continued
     mask = rollout.response_mask[0].bool()
     encode = lambda text: chatml(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     assert rollout.response_ids[0][mask].tolist() == encode(CALL) + encode("3<|im_end|>")

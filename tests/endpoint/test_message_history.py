@@ -21,8 +21,12 @@ GOOD_CALL = {"id": "call_1", "type": "function", "function": {"name": "add", "ar
 def history(calls, tool_message=None):
     """user, assistant with ``calls`` as its tool_calls, the tool's answer, user."""
     tool = tool_message or {"role": "tool", "tool_call_id": "call_1", "content": "3"}
-    return [{"role": "user", "content": "1+2?"}, {"role": "assistant", "content": None, "tool_calls": calls},
-            tool, {"role": "user", "content": "and now?"}]
+    return [
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        tool,
+        {"role": "user", "content": "and now?"},
+    ]
 
 
 def with_function(**function):
@@ -42,33 +46,58 @@ def ask(endpoint, messages):
     return c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=2)
 
 
-@pytest.mark.parametrize("messages,says", [
-    (history({"0": GOOD_CALL}), "messages[1].tool_calls: expected a list of tool calls, got an object"),
-    (history("add(1, 2)"), "messages[1].tool_calls: expected a list of tool calls, got a string"),
-    (history(["add(1, 2)"]), "messages[1].tool_calls[0]: expected an object with 'id', 'type' and 'function', "
-                             "got a string"),
-    (history([GOOD_CALL, {"id": "call_2", "type": "function", "function": "add"}]),
-     "messages[1].tool_calls[1].function: expected an object with 'name' and 'arguments', got a string"),
-    (history([{"id": "call_1", "type": "function"}]),
-     "messages[1].tool_calls[0].function: expected an object with 'name' and 'arguments', got nothing"),
-    (history(with_function(arguments="{}")), "messages[1].tool_calls[0].function.name: expected a string, "
-                                             "got nothing"),
-    (history(with_function(name=["add"], arguments="{}")),
-     "messages[1].tool_calls[0].function.name: expected a string, got a list"),
-    (history(with_function(name="add", arguments=12)),
-     "messages[1].tool_calls[0].function.arguments: expected a JSON string (or an object), got a number"),
-    (history(with_function(name="add", arguments=[1, 2])),
-     "messages[1].tool_calls[0].function.arguments: expected a JSON string (or an object), got a list"),
-    (history([{**GOOD_CALL, "id": ["call_1"]}]), "messages[1].tool_calls[0].id: expected a string, got a list"),
-    (history([GOOD_CALL], {"role": "tool", "tool_call_id": {"id": "call_1"}, "content": "3"}),
-     "messages[2].tool_call_id: expected a string, got an object"),
-    (history(with_function(name="", arguments="{}")),
-     "messages[1].tool_calls[0].function.name: expected a string, got an empty string"),
-    (history([GOOD_CALL], {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": 3}]}),
-     "messages[2].content[0].text: expected a string, got a number"),
-    ([{"role": "user", "content": ["1+2?"]}],
-     "messages[0].content[0]: expected an object (a content part), got a string"),
-])
+@pytest.mark.parametrize(
+    "messages,says",
+    [
+        (history({"0": GOOD_CALL}), "messages[1].tool_calls: expected a list of tool calls, got an object"),
+        (history("add(1, 2)"), "messages[1].tool_calls: expected a list of tool calls, got a string"),
+        (
+            history(["add(1, 2)"]),
+            "messages[1].tool_calls[0]: expected an object with 'id', 'type' and 'function', got a string",
+        ),
+        (
+            history([GOOD_CALL, {"id": "call_2", "type": "function", "function": "add"}]),
+            "messages[1].tool_calls[1].function: expected an object with 'name' and 'arguments', got a string",
+        ),
+        (
+            history([{"id": "call_1", "type": "function"}]),
+            "messages[1].tool_calls[0].function: expected an object with 'name' and 'arguments', got nothing",
+        ),
+        (
+            history(with_function(arguments="{}")),
+            "messages[1].tool_calls[0].function.name: expected a string, got nothing",
+        ),
+        (
+            history(with_function(name=["add"], arguments="{}")),
+            "messages[1].tool_calls[0].function.name: expected a string, got a list",
+        ),
+        (
+            history(with_function(name="add", arguments=12)),
+            "messages[1].tool_calls[0].function.arguments: expected a JSON string (or an object), got a number",
+        ),
+        (
+            history(with_function(name="add", arguments=[1, 2])),
+            "messages[1].tool_calls[0].function.arguments: expected a JSON string (or an object), got a list",
+        ),
+        (history([{**GOOD_CALL, "id": ["call_1"]}]), "messages[1].tool_calls[0].id: expected a string, got a list"),
+        (
+            history([GOOD_CALL], {"role": "tool", "tool_call_id": {"id": "call_1"}, "content": "3"}),
+            "messages[2].tool_call_id: expected a string, got an object",
+        ),
+        (
+            history(with_function(name="", arguments="{}")),
+            "messages[1].tool_calls[0].function.name: expected a string, got an empty string",
+        ),
+        (
+            history([GOOD_CALL], {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": 3}]}),
+            "messages[2].content[0].text: expected a string, got a number",
+        ),
+        (
+            [{"role": "user", "content": ["1+2?"]}],
+            "messages[0].content[0]: expected an object (a content part), got a string",
+        ),
+    ],
+)
 def test_malformed_tool_calls_in_the_history_are_one_line_http_400(endpoint, messages, says):
     with pytest.raises(openai.BadRequestError) as err:
         ask(endpoint, messages)

@@ -27,8 +27,15 @@ def client(endpoint, **kw):
 def tiny(chatml):
     model = tiny_causal_lm(chatml)
     engine = HFEngine(model, chatml.pad_token_id, chatml.eos_token_id)
-    return Endpoint(engine, chatml, SamplingParams(max_new_tokens=16), "tiny", training=False, logprob_model=model,
-                    max_positions=256)
+    return Endpoint(
+        engine,
+        chatml,
+        SamplingParams(max_new_tokens=16),
+        "tiny",
+        training=False,
+        logprob_model=model,
+        max_positions=256,
+    )
 
 
 def test_models_n_seed_stop_and_greedy(tiny):
@@ -46,7 +53,7 @@ def test_models_n_seed_stop_and_greedy(tiny):
         assert g1.choices[0].token_ids == g2.choices[0].token_ids  # greedy
         text = a.choices[0].message.content
         stopped = c.chat.completions.create(**ask, n=3, seed=11, temperature=1.0, stop=[text[1]])
-        assert stopped.choices[0].message.content == text[:text.index(text[1])]
+        assert stopped.choices[0].message.content == text[: text.index(text[1])]
         assert stopped.choices[0].finish_reason == "stop"
 
 
@@ -67,17 +74,20 @@ def test_tool_calls_come_back_in_openai_form(chatml):
         assert bad.choices[0].message.content == '<tool_call>{"name": add}</tool_call>'
 
 
-@pytest.mark.parametrize("body,says", [
-    ({"messages": []}, "messages must be a non-empty list"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0] must be an object with a role"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature must be in [0, 2]"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens must be in [1,"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": "2"}, "n must be an integer"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop must be a string or a list"),
-    ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream=true is not supported"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools must be a list"),
-    ({"messages": [{"role": "user", "content": "x" * 300}]}, "no room left to sample"),
-])
+@pytest.mark.parametrize(
+    "body,says",
+    [
+        ({"messages": []}, "messages must be a non-empty list"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0] must be an object with a role"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature must be in [0, 2]"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens must be in [1,"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": "2"}, "n must be an integer"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop must be a string or a list"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "stream=true is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools must be a list"),
+        ({"messages": [{"role": "user", "content": "x" * 300}]}, "no room left to sample"),
+    ],
+)
 def test_a_bad_request_is_one_line_http_400(tiny, body, says):
     with serving(tiny) as endpoint:
         with pytest.raises(openai.BadRequestError) as err:
@@ -90,7 +100,8 @@ def test_a_bad_request_is_one_line_http_400(tiny, body, says):
         assert httpx.get(f"{endpoint.url}/nowhere", timeout=5).status_code == 404
         with pytest.raises(openai.BadRequestError, match="unknown episode"):  # a finished step's episode
             openai.OpenAI(base_url=endpoint.episode_url("gone"), api_key="x", max_retries=0).chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "x"}])
+                model="tiny", messages=[{"role": "user", "content": "x"}]
+            )
 
 
 def test_a_request_nobody_serves_times_out_instead_of_hanging(tiny):
@@ -116,8 +127,12 @@ def test_rlhfkit_serve_answers_the_openai_client(tmp_path, chatml):
     from rlhfkit.tasks.tiny import save_tiny_model
 
     model_dir = save_tiny_model(tmp_path / "tiny", chatml)
-    proc = subprocess.Popen([sys.executable, "-m", "rlhfkit", "serve", model_dir, "--port", "0", "--name", "t"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlhfkit", "serve", model_dir, "--port", "0", "--name", "t"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         url = re.search(r"at (http://\S+/v1)", line).group(1)
@@ -136,7 +151,11 @@ def test_the_episodes_per_second_benchmark_runs():
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "endpoint_episodes.py"
-    out = subprocess.run([sys.executable, str(script), "--episodes", "4", "--group-size", "2", "--turns", "2",
-                          "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(script), "--episodes", "4", "--group-size", "2", "--turns", "2", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "endpoint / in-process time" in out.stdout

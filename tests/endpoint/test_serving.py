@@ -16,8 +16,10 @@ from rlhfkit.tasks.tiny import char_tokenizer, chatml_tokenizer, save_tiny_model
 from .conftest import ScriptedEngine, serving
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-ROLE_CONTENT = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                "{% if add_generation_prompt %}assistant: {% endif %}")
+ROLE_CONTENT = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 USER = [{"role": "user", "content": "abc"}]
 
 
@@ -93,9 +95,12 @@ def test_rlhfkit_serve_with_chat_template_answers(quickstart_dir):
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "rlhfkit", "serve", quickstart_dir, "--port", "0",
-                             "--chat-template", "chatml_tools"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlhfkit", "serve", quickstart_dir, "--port", "0", "--chat-template", "chatml_tools"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = re.search(r"at (http://\S+/v1)", proc.stdout.readline()).group(1)
         c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=30)

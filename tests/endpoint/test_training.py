@@ -27,11 +27,28 @@ def share_of_target(client, row):
 
 def trainer(tmp_path, program, reward_funcs=(), **config):
     tok = chatml_tokenizer()
-    args = RLConfig(**{**dict(algorithm="grpo", prompts_per_step=2, group_size=4, max_new_tokens=8, max_steps=2,
-                              output_dir=str(tmp_path / "run"), chat_template=TINY_TOOLS_TEMPLATE, kl_coef=0.0,
-                              save_steps=0, log_every=0, learning_rate=3e-3, seed=0), **config})
-    return RLTrainer(tiny_causal_lm(tok, seed=0), list(reward_funcs), args, ROWS, processing_class=tok,
-                     agent_program=program)
+    args = RLConfig(
+        **{
+            **dict(
+                algorithm="grpo",
+                prompts_per_step=2,
+                group_size=4,
+                max_new_tokens=8,
+                max_steps=2,
+                output_dir=str(tmp_path / "run"),
+                chat_template=TINY_TOOLS_TEMPLATE,
+                kl_coef=0.0,
+                save_steps=0,
+                log_every=0,
+                learning_rate=3e-3,
+                seed=0,
+            ),
+            **config,
+        }
+    )
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0), list(reward_funcs), args, ROWS, processing_class=tok, agent_program=program
+    )
 
 
 def test_the_loop_trains_on_the_programs_episodes_and_stops_the_endpoint(tmp_path):
@@ -97,8 +114,15 @@ def test_a_program_that_always_raises_is_one_line(tmp_path):
 def test_agent_program_beside_tools_is_refused(tmp_path):
     tok = chatml_tokenizer()
     with pytest.raises(ValueError, match="agent_program runs its own tools"):
-        RLTrainer(tiny_causal_lm(tok), [], RLConfig(output_dir=str(tmp_path)), ROWS, processing_class=tok,
-                  tools=[add], agent_program=share_of_target)
+        RLTrainer(
+            tiny_causal_lm(tok),
+            [],
+            RLConfig(output_dir=str(tmp_path)),
+            ROWS,
+            processing_class=tok,
+            tools=[add],
+            agent_program=share_of_target,
+        )
 
 
 def test_grpo_over_the_endpoint_raises_the_programs_reward(tmp_path):
@@ -106,7 +130,6 @@ def test_grpo_over_the_endpoint_raises_the_programs_reward(tmp_path):
     start = sum(r["reward/mean"] for r in history[:5]) / 5
     end = sum(r["reward/mean"] for r in history[-5:]) / 5
     assert end - start > 0.2, (start, end)
-
 
 
 def skips_the_model_once(target="a"):
@@ -129,7 +152,6 @@ def skips_the_model_once(target="a"):
     return program
 
 
-
 def one_step_without_a_call(tmp_path, experience=False, **config):
     """Phases 2-3 (and 4-5 with ``experience``) of one step: the rows, rollout, episodes, scores,
     valid, metrics, experience, the row that made no call (``k``) and the warnings of phase 2."""
@@ -148,8 +170,18 @@ def one_step_without_a_call(tmp_path, experience=False, **config):
         t.sampler.agent.close()
     empty = (rollout.response_mask.sum(-1) == 0).nonzero().flatten().tolist()
     assert len(empty) == 1 and episodes[empty[0]].row["target"] == "a"
-    return SimpleNamespace(t=t, rows=rows, rollout=rollout, episodes=episodes, scores=scores, valid=valid,
-                           metrics=metrics, exp=exp, k=empty[0], said=[str(w.message) for w in said])
+    return SimpleNamespace(
+        t=t,
+        rows=rows,
+        rollout=rollout,
+        episodes=episodes,
+        scores=scores,
+        valid=valid,
+        metrics=metrics,
+        exp=exp,
+        k=empty[0],
+        said=[str(w.message) for w in said],
+    )
 
 
 def test_a_reward_returned_without_a_model_call_is_unscored(tmp_path):

@@ -15,9 +15,19 @@ VOCAB = 53
 
 def _model(attn="sdpa"):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=None, attn_implementation=attn)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        attn_implementation=attn,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -27,9 +37,9 @@ def _batch(P=6, T=5):
     ids = torch.randint(2, VOCAB, (3, P + T), generator=g)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # a 3-token prompt
-    mask[1, P + 2:] = 0  # a 2-token response
+    mask[1, P + 2 :] = 0  # a 2-token response
     mask[2, :1] = 0
-    mask[2, P + 4:] = 0
+    mask[2, P + 4 :] = 0
     return ids, mask
 
 
@@ -105,16 +115,18 @@ def test_sft_rows_padded_at_their_end_run_with_no_mask(monkeypatch):
 
     tok = char_tokenizer()
     rows = [{"prompt": f"{w}=", "completion": w[::-1] * k} for k, w in enumerate(["cat", "sun", "owl"], 1)]
-    trainer = SFTTrainer(tiny_causal_lm(tok, hidden_size=32), SFTConfig(batch_size=3, log_every=0), rows,
-                         processing_class=tok)
+    trainer = SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=32), SFTConfig(batch_size=3, log_every=0), rows, processing_class=tok
+    )
     batch = collate_groups([[e] for e in trainer.units[0] + trainer.units[1] + trainer.units[2]], tok.pad_token_id)
     assert not batch["attention_mask"].bool().all()
     sdpa = _SDPACalls(monkeypatch)
     loss, count = trainer.loss_sum(batch)
     assert sdpa.calls and all(no_mask and causal for no_mask, causal in sdpa.calls)
     with torch.no_grad():  # the 2-D-mask pass
-        logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                               position_ids=batch["position_ids"]).logits
+        logits = trainer.model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+        ).logits
     targets = batch["labels"][:, 1:]
     keep = targets != -100
     expected = F.cross_entropy(logits[:, :-1][keep].float(), targets[keep], reduction="sum")

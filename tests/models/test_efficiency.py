@@ -18,18 +18,18 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 # 2 prompts x 2 rows; P = 4 prompt columns, T = 4 response columns. Prompt A: 3 real tokens, B: 2
 # (column 0 is padding in every row); completions of 3, 1, 2, 1 tokens (the last column is unused).
-MASK = torch.tensor([[0, 1, 1, 1, 1, 1, 1, 0],
-                     [0, 1, 1, 1, 1, 0, 0, 0],
-                     [0, 0, 1, 1, 1, 1, 0, 0],
-                     [0, 0, 1, 1, 1, 0, 0, 0]])
+MASK = torch.tensor(
+    [[0, 1, 1, 1, 1, 1, 1, 0], [0, 1, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0, 0, 0]]
+)
 
 
 def handmade(prompt_index=True) -> Rollout:
     ids = torch.randint(3, 20, MASK.shape) * MASK
     ids[1, :4], ids[3, :4] = ids[0, :4], ids[2, :4]  # the rows of a prompt hold the same prompt tokens
     response = MASK[:, 4:]
-    return Rollout(ids, MASK, response, torch.ones(4, dtype=torch.bool), 4,
-                   torch.tensor([0, 0, 1, 1]) if prompt_index else None)
+    return Rollout(
+        ids, MASK, response, torch.ones(4, dtype=torch.bool), 4, torch.tensor([0, 0, 1, 1]) if prompt_index else None
+    )
 
 
 def test_needed_by_hand():
@@ -109,10 +109,21 @@ def test_one_step_run(monkeypatch):
     make = experience.make_experience
     monkeypatch.setattr(experience, "make_experience", lambda m, a, r, *x: seen.append(r) or make(m, a, r, *x))
     tok = char_tokenizer()
-    args = RLConfig(algorithm="grpo", prompts_per_step=2, group_size=2, max_new_tokens=4, max_steps=1, log_every=0,
-                    seed=0, kl_coef=0.1, num_iterations=2, mini_batch_size=4)
-    row = RLTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0), [fraction_of_a], args, train_dataset=PROMPTS,
-                    processing_class=tok).train()[0]
+    args = RLConfig(
+        algorithm="grpo",
+        prompts_per_step=2,
+        group_size=2,
+        max_new_tokens=4,
+        max_steps=1,
+        log_every=0,
+        seed=0,
+        kl_coef=0.1,
+        num_iterations=2,
+        mini_batch_size=4,
+    )
+    row = RLTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok
+    ).train()[0]
     r = seen[0]
     computed, needed = by_loops(r, shared=True)
     assert row["perf/tokens_needed_logprob"] == 2 * needed  # old + reference
@@ -133,8 +144,9 @@ def test_needed_tokens_of_a_slice_whose_prompt_indices_exceed_its_rows():
 
     attention = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
     response = attention[:, 3:]
-    rollout = Rollout(torch.zeros_like(attention), attention, response, torch.ones(4, dtype=torch.bool), 3,
-                      torch.tensor([4, 4, 5, 5]))
+    rollout = Rollout(
+        torch.zeros_like(attention), attention, response, torch.ones(4, dtype=torch.bool), 3, torch.tensor([4, 4, 5, 5])
+    )
     # prompts: 2 tokens (index 4) + 3 tokens (index 5); responses of 2 + 1 + 2 + 1, each but its last
     assert int(needed_tokens(rollout)) == 2 + 3 + 2
     assert int(needed_tokens(rollout, torch.tensor([1, 2]))) == 2 + 3 + 0 + 1

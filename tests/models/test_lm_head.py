@@ -18,9 +18,19 @@ VOCAB = 61
 
 def _llama(tied=True, bias=False, vocab=VOCAB, hidden=32, dtype=torch.float32, seed=0):
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0,
-                         eos_token_id=1, bos_token_id=None, tie_word_embeddings=tied)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        tie_word_embeddings=tied,
+    )
     model = LlamaForCausalLM(config)
     if bias:  # an untied head with a bias (as tiny_turn_end_lm builds)
         head = torch.nn.Linear(hidden, vocab, bias=True)
@@ -34,7 +44,7 @@ def _rows(B=4, P=5, T=6, vocab=VOCAB, seed=0):
     ids = torch.randint(2, vocab, (B, P + T), generator=g)
     mask = torch.ones_like(ids)
     mask[1, :2] = 0  # left padding
-    mask[2, P + T - 2:] = 0  # a shorter response
+    mask[2, P + T - 2 :] = 0  # a shorter response
     return ids, mask
 
 
@@ -83,8 +93,9 @@ def test_linear_logprobs_gradcheck_float64():
     torch.manual_seed(0)
     h, W, b = (torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in ((5, 3), (7, 3), (7,)))
     y = torch.randint(0, 7, (5,))
-    assert torch.autograd.gradcheck(lambda h, W, b: linear_logprobs(h, W, y, b, 0.7, True, True, None,
-                                                                    chunk_elements=14)[:2], (h, W, b))
+    assert torch.autograd.gradcheck(
+        lambda h, W, b: linear_logprobs(h, W, y, b, 0.7, True, True, None, chunk_elements=14)[:2], (h, W, b)
+    )
 
 
 def test_entropy_has_no_gradient_unless_asked():
@@ -116,8 +127,17 @@ def test_forward_response_streamed_equals_full_logits(tied, bias, packed):
         ids[3, :5], mask[3] = ids[2, :5], mask[2]
 
     def run():
-        out = forward_response(model, ids, mask, T, temperature=0.8, with_entropy=True, entropy_grad=True,
-                               prompt_index=index, support=(7, 0.9))
+        out = forward_response(
+            model,
+            ids,
+            mask,
+            T,
+            temperature=0.8,
+            with_entropy=True,
+            entropy_grad=True,
+            prompt_index=index,
+            support=(7, 0.9),
+        )
         (out.logprobs.sum() + 0.3 * out.entropy.sum()).backward()
         return out
 
@@ -161,8 +181,9 @@ def test_forward_response_streamed_under_autocast_runs_the_head_in_bf16():
 
 def test_forward_response_streamed_with_lora():
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(_llama(tied=False), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
-                                                                     init_lora_weights=False))
+    model = peft.get_peft_model(
+        _llama(tied=False), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     assert streamable(model)
     ids, mask = _rows()
 
@@ -187,9 +208,20 @@ def test_a_lora_adapted_head_is_not_streamed():
 def test_a_soft_capped_head_runs_unstreamed_and_right():
     """Gemma 2 soft-caps its logits after the head: the probe sees the head's output changed."""
     torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-                          final_logit_softcapping=2.0, pad_token_id=0, eos_token_id=1, bos_token_id=None)
+    config = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        final_logit_softcapping=2.0,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     model = Gemma2ForCausalLM(config).eval()
     assert not streamable(model)
     ids, mask = _rows()
@@ -206,8 +238,9 @@ def test_streamed_forward_scores_the_rows_it_is_given():
     ids, mask = _rows()
     keep = mask[:, 1:].bool()
     targets = ids[:, 1:][keep]
-    _, (lp, ent, kept) = streamed_forward(model, lambda h: h[:, :-1][keep], targets, input_ids=ids,
-                                          attention_mask=mask, use_cache=False)
+    _, (lp, ent, kept) = streamed_forward(
+        model, lambda h: h[:, :-1][keep], targets, input_ids=ids, attention_mask=mask, use_cache=False
+    )
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
     expected = -torch.nn.functional.cross_entropy(logits[:, :-1][keep], targets, reduction="none")
     _close(lp, expected, 1e-5)

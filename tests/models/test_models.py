@@ -8,7 +8,15 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-from rlhfkit.models import ScalarModel, disable_dropout, enable_activation_checkpointing, forward_response, freeze, load_causal_lm, load_tokenizer
+from rlhfkit.models import (
+    ScalarModel,
+    disable_dropout,
+    enable_activation_checkpointing,
+    forward_response,
+    freeze,
+    load_causal_lm,
+    load_tokenizer,
+)
 from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.lm_head import streamable
 from rlhfkit.data.padding import pad
@@ -33,9 +41,18 @@ def _batch(prompt_lens=(3, 6, 1), response_len=4, seed=0, vocab=40, pad_id=0):
 
 
 def _llama_config(**overrides):
-    cfg = dict(vocab_size=48, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128, pad_token_id=0,
-               eos_token_id=1, bos_token_id=None)
+    cfg = dict(
+        vocab_size=48,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+    )
     cfg.update(overrides)
     return LlamaConfig(**cfg)
 
@@ -156,8 +173,9 @@ def test_dir_without_config_is_a_clear_error(tmp_path):
 
 def _tokenizer_without_pad():
     base = char_tokenizer()
-    tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, eos_token="<eos>", unk_token="<unk>",
-                                  padding_side="right")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=base.backend_tokenizer, eos_token="<eos>", unk_token="<unk>", padding_side="right"
+    )
     assert tok.pad_token is None
     return tok
 
@@ -236,7 +254,9 @@ def test_forward_response_with_hidden_is_final_hidden_state():
     out = forward_response(model, ids, mask, T, with_hidden=True)
     assert out.hidden.shape == (3, T, HIDDEN)
     with torch.no_grad():
-        last = model.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).last_hidden_state
+        last = model.model(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+        ).last_hidden_state
     # the (normalised) states the LM head reads: the value head sees what the policy sees
     torch.testing.assert_close(out.hidden.detach(), last[:, -(T + 1) : -1], atol=1e-5, rtol=1e-5)
 
@@ -245,8 +265,16 @@ def _tiny_gpt2(seed=0):
     """Absolute position embeddings (unlike RoPE, not invariant to a shift of every position)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=48, n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=128, bos_token_id=None,
-                        eos_token_id=1, pad_token_id=0)
+    config = GPT2Config(
+        vocab_size=48,
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=None,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(seed)
     model = disable_dropout(GPT2LMHeadModel(config)).eval()
     with torch.no_grad():
@@ -268,9 +296,14 @@ def test_forward_response_invariant_to_left_padding(arch):
         ids2[mask2 == 0] = 17  # a real token id under the padding
         padded = forward_response(model, ids2, mask2, T).logprobs
         # each row alone, no padding at all
-        singles = torch.cat([
-            forward_response(model, ids[i][mask[i].bool()][None], torch.ones(1, int(mask[i].sum()), dtype=torch.long),
-                             T).logprobs for i in range(2)])
+        singles = torch.cat(
+            [
+                forward_response(
+                    model, ids[i][mask[i].bool()][None], torch.ones(1, int(mask[i].sum()), dtype=torch.long), T
+                ).logprobs
+                for i in range(2)
+            ]
+        )
     torch.testing.assert_close(padded, base, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(singles, base, atol=1e-5, rtol=1e-5)
 
@@ -280,8 +313,12 @@ def test_scalar_score_invariant_to_left_padding_gpt2():
     ids, mask = _batch(prompt_lens=(2, 6), response_len=3)
     with torch.no_grad():
         s = sm.score(ids, mask)
-        singles = torch.cat([sm.score(ids[i][mask[i].bool()][None], torch.ones(1, int(mask[i].sum()), dtype=torch.long))
-                             for i in range(2)])
+        singles = torch.cat(
+            [
+                sm.score(ids[i][mask[i].bool()][None], torch.ones(1, int(mask[i].sum()), dtype=torch.long))
+                for i in range(2)
+            ]
+        )
         values = sm.values(ids, mask, 3)
         values_single = sm.values(ids[0][mask[0].bool()][None], torch.ones(1, int(mask[0].sum()), dtype=torch.long), 3)
     torch.testing.assert_close(s, singles, atol=1e-5, rtol=1e-5)
@@ -318,7 +355,9 @@ def test_scalar_values_shape_and_positions():
     values = sm.values(ids, mask, T)
     assert values.shape == (3, T) and values.dtype == torch.float32
     with torch.no_grad():
-        hidden = sm.backbone(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).last_hidden_state
+        hidden = sm.backbone(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+        ).last_hidden_state
         expected = sm.head(hidden[:, -(T + 1) : -1]).squeeze(-1)
     torch.testing.assert_close(values.detach(), expected, atol=1e-5, rtol=1e-5)
 
@@ -330,7 +369,9 @@ def test_scalar_score_reads_last_attended_token():
     with torch.no_grad():
         s = sm.score(ids, mask)
         assert s.shape == (3,) and s.dtype == torch.float32
-        hidden = sm.backbone(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).last_hidden_state
+        hidden = sm.backbone(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
+        ).last_hidden_state
         torch.testing.assert_close(s, sm.head(hidden[:, -1]).squeeze(-1), atol=1e-5, rtol=1e-5)
 
         # right padding with attention 0 (any ids) does not move the score
@@ -495,12 +536,29 @@ def test_forward_response_shared_prompt_matches_full_pass(arch):
     results = []
     for prompt_index in (None, index):
         model.zero_grad()
-        out = forward_response(model, ids, mask, T, temperature=0.7, with_entropy=True, entropy_grad=True,
-                               with_hidden=True, prompt_index=prompt_index, support=(5, 0.9))
+        out = forward_response(
+            model,
+            ids,
+            mask,
+            T,
+            temperature=0.7,
+            with_entropy=True,
+            entropy_grad=True,
+            with_hidden=True,
+            prompt_index=prompt_index,
+            support=(5, 0.9),
+        )
         resp = mask[:, -T:].bool()
         ((out.logprobs + out.entropy) * resp).sum().backward()
-        results.append((out.logprobs[resp], out.entropy[resp], out.hidden[resp],
-                        [p.grad.clone() for p in model.parameters() if p.grad is not None], out.log_kept_mass[resp]))
+        results.append(
+            (
+                out.logprobs[resp],
+                out.entropy[resp],
+                out.hidden[resp],
+                [p.grad.clone() for p in model.parameters() if p.grad is not None],
+                out.log_kept_mass[resp],
+            )
+        )
     (lp0, ent0, h0, g0, k0), (lp1, ent1, h1, g1, k1) = results
     assert (k0 < 0).any()  # top-k 5 of the vocabulary truncates
     torch.testing.assert_close(k1, k0, atol=1e-5, rtol=1e-5)
@@ -524,7 +582,9 @@ def test_forward_response_shared_prompt_packs_each_group_into_one_row():
         forward_response(model, ids, mask, 4, prompt_index=index)
     P = ids.shape[1] - 4
     assert [tuple(x.shape) for x in seen] == [(3, P + 3 * 3)]
-    assert seen[0][0, P:].tolist() == ids[0, P:P + 3].tolist() + ids[1, P:P + 2].tolist() + ids[2, P:P + 3].tolist() + [0]
+    assert seen[0][0, P:].tolist() == ids[0, P : P + 3].tolist() + ids[1, P : P + 2].tolist() + ids[
+        2, P : P + 3
+    ].tolist() + [0]
 
 
 def test_forward_response_shared_prompt_under_gradient_checkpointing():
@@ -554,13 +614,17 @@ def test_forward_response_skips_columns_no_row_attends():
     T, extra_left, extra_right = 5, 3, 2
     ids, mask = _batch(prompt_lens=(2, 4), response_len=T - extra_right)
     ids = torch.cat([torch.full((2, extra_left), 9), ids, torch.full((2, extra_right), 7)], 1)
-    mask = torch.cat([torch.zeros(2, extra_left, dtype=torch.long), mask, torch.zeros(2, extra_right, dtype=torch.long)], 1)
+    mask = torch.cat(
+        [torch.zeros(2, extra_left, dtype=torch.long), mask, torch.zeros(2, extra_right, dtype=torch.long)], 1
+    )
     widths = []
     streamable(model)  # the once-per-model probe of the streamed head runs before the hook counts
     model.model.embed_tokens.register_forward_hook(lambda mod, inp, out: widths.append(inp[0].shape[1]))
     with torch.no_grad():
         out = forward_response(model, ids, mask, T, with_entropy=True, with_hidden=True)
-        plain = forward_response(model, ids[:, extra_left:-extra_right], mask[:, extra_left:-extra_right], T - extra_right)
+        plain = forward_response(
+            model, ids[:, extra_left:-extra_right], mask[:, extra_left:-extra_right], T - extra_right
+        )
     assert widths[0] == ids.shape[1] - extra_left - extra_right
     assert out.logprobs.shape == (2, T) and out.entropy.shape == (2, T) and out.hidden.shape == (2, T, HIDDEN)
     torch.testing.assert_close(out.logprobs[:, : T - extra_right], plain.logprobs, atol=1e-5, rtol=1e-5)

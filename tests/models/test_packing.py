@@ -23,9 +23,17 @@ def grouped(G=3, T=6, prompt_lens=(4, 7), vocab=40, seed=0):
 def mistral(window):
     from transformers import MistralConfig, MistralForCausalLM
 
-    config = MistralConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
-                           max_position_embeddings=128, attn_implementation="sdpa")
+    config = MistralConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=window,
+        max_position_embeddings=128,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return MistralForCausalLM(config).eval()
 
@@ -85,10 +93,21 @@ def phi3_longrope(original=16):
     from transformers import Phi3Config, Phi3ForCausalLM
 
     rope = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0, 2.0, 4.0, 8.0], "rope_theta": 1e4}
-    config = Phi3Config(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=4 * original, pad_token_id=0, bos_token_id=1,
-                        eos_token_id=2, original_max_position_embeddings=original, rope_parameters=rope,
-                        attn_implementation="sdpa")
+    config = Phi3Config(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * original,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        original_max_position_embeddings=original,
+        rope_parameters=rope,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return Phi3ForCausalLM(config).eval()
 
@@ -97,10 +116,20 @@ def llama_dynamic(original=16):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     rope = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}
-    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=original,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2, rope_parameters=rope,
-                         attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=original,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters=rope,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
 
@@ -145,8 +174,17 @@ def test_the_rope_type_is_read_from_rope_parameters_per_layer_type_and_from_old_
     longrope = {"rope_type": "longrope", "original_max_position_embeddings": 8}
     assert rope_length_limit(config(rope_parameters=longrope)) == 8
     assert rope_length_limit(config(rope_scaling={"type": "longrope"}, original_max_position_embeddings=32)) == 32
-    assert rope_length_limit(config(rope_parameters={"full_attention": {"rope_type": "default"},
-                                                     "sliding_attention": {"rope_type": "dynamic"}})) == 63
+    assert (
+        rope_length_limit(
+            config(
+                rope_parameters={
+                    "full_attention": {"rope_type": "default"},
+                    "sliding_attention": {"rope_type": "dynamic"},
+                }
+            )
+        )
+        == 63
+    )
 
 
 # MoE checkpoints with output_router_logits=True (issue 41, 8): the model's load-balancing loss reads
@@ -154,13 +192,29 @@ def test_the_rope_type_is_read_from_rope_parameters_per_layer_type_and_from_old_
 def moe(kind):
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    config_class, model_class = {"qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
-                                 "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM)}[kind]
-    config = config_class(vocab_size=48, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
-                          shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
-                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                          max_position_embeddings=128, output_router_logits=True, pad_token_id=0, bos_token_id=1,
-                          eos_token_id=2, attn_implementation="sdpa")
+    config_class, model_class = {
+        "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+    }[kind]
+    config = config_class(
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=128,
+        output_router_logits=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return model_class(config).eval()
 

@@ -8,8 +8,16 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification, GPT2Config, GPT2Model, LlamaConfig,
-                          LlamaForSequenceClassification, LlamaModel)
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    GPT2Config,
+    GPT2Model,
+    LlamaConfig,
+    LlamaForSequenceClassification,
+    LlamaModel,
+)
 
 from rlhfkit.models import ScalarModel, freeze
 from rlhfkit.models.heads import BIAS_KEY, HEAD_FILE, META_FILE, OFFSET_KEY, SHIFT_KEY
@@ -24,8 +32,16 @@ def _llama(tok, seed=0):
 
 
 def _gpt2(tok, seed=0):
-    config = GPT2Config(vocab_size=len(tok), n_embd=HIDDEN, n_layer=2, n_head=4, n_positions=64, bos_token_id=None,
-                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=HIDDEN,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(seed)
     backbone = GPT2Model(config)
     with torch.no_grad():
@@ -57,7 +73,9 @@ def _right_padded(tok, texts=TEXTS):
 
 
 def _hf(path, **kwargs):
-    seq, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, output_loading_info=True, **kwargs)
+    seq, info = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, output_loading_info=True, **kwargs
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     return seq.eval()
 
@@ -121,8 +139,9 @@ def test_pad_equal_to_eos_is_saved_as_null(tmp_path):
         # why: with pad_token_id = EOS, HF scores each row's token before its EOS
         hf.config.pad_token_id = tok.eos_token_id
         wrong = hf(input_ids=ids, attention_mask=mask).logits[:, 0] - shift
-        without_eos = torch.cat([sm.score(torch.tensor([s[:-1]]), torch.ones(1, len(s) - 1, dtype=torch.long))
-                                 for s in seqs])
+        without_eos = torch.cat(
+            [sm.score(torch.tensor([s[:-1]]), torch.ones(1, len(s) - 1, dtype=torch.long)) for s in seqs]
+        )
     torch.testing.assert_close(wrong, without_eos, atol=1e-5, rtol=0)
     assert (wrong - scores).abs().min() > 1e-4
 
@@ -217,7 +236,9 @@ def test_backbone_without_sequence_classification_class_falls_back_to_old_layout
     llama.save_pretrained(tmp_path / "rm")
     assert not (tmp_path / "rm" / HEAD_FILE).exists()
     with torch.no_grad():
-        assert torch.equal(freeze(ScalarModel.from_pretrained(tmp_path / "rm")).score(ids, mask), llama.score(ids, mask))
+        assert torch.equal(
+            freeze(ScalarModel.from_pretrained(tmp_path / "rm")).score(ids, mask), llama.score(ids, mask)
+        )
 
 
 # ------------------------------------------------------------------ (4) HF needs nothing rlhfkit-only
@@ -246,8 +267,17 @@ def test_hf_loading_needs_no_rlhfkit_files(tmp_path):
 def test_plain_hf_sequence_classifier_round_trips_its_offset(tmp_path):
     """A directory HF wrote (no rlhfkit keys) loads with offset 0; an offset set here survives saving."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=48, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, pad_token_id=0, eos_token_id=1, num_labels=1)
+    config = LlamaConfig(
+        vocab_size=48,
+        hidden_size=HIDDEN,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        pad_token_id=0,
+        eos_token_id=1,
+        num_labels=1,
+    )
     LlamaForSequenceClassification(config).save_pretrained(tmp_path / "hf")
     sm = ScalarModel.from_pretrained(tmp_path / "hf")
     assert float(sm.offset) == 0.0 and sm.head.bias is None
@@ -306,8 +336,9 @@ def test_head_with_bias_folds_the_offset(tmp_path, biased_arch):
     assert hf.score.bias.item() == pytest.approx(0.3 - 0.7)
     ids, mask, _ = _right_padded(tok)
     with torch.no_grad():
-        torch.testing.assert_close(hf(input_ids=ids, attention_mask=mask).logits[:, 0], sm.score(ids, mask),
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            hf(input_ids=ids, attention_mask=mask).logits[:, 0], sm.score(ids, mask), atol=1e-5, rtol=0
+        )
         loaded = freeze(ScalarModel.from_pretrained(tmp_path / "rm"))  # the bias comes back exactly, not re-derived
         assert torch.equal(loaded.head.bias, sm.head.bias) and float(loaded.offset) == float(sm.offset)
         assert torch.equal(loaded.score(ids, mask), sm.score(ids, mask))

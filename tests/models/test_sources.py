@@ -108,7 +108,11 @@ def test_smollm2_loads_from_its_gguf_file():
 
     tok, model = load_tokenizer(smollm2_gguf()), load_causal_lm(smollm2_gguf())
     assert model.config.model_type == "llama" and tok.eos_token == "<|im_end|>"
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 2?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
     assert out.shape[1] > ids["input_ids"].shape[1]

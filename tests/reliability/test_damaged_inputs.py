@@ -40,8 +40,14 @@ def damage(model, kind):
     raise AssertionError(kind)
 
 
-KINDS = ["config-not-json", "weights-empty", "weights-truncated", "weights-missing", "shape-mismatch",
-         "tokenizer-not-json"]
+KINDS = [
+    "config-not-json",
+    "weights-empty",
+    "weights-truncated",
+    "weights-missing",
+    "shape-mismatch",
+    "tokenizer-not-json",
+]
 
 
 @pytest.fixture
@@ -61,8 +67,17 @@ def test_a_damaged_model_is_one_line_naming_it(tmp_path, shift_dir, capsys, comm
     data = {"sft": "sft.jsonl", "rl": "prompts.jsonl"}.get(command, "pairs.jsonl")
     extra = ["reward_funcs=[shift_oracle]", "max_new_tokens=4", "prompts_per_step=2"] if command == "rl" else []
     capsys.readouterr()
-    code = main([command, f"model={model}", f"train_dataset={shift_dir / data}", "max_steps=1",
-                 f"output_dir={tmp_path / 'run'}", "--quiet", *extra])
+    code = main(
+        [
+            command,
+            f"model={model}",
+            f"train_dataset={shift_dir / data}",
+            "max_steps=1",
+            f"output_dir={tmp_path / 'run'}",
+            "--quiet",
+            *extra,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert named in err, err
@@ -71,23 +86,57 @@ def test_a_damaged_model_is_one_line_naming_it(tmp_path, shift_dir, capsys, comm
 
 
 def test_a_damaged_reward_model_head_is_one_line(tmp_path, shift_dir, capsys):
-    assert main(["rm", f"model={shift_dir / 'model'}", f"train_dataset={shift_dir / 'pairs.jsonl'}", "max_steps=1",
-                 f"output_dir={tmp_path / 'rm'}", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "rm",
+                f"model={shift_dir / 'model'}",
+                f"train_dataset={shift_dir / 'pairs.jsonl'}",
+                "max_steps=1",
+                f"output_dir={tmp_path / 'rm'}",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     final = tmp_path / "rm" / "final"
     (final / "model.safetensors").write_bytes(b"\x00" * 4)
     capsys.readouterr()
-    code = main(["rl", f"model={shift_dir / 'model'}", f"train_dataset={shift_dir / 'prompts.jsonl'}",
-                 f"reward_funcs=[{final}]", "max_steps=1", "max_new_tokens=4", "prompts_per_step=2",
-                 f"output_dir={tmp_path / 'run'}", "--quiet"])
+    code = main(
+        [
+            "rl",
+            f"model={shift_dir / 'model'}",
+            f"train_dataset={shift_dir / 'prompts.jsonl'}",
+            f"reward_funcs=[{final}]",
+            "max_steps=1",
+            "max_new_tokens=4",
+            "prompts_per_step=2",
+            f"output_dir={tmp_path / 'run'}",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "model.safetensors" in err, err
 
 
-@pytest.mark.parametrize("file,content", [("trainer_state.json", "{oops"), ("trainer_state.json", "[1, 2]"),
-                                          ("training_state.json", ""), ("rng-0.json", "null")])
+@pytest.mark.parametrize(
+    "file,content",
+    [
+        ("trainer_state.json", "{oops"),
+        ("trainer_state.json", "[1, 2]"),
+        ("training_state.json", ""),
+        ("rng-0.json", "null"),
+    ],
+)
 def test_a_damaged_checkpoint_is_one_line_naming_the_file(tmp_path, shift_dir, capsys, file, content):
-    args = ["sft", f"model={shift_dir / 'model'}", f"train_dataset={shift_dir / 'sft.jsonl'}", "max_steps=2",
-            "save_steps=1", "--quiet"]
+    args = [
+        "sft",
+        f"model={shift_dir / 'model'}",
+        f"train_dataset={shift_dir / 'sft.jsonl'}",
+        "max_steps=2",
+        "save_steps=1",
+        "--quiet",
+    ]
     assert main([*args, f"output_dir={tmp_path / 'a'}"]) == 0
     checkpoint = tmp_path / "a" / "checkpoint-1"
     (checkpoint / file).write_text(content)

@@ -23,12 +23,25 @@ def prompts(tmp_path):
 
 
 def _eval(model, prompts, output, *extra):
-    return ["eval", "--model", str(model), "--dataset", str(prompts), "--reward", "rlhfkit.tasks.toy:fraction_of_a",
-            "--max-new-tokens", "2", "--output", str(output), *extra]
+    return [
+        "eval",
+        "--model",
+        str(model),
+        "--dataset",
+        str(prompts),
+        "--reward",
+        "rlhfkit.tasks.toy:fraction_of_a",
+        "--max-new-tokens",
+        "2",
+        "--output",
+        str(output),
+        *extra,
+    ]
 
 
-def test_eval_output_never_replaces_an_input_or_a_foreign_file_without_overwrite(tmp_path, prompts,
-                                                                                 tiny_model_dir, capsys):
+def test_eval_output_never_replaces_an_input_or_a_foreign_file_without_overwrite(
+    tmp_path, prompts, tiny_model_dir, capsys
+):
     mine = tmp_path / "notes.json"
     mine.write_text('{"mine": true}')
     before = prompts.read_bytes()

@@ -28,8 +28,14 @@ def test_a_missing_model_path_is_called_model(task, capsys, command):
     if command == "eval":
         argv = ["eval", "--model", "./no-such-model", "--dataset", "d/prompts.jsonl", "--reward", "shift_oracle"]
     else:
-        argv = [command, "model=./no-such-model", f"train_dataset={DATA[command]}", "max_steps=1", "output_dir=run",
-                *(RL if command == "rl" else [])]
+        argv = [
+            command,
+            "model=./no-such-model",
+            f"train_dataset={DATA[command]}",
+            "max_steps=1",
+            "output_dir=run",
+            *(RL if command == "rl" else []),
+        ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err == f"rlhfkit {command}: error: model path does not exist: no-such-model\n"
@@ -43,8 +49,9 @@ def test_a_bare_name_without_network_fails_at_once_in_one_line(task, monkeypatch
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
-    assert err.startswith("rlhfkit sft: error: model 'nope' is not a local path, so it was treated as a Hugging Face "
-                          "Hub id"), err
+    assert err.startswith(
+        "rlhfkit sft: error: model 'nope' is not a local path, so it was treated as a Hugging Face Hub id"
+    ), err
     if hub_unreachable():  # this machine has no route to the Hub
         assert "the Hub cannot be reached from this machine" in err and elapsed < 12, (elapsed, err)
     assert not (task / "run").exists()
@@ -58,8 +65,9 @@ def small_disk(tmp_path):
 
     def make(pages):
         size = pages * os.sysconf("SC_PAGE_SIZE")
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
-                          capture_output=True).returncode:
+        if subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+        ).returncode:
             pytest.skip("this machine does not allow mounting a tmpfs")
         return mount
 
@@ -72,7 +80,8 @@ def test_a_full_disk_names_what_could_not_be_written(task, small_disk, capsys, p
     # 2 pages: the run's marker and config.yaml fit, its first metrics row does not;
     # 50 pages: the logs fit, the model in final/ (340 kB) does not.
     disk = small_disk(pages)
-    code = main(["sft", "model=d/model", "train_dataset=d/sft.jsonl", "max_steps=1", f"output_dir={disk / 'run'}",
-                 "--quiet"])
+    code = main(
+        ["sft", "model=d/model", "train_dataset=d/sft.jsonl", "max_steps=1", f"output_dir={disk / 'run'}", "--quiet"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err == f"rlhfkit sft: error: {disk / 'run' / where}: No space left on device\n", err

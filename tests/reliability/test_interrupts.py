@@ -35,9 +35,20 @@ def prompts(tmp_path_factory):
 
 
 def rl(model, prompts, out, *extra):
-    return ["rl", f"model={model}", f"train_dataset={prompts}", "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]",
-            "max_new_tokens=4", "prompts_per_step=4", f"max_steps={STEPS}", "save_steps=1", f"output_dir={out}",
-            "--quiet", "log_every=0", *extra]
+    return [
+        "rl",
+        f"model={model}",
+        f"train_dataset={prompts}",
+        "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]",
+        "max_new_tokens=4",
+        "prompts_per_step=4",
+        f"max_steps={STEPS}",
+        "save_steps=1",
+        f"output_dir={out}",
+        "--quiet",
+        "log_every=0",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +65,7 @@ def check_line(err: str, signame: str, out: Path) -> list[str]:
     assert len(lines) == 1, err
     prefix = f"rlhfkit rl: interrupted ({signame}); newest complete checkpoint: "
     assert lines[0].startswith(prefix), lines[0]
-    named, command = lines[0][len(prefix):].split("; resume with: ")
+    named, command = lines[0][len(prefix) :].split("; resume with: ")
     named = Path(named)
     assert (named / "trainer_state.json").is_file() and (named / "dcp" / ".metadata").is_file()
     assert complete_checkpoints(out)[-1] == named
@@ -96,7 +107,8 @@ def _before_rename(monkeypatch, step):
 
 @pytest.mark.parametrize("moment", [_during_save, _before_rename], ids=["during-save", "before-rename"])
 def test_sigint_while_a_checkpoint_is_written_leaves_it_partial_and_resumes_bit_identically(
-        moment, tmp_path, tiny_model_dir, prompts, reference, monkeypatch, capsys):
+    moment, tmp_path, tiny_model_dir, prompts, reference, monkeypatch, capsys
+):
     out = tmp_path / "run"
     with monkeypatch.context() as patch:
         moment(patch, 3)
@@ -110,7 +122,8 @@ def test_sigint_while_a_checkpoint_is_written_leaves_it_partial_and_resumes_bit_
 
 
 def test_sigint_while_pruning_never_leaves_a_half_deleted_checkpoint_that_looks_complete(
-        tmp_path, tiny_model_dir, prompts, monkeypatch, capsys):
+    tmp_path, tiny_model_dir, prompts, monkeypatch, capsys
+):
     out = tmp_path / "run"
     real = ckpt_module.shutil.rmtree
 
@@ -133,8 +146,9 @@ def test_no_checkpoint_yet_says_what_rerunning_does(tmp_path, tiny_model_dir, pr
     with monkeypatch.context() as patch:
         patch.setattr(lifecycle.Run, "step_begin", lambda self: _signal_self())
         assert main(rl(tiny_model_dir, prompts, tmp_path / "run")) == 130
-    assert capsys.readouterr().err == ("rlhfkit rl: interrupted (SIGINT); no complete checkpoint yet: rerunning the "
-                                       "same command starts over\n")
+    assert capsys.readouterr().err == (
+        "rlhfkit rl: interrupted (SIGINT); no complete checkpoint yet: rerunning the same command starts over\n"
+    )
     with monkeypatch.context() as patch:
         patch.setattr("rlhfkit.tasks.arithmetic.write_task_files", lambda *a, **k: _signal_self())
         assert main(["data", str(tmp_path / "e"), "--task", "arithmetic"]) == 130
@@ -151,8 +165,13 @@ def interrupt(argv, out, signum, after_step, delay=0.0, timeout=900):  # a no-ha
     ``delay`` more seconds), ``signum`` to the whole process group, as Ctrl-C in a terminal sends it."""
     log = out.with_name(out.name + ".stderr")  # a file, not a pipe: a full pipe would stall the run
     with open(log, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "rlhfkit", *argv], env=env(), stdout=subprocess.DEVNULL,
-                                stderr=stderr, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlhfkit", *argv],
+            env=env(),
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
     deadline = time.monotonic() + timeout
     while proc.poll() is None and not (out / f"checkpoint-{after_step}" / "trainer_state.json").is_file():
         assert time.monotonic() < deadline, log.read_text()[-3000:]
@@ -177,12 +196,14 @@ def test_a_signal_at_a_random_moment_then_the_printed_command_ends_bit_identical
     assert main(rl(tiny_model_dir, prompts, tmp_path / "reference", *steps)) == 0
     reference = load_file(str(tmp_path / "reference" / "final" / "model.safetensors"))
     out = tmp_path / "run"
-    code, err = interrupt(rl(tiny_model_dir, prompts, out, *steps), out, signal.SIGINT, after_step=1,
-                          delay=random.uniform(0.0, 0.3))
+    code, err = interrupt(
+        rl(tiny_model_dir, prompts, out, *steps), out, signal.SIGINT, after_step=1, delay=random.uniform(0.0, 0.3)
+    )
     assert code == 130, err
     argv = check_line(err, "SIGINT", out)
-    done = subprocess.run([sys.executable, "-m", "rlhfkit", *argv], env=env(), capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlhfkit", *argv], env=env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged == list(range(1, 9))  # resumed, not started over: each step once

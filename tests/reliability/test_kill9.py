@@ -22,11 +22,17 @@ ARGS = {
     "sft": ["train_dataset={d}/sft.jsonl", "max_steps=8", "batch_size=8"],
     "rm": ["train_dataset={d}/pairs.jsonl", "max_steps=8", "batch_size=8"],
     "dpo": ["train_dataset={d}/pairs.jsonl", "max_steps=8", "batch_size=8"],
-    "rl": ["train_dataset={d}/prompts.jsonl", "max_steps=6", "reward_funcs=[shift_oracle]", "max_new_tokens=4",
-           "prompts_per_step=4"],
+    "rl": [
+        "train_dataset={d}/prompts.jsonl",
+        "max_steps=6",
+        "reward_funcs=[shift_oracle]",
+        "max_new_tokens=4",
+        "prompts_per_step=4",
+    ],
 }
-MAX_STEPS = {name: int(next(a for a in args if a.startswith("max_steps=")).split("=")[1])
-             for name, args in ARGS.items()}
+MAX_STEPS = {
+    name: int(next(a for a in args if a.startswith("max_steps=")).split("=")[1]) for name, args in ARGS.items()
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +44,19 @@ def shift_dir(tmp_path_factory):
 
 def command(trainer, shift_dir, out, *extra):
     args = [a.format(d=shift_dir) for a in ARGS[trainer]]
-    return [sys.executable, "-m", "rlhfkit", trainer, f"model={shift_dir / 'model'}", *args, "save_steps=1",
-            f"output_dir={out}", "--quiet", "log_every=0", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rlhfkit",
+        trainer,
+        f"model={shift_dir / 'model'}",
+        *args,
+        "save_steps=1",
+        f"output_dir={out}",
+        "--quiet",
+        "log_every=0",
+        *extra,
+    ]
 
 
 def env():
@@ -52,8 +69,11 @@ def final_weights(out):
 
 def complete_checkpoints(out) -> list[int]:
     """The steps of ``out``'s complete checkpoints (``trainer_state.json`` is written last)."""
-    return sorted(int(p.name.split("-", 1)[1]) for p in out.glob("checkpoint-*")
-                  if p.name.split("-", 1)[1].isdigit() and (p / "trainer_state.json").is_file())
+    return sorted(
+        int(p.name.split("-", 1)[1])
+        for p in out.glob("checkpoint-*")
+        if p.name.split("-", 1)[1].isdigit() and (p / "trainer_state.json").is_file()
+    )
 
 
 def kill_and_resume(trainer, shift_dir, out, at_step, delay):
@@ -65,8 +85,13 @@ def kill_and_resume(trainer, shift_dir, out, at_step, delay):
     for attempt in range(3):
         shutil.rmtree(out, ignore_errors=True)
         with open(log, "w") as stderr:
-            proc = subprocess.Popen(command(trainer, shift_dir, out), env=env(), stdout=subprocess.DEVNULL,
-                                    stderr=stderr, start_new_session=True)
+            proc = subprocess.Popen(
+                command(trainer, shift_dir, out),
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 600
         while proc.poll() is None and at_step not in complete_checkpoints(out) and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -82,8 +107,9 @@ def kill_and_resume(trainer, shift_dir, out, at_step, delay):
     else:
         raise AssertionError(f"{trainer}: three runs got past their last checkpoint before the kill")
     assert at_kill[-1] >= at_step > 0, at_kill  # a checkpoint existed when the run was killed
-    done = subprocess.run(command(trainer, shift_dir, out, "resume_from=latest"), env=env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        command(trainer, shift_dir, out, "resume_from=latest"), env=env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # The resumed run records its config as config-resume-<checkpoint>.yaml, naming what it resumed from.
     records = sorted(p.name for p in out.glob("config-resume-*.yaml"))
@@ -126,6 +152,7 @@ TRIALS = 3
 def test_kill9_trials_resume_bit_identically(tmp_path, shift_dir, trainer):
     rng = random.Random(trainer)
     last = MAX_STEPS[trainer] - 1  # at least one step, its save and the final model left after it
-    resumed_from = check_trials(trainer, shift_dir, tmp_path,
-                                [(rng.randint(1, last), rng.uniform(0.0, 0.2)) for _ in range(TRIALS)])
+    resumed_from = check_trials(
+        trainer, shift_dir, tmp_path, [(rng.randint(1, last), rng.uniform(0.0, 0.2)) for _ in range(TRIALS)]
+    )
     print(f"{trainer}: resumed from checkpoints {resumed_from}")

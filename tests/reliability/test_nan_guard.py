@@ -11,7 +11,15 @@ import torch
 
 from rlhfkit.config import RLConfig
 from rlhfkit.tasks.tiny import char_tokenizer, save_tiny_model, tiny_causal_lm
-from rlhfkit.trainers import DPOConfig, DPOTrainer, RewardModelConfig, RewardModelTrainer, RLTrainer, SFTConfig, SFTTrainer
+from rlhfkit.trainers import (
+    DPOConfig,
+    DPOTrainer,
+    RewardModelConfig,
+    RewardModelTrainer,
+    RLTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 
 SFT_ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat", "dog", "sun"]]
 PAIRS = [{"prompt": w, "chosen": "aaa", "rejected": "bbb"} for w in ["ab", "cd", "ef", "gh"]]
@@ -86,17 +94,24 @@ def test_consecutive_non_finite_steps_stop_the_run_in_one_line(tmp_path):
 def test_reward_model_and_dpo_skip_non_finite_steps(tmp_path):
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, hidden_size=32, seed=0)
-    rm = RewardModelTrainer(model, RewardModelConfig(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0),
-                            PAIRS, processing_class=tok)
+    rm = RewardModelTrainer(
+        model,
+        RewardModelConfig(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0),
+        PAIRS,
+        processing_class=tok,
+    )
     rm.model.backbone.register_forward_hook(
-        lambda m, a, out: out.__setitem__("last_hidden_state", out.last_hidden_state * float("nan"))
-        if rm.step == 2 else out)
+        lambda m, a, out: (
+            out.__setitem__("last_hidden_state", out.last_hidden_state * float("nan")) if rm.step == 2 else out
+        )
+    )
     assert [r["perf/skipped_steps"] for r in rm.train()] == [0, 1, 1]
     assert all(torch.isfinite(p).all() for p in rm.model.parameters())
 
     policy = tiny_causal_lm(tok, hidden_size=32, seed=0)
-    dpo = DPOTrainer(policy, DPOConfig(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0), PAIRS,
-                     processing_class=tok)
+    dpo = DPOTrainer(
+        policy, DPOConfig(learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0), PAIRS, processing_class=tok
+    )
     NaNOnCalls(policy, calls=[2])  # one call a step (a pair's completions packed after its prompt): step 2
     history = dpo.train()
     assert [r["perf/skipped_steps"] for r in history] == [0, 1, 1]
@@ -110,11 +125,23 @@ def test_rl_skips_non_finite_updates_and_stops_after_three_in_a_row(tmp_path):
         return [math.nan] * len(completions)
 
     def rl(reward, **overrides):
-        args = dict(algorithm="grpo", max_steps=5, max_new_tokens=4, prompts_per_step=2, log_every=0,
-                    output_dir=str(tmp_path / "run"), overwrite=True)
+        args = dict(
+            algorithm="grpo",
+            max_steps=5,
+            max_new_tokens=4,
+            prompts_per_step=2,
+            log_every=0,
+            output_dir=str(tmp_path / "run"),
+            overwrite=True,
+        )
         args.update(overrides)
-        return RLTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0), [reward], RLConfig(**args),
-                         train_dataset=[{"prompt": p} for p in ["ab", "cd", "ef"]], processing_class=tok)
+        return RLTrainer(
+            tiny_causal_lm(tok, hidden_size=32, seed=0),
+            [reward],
+            RLConfig(**args),
+            train_dataset=[{"prompt": p} for p in ["ab", "cd", "ef"]],
+            processing_class=tok,
+        )
 
     with pytest.raises(ValueError, match="reward function 'nan_reward' returned nan at row 0, which is not finite"):
         rl(nan_reward).train()  # a NaN score never reaches the loss
@@ -122,7 +149,8 @@ def test_rl_skips_non_finite_updates_and_stops_after_three_in_a_row(tmp_path):
     trainer = rl(lambda prompts, completions, **kw: [float(len(c)) for c in completions])
     policy = trainer.models.policy
     policy.register_forward_hook(  # NaN in every forward pass that builds a gradient (the updates)
-        lambda m, a, out: setattr(out, "logits", out.logits * float("nan")) if torch.is_grad_enabled() else None)
+        lambda m, a, out: setattr(out, "logits", out.logits * float("nan")) if torch.is_grad_enabled() else None
+    )
     with pytest.raises(ValueError, match="stopping: the gradient norm was not finite in 3 optimizer steps in a row"):
         trainer.train()
     assert all(torch.isfinite(p).all() for p in policy.parameters())
@@ -134,8 +162,11 @@ def test_non_finite_weights_are_never_loaded_trained_or_saved(tmp_path):
     model = tiny_causal_lm(tok, hidden_size=32, seed=0)
     with torch.no_grad():
         model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match=r"model: the weights hold non-finite values \(NaN or inf\) in "
-                                         r"model.model.layers.0.mlp.up_proj.weight"):
+    with pytest.raises(
+        ValueError,
+        match=r"model: the weights hold non-finite values \(NaN or inf\) in "
+        r"model.model.layers.0.mlp.up_proj.weight",
+    ):
         sft(model, tok, tmp_path)
     directory = save_tiny_model(tmp_path / "nan-model")
     from transformers import AutoModelForCausalLM
@@ -144,10 +175,27 @@ def test_non_finite_weights_are_never_loaded_trained_or_saved(tmp_path):
     with torch.no_grad():
         broken.lm_head.weight[1, 1] = float("inf")
     broken.save_pretrained(directory)
-    done = subprocess.run([sys.executable, "-m", "rlhfkit", "sft", f"model={directory}",
-                           f"train_dataset={tmp_path / 'rows.jsonl'}", "max_steps=1", f"output_dir={tmp_path / 'cli'}"],
-                          capture_output=True, text=True, input=None, timeout=300,
-                          env=None) if (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n') else None
+    done = (
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rlhfkit",
+                "sft",
+                f"model={directory}",
+                f"train_dataset={tmp_path / 'rows.jsonl'}",
+                "max_steps=1",
+                f"output_dir={tmp_path / 'cli'}",
+            ],
+            capture_output=True,
+            text=True,
+            input=None,
+            timeout=300,
+            env=None,
+        )
+        if (tmp_path / "rows.jsonl").write_text('{"prompt": "a", "completion": "b"}\n')
+        else None
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "the weights hold non-finite values" in done.stderr and str(directory) in done.stderr
     # a save of weights that became non-finite is refused before anything is written

@@ -34,43 +34,86 @@ def one_line(capsys, argv) -> str:
 def test_a_device_the_machine_lacks_is_refused_before_anything_loads(task, tmp_path, capsys, monkeypatch, command):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     # The model path does not exist: the device is refused first, so nothing was loaded.
-    err = one_line(capsys, [command, f"model={tmp_path / 'no-such-model'}", f"train_dataset={task / DATA[command]}",
-                            "reward_funcs=[shift_oracle]" if command == "rl" else "log_every=0", "device=cuda",
-                            f"output_dir={tmp_path / 'run'}"])
+    err = one_line(
+        capsys,
+        [
+            command,
+            f"model={tmp_path / 'no-such-model'}",
+            f"train_dataset={task / DATA[command]}",
+            "reward_funcs=[shift_oracle]" if command == "rl" else "log_every=0",
+            "device=cuda",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
     assert "config field 'device' is 'cuda' but torch sees no cuda device on this machine" in err
     assert "device=cpu" in err and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--samples", "0"], "--samples must be an integer in [1, 1024]"),
-    (["--samples", "-1"], "--samples must be an integer in [1, 1024]"),
-    (["--samples", "100000"], "--samples must be an integer in [1, 1024]"),
-    (["--batch-size", "0"], "--batch-size must be an integer in [1, 1000000], got 0"),
-    (["--batch-size", "-1"], "--batch-size must be an integer in [1, 1000000], got -1"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--samples", "0"], "--samples must be an integer in [1, 1024]"),
+        (["--samples", "-1"], "--samples must be an integer in [1, 1024]"),
+        (["--samples", "100000"], "--samples must be an integer in [1, 1024]"),
+        (["--batch-size", "0"], "--batch-size must be an integer in [1, 1000000], got 0"),
+        (["--batch-size", "-1"], "--batch-size must be an integer in [1, 1000000], got -1"),
+    ],
+)
 def test_eval_counts_out_of_range_are_one_line(task, capsys, argv, expected):
-    err = one_line(capsys, ["eval", "--model", str(task / "model"), "--dataset", str(task / "prompts.jsonl"),
-                            "--reward", "shift_oracle", *argv])
+    err = one_line(
+        capsys,
+        [
+            "eval",
+            "--model",
+            str(task / "model"),
+            "--dataset",
+            str(task / "prompts.jsonl"),
+            "--reward",
+            "shift_oracle",
+            *argv,
+        ],
+    )
     assert expected in err
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["data", "{out}", "--task", "arithmetic", "--n-train", "0"], "--n-train must be an integer in [1, 10000000], got 0"),
-    (["data", "{out}", "--task", "arithmetic", "--n-train", "-5"], "--n-train must be an integer in [1, 10000000], got -5"),
-    (["demo", "--steps", "-1"], "--steps must be an integer in [1, 1000000], got -1"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["data", "{out}", "--task", "arithmetic", "--n-train", "0"],
+            "--n-train must be an integer in [1, 10000000], got 0",
+        ),
+        (
+            ["data", "{out}", "--task", "arithmetic", "--n-train", "-5"],
+            "--n-train must be an integer in [1, 10000000], got -5",
+        ),
+        (["demo", "--steps", "-1"], "--steps must be an integer in [1, 1000000], got -1"),
+    ],
+)
 def test_data_and_demo_counts_out_of_range_are_one_line(tmp_path, capsys, argv, expected):
     err = one_line(capsys, [a.format(out=tmp_path / "out") for a in argv])
     assert expected in err and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("setting, expected", [
-    ("max_steps=99999999999999999999", "config field 'max_steps' must be in [0, 1e9], got 99999999999999999999"),
-    ("missing_eos_penalty=1e39", "config field 'missing_eos_penalty' must be in [-1e6, 1e6] or None, got 1e+39"),
-])
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("max_steps=99999999999999999999", "config field 'max_steps' must be in [0, 1e9], got 99999999999999999999"),
+        ("missing_eos_penalty=1e39", "config field 'missing_eos_penalty' must be in [-1e6, 1e6] or None, got 1e+39"),
+    ],
+)
 def test_config_values_past_their_bounds_are_one_line(task, tmp_path, capsys, setting, expected):
-    err = one_line(capsys, ["rl", f"model={task / 'model'}", f"train_dataset={task / 'prompts.jsonl'}",
-                            "reward_funcs=[shift_oracle]", setting, f"output_dir={tmp_path / 'run'}"])
+    err = one_line(
+        capsys,
+        [
+            "rl",
+            f"model={task / 'model'}",
+            f"train_dataset={task / 'prompts.jsonl'}",
+            "reward_funcs=[shift_oracle]",
+            setting,
+            f"output_dir={tmp_path / 'run'}",
+        ],
+    )
     assert expected in err
 
 
@@ -81,11 +124,16 @@ def test_rewards_too_large_for_float32_statistics_are_refused_naming_the_functio
     with pytest.raises(ValueError) as err:
         RewardFunctions([huge])(["p", "q"], ["a", "b"])
     message = str(err.value)
-    assert "\n" not in message and message.startswith("reward function 'huge' returned 3e+38 at row 1, which is too "
-                                                      "large")
+    assert "\n" not in message and message.startswith(
+        "reward function 'huge' returned 3e+38 at row 1, which is too large"
+    )
     assert "expected a float in [-1e6, 1e6] or None (prompt 'q')" in message
-    assert float(RewardFunctions([lambda prompts, completions, **kw: [1e6, -1e6]])(["p", "q"], ["a", "b"])
-                 .scores.abs().max()) == 1e6  # the bound itself is accepted
+    assert (
+        float(
+            RewardFunctions([lambda prompts, completions, **kw: [1e6, -1e6]])(["p", "q"], ["a", "b"]).scores.abs().max()
+        )
+        == 1e6
+    )  # the bound itself is accepted
     with pytest.raises(ValueError, match=r"RewardFunctions: weight 0 must be in \[-1e6, 1e6\], got 1e\+30"):
         RewardFunctions([huge], weights=[1e30])
 

@@ -13,8 +13,15 @@ from rlhfkit.trainers import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
 PAIRS = [{"prompt": p, "chosen": "aaaa", "rejected": "bbbb"} for p in ["abc", "hello", "xyz", "go"]]
-RL = ["rl", "train_dataset=d/prompts.jsonl", "reward_funcs=[shift_oracle]", "max_new_tokens=4", "prompts_per_step=2",
-      "max_steps=1", "--quiet"]
+RL = [
+    "rl",
+    "train_dataset=d/prompts.jsonl",
+    "reward_funcs=[shift_oracle]",
+    "max_new_tokens=4",
+    "prompts_per_step=2",
+    "max_steps=1",
+    "--quiet",
+]
 
 
 def checksums(root):
@@ -29,8 +36,10 @@ def test_overwrite_refuses_to_delete_the_model_it_trains(tmp_path, monkeypatch, 
     capsys.readouterr()
     assert main([*RL, "model=X/final", "output_dir=X", "--overwrite"]) == 2
     err = capsys.readouterr().err
-    assert err == ("rlhfkit rl: error: model='X/final' lies inside output_dir 'X', which overwrite=true would clear: "
-                   "choose another output_dir, or move it out first\n")
+    assert err == (
+        "rlhfkit rl: error: model='X/final' lies inside output_dir 'X', which overwrite=true would clear: "
+        "choose another output_dir, or move it out first\n"
+    )
     assert checksums(tmp_path / "X") == before  # the model and the earlier run are all there
     assert main([*RL, "model=X/final", "output_dir=Y"]) == 0  # it trains fine elsewhere
 
@@ -38,16 +47,29 @@ def test_overwrite_refuses_to_delete_the_model_it_trains(tmp_path, monkeypatch, 
 def test_overwrite_refuses_to_delete_recorded_data_or_a_reference(tmp_path):
     tok = char_tokenizer()
     run = tmp_path / "run"
-    SFTTrainer(tiny_causal_lm(tok, hidden_size=32), SFTConfig(max_steps=1, batch_size=2, log_every=0,
-               output_dir=str(run)), ROWS, processing_class=tok).train()
+    SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=32),
+        SFTConfig(max_steps=1, batch_size=2, log_every=0, output_dir=str(run)),
+        ROWS,
+        processing_class=tok,
+    ).train()
     recorded = run / "data" / "train_dataset.jsonl"  # the in-memory rows, recorded by the first run
     before = checksums(run)
     with pytest.raises(ValueError, match=f"^train_dataset={str(recorded)!r} lies inside output_dir"):
-        SFTTrainer(tiny_causal_lm(tok, hidden_size=32), SFTConfig(max_steps=1, batch_size=2, log_every=0,
-                   output_dir=str(run), overwrite=True), str(recorded), processing_class=tok)
+        SFTTrainer(
+            tiny_causal_lm(tok, hidden_size=32),
+            SFTConfig(max_steps=1, batch_size=2, log_every=0, output_dir=str(run), overwrite=True),
+            str(recorded),
+            processing_class=tok,
+        )
     with pytest.raises(ValueError, match=f"^ref_model={str(run / 'final')!r} lies inside output_dir"):
-        DPOTrainer(tiny_causal_lm(tok, hidden_size=32), DPOConfig(max_steps=1, batch_size=2, log_every=0,
-                   output_dir=str(run), overwrite=True), PAIRS, processing_class=tok, ref_model=str(run / "final"))
+        DPOTrainer(
+            tiny_causal_lm(tok, hidden_size=32),
+            DPOConfig(max_steps=1, batch_size=2, log_every=0, output_dir=str(run), overwrite=True),
+            PAIRS,
+            processing_class=tok,
+            ref_model=str(run / "final"),
+        )
     assert checksums(run) == before
 
 
@@ -65,9 +87,22 @@ def test_overwrite_clears_only_a_directory_rlhfkit_marked(tmp_path, monkeypatch,
     before = {**checksums(mine), **checksums(old)}
     capsys.readouterr()
     for directory in ("mine", "old"):
-        assert main(["sft", "model=d/model", "train_dataset=d/sft.jsonl", "max_steps=1", f"output_dir={directory}",
-                     "--quiet", "--overwrite"]) == 2
+        assert (
+            main(
+                [
+                    "sft",
+                    "model=d/model",
+                    "train_dataset=d/sft.jsonl",
+                    "max_steps=1",
+                    f"output_dir={directory}",
+                    "--quiet",
+                    "--overwrite",
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and err.startswith(f"rlhfkit sft: error: output_dir '{directory}' holds files "
-                                                       f"but no {MARKER} marker"), err
+        assert err.count("\n") == 1 and err.startswith(
+            f"rlhfkit sft: error: output_dir '{directory}' holds files but no {MARKER} marker"
+        ), err
     assert {**checksums(mine), **checksums(old)} == before  # nothing touched

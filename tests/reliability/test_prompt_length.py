@@ -21,8 +21,13 @@ def trainer(prompts, **overrides):
     tok = char_tokenizer()
     args = dict(algorithm="grpo", max_steps=1, max_new_tokens=4, prompts_per_step=2, log_every=0)
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0), [reward], RLConfig(**args),
-                     train_dataset=[{"prompt": p} for p in prompts], processing_class=tok)
+    return RLTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0),
+        [reward],
+        RLConfig(**args),
+        train_dataset=[{"prompt": p} for p in prompts],
+        processing_class=tok,
+    )
 
 
 def test_by_default_a_prompt_may_take_the_model_positions_minus_max_new_tokens():
@@ -30,9 +35,11 @@ def test_by_default_a_prompt_may_take_the_model_positions_minus_max_new_tokens()
     assert len(trainer(["a" * 252, "b"]).sampler.prompt_ids[0]) == 252
     with pytest.raises(ValueError) as err:
         trainer(["ab", "a" * 253])
-    assert str(err.value) == ("train_dataset: row index 1 (0-based): the prompt is 253 tokens, longer than 252 "
-                              "(max_prompt_length, by default the model's positions minus max_new_tokens); set "
-                              "truncate_prompts=left to keep its last tokens, or shorten it")
+    assert str(err.value) == (
+        "train_dataset: row index 1 (0-based): the prompt is 253 tokens, longer than 252 "
+        "(max_prompt_length, by default the model's positions minus max_new_tokens); set "
+        "truncate_prompts=left to keep its last tokens, or shorten it"
+    )
 
 
 def test_an_explicit_limit_refuses_or_cuts_from_the_left():
@@ -49,9 +56,14 @@ def test_an_explicit_limit_refuses_or_cuts_from_the_left():
 def test_eval_prompts_follow_the_same_rule():
     with pytest.raises(ValueError, match="eval_dataset: row index 0 .*longer than 252"):
         tok = char_tokenizer()
-        RLTrainer(tiny_causal_lm(tok, hidden_size=32), [reward],
-                  RLConfig(max_steps=1, max_new_tokens=4, prompts_per_step=2, log_every=0),
-                  train_dataset=[{"prompt": "ab"}], eval_dataset=[{"prompt": "x" * 300}], processing_class=tok)
+        RLTrainer(
+            tiny_causal_lm(tok, hidden_size=32),
+            [reward],
+            RLConfig(max_steps=1, max_new_tokens=4, prompts_per_step=2, log_every=0),
+            train_dataset=[{"prompt": "ab"}],
+            eval_dataset=[{"prompt": "x" * 300}],
+            processing_class=tok,
+        )
 
 
 def test_evaluating_a_megabyte_prompt_is_refused_at_once(tmp_path):
@@ -59,6 +71,7 @@ def test_evaluating_a_megabyte_prompt_is_refused_at_once(tmp_path):
     model = tiny_causal_lm(tok, hidden_size=32)
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"eval dataset: row index 0 \(0-based\): the prompt is 1000000 tokens"):
-        evaluate_policy(model, [reward], [{"prompt": "a" * 1_000_000}], tokenizer=tok,
-                        sampling=SamplingParams(max_new_tokens=4))
+        evaluate_policy(
+            model, [reward], [{"prompt": "a" * 1_000_000}], tokenizer=tok, sampling=SamplingParams(max_new_tokens=4)
+        )
     assert time.perf_counter() - start < 60

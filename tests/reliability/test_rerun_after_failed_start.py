@@ -31,10 +31,19 @@ def test_the_cli_reruns_into_the_directory_of_a_failed_start(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert main(["data", "d"]) == 0
-    (tmp_path / "my_rewards.py").write_text("def broken(prompts, completions, **kwargs):\n"
-                                            "    raise RuntimeError('scoring service is down')\n")
-    rl = ["rl", "model=d/model", "train_dataset=d/prompts.jsonl", "max_new_tokens=4", "prompts_per_step=2",
-          "max_steps=1", "output_dir=run", "--quiet"]
+    (tmp_path / "my_rewards.py").write_text(
+        "def broken(prompts, completions, **kwargs):\n    raise RuntimeError('scoring service is down')\n"
+    )
+    rl = [
+        "rl",
+        "model=d/model",
+        "train_dataset=d/prompts.jsonl",
+        "max_new_tokens=4",
+        "prompts_per_step=2",
+        "max_steps=1",
+        "output_dir=run",
+        "--quiet",
+    ]
     capsys.readouterr()
     assert main([*rl, "reward_funcs=[shift_oracle]", "resume_from=no/such/checkpoint-3"]) == 2
     assert "is not a checkpoint directory" in capsys.readouterr().err
@@ -62,10 +71,12 @@ def test_python_reruns_into_the_directory_of_a_failed_start(tmp_path):
         raise RuntimeError("scoring service is down")
 
     def rl(reward, out):
-        args = RLConfig(algorithm="grpo", max_steps=1, max_new_tokens=4, prompts_per_step=2, log_every=0,
-                        output_dir=str(out))
-        return RLTrainer(tiny_causal_lm(tok, hidden_size=32), [reward], args, train_dataset=PROMPTS,
-                         processing_class=tok)
+        args = RLConfig(
+            algorithm="grpo", max_steps=1, max_new_tokens=4, prompts_per_step=2, log_every=0, output_dir=str(out)
+        )
+        return RLTrainer(
+            tiny_causal_lm(tok, hidden_size=32), [reward], args, train_dataset=PROMPTS, processing_class=tok
+        )
 
     with pytest.raises(ValueError, match="scoring service is down"):
         rl(fails_at_step_1, tmp_path / "rl").train()

@@ -10,8 +10,11 @@ from rlhfkit.trainers import DPOConfig, DPOTrainer, RewardModelConfig, RewardMod
 
 ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
 PAIRS = [{"prompt": p, "chosen": "aaaa", "rejected": "bbbb"} for p in ["abc", "hello", "xyz", "go"]]
-TRAINERS = {"sft": (SFTTrainer, SFTConfig, ROWS), "rm": (RewardModelTrainer, RewardModelConfig, PAIRS),
-            "dpo": (DPOTrainer, DPOConfig, PAIRS)}
+TRAINERS = {
+    "sft": (SFTTrainer, SFTConfig, ROWS),
+    "rm": (RewardModelTrainer, RewardModelConfig, PAIRS),
+    "dpo": (DPOTrainer, DPOConfig, PAIRS),
+}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINERS))
@@ -20,8 +23,9 @@ def test_a_supervised_run_refuses_to_resume_onto_another_base_model(tmp_path, na
     tok = char_tokenizer()
 
     def run(out, model_seed, **overrides):
-        args = config_cls(learning_rate=1e-3, batch_size=2, max_steps=2, log_every=0, output_dir=str(out),
-                          save_steps=1, **overrides)
+        args = config_cls(
+            learning_rate=1e-3, batch_size=2, max_steps=2, log_every=0, output_dir=str(out), save_steps=1, **overrides
+        )
         return trainer_cls(tiny_causal_lm(tok, hidden_size=32, seed=model_seed), args, rows, processing_class=tok)
 
     run(tmp_path / "a", model_seed=0).train()
@@ -38,13 +42,23 @@ def test_rl_refuses_to_resume_onto_another_base_model_in_one_line(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert main(["data", "d"]) == 0
     assert main(["sft", "model=d/model", "train_dataset=d/sft.jsonl", "max_steps=1", "output_dir=sft", "--quiet"]) == 0
-    rl = ["rl", "train_dataset=d/prompts.jsonl", "reward_funcs=[shift_oracle]", "max_new_tokens=4",
-          "prompts_per_step=2", "max_steps=2", "save_steps=1", "--quiet"]
+    rl = [
+        "rl",
+        "train_dataset=d/prompts.jsonl",
+        "reward_funcs=[shift_oracle]",
+        "max_new_tokens=4",
+        "prompts_per_step=2",
+        "max_steps=2",
+        "save_steps=1",
+        "--quiet",
+    ]
     assert main([*rl, "model=d/model", "output_dir=a"]) == 0
     capsys.readouterr()
     assert main([*rl, "model=sft/final", "output_dir=b", "resume_from=a/checkpoint-1"]) == 2  # the SFT'd model
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("rlhfkit rl: error: resume_from='a/checkpoint-1': it was trained from 'd/model', and this "
-                          "run's model 'sft/final' is another base model"), err
+    assert err.startswith(
+        "rlhfkit rl: error: resume_from='a/checkpoint-1': it was trained from 'd/model', and this "
+        "run's model 'sft/final' is another base model"
+    ), err
     assert main([*rl, "model=d/model", "output_dir=c", "resume_from=a/checkpoint-1"]) == 0, capsys.readouterr().err

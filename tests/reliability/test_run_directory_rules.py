@@ -19,8 +19,9 @@ def digest(path):
 
 
 @pytest.mark.parametrize("command", ["sft", "rl", *(pytest.param(c, marks=pytest.mark.slow) for c in ("rm", "dpo"))])
-def test_a_run_that_fails_to_load_writes_nothing_and_the_rerun_needs_no_overwrite(tmp_path, monkeypatch, capsys,
-                                                                                   command):
+def test_a_run_that_fails_to_load_writes_nothing_and_the_rerun_needs_no_overwrite(
+    tmp_path, monkeypatch, capsys, command
+):
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/shift"]) == 0
     data = {"sft": "data/shift/sft.jsonl", "rl": "data/shift/prompts.jsonl"}.get(command, "data/shift/pairs.jsonl")
@@ -30,8 +31,18 @@ def test_a_run_that_fails_to_load_writes_nothing_and_the_rerun_needs_no_overwrit
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     if command == "rl":  # a reward that cannot be resolved is found after the model loads: still nothing written
-        assert main([*base[:-3], "model=data/shift/model", "reward_funcs=[no_such_reward]", "max_new_tokens=4",
-                     "prompts_per_step=2"]) == 2
+        assert (
+            main(
+                [
+                    *base[:-3],
+                    "model=data/shift/model",
+                    "reward_funcs=[no_such_reward]",
+                    "max_new_tokens=4",
+                    "prompts_per_step=2",
+                ]
+            )
+            == 2
+        )
         assert not (tmp_path / "run").exists()
     assert main([*base, "model=data/shift/model"]) == 0, capsys.readouterr().err
 
@@ -46,10 +57,22 @@ def test_overwrite_removes_exactly_what_the_earlier_run_wrote(tmp_path):
         SFTTrainer(tiny_causal_lm(tok, hidden_size=32), SFTConfig(**args), ROWS, processing_class=tok).train()
 
     train(max_steps=3)
-    assert {"checkpoint-1", "checkpoint-2", "checkpoint-3", "final", "plots", "metrics.jsonl", "config.yaml",
-            "data"} <= {p.name for p in run.iterdir()}
-    mine = {run / "notes.txt": b"mine", run / "plots" / "my-figure.png": b"png", run / "data" / "extra.csv": b"a,b",
-            run / "checkpoint-old" / "readme.txt": b"not a checkpoint"}
+    assert {
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+        "final",
+        "plots",
+        "metrics.jsonl",
+        "config.yaml",
+        "data",
+    } <= {p.name for p in run.iterdir()}
+    mine = {
+        run / "notes.txt": b"mine",
+        run / "plots" / "my-figure.png": b"png",
+        run / "data" / "extra.csv": b"a,b",
+        run / "checkpoint-old" / "readme.txt": b"not a checkpoint",
+    }
     for path, content in mine.items():
         path.parent.mkdir(exist_ok=True)
         path.write_bytes(content)
@@ -71,9 +94,13 @@ def test_overwrite_removes_exactly_what_the_earlier_run_wrote(tmp_path):
 def test_rl_writes_its_run_directory_only_after_everything_loaded(tmp_path):
     tok = char_tokenizer()
     with pytest.raises(ValueError):
-        RLTrainer(tiny_causal_lm(tok, hidden_size=32), ["no_such_reward"],
-                  RLConfig(max_steps=1, output_dir=str(tmp_path / "run"), log_every=0),
-                  train_dataset=[{"prompt": "ab"}], processing_class=tok)
+        RLTrainer(
+            tiny_causal_lm(tok, hidden_size=32),
+            ["no_such_reward"],
+            RLConfig(max_steps=1, output_dir=str(tmp_path / "run"), log_every=0),
+            train_dataset=[{"prompt": "ab"}],
+            processing_class=tok,
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -82,4 +109,6 @@ def test_a_key_given_twice_in_a_recipe_is_one_line(tmp_path, capsys):
     recipe.write_text("max_steps: 2\nlearning_rate: 0.1\nmax_steps: 5\n")
     assert main(["sft", "--config", str(recipe)]) == 2
     err = capsys.readouterr().err
-    assert err == f"rlhfkit sft: error: {recipe}:3: YAML syntax error: key 'max_steps' appears twice (first on line 1)\n"
+    assert (
+        err == f"rlhfkit sft: error: {recipe}:3: YAML syntax error: key 'max_steps' appears twice (first on line 1)\n"
+    )

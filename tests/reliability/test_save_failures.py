@@ -37,8 +37,9 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkey
     with pytest.raises(ValueError) as err:
         trainer.train()
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"cannot write checkpoint {tmp_path / 'run' / 'checkpoint-2'}: "
-                                                       "No space left on device")
+    assert "\n" not in message and message.startswith(
+        f"cannot write checkpoint {tmp_path / 'run' / 'checkpoint-2'}: No space left on device"
+    )
     assert message.endswith("the previous checkpoints are intact")
     names = sorted(p.name for p in (tmp_path / "run").iterdir() if p.name.startswith("checkpoint"))
     assert names == ["checkpoint-1"]  # no checkpoint-2, no checkpoint-2.partial
@@ -57,9 +58,21 @@ def test_an_output_dir_under_a_file_is_one_line(tmp_path):
     from rlhfkit.tasks.tiny import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model")
-    done = subprocess.run([sys.executable, "-m", "rlhfkit", "sft", f"model={model}",
-                           f"train_dataset={tmp_path / 'rows.jsonl'}", "max_steps=1",
-                           f"output_dir={tmp_path / 'notes.txt' / 'run'}"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlhfkit",
+            "sft",
+            f"model={model}",
+            f"train_dataset={tmp_path / 'rows.jsonl'}",
+            "max_steps=1",
+            f"output_dir={tmp_path / 'notes.txt' / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "notes.txt" in done.stderr and "Traceback" not in done.stderr
     assert (tmp_path / "notes.txt").read_text() == "mine"
@@ -86,8 +99,18 @@ def test_eval_output_pointing_at_a_directory_is_one_line(tmp_path, capsys):
     assert main(["data", str(tmp_path / "data")]) == 0
     (tmp_path / "out").mkdir()
     capsys.readouterr()
-    code = main(["eval", "--model", str(tmp_path / "data" / "model"), "--dataset",
-                 str(tmp_path / "data" / "eval_prompts.jsonl"), "--reward", "shift_oracle", "--output",
-                 str(tmp_path / "out")])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "data" / "model"),
+            "--dataset",
+            str(tmp_path / "data" / "eval_prompts.jsonl"),
+            "--reward",
+            "shift_oracle",
+            "--output",
+            str(tmp_path / "out"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and str(tmp_path / "out") in err and "Traceback" not in err, err

@@ -7,8 +7,15 @@ import torch
 
 from rlhfkit.config import RLConfig
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
-from rlhfkit.trainers import (DPOConfig, DPOTrainer, RewardModelConfig, RewardModelTrainer, RLTrainer, SFTConfig,
-                              SFTTrainer)
+from rlhfkit.trainers import (
+    DPOConfig,
+    DPOTrainer,
+    RewardModelConfig,
+    RewardModelTrainer,
+    RLTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 
 ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
 PAIRS = [{"prompt": w, "chosen": "aaa", "rejected": "bbb"} for w in ["ab", "cd", "ef", "gh"]]
@@ -19,18 +26,27 @@ def build(kind, out, lr, dtype=torch.float32):
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, hidden_size=32, seed=0).to(dtype)
     if kind == "sft":
-        return SFTTrainer(model, SFTConfig(learning_rate=lr, batch_size=2, output_dir=out, **COMMON), ROWS,
-                          processing_class=tok)
+        return SFTTrainer(
+            model, SFTConfig(learning_rate=lr, batch_size=2, output_dir=out, **COMMON), ROWS, processing_class=tok
+        )
     if kind == "rm":
-        return RewardModelTrainer(model, RewardModelConfig(learning_rate=lr, batch_size=4, output_dir=out, **COMMON),
-                                  PAIRS, processing_class=tok)
+        return RewardModelTrainer(
+            model,
+            RewardModelConfig(learning_rate=lr, batch_size=4, output_dir=out, **COMMON),
+            PAIRS,
+            processing_class=tok,
+        )
     if kind == "dpo":
-        return DPOTrainer(model, DPOConfig(learning_rate=lr, batch_size=4, output_dir=out, **COMMON), PAIRS,
-                          processing_class=tok)
-    return RLTrainer(model, [lambda prompts, completions, **kw: [float(len(c)) for c in completions]],
-                     RLConfig(algorithm="grpo", max_new_tokens=4, prompts_per_step=2, learning_rate=lr,
-                              output_dir=out, **COMMON),
-                     train_dataset=[{"prompt": p} for p in ["ab", "cd", "ef"]], processing_class=tok)
+        return DPOTrainer(
+            model, DPOConfig(learning_rate=lr, batch_size=4, output_dir=out, **COMMON), PAIRS, processing_class=tok
+        )
+    return RLTrainer(
+        model,
+        [lambda prompts, completions, **kw: [float(len(c)) for c in completions]],
+        RLConfig(algorithm="grpo", max_new_tokens=4, prompts_per_step=2, learning_rate=lr, output_dir=out, **COMMON),
+        train_dataset=[{"prompt": p} for p in ["ab", "cd", "ef"]],
+        processing_class=tok,
+    )
 
 
 @pytest.mark.parametrize("kind", ["sft", "rm", "dpo", "rl"])
@@ -39,8 +55,10 @@ def test_an_update_that_overflows_the_weights_stops_the_run_in_one_line(kind, tm
     with pytest.raises(ValueError) as err:
         trainer.train()
     message = str(err.value)
-    assert "\n" not in message and message.startswith("stopping: the weights became non-finite (NaN or inf) in an "
-                                                      "optimizer step with a finite gradient (learning rate 1e+300")
+    assert "\n" not in message and message.startswith(
+        "stopping: the weights became non-finite (NaN or inf) in an "
+        "optimizer step with a finite gradient (learning rate 1e+300"
+    )
     assert message.endswith("lower learning_rate")  # float32 weights: no dtype advice
     assert trainer.step == (1 if kind == "dpo" or kind == "rm" else 0)  # stopped inside the first step
     assert not list((tmp_path / "run").glob("checkpoint-*")) and not (tmp_path / "run" / "final").exists()
@@ -48,8 +66,11 @@ def test_an_update_that_overflows_the_weights_stops_the_run_in_one_line(kind, tm
 
 def test_float16_weights_that_overflow_name_the_dtype(tmp_path):
     trainer = build("sft", None, lr=1.0, dtype=torch.float16)
-    with pytest.raises(ValueError, match=r"weights in float16\): the update overflowed\. Nothing non-finite is "
-                                         r"saved; lower learning_rate, or use dtype=float32$"):
+    with pytest.raises(
+        ValueError,
+        match=r"weights in float16\): the update overflowed\. Nothing non-finite is "
+        r"saved; lower learning_rate, or use dtype=float32$",
+    ):
         trainer.train()
 
 

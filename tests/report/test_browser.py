@@ -15,14 +15,28 @@ from rlhfkit.report import write_report
 
 pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install -y chromium)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install -y chromium)"
+)
 RUN_COLORS = {"#1f77b4": (0x1F, 0x77, 0xB4), "#d62728": (0xD6, 0x27, 0x28), "#2ca02c": (0x2C, 0xA0, 0x2C)}
 
 
 def _chromium(*args, timeout=90) -> str:
     # --no-sandbox: CI runs as root, where chromium's sandbox refuses to start.
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--window-size=1280,1400", *args], capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1280,1400",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 

@@ -76,10 +76,15 @@ def test_the_runs_metadata_side_by_side_and_what_is_known_of_an_older_run(tmp_pa
     os.utime(old / "metrics.jsonl", (1_000_075, 1_000_075))  # last written 75 s later
     page = write_report(tmp_path / "runs").read_text(encoding="utf-8")
     table = page.split('<table class="runs">')[1].split("</table>")[0]
-    for row in ("<td>duration</td><td>1m 30s</td><td>~1m 15s</td>", "<td>git commit</td><td>abcdef1234</td><td>–</td>",
-                "<td>torch</td><td>2.13.0</td><td>–</td>", "<td>transformers</td><td>5.24.0</td><td>–</td>",
-                "<td>host</td><td>box-&lt;1&gt;</td><td>–</td>", "<td>steps</td><td>6 (last 6)</td><td>6 (last 6)</td>",
-                "<td>status</td><td>finished</td><td>no run.json (an older rlhfkit): times from its files</td>"):
+    for row in (
+        "<td>duration</td><td>1m 30s</td><td>~1m 15s</td>",
+        "<td>git commit</td><td>abcdef1234</td><td>–</td>",
+        "<td>torch</td><td>2.13.0</td><td>–</td>",
+        "<td>transformers</td><td>5.24.0</td><td>–</td>",
+        "<td>host</td><td>box-&lt;1&gt;</td><td>–</td>",
+        "<td>steps</td><td>6 (last 6)</td><td>6 (last 6)</td>",
+        "<td>status</td><td>finished</td><td>no run.json (an older rlhfkit): times from its files</td>",
+    ):
         assert row in table, row
     assert re.search(r"<td>started</td><td>2026-01-02 10:00:00\+0000</td><td>~\d{4}-\d\d-\d\d \d\d:\d\d</td>", table)
     assert new.name in page and old.name in page
@@ -109,12 +114,16 @@ def test_the_config_fields_that_differ_between_runs(tmp_path, make_run):
 def test_non_finite_values_are_left_out_and_an_empty_log_is_no_error(tmp_path, make_run):
     run = tmp_path / "runs" / "nan"
     run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text('{"step": 1, "loss": NaN, "lr": 0.1}\n{"step": 2, "loss": NaN, "lr": Infinity}\n'
-                                       '{"step": 3, "loss": NaN, "lr": 0.3}\n')
+    (run / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": NaN, "lr": 0.1}\n{"step": 2, "loss": NaN, "lr": Infinity}\n'
+        '{"step": 3, "loss": NaN, "lr": 0.3}\n'
+    )
     (tmp_path / "runs" / "empty").mkdir()
     (tmp_path / "runs" / "empty" / "metrics.jsonl").write_text("")
     page = write_report(tmp_path / "runs").read_text(encoding="utf-8")
     assert 'data-metric="loss"' not in page  # nothing finite to draw
     assert len(re.findall(r"<circle class=\"dot\"", _chart(page, "lr"))) == 2  # steps 1 and 3
     assert "NaN" not in page.split('id="report-data">')[1].split("</script>")[0]
-    assert "<td>steps</td><td>3 (last 3)</td><td>0</td>" in page or "<td>steps</td><td>0</td><td>3 (last 3)</td>" in page
+    assert (
+        "<td>steps</td><td>3 (last 3)</td><td>0</td>" in page or "<td>steps</td><td>0</td><td>3 (last 3)</td>" in page
+    )

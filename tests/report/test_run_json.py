@@ -16,8 +16,9 @@ from rlhfkit.run.record import record_end, record_start
 
 def test_a_run_records_its_start_and_end_and_the_report_shows_them(tmp_path, tiny_model_dir):
     data = [{"prompt": "ab", "completion": "aaa"}, {"prompt": "cd", "completion": "aa"}]
-    args = SFTConfig(learning_rate=1e-3, max_steps=2, batch_size=2, log_every=0, progress_bar=False,
-                     output_dir=str(tmp_path / "sft"))
+    args = SFTConfig(
+        learning_rate=1e-3, max_steps=2, batch_size=2, log_every=0, progress_bar=False, output_dir=str(tmp_path / "sft")
+    )
     SFTTrainer(str(tiny_model_dir), args, train_dataset=data).train()
     (session,) = json.loads((tmp_path / "sft" / "run.json").read_text())["sessions"]
     assert session["rlhfkit"] == rlhfkit.__version__ and session["torch"] == torch.__version__

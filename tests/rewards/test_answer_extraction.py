@@ -49,8 +49,16 @@ PAIRS = [
     (r"\boxed{2}, not 0.5", "0.5", 0.0),  # the boxed answer wins over a later number
     (r"\boxed{2^{2^{40}}}", "5", 0.0),  # too big to evaluate: no match, and no hang
     # garbage in: 0, never an exception
-    (None, "1/2", 0.0), ("", "1/2", 0.0), (r"\boxed{", "1/2", 0.0), ("\\frac{1}{", "1/2", 0.0), ("$$$", "1", 0.0),
-    ("{^}", "1", 0.0), ("7", None, 0.0), ("7", "", 0.0), (42, "42", 0.0), ("garbage(", r"\frac{", 0.0),
+    (None, "1/2", 0.0),
+    ("", "1/2", 0.0),
+    (r"\boxed{", "1/2", 0.0),
+    ("\\frac{1}{", "1/2", 0.0),
+    ("$$$", "1", 0.0),
+    ("{^}", "1", 0.0),
+    ("7", None, 0.0),
+    ("7", "", 0.0),
+    (42, "42", 0.0),
+    ("garbage(", r"\frac{", 0.0),
 ]
 
 
@@ -64,17 +72,33 @@ def test_the_boxed_fraction_bug_is_fixed():
     assert math_answer(None, [HALF, HALF], ["1/2", r"\frac{1}{2}"]) == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("text,expected", [
-    (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt{3}}{2}"),  # nested braces
-    (r"A first guess was \boxed{1}, but on checking it is \boxed{x^{2}+1}.", "x^{2}+1"),  # the last box
-    (r"\boxed{1}, no: \boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # not the set math-verify reads in both
-    (r"\boxed{5\text{ cm}}", "5"), (r"\boxed{0.5}", "0.5"), (r"\boxed{1,234}", "1234"),
-    (r"We get $\dfrac{3}{4}$.", r"\frac{3}{4}"), ("so x^{2}+1", "x^{2}+1"),
-    ("#### 1,234", "1234"), ("#### 72\nthen 5", "72"), ("She has 1,234 apples.", "1234"),
-    ("1, 2, 3", "3"), ("1,23", "23"), ("from 3-5", "5"), ("x = -0.5.", "-0.5"),
-    ("Janet makes 9 * 2 = $18.", "18"), ("He pays $5 and earns $10, so 15", "15"),
-    (r"\boxed{}", None), ("$", None), ("{", None), ("   ", None), (["1"], None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt{3}}{2}"),  # nested braces
+        (r"A first guess was \boxed{1}, but on checking it is \boxed{x^{2}+1}.", "x^{2}+1"),  # the last box
+        (r"\boxed{1}, no: \boxed{\frac{1}{2}}", r"\frac{1}{2}"),  # not the set math-verify reads in both
+        (r"\boxed{5\text{ cm}}", "5"),
+        (r"\boxed{0.5}", "0.5"),
+        (r"\boxed{1,234}", "1234"),
+        (r"We get $\dfrac{3}{4}$.", r"\frac{3}{4}"),
+        ("so x^{2}+1", "x^{2}+1"),
+        ("#### 1,234", "1234"),
+        ("#### 72\nthen 5", "72"),
+        ("She has 1,234 apples.", "1234"),
+        ("1, 2, 3", "3"),
+        ("1,23", "23"),
+        ("from 3-5", "5"),
+        ("x = -0.5.", "-0.5"),
+        ("Janet makes 9 * 2 = $18.", "18"),
+        ("He pays $5 and earns $10, so 15", "15"),
+        (r"\boxed{}", None),
+        ("$", None),
+        ("{", None),
+        ("   ", None),
+        (["1"], None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 

@@ -32,8 +32,9 @@ def test_the_extra_keywords_reach_only_the_functions_that_take_them():
         return [1.0, 1.0]
 
     state = TrainingState(global_step=3, max_steps=10)
-    out = RewardFunctions([everything, ids_only, plain])(PROMPTS, COMPLETIONS, completion_ids=[[1, 2], [3]],
-                                                          trainer_state=state)
+    out = RewardFunctions([everything, ids_only, plain])(
+        PROMPTS, COMPLETIONS, completion_ids=[[1, 2], [3]], trainer_state=state
+    )
     assert out.valid.all()
     assert seen["everything"] == ["completion_ids", "log_extra", "log_metric", "trainer_state"]
     assert seen["ids_only"] == [[1, 2], [3]]
@@ -53,13 +54,16 @@ def test_log_metric_and_log_extra_are_collected_per_batch_and_checked():
         def fn(prompts, completions, log_metric, log_extra, **kwargs):
             call(log_metric, log_extra)
             return [0.0, 0.0]
+
         return fn
 
-    for call, problem in [(lambda m, e: m("reward/mean", 1.0), "the run's own families"),
-                          (lambda m, e: m("x", float("nan")), "needs a finite number"),
-                          (lambda m, e: e("score", [1, 2]), "samples.jsonl's own"),
-                          (lambda m, e: e("x", [1]), "one value per sample (2), got 1"),
-                          (lambda m, e: (e("x", [1, 2]), e("x", [1, 2])), "already logged")]:
+    for call, problem in [
+        (lambda m, e: m("reward/mean", 1.0), "the run's own families"),
+        (lambda m, e: m("x", float("nan")), "needs a finite number"),
+        (lambda m, e: e("score", [1, 2]), "samples.jsonl's own"),
+        (lambda m, e: e("x", [1]), "one value per sample (2), got 1"),
+        (lambda m, e: (e("x", [1, 2]), e("x", [1, 2])), "already logged"),
+    ]:
         with pytest.raises(ValueError, match=r"^reward function 'fn': .*" + re.escape(problem)):
             RewardFunctions([bad(call)])(PROMPTS, COMPLETIONS)
 
@@ -97,7 +101,9 @@ def test_an_async_function_that_raises_is_named():
 
 
 def test_module_function_is_found_in_the_current_directory(tmp_path, monkeypatch):
-    (tmp_path / "my_first_rewards.py").write_text("def fn(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "my_first_rewards.py").write_text(
+        "def fn(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     try:
@@ -111,11 +117,14 @@ def test_module_function_is_found_in_the_current_directory(tmp_path, monkeypatch
     assert "\n" not in msg
 
 
-def test_the_cli_finds_a_module_of_the_current_directory_or_says_where_it_looked(tmp_path, monkeypatch, capsys,
-                                                                                 tiny_model_dir):
+def test_the_cli_finds_a_module_of_the_current_directory_or_says_where_it_looked(
+    tmp_path, monkeypatch, capsys, tiny_model_dir
+):
     from rlhfkit.cli import main
 
-    (tmp_path / "cli_rewards.py").write_text("def fn(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    (tmp_path / "cli_rewards.py").write_text(
+        "def fn(prompts, completions, **kw):\n    return [1.0] * len(completions)\n"
+    )
     (tmp_path / "train.jsonl").write_text('{"prompt": "ab"}\n{"prompt": "cd"}\n')
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])

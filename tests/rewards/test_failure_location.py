@@ -49,12 +49,16 @@ def without_kwargs(prompts, completions):  # called with answer=: the TypeError 
     return [1.0] * len(completions)
 
 
-@pytest.mark.parametrize("fn,where", [
-    (through_stdlib, f"{HERE}:{_line(parse, 1)} in parse"),
-    (through_site_packages, f"{HERE}:{_line(through_site_packages, 1)} in through_site_packages"),
-    (through_rlhfkit, f"{HERE}:{_line(through_rlhfkit, 1)} in through_rlhfkit"),
-    (async_raiser, f"{HERE}:{_line(async_raiser, 1)} in async_raiser"),
-], ids=["stdlib", "site-packages", "rlhfkit", "async"])
+@pytest.mark.parametrize(
+    "fn,where",
+    [
+        (through_stdlib, f"{HERE}:{_line(parse, 1)} in parse"),
+        (through_site_packages, f"{HERE}:{_line(through_site_packages, 1)} in through_site_packages"),
+        (through_rlhfkit, f"{HERE}:{_line(through_rlhfkit, 1)} in through_rlhfkit"),
+        (async_raiser, f"{HERE}:{_line(async_raiser, 1)} in async_raiser"),
+    ],
+    ids=["stdlib", "site-packages", "rlhfkit", "async"],
+)
 def test_the_line_ends_with_the_innermost_frame_of_the_users_file(fn, where):
     line = _raise([fn])
     assert line.startswith(f"reward function {fn.__name__!r}") and line.endswith(f"{where})"), line

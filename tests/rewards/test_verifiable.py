@@ -1,23 +1,51 @@
 import pytest
 
 from rlhfkit.rewards import (
-    REWARD_FUNCTIONS, answer_format, answers_match, exact_match, extract_answer, get_reward_function, math_answer,
+    REWARD_FUNCTIONS,
+    answer_format,
+    answers_match,
+    exact_match,
+    extract_answer,
+    get_reward_function,
+    math_answer,
     strict_math_answer,
 )
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("27 + 47 = 78", "78"), ("74", "74"), ("The answer is 1,234.", "1234"), ("-5", "-5"), ("x = 0.5", "0.5"),
-    ("about 3/4", "3/4"), ("so \\boxed{12} and 13", "12"), ("", None), ("no digits", None), (None, None), (42, None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("27 + 47 = 78", "78"),
+        ("74", "74"),
+        ("The answer is 1,234.", "1234"),
+        ("-5", "-5"),
+        ("x = 0.5", "0.5"),
+        ("about 3/4", "3/4"),
+        ("so \\boxed{12} and 13", "12"),
+        ("", None),
+        ("no digits", None),
+        (None, None),
+        (42, None),
+    ],
+)
 def test_extract_answer_rule(text, expected):
     assert extract_answer(text) == expected
 
 
-@pytest.mark.parametrize("pred,gold,ok", [
-    ("74", "74", True), ("74.0", "74", True), ("1/2", "0.5", True), ("75", "74", False), (None, "74", False),
-    ("$x^{2}$", "$x^2$", True), ("$2(x+1)$", "$2x+2$", True), ("2", "$\\sqrt{4}$", True), ("garbage(", "2", False),
-])
+@pytest.mark.parametrize(
+    "pred,gold,ok",
+    [
+        ("74", "74", True),
+        ("74.0", "74", True),
+        ("1/2", "0.5", True),
+        ("75", "74", False),
+        (None, "74", False),
+        ("$x^{2}$", "$x^2$", True),
+        ("$2(x+1)$", "$2x+2$", True),
+        ("2", "$\\sqrt{4}$", True),
+        ("garbage(", "2", False),
+    ],
+)
 def test_answers_match(pred, gold, ok):
     assert answers_match(pred, gold) is ok
 
@@ -42,8 +70,9 @@ def test_usable_by_name():
 def test_concise_math_answer_rewards_shorter_right_answers_only():
     from rlhfkit.rewards import concise_math_answer
 
-    scores = concise_math_answer(None, ["27 + 42 = 69.", "69", "69.", "68", "", "27 + 42 equals exactly sixty-nine, 69"],
-                                 ["69"] * 6)
+    scores = concise_math_answer(
+        None, ["27 + 42 = 69.", "69", "69.", "68", "", "27 + 42 equals exactly sixty-nine, 69"], ["69"] * 6
+    )
     assert scores[1] == 1.0 and scores[0] == pytest.approx(0.45) and scores[2] == pytest.approx(0.95)
     assert scores[3] == 0.0 and scores[4] == 0.0 and scores[5] == 0.0  # 36 extra characters: floor at 0
 

@@ -65,7 +65,7 @@ def test_hf_engine_stops_at_the_models_end_of_turn(tok):
         ended_by_eot += row[first] == eot
         assert r.response_mask[i].tolist() == [1] * (first + 1) + [0] * (T - first - 1), row
         assert bool(r.has_eos[i]), row
-        assert all(t == tok.pad_token_id for t in row[first + 1:]), f"sampled past the end of the turn: {row}"
+        assert all(t == tok.pad_token_id for t in row[first + 1 :]), f"sampled past the end of the turn: {row}"
     assert ended_by_eot >= 2, r.response_ids.tolist()  # the seed makes the case happen
     assert not bool(r.has_eos.all())  # and some rows are cut, so both kinds are checked
     # the decoded completion stops before the end of turn, as before an EOS

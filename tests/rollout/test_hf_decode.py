@@ -17,9 +17,11 @@ from rlhfkit.tasks.tiny import char_tokenizer, chatml_tokenizer, tiny_causal_lm,
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
-SAMPLINGS = [SamplingParams(max_new_tokens=14, temperature=1.0),
-             SamplingParams(max_new_tokens=14, temperature=0.7, top_k=6, top_p=0.9),
-             SamplingParams(max_new_tokens=14, greedy=True)]
+SAMPLINGS = [
+    SamplingParams(max_new_tokens=14, temperature=1.0),
+    SamplingParams(max_new_tokens=14, temperature=0.7, top_k=6, top_p=0.9),
+    SamplingParams(max_new_tokens=14, greedy=True),
+]
 IDS = ["t1", "t0.7-topk-topp", "greedy"]
 
 
@@ -45,8 +47,9 @@ def _prompts(tok, words=("ab", "cdefg", "hi", "abcabc")):
 
 
 def _run(model, tok, decode, prompts, n, sampling, seed, share_prompt=True):
-    engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, share_prompt=share_prompt, logprobs=True,
-                      decode=decode)
+    engine = HFEngine(
+        model, tok.pad_token_id, tok.eos_token_id, share_prompt=share_prompt, logprobs=True, decode=decode
+    )
     return engine.generate(prompts, n, sampling, seed=seed)
 
 
@@ -85,8 +88,14 @@ def test_greedy_is_model_generate(decode):
     r = _run(model, tok, decode, prompts, 1, SamplingParams(max_new_tokens=12, greedy=True), None, share_prompt=False)
     ids, mask = r.input_ids[:, : r.prompt_len], r.attention_mask[:, : r.prompt_len]
     with torch.no_grad():
-        ref = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
-                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        ref = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=12,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
     assert torch.equal(r.input_ids, ref)
     assert r.has_eos.any() and not r.has_eos.all()
 
@@ -115,8 +124,9 @@ def test_the_loop_drops_finished_rows_and_counts_what_it_ran():
     model = _ending_model(tok, [tok.eos_token_id])
     prompts, seeds, sampling = _prompts(tok), [1, 2, 3, 4], SAMPLINGS[0]
     rows = []
-    hook = model.model.register_forward_pre_hook(lambda m, args, kw: rows.append(kw["input_ids"].shape[0]),
-                                                 with_kwargs=True)
+    hook = model.model.register_forward_pre_hook(
+        lambda m, args, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     counts = {}
     try:
         for decode in ("generate", "loop"):
@@ -147,8 +157,9 @@ def test_the_shared_prompt_is_encoded_once_per_prompt(decode):
     tok = char_tokenizer()
     model = _ending_model(tok, [tok.eos_token_id])
     shapes = []
-    hook = model.model.register_forward_pre_hook(lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)),
-                                                 with_kwargs=True)
+    hook = model.model.register_forward_pre_hook(
+        lambda m, args, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
     try:
         r = _run(model, tok, decode, _prompts(tok), 4, SAMPLINGS[0], [1, 2, 3, 4])
     finally:
@@ -182,7 +193,9 @@ def test_a_seeded_prompt_samples_the_same_alone_in_the_loop():
     alone = _run(model, tok, "loop", prompts[1:2], 3, SAMPLINGS[1], seeds[1:2])
     rows = together.select(torch.arange(3, 6))
     width = alone.response_mask.shape[1]
-    assert torch.equal(rows.response_ids[:, :width] * rows.response_mask[:, :width], alone.response_ids * alone.response_mask)
+    assert torch.equal(
+        rows.response_ids[:, :width] * rows.response_mask[:, :width], alone.response_ids * alone.response_mask
+    )
     assert torch.equal(rows.response_mask[:, :width], alone.response_mask)
 
 

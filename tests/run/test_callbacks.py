@@ -12,8 +12,12 @@ from tests.run.test_lifecycle import KINDS, PAIRS, SFT_ROWS, make
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 EVAL = {"sft": SFT_ROWS[:2], "rm": PAIRS[:2], "dpo": PAIRS[:2], "rl": PROMPTS[:2]}
-EVAL_KEY = {"sft": "eval/loss", "rm": "eval/accuracy", "dpo": "eval/rewards/accuracies",
-            "rl": "eval/fraction_of_a_mean"}
+EVAL_KEY = {
+    "sft": "eval/loss",
+    "rm": "eval/accuracy",
+    "dpo": "eval/rewards/accuracies",
+    "rl": "eval/fraction_of_a_mean",
+}
 
 
 class Recorder(TrainerCallback):
@@ -56,22 +60,32 @@ def _trainer(kind, tmp_path, callbacks, **overrides):
 
         tok = char_tokenizer()
         model = ScalarModel.from_causal_lm(tiny_causal_lm(tok, hidden_size=32, seed=0))
-        args = RewardModelConfig(batch_size=2, learning_rate=1e-3, max_steps=4, log_every=0,
-                                 output_dir=str(tmp_path), seed=0, **overrides)
+        args = RewardModelConfig(
+            batch_size=2, learning_rate=1e-3, max_steps=4, log_every=0, output_dir=str(tmp_path), seed=0, **overrides
+        )
         return RewardModelTrainer(model, args, PAIRS, EVAL["rm"], processing_class=tok, callbacks=callbacks)
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, hidden_size=32, seed=0)
     common = dict(learning_rate=1e-3, max_steps=4, log_every=0, output_dir=str(tmp_path), seed=0, **overrides)
     if kind == "sft":
-        return SFTTrainer(model, SFTConfig(batch_size=2, **common), SFT_ROWS, EVAL["sft"], processing_class=tok,
-                          callbacks=callbacks)
+        return SFTTrainer(
+            model, SFTConfig(batch_size=2, **common), SFT_ROWS, EVAL["sft"], processing_class=tok, callbacks=callbacks
+        )
     if kind == "dpo":
-        return DPOTrainer(model, DPOConfig(batch_size=2, **common), PAIRS, EVAL["dpo"], processing_class=tok,
-                          callbacks=callbacks)
+        return DPOTrainer(
+            model, DPOConfig(batch_size=2, **common), PAIRS, EVAL["dpo"], processing_class=tok, callbacks=callbacks
+        )
     from rlhfkit.tasks.toy import fraction_of_a
 
-    return RLTrainer(model, [fraction_of_a], RLConfig(algorithm="grpo", prompts_per_step=2, max_new_tokens=4, **common),
-                     train_dataset=PROMPTS, eval_dataset=EVAL["rl"], processing_class=tok, callbacks=callbacks)
+    return RLTrainer(
+        model,
+        [fraction_of_a],
+        RLConfig(algorithm="grpo", prompts_per_step=2, max_new_tokens=4, **common),
+        train_dataset=PROMPTS,
+        eval_dataset=EVAL["rl"],
+        processing_class=tok,
+        callbacks=callbacks,
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -10,7 +10,15 @@ import pytest
 from rlhfkit.config import RLConfig
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
-from rlhfkit.trainers import DPOConfig, DPOTrainer, RewardModelConfig, RewardModelTrainer, RLTrainer, SFTConfig, SFTTrainer
+from rlhfkit.trainers import (
+    DPOConfig,
+    DPOTrainer,
+    RewardModelConfig,
+    RewardModelTrainer,
+    RLTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 
 SFT_ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat", "dog", "sun"]]
 PAIRS = [{"prompt": w, "chosen": "aaa", "rejected": "bbb"} for w in ["ab", "cd", "ef", "gh"]]
@@ -31,12 +39,18 @@ def make(kind: str, out, **overrides):
     if kind == "rm":
         from rlhfkit.models import ScalarModel
 
-        return RewardModelTrainer(ScalarModel.from_causal_lm(model), RewardModelConfig(batch_size=2, **common),
-                                  PAIRS, processing_class=tok)
+        return RewardModelTrainer(
+            ScalarModel.from_causal_lm(model), RewardModelConfig(batch_size=2, **common), PAIRS, processing_class=tok
+        )
     if kind == "dpo":
         return DPOTrainer(model, DPOConfig(batch_size=2, **common), PAIRS, processing_class=tok)
-    return RLTrainer(model, [fraction_of_a], RLConfig(algorithm="grpo", prompts_per_step=2, max_new_tokens=4, **common),
-                     train_dataset=PROMPTS, processing_class=tok)
+    return RLTrainer(
+        model,
+        [fraction_of_a],
+        RLConfig(algorithm="grpo", prompts_per_step=2, max_new_tokens=4, **common),
+        train_dataset=PROMPTS,
+        processing_class=tok,
+    )
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -23,17 +23,20 @@ def _rates(kind: str, warmup: int, total: int) -> list[float]:
     return rates
 
 
-@pytest.mark.parametrize("kind,warmup,total,expected", [
-    # warmup 0/2, 1/2; then (T - s) / (T - w) = 4/4, 3/4, 2/4, 1/4
-    ("hf_linear", 2, 6, [0.0, 0.5, 1.0, 0.75, 0.5, 0.25]),
-    # warmup 0/2, 1/2; then 0.5 (1 + cos(pi (s - w) / (T - w))) at p = 0, 1/4, 2/4, 3/4
-    ("hf_cosine", 2, 6, [0.0, 0.5, 1.0, 0.5 + 0.5 * 2 ** -0.5, 0.5, 0.5 - 0.5 * 2 ** -0.5]),
-    ("hf_constant", 2, 4, [0.0, 0.5, 1.0, 1.0]),
-    ("hf_constant", 0, 3, [1.0, 1.0, 1.0]),
-    ("hf_linear", 1, 2, [0.0, 1.0]),  # TRL's SFT with warmup_steps=1 and 2 steps
-    ("hf_linear", 0, 4, [1.0, 0.75, 0.5, 0.25]),
-    ("hf_linear", 3, 3, [0.0, 1 / 3, 2 / 3]),  # warmup fills the run: max(1, T - w) never divides by 0
-])
+@pytest.mark.parametrize(
+    "kind,warmup,total,expected",
+    [
+        # warmup 0/2, 1/2; then (T - s) / (T - w) = 4/4, 3/4, 2/4, 1/4
+        ("hf_linear", 2, 6, [0.0, 0.5, 1.0, 0.75, 0.5, 0.25]),
+        # warmup 0/2, 1/2; then 0.5 (1 + cos(pi (s - w) / (T - w))) at p = 0, 1/4, 2/4, 3/4
+        ("hf_cosine", 2, 6, [0.0, 0.5, 1.0, 0.5 + 0.5 * 2**-0.5, 0.5, 0.5 - 0.5 * 2**-0.5]),
+        ("hf_constant", 2, 4, [0.0, 0.5, 1.0, 1.0]),
+        ("hf_constant", 0, 3, [1.0, 1.0, 1.0]),
+        ("hf_linear", 1, 2, [0.0, 1.0]),  # TRL's SFT with warmup_steps=1 and 2 steps
+        ("hf_linear", 0, 4, [1.0, 0.75, 0.5, 0.25]),
+        ("hf_linear", 3, 3, [0.0, 1 / 3, 2 / 3]),  # warmup fills the run: max(1, T - w) never divides by 0
+    ],
+)
 def test_transformers_style_learning_rates(kind, warmup, total, expected):
     assert _rates(kind, warmup, total) == pytest.approx(expected, abs=1e-12)
 

@@ -21,11 +21,26 @@ RL_PHASES = {"generate", "reward", "logprobs", "update", "optimizer_step", "eval
 
 def rl_run(out, reward=fraction_of_a, **overrides):
     tok = char_tokenizer()
-    args = dict(algorithm="grpo", prompts_per_step=2, max_new_tokens=4, max_steps=2, log_every=0, seed=0,
-                output_dir=str(out), save_steps=1, eval_every=1)
+    args = dict(
+        algorithm="grpo",
+        prompts_per_step=2,
+        max_new_tokens=4,
+        max_steps=2,
+        log_every=0,
+        seed=0,
+        output_dir=str(out),
+        save_steps=1,
+        eval_every=1,
+    )
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS,
-                     eval_dataset=PROMPTS[:2], processing_class=tok)
+    return RLTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0),
+        [reward],
+        RLConfig(**args),
+        train_dataset=PROMPTS,
+        eval_dataset=PROMPTS[:2],
+        processing_class=tok,
+    )
 
 
 def events(path) -> list[dict]:
@@ -43,8 +58,9 @@ def steps_and_phases(evs: list[dict], pid: int = 0) -> dict[int, set[str]]:
     inside = {}
     for s in steps:
         end = s["ts"] + s["dur"] + 0.2  # ts and dur are rounded to 0.1 µs each
-        inside[s["args"]["step"]] = {e["name"] for e in timed if e is not s and e["ts"] >= s["ts"] - 0.1
-                                     and e["ts"] + e["dur"] <= end}
+        inside[s["args"]["step"]] = {
+            e["name"] for e in timed if e is not s and e["ts"] >= s["ts"] - 0.1 and e["ts"] + e["dur"] <= end
+        }
     return inside
 
 
@@ -67,8 +83,12 @@ def test_an_rl_run_writes_a_chrome_trace_with_each_steps_phases_inside_it(tmp_pa
 def test_a_supervised_run_writes_its_steps_too(tmp_path):
     tok = char_tokenizer()
     rows = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
-    SFTTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0), SFTConfig(batch_size=2, max_steps=2, log_every=0,
-               output_dir=str(tmp_path)), rows, processing_class=tok).train()
+    SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0),
+        SFTConfig(batch_size=2, max_steps=2, log_every=0, output_dir=str(tmp_path)),
+        rows,
+        processing_class=tok,
+    ).train()
     inside = steps_and_phases(events(tmp_path / "trace.json"))
     assert inside == {1: {"optimizer_step"}, 2: {"optimizer_step"}}
 

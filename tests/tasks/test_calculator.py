@@ -30,7 +30,10 @@ def test_conversations_call_the_tool_and_a_share_ends_wrong():
     assert 70 <= len(wrong) <= 130  # ~25 % of 400
     assert all(c["messages"][-1]["content"] == str(r["a"]) for c, r in zip(convs, rows) if c in wrong)
     first = convs[0]["messages"]
-    assert first[1]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": rows[0]["a"], "b": rows[0]["b"]}}
+    assert first[1]["tool_calls"][0]["function"] == {
+        "name": "multiply",
+        "arguments": {"a": rows[0]["a"], "b": rows[0]["b"]},
+    }
     assert first[2] == {"role": "tool", "name": "multiply", "content": rows[0]["answer"]}
     assert convs[0]["tools"][0]["function"]["name"] == "multiply"
     assert calculator.multiply(12, 34) == 408
@@ -45,14 +48,31 @@ def test_the_tiny_template_trains_the_call_and_the_answer(tmp_path):
     tok.chat_template = TINY_TOOLS_TEMPLATE
     enc = encode_sft_rows(load_sft_dataset(str(path)), tok, max_length=256)[0]
     trained = tok.decode([t for t, m in zip(enc.input_ids, enc.mask) if m])
-    assert trained == ('<tool_call>{"name": "multiply", "arguments": {"a": %d, "b": %d}}</tool_call><|im_end|>%s<|im_end|>'
-                       % (rows[0]["a"], rows[0]["b"], rows[0]["answer"]))
+    assert trained == (
+        '<tool_call>{"name": "multiply", "arguments": {"a": %d, "b": %d}}</tool_call><|im_end|>%s<|im_end|>'
+        % (rows[0]["a"], rows[0]["b"], rows[0]["answer"])
+    )
 
 
 def test_data_command_writes_the_calculator_files_and_refuses_bad_digits(tmp_path, capsys):
     out = tmp_path / "calc"
-    assert main(["data", str(out), "--task", "calculator", "--factor-digits", "3,2", "--n-train", "50",
-                 "--wrong-share", "0.5"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                str(out),
+                "--task",
+                "calculator",
+                "--factor-digits",
+                "3,2",
+                "--n-train",
+                "50",
+                "--wrong-share",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     train = [json.loads(x) for x in (out / "train.jsonl").read_text().splitlines()]
     sft = [json.loads(x) for x in (out / "sft.jsonl").read_text().splitlines()]
     assert len(train) == len(sft) == 50 and 100 <= train[0]["a"] <= 999
@@ -69,12 +89,46 @@ def test_eval_command_runs_tool_episodes(tmp_path, capsys):
     template = tmp_path / "t.jinja"
     template.write_text(TINY_TOOLS_TEMPLATE)
     out = tmp_path / "eval.json"
-    assert main(["eval", "--model", str(tmp_path / "m"), "--dataset", paths["eval.jsonl"], "--reward",
-                 "strict_math_answer", "--tool", "rlhfkit.tasks.calculator:multiply", "--chat-template", str(template),
-                 "--greedy", "--max-new-tokens", "40", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tmp_path / "m"),
+                "--dataset",
+                paths["eval.jsonl"],
+                "--reward",
+                "strict_math_answer",
+                "--tool",
+                "rlhfkit.tasks.calculator:multiply",
+                "--chat-template",
+                str(template),
+                "--greedy",
+                "--max-new-tokens",
+                "40",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["metrics"]["eval/turns_mean"] >= 1 and "eval/tool_calls_mean" in result["metrics"]
     assert isinstance(result["samples"][0]["completion"], list)  # a conversation, not a string
-    assert main(["eval", "--model", str(tmp_path / "m"), "--dataset", paths["eval.jsonl"], "--reward",
-                 "strict_math_answer", "--tool", "no_such_module:f"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tmp_path / "m"),
+                "--dataset",
+                paths["eval.jsonl"],
+                "--reward",
+                "strict_math_answer",
+                "--tool",
+                "no_such_module:f",
+            ]
+        )
+        == 2
+    )
     assert "--tool: cannot import 'no_such_module:f'" in capsys.readouterr().err

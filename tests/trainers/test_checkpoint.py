@@ -14,8 +14,16 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit.run.checkpoint import (
-    DCP_DIR, LEGACY_FILE, META_FILE, STATE_FILE, TENSORS_FILE, load_checkpoint, load_module_weights, rng_state,
-    save_checkpoint, trainable_state,
+    DCP_DIR,
+    LEGACY_FILE,
+    META_FILE,
+    STATE_FILE,
+    TENSORS_FILE,
+    load_checkpoint,
+    load_module_weights,
+    rng_state,
+    save_checkpoint,
+    trainable_state,
 )
 
 
@@ -25,7 +33,7 @@ def make(seed=0, **adamw):
         torch.manual_seed(seed)
         model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, **adamw)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / 3, 1.0) * 0.9 ** s)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min((s + 1) / 3, 1.0) * 0.9**s)
     return model, optimizer, scheduler
 
 
@@ -124,8 +132,12 @@ def test_previous_single_process_format_still_resumes_bit_exactly(tmp_path):
     reference = make()
     train(*reference, 4)
     save_file(trainable_state(reference[0]), str(tmp_path / "policy.safetensors"))
-    save_tree(tmp_path, "training_state", {"optimizer": reference[1].state_dict(),
-                                            "scheduler": reference[2].state_dict(), "rng": rng_state()}, format=1)
+    save_tree(
+        tmp_path,
+        "training_state",
+        {"optimizer": reference[1].state_dict(), "scheduler": reference[2].state_dict(), "rng": rng_state()},
+        format=1,
+    )
     (tmp_path / STATE_FILE).write_text(json.dumps({"step": 4}))
     counters, _ = continue_both(tmp_path, reference)
     assert counters == {"step": 4}
@@ -249,12 +261,25 @@ def _allowed_objects():
     import torch.distributed.checkpoint.metadata as md
     from torch.serialization import _get_layout
 
-    names = ("Metadata", "TensorStorageMetadata", "TensorProperties", "ChunkStorageMetadata", "MetadataIndex",
-             "StorageMeta", "_MEM_FORMAT_ENCODING")
+    names = (
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
     found = {f"{md.__name__}.{n}": (b"c%s\n%s\n" % (md.__name__.encode(), n.encode()), getattr(md, n)) for n in names}
-    for obj, module in [(fs._StorageInfo, fs.__name__), (torch.Size, "torch"), (torch.float32, "torch"),
-                        (_get_layout, "torch.serialization"), (collections.OrderedDict, "collections"),
-                        (pathlib.Path, "pathlib"), (pathlib.PosixPath, "pathlib")]:
+    for obj, module in [
+        (fs._StorageInfo, fs.__name__),
+        (torch.Size, "torch"),
+        (torch.float32, "torch"),
+        (_get_layout, "torch.serialization"),
+        (collections.OrderedDict, "collections"),
+        (pathlib.Path, "pathlib"),
+        (pathlib.PosixPath, "pathlib"),
+    ]:
         name = str(obj).removeprefix("torch.") if obj is torch.float32 else obj.__name__
         found[f"{module}.{name}"] = (b"c%s\n%s\n" % (module.encode(), name.encode()), obj)
     enum_class = found[f"{md.__name__}._MEM_FORMAT_ENCODING"]
@@ -289,8 +314,9 @@ def test_crafted_dcp_metadata_cannot_set_attributes_on_an_allowed_class(tmp_path
         after = snapshot()
         for name, (_, obj) in objects.items():
             assert not hasattr(obj, "some_attr"), name
-            assert after[name] is None or (after[name].keys() == before[name].keys()
-                                           and all(after[name][k] is v for k, v in before[name].items())), name
+            assert after[name] is None or (
+                after[name].keys() == before[name].keys() and all(after[name][k] is v for k, v in before[name].items())
+            ), name
     finally:  # a failure must not leak the attribute into the other tests
         for _, obj in objects.values():
             if "some_attr" in getattr(obj, "__dict__", {}):

@@ -19,8 +19,9 @@ def trainer(train=None, model=None, tok=None, **overrides):
     args.update(overrides)
     extra = {k: args.pop(k) for k in ("eval_dataset", "ref_model", "peft_config") if k in args}
     model = model if model is not None else tiny_causal_lm(tok, hidden_size=32, seed=0)
-    return DPOTrainer(model, DPOConfig(**args), oracle_pairs(48, 0) if train is None else train,
-                      processing_class=tok, **extra)
+    return DPOTrainer(
+        model, DPOConfig(**args), oracle_pairs(48, 0) if train is None else train, processing_class=tok, **extra
+    )
 
 
 def weights(model):
@@ -40,8 +41,7 @@ def test_the_first_step_has_loss_log2_and_zero_rewards():
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "simpo"])
 def test_every_loss_learns_the_toy_preference(loss_type):
     beta = {"sigmoid": 0.5, "ipo": 0.5, "hinge": 0.5, "simpo": 2.0}[loss_type]
-    t = trainer(loss_type=loss_type, beta=beta, max_steps=30, learning_rate=3e-3,
-                eval_dataset=oracle_pairs(32, 1))
+    t = trainer(loss_type=loss_type, beta=beta, max_steps=30, learning_rate=3e-3, eval_dataset=oracle_pairs(32, 1))
     history = t.train()
     assert history[-1]["eval/rewards/accuracies"] > 0.7, history[-1]
     assert history[-1]["eval/rewards/margins"] > 0
@@ -80,10 +80,16 @@ def test_lora_uses_the_adapter_disabled_base_as_reference(tmp_path, precompute):
 
     pairs, beta = oracle_pairs(8, 0), 0.1
     base = trainer(train=pairs, batch_size=8, max_steps=1, beta=beta).train()[0]
-    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
-                      init_lora_weights=False)
-    t = trainer(train=pairs, batch_size=8, peft_config=lora, output_dir=str(tmp_path / "run"), max_steps=2,
-                beta=beta, precompute_ref_logprobs=precompute)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, init_lora_weights=False)
+    t = trainer(
+        train=pairs,
+        batch_size=8,
+        peft_config=lora,
+        output_dir=str(tmp_path / "run"),
+        max_steps=2,
+        beta=beta,
+        precompute_ref_logprobs=precompute,
+    )
     assert t.reference is None
     trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -100,10 +106,12 @@ def test_a_given_reference_model_is_used():
     """The reference log-probs the first step used (``logps - rewards / β``, means over one batch of
     every pair) are those of ``ref_model`` (scored as the policy of a run of its own)."""
     tok, pairs = char_tokenizer(), oracle_pairs(8, 0)
-    as_policy = trainer(train=pairs, batch_size=8, max_steps=1, tok=tok,
-                        model=tiny_causal_lm(tok, hidden_size=32, seed=1)).train()[0]
-    first = trainer(train=pairs, batch_size=8, max_steps=1, tok=tok,
-                    ref_model=tiny_causal_lm(tok, hidden_size=32, seed=1)).train()[0]
+    as_policy = trainer(
+        train=pairs, batch_size=8, max_steps=1, tok=tok, model=tiny_causal_lm(tok, hidden_size=32, seed=1)
+    ).train()[0]
+    first = trainer(
+        train=pairs, batch_size=8, max_steps=1, tok=tok, ref_model=tiny_causal_lm(tok, hidden_size=32, seed=1)
+    ).train()[0]
     assert first["dpo/loss"] != pytest.approx(math.log(2), abs=1e-3)  # π ≠ π_ref from the start
     for side in ("chosen", "rejected"):
         used_ref = first[f"logps/{side}"] - first[f"rewards/{side}"] / 0.1  # DPOConfig's default β
@@ -113,8 +121,7 @@ def test_a_given_reference_model_is_used():
 def test_resumed_training_ends_with_the_uninterrupted_weights(tmp_path):
     full = trainer(output_dir=str(tmp_path / "a"), save_steps=3, max_steps=7)
     full.train()
-    resumed = trainer(output_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a" / "checkpoint-3"),
-                      max_steps=7)
+    resumed = trainer(output_dir=str(tmp_path / "b"), resume_from=str(tmp_path / "a" / "checkpoint-3"), max_steps=7)
     assert resumed.step == 3
     resumed.train()
     wa, wb = weights(full.model), weights(resumed.model)
@@ -129,8 +136,11 @@ def test_bad_inputs_are_one_line():
     with pytest.raises(ValueError, match="label_smoothing"):
         DPOConfig(loss_type="ipo", label_smoothing=0.1)
     rows = [{"prompt": "ab", "chosen": "a", "rejected": "b"}, {"prompt": "ab", "chosen": "a"}]
-    with pytest.raises(ValueError, match=r"^train_dataset: row index 1 \(0-based\): missing field 'rejected' "
-                                         r"\(fields present: 'prompt', 'chosen'\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^train_dataset: row index 1 \(0-based\): missing field 'rejected' "
+        r"\(fields present: 'prompt', 'chosen'\)$",
+    ):
         trainer(train=rows)
     with pytest.raises(ValueError, match="processing_class"):
         DPOTrainer(tiny_causal_lm(char_tokenizer(), hidden_size=32), DPOConfig(), oracle_pairs(4, 0))
@@ -149,15 +159,25 @@ def test_dpo_raises_the_oracle_score_of_the_sft_model(tmp_path):
     from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
 
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")
-    SFTTrainer(tiny_causal_lm(tok, hidden_size=64, layers=2, seed=0),
-               SFTConfig(learning_rate=3e-3, max_steps=300, batch_size=32, output_dir=str(tmp_path / "sft"),
-                         log_every=0), train_dataset=shift.make_sft_rows(2000, 0), processing_class=tok).train()
+    SFTTrainer(
+        tiny_causal_lm(tok, hidden_size=64, layers=2, seed=0),
+        SFTConfig(learning_rate=3e-3, max_steps=300, batch_size=32, output_dir=str(tmp_path / "sft"), log_every=0),
+        train_dataset=shift.make_sft_rows(2000, 0),
+        processing_class=tok,
+    ).train()
     sft = str(tmp_path / "sft" / "final")
     pairs = sample_pairs(sft, shift.make_prompts(600, 1), 0) + shift.make_synthetic_pairs(1200, 0)
     random.Random(0).shuffle(pairs)
-    DPOTrainer(sft, DPOConfig(**DPO_SETTINGS, max_steps=200, output_dir=str(tmp_path / "dpo"), log_every=0),
-               train_dataset=pairs).train()
+    DPOTrainer(
+        sft,
+        DPOConfig(**DPO_SETTINGS, max_steps=200, output_dir=str(tmp_path / "dpo"), log_every=0),
+        train_dataset=pairs,
+    ).train()
     prompts = [{"prompt": p} for p in shift.make_prompts(128, 2)]
-    before, after = (evaluate_policy(str(tmp_path / name / "final"), [shift.oracle_reward], prompts,
-                                     sampling=SAMPLING)["metrics"]["eval/oracle_reward_mean"] for name in ("sft", "dpo"))
+    before, after = (
+        evaluate_policy(str(tmp_path / name / "final"), [shift.oracle_reward], prompts, sampling=SAMPLING)["metrics"][
+            "eval/oracle_reward_mean"
+        ]
+        for name in ("sft", "dpo")
+    )
     assert after > before + 0.04, (before, after)

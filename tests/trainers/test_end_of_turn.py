@@ -33,9 +33,20 @@ def ended_by_turn_end(rollout, tok) -> torch.Tensor:
 
 def test_turn_end_is_no_truncation_for_the_penalty_the_mask_and_the_metrics():
     tok = chatml_tokenizer(eos_token="<eos>")
-    args = RLConfig(algorithm="grpo", max_new_tokens=8, max_steps=1, log_every=0, seed=0, prompts_per_step=4,
-                    group_size=4, save_steps=0, missing_eos_penalty=-5.0, mask_truncated_completions=True,
-                    normalize_rewards=False, kl_coef=0.0)
+    args = RLConfig(
+        algorithm="grpo",
+        max_new_tokens=8,
+        max_steps=1,
+        log_every=0,
+        seed=0,
+        prompts_per_step=4,
+        group_size=4,
+        save_steps=0,
+        missing_eos_penalty=-5.0,
+        mask_truncated_completions=True,
+        normalize_rewards=False,
+        kl_coef=0.0,
+    )
     t = RLTrainer(tiny_turn_end_lm(tok, seed=0), [one], args, train_dataset=PROMPTS, processing_class=tok)
     rows = t.sampler.sample_prompts()
     rollout, episodes = t.sampler.generate(rows)
@@ -63,6 +74,15 @@ def test_evaluation_counts_turn_ends_as_ended():
     tok = chatml_tokenizer(eos_token="<eos>")
     model = tiny_turn_end_lm(tok, seed=0, end_bias=8.0).eval()  # every completion ends at once
     prompt_ids = [tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in PROMPTS[:2]]
-    out = run_evaluation(model, None, tok, build_rewards([one], None, tok), PROMPTS[:2], prompt_ids, 2,
-                         SamplingParams(max_new_tokens=6, greedy=True), 4)
+    out = run_evaluation(
+        model,
+        None,
+        tok,
+        build_rewards([one], None, tok),
+        PROMPTS[:2],
+        prompt_ids,
+        2,
+        SamplingParams(max_new_tokens=6, greedy=True),
+        4,
+    )
     assert out["metrics"]["eval/truncated_frac"] == 0.0, out["metrics"]

@@ -40,11 +40,13 @@ def constant_reward(prompts, completions, **kwargs):
 
 def make_trainer(algorithm="grpo", reward=varied_reward, **overrides):
     tok = char_tokenizer()
-    args = dict(algorithm=algorithm, learning_rate=3e-3, max_new_tokens=8, max_steps=2, log_every=0, seed=0,
-                prompts_per_step=2)
+    args = dict(
+        algorithm=algorithm, learning_rate=3e-3, max_new_tokens=8, max_steps=2, log_every=0, seed=0, prompts_per_step=2
+    )
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS,
-                     processing_class=tok)
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS, processing_class=tok
+    )
 
 
 def handmade_rollout(trainer, rows, lengths, eos=True):
@@ -53,11 +55,17 @@ def handmade_rollout(trainer, rows, lengths, eos=True):
     b = tok.convert_tokens_to_ids("b")
     eos = [eos] * len(lengths) if isinstance(eos, bool) else eos
     responses = [[b] * (n - 1) + [tok.eos_token_id if e else b] for n, e in zip(lengths, eos)]
-    return build_rollout([trainer.sampler.prompt_ids[i] for i in rows], responses, trainer.args.group_size,
-                         tok.pad_token_id, tok.eos_token_id)
+    return build_rollout(
+        [trainer.sampler.prompt_ids[i] for i in rows],
+        responses,
+        trainer.args.group_size,
+        tok.pad_token_id,
+        tok.eos_token_id,
+    )
 
 
 # ---------------------------------------------------------------- GSPO: the ratio's level reaches the loss
+
 
 @pytest.mark.parametrize("level", ["sequence", "sequence_token"])
 def test_importance_sampling_level_reaches_the_policy_loss(level):
@@ -71,18 +79,24 @@ def test_importance_sampling_level_reaches_the_policy_loss(level):
     with torch.no_grad():
         logprobs = trainer.models.train_outputs(rollout, with_values=False, entropy_grad=False)[0]
     exp.old_logprobs = logprobs + 0.3 * torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(0))
-    exp.advantages = torch.randn(exp.mask.shape[0], generator=torch.Generator().manual_seed(1))[:, None].expand_as(
-        exp.mask).clone()
+    exp.advantages = (
+        torch.randn(exp.mask.shape[0], generator=torch.Generator().manual_seed(1))[:, None].expand_as(exp.mask).clone()
+    )
     with torch.no_grad():
         got = update_loss(trainer.models, part(UpdateLoss, trainer.args), exp, all_rows, 0.0)[0]
     args = dict(agg=trainer.args.loss_agg, horizon=trainer.args.max_new_tokens, clip_low=0.1, clip_high=0.1)
-    want = {lvl: ppo_policy_loss(logprobs, exp.old_logprobs, exp.advantages, exp.mask, **args,
-                                 importance_sampling_level=lvl)[0] for lvl in ("token", level)}
+    want = {
+        lvl: ppo_policy_loss(
+            logprobs, exp.old_logprobs, exp.advantages, exp.mask, **args, importance_sampling_level=lvl
+        )[0]
+        for lvl in ("token", level)
+    }
     assert not torch.allclose(want["token"], want[level], atol=1e-4)
     torch.testing.assert_close(got, want[level], atol=1e-6, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- DAPO's soft overlong punishment
+
 
 def test_overlong_penalty_shapes_the_scores_by_length():
     """max_new_tokens 8, buffer 4, factor 0.5: a completion of L tokens (EOS counted) loses
@@ -104,6 +118,7 @@ def test_overlong_penalty_shapes_the_scores_by_length():
 
 # ---------------------------------------------------------------- truncated completions out of the loss
 
+
 def test_mask_truncated_completions_removes_truncated_rows_from_the_loss_only():
     """Truncated completions get no loss tokens; their scores still count in their group's
     statistics, so every advantage equals that of the run without the option."""
@@ -121,6 +136,7 @@ def test_mask_truncated_completions_removes_truncated_rows_from_the_loss_only():
 
 
 # ---------------------------------------------------------------- dynamic sampling
+
 
 def sampled(trainer) -> int:
     """Prompts of the data order the trainer's sampler has consumed."""
@@ -159,7 +175,7 @@ def test_dynamic_sampling_trains_only_on_groups_with_reward_variance():
     for _ in history:
         n, varying = 0, []
         while len(varying) < 2:
-            varying += [i for i in order[pos:pos + 2] if PROMPTS[i]["prompt"] not in CONSTANT]
+            varying += [i for i in order[pos : pos + 2] if PROMPTS[i]["prompt"] not in CONSTANT]
             n, pos = n + 1, pos + 2
         expected.append(float(n))
         kept_rows.append(varying[:2])  # the first ones kept, in the order drawn
@@ -172,8 +188,14 @@ def test_dynamic_sampling_trains_only_on_groups_with_reward_variance():
 
 
 def test_dynamic_sampling_logs_one_rounds_samples_per_step(tmp_path):
-    trainer = make_trainer("dapo", reward=half_constant_reward, max_steps=4, max_sampling_rounds=10,
-                           output_dir=str(tmp_path / "run"), num_logged_samples=4)
+    trainer = make_trainer(
+        "dapo",
+        reward=half_constant_reward,
+        max_steps=4,
+        max_sampling_rounds=10,
+        output_dir=str(tmp_path / "run"),
+        num_logged_samples=4,
+    )
     history = trainer.train()
     assert max(r["rollout/sampling_rounds"] for r in history) > 1
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
@@ -199,6 +221,7 @@ def test_dynamic_sampling_stops_at_max_sampling_rounds_and_warns(capsys):
 def test_dynamic_sampling_trains_on_what_it_kept_when_the_rounds_run_out(capsys):
     """Only the prompt 'xyz 12' has variance, one round: the step trains on the groups kept (none
     of a constant prompt), and the warning gives the count."""
+
     def one_prompt_varies(prompts, completions, **kwargs):
         return [(sum(map(ord, c)) % 7) / 7 if p == "xyz 12" else 0.0 for p, c in zip(prompts, completions)]
 
@@ -206,7 +229,7 @@ def test_dynamic_sampling_trains_on_what_it_kept_when_the_rounds_run_out(capsys)
     batches = recorded_batches(trainer)
     trainer.train()
     for rows, _, scores, valid in batches:
-        trained = [PROMPTS[i]["prompt"] for g, i in enumerate(rows) if valid[4 * g:4 * g + 4].any()]
+        trained = [PROMPTS[i]["prompt"] for g, i in enumerate(rows) if valid[4 * g : 4 * g + 4].any()]
         assert set(trained) <= {"xyz 12"}
         assert not valid.any() or group_has_variance(scores, valid, 4).all()
     assert any(valid.any() for _, _, _, valid in batches)  # 'xyz 12' came up in a step and was trained on
@@ -234,8 +257,9 @@ def test_dynamic_sampling_resumes_to_the_same_weights(tmp_path):
     half = make_trainer("dapo", output_dir=str(tmp_path / "half"), **{**extra, "max_steps": 2})
     half.train()
     half.save_checkpoint(tmp_path / "half" / "ckpt")
-    resumed = make_trainer("dapo", output_dir=str(tmp_path / "resumed"), resume_from=str(tmp_path / "half" / "ckpt"),
-                           **extra)
+    resumed = make_trainer(
+        "dapo", output_dir=str(tmp_path / "resumed"), resume_from=str(tmp_path / "half" / "ckpt"), **extra
+    )
     resumed.train()
     assert resumed.sampler.position() == full.sampler.position()
     for (name, a), (_, b) in zip(full.models.policy.named_parameters(), resumed.models.policy.named_parameters()):
@@ -243,6 +267,7 @@ def test_dynamic_sampling_resumes_to_the_same_weights(tmp_path):
 
 
 # ---------------------------------------------------------------- concat_rollouts
+
 
 def test_concat_rollouts_repads_prompts_and_responses():
     """Rows of rollouts with different prompt and response widths keep their tokens and masks,

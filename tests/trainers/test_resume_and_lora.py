@@ -30,16 +30,29 @@ def with_dropout(model, p=0.1):
 
 def sft(out, peft=None, **overrides):
     tok = char_tokenizer()
-    args = dict(learning_rate=3e-3, batch_size=4, grad_accumulation=2, max_steps=6, warmup_steps=2,
-                lr_scheduler="cosine", log_every=0, output_dir=str(out))  # 16 rows, 8 a step: 2 epochs
+    args = dict(
+        learning_rate=3e-3,
+        batch_size=4,
+        grad_accumulation=2,
+        max_steps=6,
+        warmup_steps=2,
+        lr_scheduler="cosine",
+        log_every=0,
+        output_dir=str(out),
+    )  # 16 rows, 8 a step: 2 epochs
     args.update(overrides)
     peft_config = None
     if peft:
         from peft import LoraConfig
 
         peft_config = LoraConfig(**LORA)
-    return SFTTrainer(with_dropout(tiny_causal_lm(tok, hidden_size=32, seed=0)), SFTConfig(**args), PAIRS,
-                      processing_class=tok, peft_config=peft_config)
+    return SFTTrainer(
+        with_dropout(tiny_causal_lm(tok, hidden_size=32, seed=0)),
+        SFTConfig(**args),
+        PAIRS,
+        processing_class=tok,
+        peft_config=peft_config,
+    )
 
 
 def rm(out, peft=None, **overrides):
@@ -51,8 +64,13 @@ def rm(out, peft=None, **overrides):
         from peft import LoraConfig
 
         peft_config = LoraConfig(**LORA)
-    return RewardModelTrainer(tiny_causal_lm(tok, hidden_size=32, seed=0), RewardModelConfig(**args),
-                              oracle_pairs(20, 0), processing_class=tok, peft_config=peft_config)
+    return RewardModelTrainer(
+        tiny_causal_lm(tok, hidden_size=32, seed=0),
+        RewardModelConfig(**args),
+        oracle_pairs(20, 0),
+        processing_class=tok,
+        peft_config=peft_config,
+    )
 
 
 def state(module):
@@ -175,9 +193,19 @@ def test_lora_reward_model_trains_adapters_and_head_and_saves_merged(tmp_path):
 def test_a_lora_reward_model_saves_its_adapter_and_head_when_asked(tmp_path, tiny_model_dir):
     from peft import LoraConfig
 
-    t = RewardModelTrainer(tiny_model_dir, RewardModelConfig(learning_rate=1e-3, batch_size=8, max_steps=3, log_every=0,
-                                                             output_dir=str(tmp_path / "run"), save_adapter=True),
-                           oracle_pairs(16, 0), peft_config=LoraConfig(**LORA))
+    t = RewardModelTrainer(
+        tiny_model_dir,
+        RewardModelConfig(
+            learning_rate=1e-3,
+            batch_size=8,
+            max_steps=3,
+            log_every=0,
+            output_dir=str(tmp_path / "run"),
+            save_adapter=True,
+        ),
+        oracle_pairs(16, 0),
+        peft_config=LoraConfig(**LORA),
+    )
     t.train()
     final = tmp_path / "run" / "final"
     assert (final / "adapter_model.safetensors").exists() and not (final / "model.safetensors").exists()
@@ -196,8 +224,21 @@ def test_the_cli_trains_lora_and_records_it(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/shift"]) == 0
-    assert main(["sft", "model=data/shift/model", "train_dataset=data/shift/sft.jsonl", "max_steps=2", "lora_r=4",
-                 "lora_target_modules=q_proj,v_proj", "output_dir=run", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "model=data/shift/model",
+                "train_dataset=data/shift/sft.jsonl",
+                "max_steps=2",
+                "lora_r=4",
+                "lora_target_modules=q_proj,v_proj",
+                "output_dir=run",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     recorded = yaml.safe_load(open("run/config.yaml"))
     assert recorded["lora_r"] == 4 and recorded["lora_target_modules"] == "q_proj,v_proj"
     AutoModelForCausalLM.from_pretrained("run/final")  # merged
@@ -210,11 +251,33 @@ def test_eval_takes_a_checkpoint_of_each_trainer(tmp_path, monkeypatch, capsys, 
     monkeypatch.chdir(tmp_path)
     assert main(["data", "data/shift"]) == 0
     data = "data/shift/sft.jsonl" if command == "sft" else "data/shift/pairs.jsonl"
-    assert main([command, "model=data/shift/model", f"train_dataset={data}", "max_steps=2", "save_steps=2",
-                 "lora_r=4", "output_dir=run", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                command,
+                "model=data/shift/model",
+                f"train_dataset={data}",
+                "max_steps=2",
+                "save_steps=2",
+                "lora_r=4",
+                "output_dir=run",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    code = main(["eval", "--model", "run/checkpoint-2", "--dataset", "data/shift/eval_prompts.jsonl",
-                 "--reward", "shift_oracle"])
+    code = main(
+        [
+            "eval",
+            "--model",
+            "run/checkpoint-2",
+            "--dataset",
+            "data/shift/eval_prompts.jsonl",
+            "--reward",
+            "shift_oracle",
+        ]
+    )
     err = capsys.readouterr().err
     if command == "rm":
         assert code == 2 and "holds no policy" in err and err.count("\n") == 1
@@ -224,8 +287,14 @@ def test_eval_takes_a_checkpoint_of_each_trainer(tmp_path, monkeypatch, capsys, 
 
 def test_a_learning_rate_changed_on_resume_takes_effect(tmp_path):
     sft(tmp_path / "a", save_steps=3, lr_scheduler="constant", warmup_steps=0, weight_decay=0.0).train()
-    resumed = sft(tmp_path / "b", resume_from=str(tmp_path / "a" / "checkpoint-3"), lr_scheduler="constant",
-                  warmup_steps=0, learning_rate=1e-4, weight_decay=0.01)
+    resumed = sft(
+        tmp_path / "b",
+        resume_from=str(tmp_path / "a" / "checkpoint-3"),
+        lr_scheduler="constant",
+        warmup_steps=0,
+        learning_rate=1e-4,
+        weight_decay=0.01,
+    )
     group = resumed.run.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(1e-4) and group["initial_lr"] == pytest.approx(1e-4)
     assert group["weight_decay"] == 0.01 and resumed.run.scheduler.get_last_lr()[0] == pytest.approx(1e-4)
@@ -249,8 +318,13 @@ def test_a_fixed_kl_coef_changed_on_resume_takes_effect(tmp_path):
         tok = char_tokenizer()
         args = dict(algorithm="grpo", max_steps=2, max_new_tokens=4, prompts_per_step=2, log_every=0, save_steps=1)
         args.update(overrides)
-        return RLTrainer(tiny_causal_lm(tok, hidden_size=32), [fraction_of_a], RLConfig(**args),
-                         train_dataset=PROMPTS, processing_class=tok)
+        return RLTrainer(
+            tiny_causal_lm(tok, hidden_size=32),
+            [fraction_of_a],
+            RLConfig(**args),
+            train_dataset=PROMPTS,
+            processing_class=tok,
+        )
 
     rl(output_dir=str(tmp_path / "a"), kl_coef=0.04).train()
     resumed = rl(output_dir=str(tmp_path / "b"), kl_coef=0.2, resume_from=str(tmp_path / "a" / "checkpoint-1"))

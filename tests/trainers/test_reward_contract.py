@@ -22,11 +22,25 @@ CHAT = [{"prompt": [{"role": "user", "content": p["prompt"]}], "answer": p["prom
 
 def trainer(reward, data=PROMPTS, **overrides) -> RLTrainer:
     tok, evaluation = char_tokenizer(), overrides.pop("eval", None)
-    args = dict(algorithm="grpo", max_new_tokens=5, max_steps=2, prompts_per_step=2, group_size=2, log_every=0,
-                seed=0, progress_bar=False)
+    args = dict(
+        algorithm="grpo",
+        max_new_tokens=5,
+        max_steps=2,
+        prompts_per_step=2,
+        group_size=2,
+        log_every=0,
+        seed=0,
+        progress_bar=False,
+    )
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, seed=0), reward if isinstance(reward, list) else [reward], RLConfig(**args),
-                     train_dataset=data, processing_class=tok, eval_dataset=evaluation)
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0),
+        reward if isinstance(reward, list) else [reward],
+        RLConfig(**args),
+        train_dataset=data,
+        processing_class=tok,
+        eval_dataset=evaluation,
+    )
 
 
 def test_a_trl_reward_function_reads_completion_0_content_on_conversational_prompts():
@@ -43,8 +57,9 @@ def test_a_trl_reward_function_reads_completion_0_content_on_conversational_prom
     prompts, completions, answer = seen[-1]
     assert prompts == [CHAT[i]["prompt"] for i in rows for _ in range(2)]  # as the dataset gives them
     assert answer == [CHAT[i]["answer"] for i in rows for _ in range(2)]
-    texts = t.tokenizer.batch_decode([r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)],
-                                     skip_special_tokens=True)
+    texts = t.tokenizer.batch_decode(
+        [r[m.bool()] for r, m in zip(rollout.response_ids, rollout.response_mask)], skip_special_tokens=True
+    )
     assert completions == [[{"role": "assistant", "content": text}] for text in texts]
     assert t.train()[0]["reward/content_length_mean"] >= 0  # and a whole step runs with it
 

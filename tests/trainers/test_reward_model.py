@@ -42,8 +42,9 @@ def trainer(train=None, tok=None, model=None, **overrides):
     args.update(overrides)
     extra = {k: args.pop(k) for k in ("eval_dataset", "center_dataset") if k in args}
     model = model if model is not None else tiny_causal_lm(tok, hidden_size=32, seed=0)
-    return RewardModelTrainer(model, RewardModelConfig(**args), oracle_pairs(64, 0) if train is None else train,
-                              processing_class=tok, **extra)
+    return RewardModelTrainer(
+        model, RewardModelConfig(**args), oracle_pairs(64, 0) if train is None else train, processing_class=tok, **extra
+    )
 
 
 def mean_score(model, tok, rows):
@@ -66,8 +67,18 @@ def test_learns_oracle_preferences_on_held_out_pairs():
     history = t.train()
     assert [r["step"] for r in history] == list(range(1, 41))
     assert "eval/accuracy" in history[19] and "eval/accuracy" not in history[20]
-    for key in ["rm/loss", "rm/accuracy", "rm/margin_mean", "rm/chosen_mean", "rm/rejected_mean", "rm/reward_mean",
-                "rm/reward_std", "perf/lr", "perf/grad_norm", "rm/epoch"]:
+    for key in [
+        "rm/loss",
+        "rm/accuracy",
+        "rm/margin_mean",
+        "rm/chosen_mean",
+        "rm/rejected_mean",
+        "rm/reward_mean",
+        "rm/reward_std",
+        "perf/lr",
+        "perf/grad_norm",
+        "rm/epoch",
+    ]:
         assert key in history[0], key
     after = t.evaluate()
     assert after["eval/accuracy"] > 0.85, (before, after)
@@ -132,13 +143,23 @@ def test_centring_survives_save_and_load(tmp_path):
 
 def test_custom_centre_set_and_center_off(tmp_path):
     tok = char_tokenizer()
-    center = ["aaaa", {"prompt": "bcd", "completion": "abc"}, {"messages": [{"role": "user", "content": "hi"},
-                                                                            {"role": "assistant", "content": "yo"}]}]
+    center = [
+        "aaaa",
+        {"prompt": "bcd", "completion": "abc"},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+    ]
     t = trainer(tok=tok, max_steps=5, center_dataset=center)
     t.train()
-    as_rows = [{"prompt": "", "completion": "aaaa"}, {"prompt": "bcd", "completion": "abc"},
-               {"prompt": tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                  add_generation_prompt=True), "completion": "yo"}]
+    as_rows = [
+        {"prompt": "", "completion": "aaaa"},
+        {"prompt": "bcd", "completion": "abc"},
+        {
+            "prompt": tok.apply_chat_template(
+                [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+            ),
+            "completion": "yo",
+        },
+    ]
     assert abs(mean_score(t.model, tok, as_rows)) < 1e-4
     off = trainer(max_steps=2, center=False)
     assert "rm/offset" not in off.train()[-1] and float(off.model.offset) == 0.0
@@ -147,15 +168,16 @@ def test_custom_centre_set_and_center_off(tmp_path):
 
 
 def test_trained_reward_model_initialises_the_ppo_critic(tiny_model_dir, tmp_path):
-    rm_trainer = RewardModelTrainer(tiny_model_dir, RewardModelConfig(learning_rate=1e-3, max_steps=3, log_every=0,
-                                                                      output_dir=str(tmp_path / "rm")),
-                                    train_dataset=oracle_pairs(16, 4))
+    rm_trainer = RewardModelTrainer(
+        tiny_model_dir,
+        RewardModelConfig(learning_rate=1e-3, max_steps=3, log_every=0, output_dir=str(tmp_path / "rm")),
+        train_dataset=oracle_pairs(16, 4),
+    )
     rm_trainer.train()
     rm_dir = str(tmp_path / "rm" / "final")
     from rlhfkit.trainers import RLTrainer
 
-    args = RLConfig(algorithm="ppo", critic_init=rm_dir, max_steps=1, max_new_tokens=4, prompts_per_step=2,
-                    log_every=0)
+    args = RLConfig(algorithm="ppo", critic_init=rm_dir, max_steps=1, max_new_tokens=4, prompts_per_step=2, log_every=0)
     rl = RLTrainer(tiny_model_dir, [fraction_of_a, rm_dir], args, train_dataset=PROMPTS)
     for name in ("weight", "bias"):
         critic, rm = getattr(rl.models.critic.head, name), getattr(rm_trainer.model.head, name)
@@ -170,13 +192,19 @@ def test_trained_reward_model_initialises_the_ppo_critic(tiny_model_dir, tmp_pat
 
 
 def test_model_kinds_path_object_and_scalar_model(tiny_model_dir, tmp_path):
-    first = RewardModelTrainer(tiny_model_dir, RewardModelConfig(max_steps=1, log_every=0, output_dir=str(tmp_path)),
-                               train_dataset=oracle_pairs(8, 5))
+    first = RewardModelTrainer(
+        tiny_model_dir,
+        RewardModelConfig(max_steps=1, log_every=0, output_dir=str(tmp_path)),
+        train_dataset=oracle_pairs(8, 5),
+    )
     assert first.model.config.hidden_size == 64
     first.train()
     # a saved reward-model directory continues: same head, same offset
-    again = RewardModelTrainer(str(tmp_path / "final"), RewardModelConfig(max_steps=0, center=False, log_every=0),
-                               train_dataset=oracle_pairs(8, 5))
+    again = RewardModelTrainer(
+        str(tmp_path / "final"),
+        RewardModelConfig(max_steps=0, center=False, log_every=0),
+        train_dataset=oracle_pairs(8, 5),
+    )
     torch.testing.assert_close(again.model.head.weight, first.model.head.weight, atol=0, rtol=0)
     assert float(again.model.offset) == pytest.approx(float(first.model.offset))
     tok = char_tokenizer()
@@ -191,8 +219,10 @@ def test_model_kinds_path_object_and_scalar_model(tiny_model_dir, tmp_path):
 
 def test_chat_prompts_and_message_completions_train():
     user = [{"role": "user", "content": "pick"}]
-    rows = [{"prompt": user, "chosen": [{"role": "assistant", "content": c}], "rejected": r}
-            for c, r in [("aaa", "bcd"), ("aab", "bbc"), ("aaaa", "b")]]
+    rows = [
+        {"prompt": user, "chosen": [{"role": "assistant", "content": c}], "rejected": r}
+        for c, r in [("aaa", "bcd"), ("aab", "bbc"), ("aaaa", "b")]
+    ]
     history = trainer(rows, max_steps=2, batch_size=3).train()
     assert len(history) == 2 and "rm/offset" in history[-1]
     tok = char_tokenizer()
@@ -208,16 +238,23 @@ def bad(**changes):
     return [oracle_pairs(1, 0)[0], {**oracle_pairs(1, 1)[0], **changes}]
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(train_dataset=bad(chosen="")), r"^train_dataset: row index 1 \(0-based\): field 'chosen'"),
-    (dict(train_dataset=bad(margin="x")), r"^train_dataset: row index 1 \(0-based\): field 'margin'"),
-    (dict(train_dataset=[{"prompt": "p", "chosen": "a"}]), r"row index 0 \(0-based\): missing field 'rejected'"),
-    (dict(train_dataset=oracle_pairs(2, 0), eval_dataset=bad(rejected=None)),
-     r"^eval_dataset: row index 1 \(0-based\): field 'rejected'"),
-    (dict(train_dataset=oracle_pairs(2, 0), center_dataset=["ok", {"prompt": "p"}]),
-     r"^center_dataset: row index 1 \(0-based\): missing field 'completion'"),
-    (dict(train_dataset=None), r"train_dataset is required"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(train_dataset=bad(chosen="")), r"^train_dataset: row index 1 \(0-based\): field 'chosen'"),
+        (dict(train_dataset=bad(margin="x")), r"^train_dataset: row index 1 \(0-based\): field 'margin'"),
+        (dict(train_dataset=[{"prompt": "p", "chosen": "a"}]), r"row index 0 \(0-based\): missing field 'rejected'"),
+        (
+            dict(train_dataset=oracle_pairs(2, 0), eval_dataset=bad(rejected=None)),
+            r"^eval_dataset: row index 1 \(0-based\): field 'rejected'",
+        ),
+        (
+            dict(train_dataset=oracle_pairs(2, 0), center_dataset=["ok", {"prompt": "p"}]),
+            r"^center_dataset: row index 1 \(0-based\): missing field 'completion'",
+        ),
+        (dict(train_dataset=None), r"train_dataset is required"),
+    ],
+)
 def test_bad_data_is_reported_before_the_model_is_loaded(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RewardModelTrainer(MISSING, RewardModelConfig(), **kwargs)
@@ -249,8 +286,17 @@ def test_pairs_that_do_not_fit_are_dropped_with_a_warning():
         trainer(rows, max_length=4, max_steps=0)
 
 
-@pytest.mark.parametrize("field,value", [("batch_size", 0), ("learning_rate", 0.0), ("lr_scheduler", "step"),
-                                         ("max_length", 1), ("dtype", "int8"), ("max_steps", -1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("batch_size", 0),
+        ("learning_rate", 0.0),
+        ("lr_scheduler", "step"),
+        ("max_length", 1),
+        ("dtype", "int8"),
+        ("max_steps", -1),
+    ],
+)
 def test_config_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=rf"config field '{field}' must be"):
         RewardModelConfig(**{field: value})

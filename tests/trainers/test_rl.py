@@ -11,10 +11,12 @@ from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import RLTrainer
 
+
 def make_trainer(algorithm, tmp_path=None, **overrides):
     if tmp_path is not None:
         overrides["output_dir"] = str(tmp_path)
     return toy_trainer(algorithm, **overrides)
+
 
 @pytest.mark.parametrize("algorithm", list(PRESETS))
 def test_every_preset_raises_mean_reward(algorithm):
@@ -23,21 +25,35 @@ def test_every_preset_raises_mean_reward(algorithm):
     end = sum(r["reward/mean"] for r in history[-5:]) / 5
     assert end - start > 0.2, (algorithm, start, end)
 
+
 def test_run_directory_has_metrics_and_a_loadable_final_model(tmp_path):
     make_trainer("grpo", tmp_path, max_steps=2).train()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ["reward/mean", "kl/k1", "kl/k3", "policy/entropy", "policy/clip_frac", "policy/approx_kl",
-                "rollout/response_length_mean", "rollout/truncated_frac", "perf/lr", "perf/grad_norm",
-                "perf/time_generate", "perf/tokens_per_s"]:
+    for key in [
+        "reward/mean",
+        "kl/k1",
+        "kl/k3",
+        "policy/entropy",
+        "policy/clip_frac",
+        "policy/approx_kl",
+        "rollout/response_length_mean",
+        "rollout/truncated_frac",
+        "perf/lr",
+        "perf/grad_norm",
+        "perf/time_generate",
+        "perf/tokens_per_s",
+    ]:
         assert key in rows[0], key
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     assert model.config.vocab_size == len(char_tokenizer())
+
 
 def test_ppo_logs_critic_metrics():
     row = make_trainer("ppo", max_steps=1).train()[0]
     for key in ["critic/loss", "critic/explained_variance", "critic/value_clip_frac"]:
         assert key in row
+
 
 @pytest.mark.parametrize("algorithm,critic", [("ppo", "separate"), ("ppo", "shared"), ("grpo", None)])
 def test_resume_gives_the_same_weights(tmp_path, algorithm, critic):
@@ -58,28 +74,45 @@ def test_resume_gives_the_same_weights(tmp_path, algorithm, critic):
         for a, b in zip(full.models.critic_module.parameters(), resumed.models.critic_module.parameters()):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
+
 def test_checkpoints_are_written_every_save_steps(tmp_path):
     make_trainer("rloo", tmp_path, max_steps=2, save_steps=1).train()
     for step in (1, 2):
         ckpt = tmp_path / f"checkpoint-{step}"
         assert sorted(p.name for p in ckpt.iterdir()) == [
-            "dcp", "rng-0.json", "rng-0.safetensors", "trainer_state.json", "training_state.json"]
+            "dcp",
+            "rng-0.json",
+            "rng-0.safetensors",
+            "trainer_state.json",
+            "training_state.json",
+        ]
         assert sorted(p.name for p in (ckpt / "dcp").iterdir()) == [".metadata", "__0_0.distcp"]
         assert json.loads((ckpt / "trainer_state.json").read_text())["step"] == step
+
 
 def test_resume_from_a_directory_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="not a checkpoint directory"):
         make_trainer("grpo", resume_from=str(tmp_path))
+
 
 def test_lora_policy_uses_the_adapter_disabled_base_as_reference(tmp_path):
     from peft import LoraConfig
 
     tok = char_tokenizer()
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
-    args = RLConfig(algorithm="grpo", kl_coef=0.1, learning_rate=1e-2, max_new_tokens=8, max_steps=3,
-                    prompts_per_step=4, log_every=0, output_dir=str(tmp_path))
-    trainer = RLTrainer(tiny_causal_lm(tok), [fraction_of_a], args, train_dataset=PROMPTS,
-                        processing_class=tok, peft_config=lora)
+    args = RLConfig(
+        algorithm="grpo",
+        kl_coef=0.1,
+        learning_rate=1e-2,
+        max_new_tokens=8,
+        max_steps=3,
+        prompts_per_step=4,
+        log_every=0,
+        output_dir=str(tmp_path),
+    )
+    trainer = RLTrainer(
+        tiny_causal_lm(tok), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok, peft_config=lora
+    )
     assert trainer.models.reference is None  # no second copy of the model
     history = trainer.train()
     assert abs(history[0]["kl/k1"]) < 1e-5  # LoRA starts as the identity: policy == reference
@@ -88,14 +121,18 @@ def test_lora_policy_uses_the_adapter_disabled_base_as_reference(tmp_path):
     assert trainable and all("lora_" in n for n in trainable)
     AutoModelForCausalLM.from_pretrained(tmp_path / "final")  # merged, loads without peft
 
+
 def test_single_on_policy_pass_does_not_recompute_old_logprobs():
     trainer = make_trainer("grpo", kl_coef=0.0)
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling
+    )
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     assert trainer.make_experience(rollout, scores, valid, metrics).old_logprobs is None
     multi = make_trainer("grpo", kl_coef=0.0, num_iterations=2)
     assert multi.make_experience(rollout, scores, valid, metrics).old_logprobs is not None
+
 
 def test_dataset_formats_and_chat_prompts(tmp_path, tiny_model_dir):
     from datasets import Dataset
@@ -108,6 +145,7 @@ def test_dataset_formats_and_chat_prompts(tmp_path, tiny_model_dir):
         assert len(trainer.train()) == 1
     chat = RLTrainer(tiny_model_dir, [fraction_of_a], args, train_dataset=str(path))
     assert chat.tokenizer.decode(chat.sampler.prompt_ids[0]).startswith("u:")  # rendered with the chat template
+
 
 def test_reward_columns_reach_the_reward_function():
     seen = {}
@@ -122,6 +160,7 @@ def test_reward_columns_reach_the_reward_function():
     RLTrainer(tiny_causal_lm(tok), [uses_column], args, train_dataset=data, processing_class=tok).train()
     assert sorted(seen["target"]) == ["x", "x", "y", "y"]
 
+
 def test_samples_no_function_scores_are_masked_out():
     def only_some(prompts, completions, **kwargs):
         return [None if i % 2 else 1.0 for i in range(len(completions))]
@@ -130,22 +169,29 @@ def test_samples_no_function_scores_are_masked_out():
     args = RLConfig(algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0)
     trainer = RLTrainer(tiny_causal_lm(tok), [only_some], args, train_dataset=PROMPTS, processing_class=tok)
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling
+    )
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     assert not exp.mask[1::2].any() and exp.mask[0::2].any()
 
+
 def test_unscored_samples_stay_in_the_loss_with_advantage_zero_under_unscored_in_loss():
     """TRL's rule (the drop-in's): an unscored row keeps its tokens in the loss, its advantage is 0."""
+
     def only_some(prompts, completions, **kwargs):
         return [None if i % 2 else float(len(c)) for i, c in enumerate(completions)]
 
     tok = char_tokenizer()
-    args = RLConfig(algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0,
-                    unscored_in_loss=True)
+    args = RLConfig(
+        algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0, unscored_in_loss=True
+    )
     trainer = RLTrainer(tiny_causal_lm(tok), [only_some], args, train_dataset=PROMPTS, processing_class=tok)
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling
+    )
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     assert torch.equal(exp.mask, rollout.response_mask.bool().to(exp.mask.device))
@@ -173,6 +219,7 @@ def test_a_failing_reward_function_is_named():
     trainer = RLTrainer(tiny_causal_lm(tok), [broken], args, train_dataset=PROMPTS, processing_class=tok)
     with pytest.raises(ValueError, match="broken"):
         trainer.train()
+
 
 def test_bad_arguments_are_clear(tiny_model_dir):
     with pytest.raises(ValueError, match="train_dataset is required"):
@@ -223,8 +270,14 @@ def test_eval_dataset_is_evaluated_before_every_eval_every_steps_and_after_the_l
     plain = make_trainer("grpo", max_steps=5)
     plain_history = plain.train()
     args = plain.args.replace(eval_every=2, eval_max_new_tokens=4, output_dir=str(tmp_path))
-    trainer = RLTrainer(tiny_causal_lm(char_tokenizer(), seed=0), [fraction_of_a], args, train_dataset=PROMPTS,
-                        eval_dataset=PROMPTS[:3], processing_class=char_tokenizer())
+    trainer = RLTrainer(
+        tiny_causal_lm(char_tokenizer(), seed=0),
+        [fraction_of_a],
+        args,
+        train_dataset=PROMPTS,
+        eval_dataset=PROMPTS[:3],
+        processing_class=char_tokenizer(),
+    )
     history = trainer.train()
     evals = [r for r in history if "eval/score_mean" in r]
     assert [r["step"] for r in evals] == [0, 2, 4, 5]
@@ -237,8 +290,14 @@ def test_eval_dataset_is_evaluated_before_every_eval_every_steps_and_after_the_l
 
 def test_eval_dataset_errors_name_it():
     with pytest.raises(ValueError, match="eval dataset"):
-        RLTrainer(tiny_causal_lm(char_tokenizer(), seed=0), [fraction_of_a], RLConfig(max_steps=1),
-                  train_dataset=PROMPTS, eval_dataset=[{"no_prompt": 1}], processing_class=char_tokenizer())
+        RLTrainer(
+            tiny_causal_lm(char_tokenizer(), seed=0),
+            [fraction_of_a],
+            RLConfig(max_steps=1),
+            train_dataset=PROMPTS,
+            eval_dataset=[{"no_prompt": 1}],
+            processing_class=char_tokenizer(),
+        )
 
 
 def test_save_total_limit_keeps_the_newest_checkpoints_only(tmp_path):

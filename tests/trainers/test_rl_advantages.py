@@ -21,11 +21,19 @@ def _batch(B, T=6, seed=0):
     return scores, mask, kl, values, has_eos
 
 
-@pytest.mark.parametrize("algorithm,extra", [
-    ("grpo", {}), ("grpo", {"whiten_advantages": True}), ("dr_grpo", {}), ("rloo", {}), ("reinforce", {}),
-    ("reinforce_plus_plus", {}), ("ppo", {}), ("grpo", {"normalize_rewards": True, "reward_clip": 1.0,
-                                                         "missing_eos_penalty": -1.0}),
-])
+@pytest.mark.parametrize(
+    "algorithm,extra",
+    [
+        ("grpo", {}),
+        ("grpo", {"whiten_advantages": True}),
+        ("dr_grpo", {}),
+        ("rloo", {}),
+        ("reinforce", {}),
+        ("reinforce_plus_plus", {}),
+        ("ppo", {}),
+        ("grpo", {"normalize_rewards": True, "reward_clip": 1.0, "missing_eos_penalty": -1.0}),
+    ],
+)
 def test_invalid_rows_give_the_advantages_of_the_batch_without_them(algorithm, extra):
     grouped = RLConfig(algorithm=algorithm).group_size > 1
     G, n_prompts = (4, 3) if grouped else (1, 12)
@@ -42,18 +50,26 @@ def test_invalid_rows_give_the_advantages_of_the_batch_without_them(algorithm, e
     kept_args = full_args.replace(group_size=G - 1 if grouped else 1)
 
     full_scores, full_metrics = shape_scores(scores, valid, has_eos, full_args)
-    kept_scores, kept_metrics = shape_scores(scores[keep], torch.ones(len(keep), dtype=torch.bool),
-                                             has_eos[keep], kept_args)
+    kept_scores, kept_metrics = shape_scores(
+        scores[keep], torch.ones(len(keep), dtype=torch.bool), has_eos[keep], kept_args
+    )
     torch.testing.assert_close(full_scores[keep], kept_scores)
     torch.testing.assert_close(full_metrics["reward/mean"], kept_metrics["reward/mean"])
     torch.testing.assert_close(full_metrics["reward/std"], kept_metrics["reward/std"])
 
     vals = values if full_args.use_critic else None
-    adv, ret, _, train_mask = compute_advantages(part(AdvantageEstimation, full_args), full_scores, valid, mask, kl,
-                                                 vals, 0.05)
-    kept = compute_advantages(part(AdvantageEstimation, kept_args), kept_scores,
-                              torch.ones(len(keep), dtype=torch.bool), mask[keep], kl[keep],
-                              vals[keep] if vals is not None else None, 0.05)
+    adv, ret, _, train_mask = compute_advantages(
+        part(AdvantageEstimation, full_args), full_scores, valid, mask, kl, vals, 0.05
+    )
+    kept = compute_advantages(
+        part(AdvantageEstimation, kept_args),
+        kept_scores,
+        torch.ones(len(keep), dtype=torch.bool),
+        mask[keep],
+        kl[keep],
+        vals[keep] if vals is not None else None,
+        0.05,
+    )
     torch.testing.assert_close(adv[keep], kept[0])
     assert (adv[~valid] == 0).all() and not train_mask[~valid].any()
     assert torch.equal(train_mask[keep], mask[keep])
@@ -68,12 +84,16 @@ def test_group_statistics_by_hand_with_an_invalid_sample():
     std = (1 / 3) ** 0.5
     expected = torch.tensor([(1 / 3) / std, (-2 / 3) / std, 0.0, (1 / 3) / std], dtype=torch.float64)
     torch.testing.assert_close(group_advantages(scores, 4, eps=0.0, valid=valid), expected)
-    torch.testing.assert_close(group_advantages(scores, 4, scale="none", valid=valid),
-                               torch.tensor([1 / 3, -2 / 3, 0.0, 1 / 3], dtype=torch.float64))
-    torch.testing.assert_close(rloo_advantages(scores, 4, valid=valid),
-                               torch.tensor([0.5, -1.0, 0.0, 0.5], dtype=torch.float64))
-    torch.testing.assert_close(reinforce_advantages(scores, valid=valid),
-                               torch.tensor([1 / 3, -2 / 3, 0.0, 1 / 3], dtype=torch.float64))
+    torch.testing.assert_close(
+        group_advantages(scores, 4, scale="none", valid=valid),
+        torch.tensor([1 / 3, -2 / 3, 0.0, 1 / 3], dtype=torch.float64),
+    )
+    torch.testing.assert_close(
+        rloo_advantages(scores, 4, valid=valid), torch.tensor([0.5, -1.0, 0.0, 0.5], dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        reinforce_advantages(scores, valid=valid), torch.tensor([1 / 3, -2 / 3, 0.0, 1 / 3], dtype=torch.float64)
+    )
 
 
 def test_a_group_with_one_valid_sample_has_no_baseline():
@@ -98,8 +118,9 @@ def test_a_batch_no_function_scored_gives_zero_advantages_without_error(algorith
     B = args.batch_size
     scores, mask, kl, values, _ = _batch(B)
     nothing = torch.zeros(B, dtype=torch.bool)
-    adv, _, _, train_mask = compute_advantages(part(AdvantageEstimation, args), scores, nothing, mask, kl,
-                                               values if args.use_critic else None, 0.05)
+    adv, _, _, train_mask = compute_advantages(
+        part(AdvantageEstimation, args), scores, nothing, mask, kl, values if args.use_critic else None, 0.05
+    )
     assert (adv == 0).all() and not train_mask.any()
 
 
@@ -108,7 +129,14 @@ def test_advantage_epsilon_reaches_the_group_estimator():
     unbiased std of 1/√2, so ε = 1 gives ±0.5 / (1/√2 + 1)."""
     args = RLConfig(algorithm="grpo", group_size=2, prompts_per_step=1, advantage_epsilon=1.0)
     mask = torch.ones(2, 3, dtype=torch.bool)
-    adv, *_ = compute_advantages(part(AdvantageEstimation, args), torch.tensor([0.0, 1.0]), torch.ones(2, dtype=torch.bool),
-                                 mask, None, None, 0.0)
-    expected = 0.5 / (2 ** -0.5 + 1.0)
+    adv, *_ = compute_advantages(
+        part(AdvantageEstimation, args),
+        torch.tensor([0.0, 1.0]),
+        torch.ones(2, dtype=torch.bool),
+        mask,
+        None,
+        None,
+        0.0,
+    )
+    expected = 0.5 / (2**-0.5 + 1.0)
     torch.testing.assert_close(adv[:, 0], torch.tensor([-expected, expected]))

@@ -34,17 +34,20 @@ def varied_reward(prompts, completions, **kwargs):
 
 def make_trainer(algorithm="grpo", reward=varied_reward, **overrides):
     tok = char_tokenizer()
-    args = dict(algorithm=algorithm, learning_rate=3e-3, max_new_tokens=6, max_steps=4, log_every=0, seed=0,
-                prompts_per_step=2)
+    args = dict(
+        algorithm=algorithm, learning_rate=3e-3, max_new_tokens=6, max_steps=4, log_every=0, seed=0, prompts_per_step=2
+    )
     args.update(overrides)
-    return RLTrainer(tiny_causal_lm(tok, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS,
-                     processing_class=tok)
+    return RLTrainer(
+        tiny_causal_lm(tok, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS, processing_class=tok
+    )
 
 
 def generate(trainer):
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size,
-                                      trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampler.sampling
+    )
     return rows, rollout
 
 
@@ -67,13 +70,17 @@ def varied_experience(trainer):
         if i % 8 != 0:
             ids[-1] = tok.eos_token_id
         responses.append(ids)
-    rollout = build_rollout([trainer.sampler.prompt_ids[i] for i in rows], responses, G, tok.pad_token_id, tok.eos_token_id)
+    rollout = build_rollout(
+        [trainer.sampler.prompt_ids[i] for i in rows], responses, G, tok.pad_token_id, tok.eos_token_id
+    )
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     return trainer.make_experience(rollout, scores, valid, metrics)
 
 
 def trained_params(trainer):
-    modules = [trainer.models.policy] + ([trainer.models.critic_module] if trainer.models.critic_module is not None else [])
+    modules = [trainer.models.policy] + (
+        [trainer.models.critic_module] if trainer.models.critic_module is not None else []
+    )
     return [(f"{i}.{n}", p) for i, m in enumerate(modules) for n, p in m.named_parameters() if p.requires_grad]
 
 
@@ -82,8 +89,9 @@ def record_grads(trainer) -> list[list[torch.Tensor]]:
     seen, step = [], trainer.optimizer_step
 
     def recording_step():
-        seen.append([torch.zeros_like(p) if p.grad is None else p.grad.detach().clone()
-                     for _, p in trained_params(trainer)])
+        seen.append(
+            [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for _, p in trained_params(trainer)]
+        )
         return step()
 
     trainer.optimizer_step = recording_step
@@ -123,20 +131,23 @@ ACCUMULATION_CASES = {
     "grpo-seq-mean-token-mean-kl": dict(algorithm="grpo", loss_agg="seq-mean-token-mean", kl_coef=0.05),
     "grpo-seq-mean-token-sum-norm-kl": dict(algorithm="grpo", loss_agg="seq-mean-token-sum-norm", kl_coef=0.05),
     "ppo-shared-token-mean": dict(algorithm="ppo", critic="shared", prompts_per_step=8, loss_agg="token-mean"),
-    "ppo-separate-seq-mean-token-mean": dict(algorithm="ppo", critic="separate", prompts_per_step=8,
-                                             loss_agg="seq-mean-token-mean"),
+    "ppo-separate-seq-mean-token-mean": dict(
+        algorithm="ppo", critic="separate", prompts_per_step=8, loss_agg="seq-mean-token-mean"
+    ),
     # Minibatches (2 optimizer steps of 4 rows; the second one off-policy) with micro-batches inside.
     "grpo-minibatches": dict(algorithm="grpo", loss_agg="seq-mean-token-mean", kl_coef=0.05, mini_batch_size=4),
-    "ppo-shared-minibatches": dict(algorithm="ppo", critic="shared", prompts_per_step=8, loss_agg="token-mean",
-                                   mini_batch_size=4),
+    "ppo-shared-minibatches": dict(
+        algorithm="ppo", critic="shared", prompts_per_step=8, loss_agg="token-mean", mini_batch_size=4
+    ),
     # The presets of issue 21, off-policy in their second minibatch: GSPO's sequence ratio (and
     # GSPO-token's), CISPO's capped detached ratio, DAPO with its overlong punishment and
     # truncated completions out of the loss.
     "gspo-minibatches": dict(algorithm="gspo", mini_batch_size=4),
     "gspo-token-minibatches": dict(algorithm="gspo", importance_sampling_level="sequence_token", mini_batch_size=4),
     "cispo-minibatches": dict(algorithm="cispo", mini_batch_size=4),
-    "dapo-minibatches": dict(algorithm="dapo", mini_batch_size=4, overlong_buffer_len=2,
-                             mask_truncated_completions=True),
+    "dapo-minibatches": dict(
+        algorithm="dapo", mini_batch_size=4, overlong_buffer_len=2, mask_truncated_completions=True
+    ),
 }
 
 
@@ -161,7 +172,9 @@ def test_micro_batches_with_gradient_accumulation_give_the_update_of_one_batch(c
 
     initial = [p.detach().clone() for _, p in trained_params(reference)]
     # The gradient of the first minibatch's loss in one forward/backward, for the first step of each run.
-    first_rows = torch.randperm(B, generator=minibatch_generator(reference.args.seed, reference.step)).split(config.get("mini_batch_size") or B)[0]
+    first_rows = torch.randperm(B, generator=minibatch_generator(reference.args.seed, reference.step)).split(
+        config.get("mini_batch_size") or B
+    )[0]
     micro_batch_loss(reference, exp, first_rows)[0].backward()
     direct = [p.grad.detach().clone() for _, p in trained_params(reference)]
     reference.run.optimizer.zero_grad(set_to_none=True)
@@ -221,6 +234,7 @@ def test_micro_batches_with_unscored_rows_give_the_update_of_one_batch():
 
 
 # ---------------------------------------------------------------- 2. the loss, by hand
+
 
 def test_grpo_loss_of_a_handmade_experience_equals_the_hand_computation():
     """Two rows (3 and 2 response tokens, one padded column); ratios and reference log-ratios set
@@ -285,13 +299,15 @@ def test_grpo_loss_of_a_real_two_row_experience_equals_plain_torch():
 
 # ---------------------------------------------------------------- 3. options, by their effect
 
+
 @pytest.mark.parametrize("target,direction", [(1e-6, +1), (1e6, -1)])
 def test_adaptive_kl_moves_beta_towards_the_target(target, direction):
     """β·(1 + clip(KL/target - 1, ±0.2)·B/horizon) after every step: a tiny target (KL above it)
     raises β, a huge one lowers it; the fixed controller would keep it at kl_coef."""
     horizon = 20.0
-    trainer = make_trainer(kl_coef=0.05, adaptive_kl=True, kl_target=target, kl_horizon=horizon,
-                           group_size=4, prompts_per_step=2)
+    trainer = make_trainer(
+        kl_coef=0.05, adaptive_kl=True, kl_target=target, kl_horizon=horizon, group_size=4, prompts_per_step=2
+    )
     with torch.no_grad():  # a reference away from the policy: KL is clearly > 0 from the first step
         gen = torch.Generator().manual_seed(0)
         for p in trainer.models.reference.parameters():
@@ -391,8 +407,7 @@ def test_reward_clip_bounds_scores_before_the_advantages():
 
 
 def test_normalize_rewards_whitens_scores_over_the_batch():
-    trainer = make_trainer(reward=large_rewards, normalize_rewards=True, kl_coef=0.0, group_size=4,
-                           prompts_per_step=2)
+    trainer = make_trainer(reward=large_rewards, normalize_rewards=True, kl_coef=0.0, group_size=4, prompts_per_step=2)
     rows, rollout = generate(trainer)
     scores, _, metrics = trainer.sampler.score(rows, rollout)
     raw = torch.tensor([5.0, -5.0, 0.25, -0.5] * 2)
@@ -414,7 +429,11 @@ def test_reinforce_plus_plus_advantages_are_whitened_discounted_token_returns():
     batch's response tokens (unbiased variance)."""
     args = RLConfig(algorithm="reinforce_plus_plus")
     assert (args.advantage_estimator, args.use_critic, args.kl_in_reward, args.group_size) == (
-        "reinforce_plus_plus", False, True, 1)
+        "reinforce_plus_plus",
+        False,
+        True,
+        1,
+    )
     trainer = make_trainer("reinforce_plus_plus", gamma=0.9, prompts_per_step=6, kl_coef=0.1)
     with torch.no_grad():  # a reference away from the policy, so the KL part of the reward is not 0
         gen = torch.Generator().manual_seed(0)
@@ -479,19 +498,23 @@ def schedule_factor(kind, step, warmup, total):
     return {"constant": 1.0, "linear": 1.0 - progress, "cosine": 0.5 * (1 + math.cos(math.pi * progress))}[kind]
 
 
-@pytest.mark.parametrize("kind,mini,used", [
-    ("constant", None, [1 / 3, 2 / 3, 1, 1, 1]),
-    ("linear", None, [1 / 3, 2 / 3, 1, 2 / 3, 1 / 3]),
-    ("cosine", None, [1 / 3, 2 / 3, 1, 0.75, 0.25]),
-    ("cosine", 4, [1 / 3, 2 / 3, 1, 0.5 * (1 + math.cos(math.pi / 8))]),  # of 10 optimizer steps
-])
+@pytest.mark.parametrize(
+    "kind,mini,used",
+    [
+        ("constant", None, [1 / 3, 2 / 3, 1, 1, 1]),
+        ("linear", None, [1 / 3, 2 / 3, 1, 2 / 3, 1 / 3]),
+        ("cosine", None, [1 / 3, 2 / 3, 1, 0.75, 0.25]),
+        ("cosine", 4, [1 / 3, 2 / 3, 1, 0.5 * (1 + math.cos(math.pi / 8))]),  # of 10 optimizer steps
+    ],
+)
 def test_learning_rate_schedule_follows_the_formula(kind, mini, used):
     """warmup_steps=2, max_steps=5: the lr each optimizer step uses is lr·factor(s) for s = 0, 1, …,
     and perf/lr logged after RL step k is the scheduler's next lr, lr·factor(steps taken). With
     mini_batch_size=4 (2 optimizer steps per RL step) the horizon is 10 optimizer steps."""
     lr = 1e-3
-    trainer = make_trainer(kl_coef=0.0, lr_scheduler=kind, warmup_steps=2, max_steps=5, learning_rate=lr,
-                           mini_batch_size=mini)
+    trainer = make_trainer(
+        kl_coef=0.0, lr_scheduler=kind, warmup_steps=2, max_steps=5, learning_rate=lr, mini_batch_size=mini
+    )
     seen = []
     trainer.run.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
     history = trainer.train()
@@ -501,15 +524,18 @@ def test_learning_rate_schedule_follows_the_formula(kind, mini, used):
     assert seen == pytest.approx([lr * schedule_factor(kind, s, 2, total) for s in range(total)], rel=1e-9)
     assert seen[: len(used)] == pytest.approx([lr * u for u in used])  # the formula's numbers, by hand
     logged = [r["perf/lr"] for r in history]
-    assert logged == pytest.approx([lr * schedule_factor(kind, (k + 1) * per_step, 2, total) for k in range(5)],
-                                   rel=1e-9, abs=1e-15)
+    assert logged == pytest.approx(
+        [lr * schedule_factor(kind, (k + 1) * per_step, 2, total) for k in range(5)], rel=1e-9, abs=1e-15
+    )
 
 
 # ---------------------------------------------------------------- 4. the EOS trick
 
+
 def test_missing_eos_penalty_replaces_truncated_scores_and_leaves_the_others_alone():
-    trainer = make_trainer(reward=fraction_of_a, missing_eos_penalty=-0.75, kl_coef=0.0, group_size=2,
-                           prompts_per_step=2, max_new_tokens=3)
+    trainer = make_trainer(
+        reward=fraction_of_a, missing_eos_penalty=-0.75, kl_coef=0.0, group_size=2, prompts_per_step=2, max_new_tokens=3
+    )
     eos = trainer.tokenizer.eos_token_id
     responses = [["a", "a", eos], ["a", "b", "a"], ["b", eos], ["a", "a", "a"]]
     rows = [0, 1]  # handmade_rollout continues prompts 0 and 1

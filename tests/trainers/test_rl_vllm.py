@@ -42,14 +42,23 @@ def p_a(policy) -> float:
     was_training = policy.training
     policy.eval()
     with torch.no_grad():
-        p = [policy(input_ids=torch.tensor([tok(r["prompt"], add_special_tokens=False)["input_ids"]])).logits[0, -1]
-             .softmax(-1)[a].item() for r in PROMPTS]
+        p = [
+            policy(input_ids=torch.tensor([tok(r["prompt"], add_special_tokens=False)["input_ids"]]))
+            .logits[0, -1]
+            .softmax(-1)[a]
+            .item()
+            for r in PROMPTS
+        ]
     policy.train(was_training)
     return sum(p) / len(p)
 
 
-ROLLOUT_METRICS = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/is_weight_mean",
-                   "rollout/is_masked_frac")
+ROLLOUT_METRICS = (
+    "rollout/logprob_diff_mean",
+    "rollout/logprob_diff_max",
+    "rollout/is_weight_mean",
+    "rollout/is_masked_frac",
+)
 # Steps of the direction check, measured on the vLLM engine over seeds 0-4 (the test runs seed 0):
 # p('a') from 0.0198 to, GRPO after 6 steps, 0.080 / 0.046 / 0.078 / 0.045 / 0.074 (>= 2.3x); PPO (a
 # critic to warm up, whitened advantages: slower, p('a') dips below its start in some seeds' first 5
@@ -105,8 +114,21 @@ def test_two_processes_each_generate_their_own_prompts_with_synced_engines(tmp_p
     config = dict(algorithm="grpo", prompts_per_step=4, max_steps=3, model_kwargs=HEADS, **VLLM)
     (tmp_path / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "300"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), str(WORKER), "check", str(tmp_path / "config.json"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        str(WORKER),
+        "check",
+        str(tmp_path / "config.json"),
+        str(tmp_path),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"vllm-{r}.json").read_text()) for r in range(2)]
@@ -127,9 +149,30 @@ def test_the_step_benchmark_compares_the_engines(tmp_path):
     model = save_tiny_model(tmp_path / "model", heads=2)
     script = Path(__file__).parents[2] / "benchmarks" / "rl_step.py"
     # the smallest step: one prompt x 2 completions x 2 tokens, no warm-up step, a small KV cache
-    out = subprocess.run([sys.executable, str(script), "--model", model, "--compare-engines", "--warmup", "0",
-                          "--steps", "1", "--new-tokens", "2", "--prompts", "1", "--group-size", "2",
-                          "--kv-cache-gb", "0.25"], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            model,
+            "--compare-engines",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--new-tokens",
+            "2",
+            "--prompts",
+            "1",
+            "--group-size",
+            "2",
+            "--kv-cache-gb",
+            "0.25",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     rows = [line for line in lines if not line.startswith("  efficiency:")]  # each row is followed by its counters
@@ -149,8 +192,14 @@ def test_an_adapter_the_engine_cannot_take_merged_is_refused_at_construction_in_
     lora_on_tied_embedding = LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"])
     args = RLConfig(algorithm="grpo", max_steps=1, output_dir=str(tmp_path / "run"), **VLLM)
     with pytest.raises(ValueError) as err:
-        RLTrainer(tiny_causal_lm(tok, **HEADS), [fraction_of_a], args, train_dataset=PROMPTS, processing_class=tok,
-                  peft_config=lora_on_tied_embedding)
+        RLTrainer(
+            tiny_causal_lm(tok, **HEADS),
+            [fraction_of_a],
+            args,
+            train_dataset=PROMPTS,
+            processing_class=tok,
+            peft_config=lora_on_tied_embedding,
+        )
     assert "\n" not in str(err.value) and "lm_head.weight are one tied weight" in str(err.value)
     assert not (tmp_path / "run").exists()  # before anything was written
 
@@ -164,11 +213,23 @@ def _launch(jobs: list[tuple[Path, dict]], nproc: int) -> None:
     jobs_file = jobs[0][0].with_name(jobs[0][0].name + "-jobs.json")
     jobs_file.write_text(json.dumps([[config, str(out)] for out, config in jobs]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RLHFKIT_DIST_TIMEOUT": "300"}
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr", "127.0.0.1",
-        "--master-port", str(_free_port())]
-    done = subprocess.run([*launcher, str(WORKER), "train", str(jobs_file)], capture_output=True, text=True, env=env,
-                          timeout=900)
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(_free_port()),
+        ]
+    )
+    done = subprocess.run(
+        [*launcher, str(WORKER), "train", str(jobs_file)], capture_output=True, text=True, env=env, timeout=900
+    )
     assert done.returncode == 0, done.stderr[-4000:]
 
 
@@ -182,8 +243,9 @@ def _result(out: Path):
 STALENESS_0 = dict(algorithm="grpo", max_steps=4, output_dir=None, model_kwargs=HEADS, **VLLM)
 # S = 1 (see its test): the direction check measured over seeds 0-2 (this run: seed 0), p('a') from
 # 0.0198 to 0.108 / 0.048 / 0.086 after 6 steps (>= 2.4x)
-STALENESS_1 = dict(algorithm="grpo", max_steps=6, rollout_workers=1, max_staleness=1, output_dir=None,
-                   model_kwargs=HEADS, **VLLM)
+STALENESS_1 = dict(
+    algorithm="grpo", max_steps=6, rollout_workers=1, max_staleness=1, output_dir=None, model_kwargs=HEADS, **VLLM
+)
 
 
 @pytest.fixture(scope="module")

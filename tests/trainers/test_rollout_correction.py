@@ -54,10 +54,17 @@ class PerturbedEngine:
         args, T = self.trainer.args, rollout.response_mask.shape[1]
         support = (args.top_k, args.top_p)
         with torch.no_grad():
-            mine = forward_response(self.copy, rollout.input_ids, rollout.attention_mask, T, args.temperature,
-                                    support=support)
-            old = forward_response(self.trainer.models.policy, rollout.input_ids, rollout.attention_mask, T,
-                                   args.temperature, support=support)
+            mine = forward_response(
+                self.copy, rollout.input_ids, rollout.attention_mask, T, args.temperature, support=support
+            )
+            old = forward_response(
+                self.trainer.models.policy,
+                rollout.input_ids,
+                rollout.attention_mask,
+                T,
+                args.temperature,
+                support=support,
+            )
         rollout.logprobs = mine.logprobs - mine.log_kept_mass
         self.steps.append((rollout, old.logprobs - old.log_kept_mass))
         return rollout
@@ -78,24 +85,31 @@ class RecordingLosses:
         def recorded(logprobs, old, advantages, mask, **kw):
             self.calls.append((self.trainer.step, kw["weights"], mask.bool()))
             return loss(logprobs, old, advantages, mask, **kw)
+
         return recorded
 
     def traits(self, name):
         return POLICY_LOSSES.traits(name)
 
 
-PRESETS = {"ppo-1-iteration": dict(algorithm="ppo", num_iterations=1), "ppo-4-iterations": dict(algorithm="ppo"),
-           "grpo": dict(algorithm="grpo"), "dr_grpo": dict(algorithm="dr_grpo"),
-           "reinforce": dict(algorithm="reinforce"), "reinforce_plus_plus": dict(algorithm="reinforce_plus_plus"),
-           "rloo": dict(algorithm="rloo")}
+PRESETS = {
+    "ppo-1-iteration": dict(algorithm="ppo", num_iterations=1),
+    "ppo-4-iterations": dict(algorithm="ppo"),
+    "grpo": dict(algorithm="grpo"),
+    "dr_grpo": dict(algorithm="dr_grpo"),
+    "reinforce": dict(algorithm="reinforce"),
+    "reinforce_plus_plus": dict(algorithm="reinforce_plus_plus"),
+    "rloo": dict(algorithm="rloo"),
+}
 
 
 @pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate", "token_mask"])
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_every_preset_applies_the_correction_once_per_step(preset, mode, monkeypatch):
     # Every row runs (none is left out for a zero advantage), so every token's weight reaches a loss call.
-    trainer = toy_trainer(max_steps=2, rollout_is=mode, rollout_is_threshold=1.3, skip_zero_gradient_rows=False,
-                          **PRESETS[preset])
+    trainer = toy_trainer(
+        max_steps=2, rollout_is=mode, rollout_is_threshold=1.3, skip_zero_gradient_rows=False, **PRESETS[preset]
+    )
     engine = trainer.sampler.engine = PerturbedEngine(trainer, noise=0.01)
     recorder = RecordingLosses(trainer)
     monkeypatch.setattr(update_module, "POLICY_LOSSES", recorder)
@@ -131,8 +145,13 @@ def test_truncated_sampling_is_not_counted_as_mismatch(top_p, top_k):
         assert row["rollout/logprob_diff_max"] < 1e-5 and row["rollout/is_masked_frac"] == 0
     rollout, _ = engine.steps[0]
     with torch.no_grad():
-        full = forward_response(trainer.models.policy, rollout.input_ids, rollout.attention_mask,
-                                rollout.response_mask.shape[1], trainer.args.temperature).logprobs
+        full = forward_response(
+            trainer.models.policy,
+            rollout.input_ids,
+            rollout.attention_mask,
+            rollout.response_mask.shape[1],
+            trainer.args.temperature,
+        ).logprobs
     assert (full - rollout.logprobs)[rollout.response_mask.bool()].abs().max() > 0.01  # what it would be
 
 
@@ -152,10 +171,18 @@ def _experience_with_engine_logprobs(mode, threshold=2.0, num_iterations=2):
     had engine probability half the trainer's (ratio π_trainer/π_engine = 2), token (1, 0) three
     times it (ratio 1/3); every other token agrees. Two passes over the batch: the weights are
     computed with the old log-probs, before the update."""
-    trainer = toy_trainer("grpo", prompts_per_step=2, rollout_is=mode, rollout_is_threshold=threshold, kl_coef=0.0,
-                          num_iterations=num_iterations)
+    trainer = toy_trainer(
+        "grpo",
+        prompts_per_step=2,
+        rollout_is=mode,
+        rollout_is_threshold=threshold,
+        kl_coef=0.0,
+        num_iterations=num_iterations,
+    )
     rows = trainer.sampler.sample_prompts()
-    rollout = trainer.sampler.engine.generate([trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling)
+    rollout = trainer.sampler.engine.generate(
+        [trainer.sampler.prompt_ids[i] for i in rows], 4, trainer.sampler.sampling
+    )
     old = trainer.models.policy_outputs(rollout, with_values=False)[0]
     behaviour = old.clone()
     behaviour[0, 0] += math.log(0.5)

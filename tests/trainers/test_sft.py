@@ -135,8 +135,12 @@ def test_run_directory_and_a_model_from_a_path(tmp_path, tiny_model_dir):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in PAIRS[:8]), encoding="utf-8")
     out = tmp_path / "run"
-    SFTTrainer(tiny_model_dir, SFTConfig(**{**FAST, "max_steps": 2, "output_dir": str(out)}), str(data),
-               eval_dataset=MESSAGES[:2]).train()
+    SFTTrainer(
+        tiny_model_dir,
+        SFTConfig(**{**FAST, "max_steps": 2, "output_dir": str(out)}),
+        str(data),
+        eval_dataset=MESSAGES[:2],
+    ).train()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and "eval/loss" in rows[-1] and "sft/loss" in rows[0]
     model = AutoModelForCausalLM.from_pretrained(out / "final")
@@ -147,14 +151,20 @@ def test_run_directory_and_a_model_from_a_path(tmp_path, tiny_model_dir):
 # ---------------------------------------------------------------- errors first
 
 
-@pytest.mark.parametrize("content,expected", [
-    ('{"prompt": "a"}\n', r"line 1: missing field 'completion'"),
-    ('{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": ""}\n', r"line 2: field 'completion': .*empty"),
-    (b'{"prompt": "a", "completion": "\xff"}\n', r"line 1: not valid UTF-8"),
-    ('{"prompt": "a", "completion": "b"\n', r"line 1: invalid JSON"),
-    ('{"messages": [{"role": "user", "content": "hi"}]}\n', r"line 1: field 'messages': .*last message"),
-    (None, r"data file not found"),
-])
+@pytest.mark.parametrize(
+    "content,expected",
+    [
+        ('{"prompt": "a"}\n', r"line 1: missing field 'completion'"),
+        (
+            '{"prompt": "a", "completion": "b"}\n{"prompt": "a", "completion": ""}\n',
+            r"line 2: field 'completion': .*empty",
+        ),
+        (b'{"prompt": "a", "completion": "\xff"}\n', r"line 1: not valid UTF-8"),
+        ('{"prompt": "a", "completion": "b"\n', r"line 1: invalid JSON"),
+        ('{"messages": [{"role": "user", "content": "hi"}]}\n', r"line 1: field 'messages': .*last message"),
+        (None, r"data file not found"),
+    ],
+)
 def test_data_errors_come_before_the_model_is_loaded(tmp_path, content, expected):
     path = tmp_path / "train.jsonl"
     if isinstance(content, bytes):

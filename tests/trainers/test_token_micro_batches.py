@@ -23,6 +23,7 @@ def spans(widths_lead, widths_tail):
 
 # ---------------------------------------------------------------- the split
 
+
 def test_each_micro_batch_stays_within_the_budget_and_a_longer_row_runs_alone():
     lead, tail = spans([5, 5, 5, 5, 5, 5], [30, 2, 7, 1, 3, 95])  # row 5: 100 tokens, over the budget
     chunks = split_rows(torch.arange(6), lead, tail, max_tokens=40)
@@ -78,6 +79,7 @@ def test_row_spans_count_the_columns_the_padded_pass_computes():
 
 # ---------------------------------------------------------------- the passes respect the budget
 
+
 def recorded_passes(monkeypatch):
     """(rows, positions the unpacked pass computes) of every forward pass of the policy, the reference
     and a separate critic of ``RLModels``."""
@@ -88,6 +90,7 @@ def recorded_passes(monkeypatch):
             lead, tail = row_spans(rollout.attention_mask, rollout.response_mask.shape[1])
             seen.append((rollout.input_ids.shape[0], padded_tokens(lead, tail, torch.arange(len(lead)))))
             return fn(model, rollout, *args, **kwargs)
+
         return wrapped
 
     monkeypatch.setattr(rl_models, "forward_rollout", record(rl_models.forward_rollout))
@@ -99,8 +102,14 @@ def recorded_passes(monkeypatch):
 def test_every_forward_pass_of_a_step_stays_within_the_budget(monkeypatch, budget):
     """A PPO step with a separate critic and a reference: the old log-probs, values, reference
     log-probs and the update's passes each hold at most ``budget`` tokens (or one row)."""
-    trainer = make_trainer(algorithm="ppo", critic="separate", prompts_per_step=8, kl_coef=0.05, max_steps=1,
-                           max_tokens_per_micro_batch=budget)
+    trainer = make_trainer(
+        algorithm="ppo",
+        critic="separate",
+        prompts_per_step=8,
+        kl_coef=0.05,
+        max_steps=1,
+        max_tokens_per_micro_batch=budget,
+    )
     seen = recorded_passes(monkeypatch)
     trainer.train()
     assert len(seen) > 2 * 5  # old log-probs, values, reference, update's log-probs and values: several each
@@ -140,8 +149,9 @@ CASES = {
     "grpo-seq-mean-token-mean-kl": dict(algorithm="grpo", loss_agg="seq-mean-token-mean", kl_coef=0.05),
     "grpo-minibatches": dict(algorithm="grpo", loss_agg="seq-mean-token-mean", kl_coef=0.05, mini_batch_size=4),
     "ppo-separate-token-mean": dict(algorithm="ppo", critic="separate", prompts_per_step=8, loss_agg="token-mean"),
-    "ppo-shared-seq-mean-token-mean": dict(algorithm="ppo", critic="shared", prompts_per_step=8,
-                                           loss_agg="seq-mean-token-mean"),
+    "ppo-shared-seq-mean-token-mean": dict(
+        algorithm="ppo", critic="shared", prompts_per_step=8, loss_agg="seq-mean-token-mean"
+    ),
     "grpo-rows-and-tokens": dict(algorithm="grpo", loss_agg="token-mean", kl_coef=0.05, micro_batch_size=3),
 }
 BUDGETS = (60, 20, 1)
@@ -160,8 +170,9 @@ def test_token_micro_batches_give_the_update_of_one_batch(case):
     if exp.ref_logprobs is not None and not reference.args.kl_in_reward:  # at step 0 the k3 term has no gradient
         noise = torch.randn(exp.ref_logprobs.shape, generator=torch.Generator().manual_seed(1))
         exp.ref_logprobs = exp.ref_logprobs + 0.5 * noise
-    counts = {b: len(micro_batch_split(part(MinibatchUpdate, t.args), exp)(torch.arange(8)))
-              for b, t in trainers.items()}
+    counts = {
+        b: len(micro_batch_split(part(MinibatchUpdate, t.args), exp)(torch.arange(8))) for b, t in trainers.items()
+    }
     assert counts[10**6] == (3 if config.get("micro_batch_size") == 3 else 1) and counts[1] == 8
     assert counts[60] < counts[20] < 8 or config.get("micro_batch_size")
     grads, params = {}, {}
@@ -198,4 +209,5 @@ def test_the_default_runs_a_short_batch_as_one_micro_batch():
     trainer = make_trainer(algorithm="grpo")
     exp = varied_experience(trainer)
     assert [c.tolist() for c in micro_batch_split(part(MinibatchUpdate, trainer.args), exp)(torch.arange(8))] == [
-        list(range(8))]
+        list(range(8))
+    ]

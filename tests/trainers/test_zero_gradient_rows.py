@@ -32,11 +32,22 @@ class FlatAfter:
 
 def train(reward, **overrides):
     tok = char_tokenizer()
-    args = dict(algorithm="grpo", learning_rate=3e-3, max_new_tokens=8, max_steps=3, log_every=0, seed=0,
-                prompts_per_step=4, kl_coef=0.0, mini_batch_size=8, micro_batch_size=4)
+    args = dict(
+        algorithm="grpo",
+        learning_rate=3e-3,
+        max_new_tokens=8,
+        max_steps=3,
+        log_every=0,
+        seed=0,
+        prompts_per_step=4,
+        kl_coef=0.0,
+        mini_batch_size=8,
+        micro_batch_size=4,
+    )
     args.update(overrides)
-    trainer = RLTrainer(tiny_causal_lm(tok, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS,
-                        processing_class=tok)
+    trainer = RLTrainer(
+        tiny_causal_lm(tok, seed=0), [reward], RLConfig(**args), train_dataset=PROMPTS, processing_class=tok
+    )
     return trainer, trainer.train()
 
 

@@ -31,8 +31,14 @@ def reward_len(completions, **kwargs):
 def test_trl_quickstart_runs_with_only_the_import_changed(model_dir, tmp_path):
     """TRL's GRPO quickstart (docs: "Quick start"), on a local tiny model and dataset."""
     dataset = [{"prompt": p} for p in ["abc", "hello", "xyz", "qq", "go", "hi"]]
-    training_args = GRPOConfig(output_dir=str(tmp_path / "Qwen2-0.5B-GRPO"), per_device_train_batch_size=4,
-                               num_generations=4, max_completion_length=8, max_steps=2, **CPU)
+    training_args = GRPOConfig(
+        output_dir=str(tmp_path / "Qwen2-0.5B-GRPO"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        **CPU,
+    )
     trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=training_args, train_dataset=dataset)
     output = trainer.train()
     assert output.global_step == trainer.state.global_step == 2
@@ -41,20 +47,31 @@ def test_trl_quickstart_runs_with_only_the_import_changed(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
-    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), trainer.models.policy.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(saved.state_dict().values(), trainer.models.policy.state_dict().values())
+    )
 
 
-@pytest.mark.parametrize("per_device, accumulation, per_generation, iterations, world", [
-    (8, 1, None, 1, 1), (2, 2, 4, 2, 1), (4, 1, 2, 1, 2), (2, 4, 8, 3, 2)])
+@pytest.mark.parametrize(
+    "per_device, accumulation, per_generation, iterations, world",
+    [(8, 1, None, 1, 1), (2, 2, 4, 2, 1), (4, 1, 2, 1, 2), (2, 4, 8, 3, 2)],
+)
 def test_the_batch_arithmetic_is_trls(per_device, accumulation, per_generation, iterations, world, monkeypatch):
     """A TRL config and its translation: the same completions per generation and per optimizer step,
     the same micro-batch, and the same optimizer steps per generation."""
     from rlhfkit import distributed
 
     monkeypatch.setattr(distributed, "planned_world", lambda: world)  # torchrun's WORLD_SIZE, without a group
-    config = GRPOConfig(output_dir="out", per_device_train_batch_size=per_device,
-                        gradient_accumulation_steps=accumulation, steps_per_generation=per_generation,
-                        num_iterations=iterations, num_generations=2, max_steps=10 * iterations * 8, **CPU)
+    config = GRPOConfig(
+        output_dir="out",
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=per_generation,
+        num_iterations=iterations,
+        num_generations=2,
+        max_steps=10 * iterations * 8,
+        **CPU,
+    )
     ours = config.to_rlhfkit(n_rows=100, world=world)
     spg = per_generation or accumulation
     assert ours.batch_size == per_device * world * spg == config.generation_batch_size  # completions per generation
@@ -68,9 +85,17 @@ def test_the_batch_arithmetic_is_trls(per_device, accumulation, per_generation, 
 def test_optimizer_steps_per_generation_are_trls_in_a_run(model_dir, tmp_path):
     """steps_per_generation=4 micro-steps of 2 completions, accumulation 2, two passes: 4 optimizer
     steps per generation, each on 4 completions."""
-    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                        steps_per_generation=4, num_iterations=2, num_generations=4, max_completion_length=4,
-                        max_steps=8, **CPU)
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
+        num_iterations=2,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=8,
+        **CPU,
+    )
     trainer = GRPOTrainer(model_dir, reward_len, config, [{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
     rows = trainer.train()
     assert trainer.state.global_step == 8 and len(trainer.history) == 2  # 2 generations x 4 optimizer steps
@@ -81,7 +106,13 @@ def test_optimizer_steps_per_generation_are_trls_in_a_run(model_dir, tmp_path):
 def test_trls_defaults_are_kept():
     config = GRPOConfig(output_dir="out", **CPU)
     ours = config.to_rlhfkit(n_rows=64)
-    assert (ours.learning_rate, ours.group_size, ours.max_new_tokens, ours.kl_coef, ours.seed) == (1e-6, 8, 512, 0.0, 42)
+    assert (ours.learning_rate, ours.group_size, ours.max_new_tokens, ours.kl_coef, ours.seed) == (
+        1e-6,
+        8,
+        512,
+        0.0,
+        42,
+    )
     assert (ours.loss_agg, ours.advantage_estimator, ours.clip_low, ours.clip_high) == ("token-mean", "group", 0.2, 0.2)
     assert ours.gradient_checkpointing and ours.lr_scheduler == "hf_linear" and ours.log_every == 10
     assert ours.max_steps == 3 * 64 // 1  # 3 epochs of 64 prompts, one prompt (8 completions) per generation
@@ -120,19 +151,31 @@ def test_cispo_caps_the_ratio_at_epsilon_high_as_trl(epsilon_high, cap):
 def test_epochs_count_whole_generations_as_trl(epochs, steps):
     """10 prompts, 4 per generation: TRL drops each epoch's incomplete last generation (2 an epoch,
     where rlhfkit used to run 3), and takes ceil(epochs x steps per epoch) optimizer steps."""
-    config = GRPOConfig(output_dir="out", **CPU, per_device_train_batch_size=8, num_generations=2,
-                        num_train_epochs=epochs)
+    config = GRPOConfig(
+        output_dir="out", **CPU, per_device_train_batch_size=8, num_generations=2, num_train_epochs=epochs
+    )
     assert config.to_rlhfkit(n_rows=10).max_steps == steps
     with pytest.raises(ValueError, match="fewer than one generation takes"):
         config.to_rlhfkit(n_rows=3)
 
 
-@pytest.mark.parametrize("field, value, says", [
-    ("deepspeed", "ds.json", "torchrun"), ("use_liger_kernel", True, "Liger"), ("push_to_hub", True, "save_model"),
-    ("delta", 1.5, "only its default"), ("top_entropy_quantile", 0.2, "only its default"),
-    ("sync_ref_model", True, "fixed reference"), ("vllm_mode", "server", "rollout_workers"),
-    ("repetition_penalty", 1.1, "only its default"), ("torch_compile", True, "compiled"),
-    ("loss_type", "sapo", "'dapo'"), ("scale_rewards", "batch", "'group'"), ("shuffle_dataset", False, "seeded shuffle")])
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("deepspeed", "ds.json", "torchrun"),
+        ("use_liger_kernel", True, "Liger"),
+        ("push_to_hub", True, "save_model"),
+        ("delta", 1.5, "only its default"),
+        ("top_entropy_quantile", 0.2, "only its default"),
+        ("sync_ref_model", True, "fixed reference"),
+        ("vllm_mode", "server", "rollout_workers"),
+        ("repetition_penalty", 1.1, "only its default"),
+        ("torch_compile", True, "compiled"),
+        ("loss_type", "sapo", "'dapo'"),
+        ("scale_rewards", "batch", "'group'"),
+        ("shuffle_dataset", False, "seeded shuffle"),
+    ],
+)
 def test_an_unsupported_field_is_refused_in_one_line_naming_it(field, value, says):
     with pytest.raises(ValueError) as err:
         GRPOConfig(output_dir="out", **{**CPU, field: value}).to_rlhfkit(n_rows=8)
@@ -150,10 +193,17 @@ def test_every_field_is_translated_without_effect_or_refused():
 
 
 def test_rloo_runs_with_only_the_import_changed(model_dir, tmp_path):
-    config = RLOOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
-                        max_completion_length=4, max_steps=1, **CPU)
-    trainer = RLOOTrainer(model=model_dir, reward_funcs=reward_len, args=config,
-                          train_dataset=[{"prompt": p} for p in ["abc", "hello"]])
+    config = RLOOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=4,
+        max_steps=1,
+        **CPU,
+    )
+    trainer = RLOOTrainer(
+        model=model_dir, reward_funcs=reward_len, args=config, train_dataset=[{"prompt": p} for p in ["abc", "hello"]]
+    )
     assert trainer.train().global_step == 1 and trainer.args.algorithm == "rloo"
 
 
@@ -175,8 +225,15 @@ def test_tools_example_runs(tmp_path):
         return a * b
 
     dataset = [{"prompt": [{"role": "user", "content": "2*3?"}]}, {"prompt": [{"role": "user", "content": "4*5?"}]}]
-    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
-                        max_completion_length=16, max_steps=1, max_tool_calling_iterations=2, **CPU)
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=16,
+        max_steps=1,
+        max_tool_calling_iterations=2,
+        **CPU,
+    )
     trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=config, train_dataset=dataset, tools=[multiply])
     assert trainer.train().global_step == 1
     assert "agent/turns_mean" in trainer.history[-1]
@@ -195,8 +252,14 @@ def test_conversational_quickstart_with_trls_reward_contract(tmp_path):
         return [float(len(set(content))) for content in completion_contents]
 
     dataset = [{"prompt": [{"role": "user", "content": q}]} for q in ("Hi?", "Why?")]
-    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
-                        max_completion_length=6, max_steps=1, **CPU)
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=6,
+        max_steps=1,
+        **CPU,
+    )
     trainer = GRPOTrainer(model=model, reward_funcs=reward_num_unique_letters, args=config, train_dataset=dataset)
     assert trainer.train().global_step == 1
     assert len(seen) == 4 and all(c[0]["role"] == "assistant" and isinstance(c[0]["content"], str) for c in seen)
@@ -211,7 +274,14 @@ def test_reward_functions_see_trls_global_step_in_optimizer_steps(model_dir, tmp
         seen.append((trainer_state.global_step, trainer_state.max_steps))
         return [0.0] * len(completions)
 
-    config = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2,
-                        num_iterations=2, max_completion_length=4, max_steps=4, **CPU)
+    config = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        num_iterations=2,
+        max_completion_length=4,
+        max_steps=4,
+        **CPU,
+    )
     GRPOTrainer(model_dir, reward, config, [{"prompt": p} for p in ["abc", "hello"]]).train()
     assert seen == [(0, 4), (2, 4)]

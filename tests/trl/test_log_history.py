@@ -4,7 +4,16 @@ the drop-in's rows carry them beside rlhfkit's (rlhfkit/trl/metrics.py), with TR
 import pytest
 
 from rlhfkit.tasks.tiny import save_tiny_model
-from rlhfkit.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
+from rlhfkit.trl import (
+    DPOConfig,
+    DPOTrainer,
+    GRPOConfig,
+    GRPOTrainer,
+    RewardConfig,
+    RewardTrainer,
+    SFTConfig,
+    SFTTrainer,
+)
 from rlhfkit.trl.metrics import rl_metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -24,10 +33,21 @@ def reward_len(completions, **kwargs):
 
 def test_grpo_log_history_has_trls_names_beside_rlhfkits(model_dir, tmp_path):
     # 2 micro-steps per generation, each its own optimizer step: TRL's step is twice rlhfkit's
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-                      steps_per_generation=2, max_completion_length=8, max_steps=4, **CPU)
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=args,
-                          train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        steps_per_generation=2,
+        max_completion_length=8,
+        max_steps=4,
+        **CPU,
+    )
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=reward_len,
+        args=args,
+        train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]],
+    )
     trainer.train()
     last, ours = trainer.state.log_history[-1], trainer.history[-1]
     assert last["reward"] == ours["reward/mean"] and last["reward_std"] == ours["reward/std"]
@@ -53,19 +73,53 @@ def test_grpo_table_follows_the_config():
     assert "clip_ratio/region_mean" not in rl_metrics(GRPOConfig(loss_type="cispo", **base), [])
 
 
-@pytest.mark.parametrize("config_class, trainer_class, data, names", [
-    (SFTConfig, SFTTrainer, [{"prompt": "ab", "completion": "cd"}, {"prompt": "x", "completion": "yz"}],
-     {"loss": "sft/loss", "grad_norm": "sft/grad_norm", "learning_rate": "sft/lr", "epoch": "sft/epoch"}),
-    (DPOConfig, DPOTrainer, PAIRS, {"loss": "dpo/loss", "grad_norm": "perf/grad_norm", "learning_rate": "perf/lr",
-                                    "rewards/margins": "rewards/margins", "eval_loss": "eval/loss",
-                                    "eval_rewards/accuracies": "eval/rewards/accuracies"}),
-    (RewardConfig, RewardTrainer, PAIRS, {"loss": "rm/loss", "accuracy": "rm/accuracy", "margin": "rm/margin_mean",
-                                          "mean_reward": "rm/reward_mean", "eval_accuracy": "eval/accuracy"}),
-], ids=["sft", "dpo", "reward"])
+@pytest.mark.parametrize(
+    "config_class, trainer_class, data, names",
+    [
+        (
+            SFTConfig,
+            SFTTrainer,
+            [{"prompt": "ab", "completion": "cd"}, {"prompt": "x", "completion": "yz"}],
+            {"loss": "sft/loss", "grad_norm": "sft/grad_norm", "learning_rate": "sft/lr", "epoch": "sft/epoch"},
+        ),
+        (
+            DPOConfig,
+            DPOTrainer,
+            PAIRS,
+            {
+                "loss": "dpo/loss",
+                "grad_norm": "perf/grad_norm",
+                "learning_rate": "perf/lr",
+                "rewards/margins": "rewards/margins",
+                "eval_loss": "eval/loss",
+                "eval_rewards/accuracies": "eval/rewards/accuracies",
+            },
+        ),
+        (
+            RewardConfig,
+            RewardTrainer,
+            PAIRS,
+            {
+                "loss": "rm/loss",
+                "accuracy": "rm/accuracy",
+                "margin": "rm/margin_mean",
+                "mean_reward": "rm/reward_mean",
+                "eval_accuracy": "eval/accuracy",
+            },
+        ),
+    ],
+    ids=["sft", "dpo", "reward"],
+)
 def test_supervised_log_history_has_trls_names(config_class, trainer_class, data, names, model_dir, tmp_path):
     evaluates = any(k.startswith("eval_") for k in names)
-    args = config_class(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=1,
-                        eval_strategy="steps" if evaluates else "no", eval_steps=1, **CPU)
+    args = config_class(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        eval_strategy="steps" if evaluates else "no",
+        eval_steps=1,
+        **CPU,
+    )
     trainer = trainer_class(model=model_dir, args=args, train_dataset=data, eval_dataset=data if evaluates else None)
     trainer.train()
     last, ours = trainer.state.log_history[-1], trainer.history[-1]
@@ -85,11 +139,24 @@ class RecordsLikeTRL:
 
 
 def test_a_trl_callback_sees_trls_names_args_and_steps(model_dir, tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-                      steps_per_generation=2, max_completion_length=8, max_steps=4, **CPU)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        steps_per_generation=2,
+        max_completion_length=8,
+        max_steps=4,
+        **CPU,
+    )
     callback = RecordsLikeTRL()
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=args, callbacks=[callback],
-                          train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=reward_len,
+        args=args,
+        callbacks=[callback],
+        train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]],
+    )
     trainer.train()
-    assert callback.seen == [("GRPOConfig", 2 * row["step"], row["reward/mean"], row["reward/mean"])
-                             for row in trainer.history]
+    assert callback.seen == [
+        ("GRPOConfig", 2 * row["step"], row["reward/mean"], row["reward/mean"]) for row in trainer.history
+    ]

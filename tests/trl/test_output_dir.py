@@ -27,8 +27,15 @@ def reward_len(completions, **kwargs):
 
 def grpo_script(model_dir, output_dir, max_steps=2):
     """A TRL GRPO script: train, then save the model into output_dir itself (TRL's scripts do)."""
-    args = GRPOConfig(output_dir=str(output_dir), per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=4, max_steps=max_steps, save_steps=1, **CPU)
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=max_steps,
+        save_steps=1,
+        **CPU,
+    )
     trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=args, train_dataset=PROMPTS)
     trainer.train()
     trainer.save_model()
@@ -61,7 +68,10 @@ def test_a_rerun_into_the_same_output_dir_replaces_only_rlhfkits_files(model_dir
     trainer = grpo_script(model_dir, out, max_steps=1)  # was: "already exists ... set overwrite=true"
     said = warnings_about(out, capsys)
     assert len(said) == 1, said
-    assert said[0].startswith(f"warning: GRPOTrainer: output_dir {str(out)!r} holds an earlier run") and "checkpoint-2/" in said[0]
+    assert (
+        said[0].startswith(f"warning: GRPOTrainer: output_dir {str(out)!r} holds an earlier run")
+        and "checkpoint-2/" in said[0]
+    )
     assert "metrics.jsonl" in said[0] and "notes.md" not in said[0] and "kept" in said[0]
     assert unchanged(mine)  # the user's files: untouched
     assert not (out / "checkpoint-2").exists() and (out / "checkpoint-1").is_dir()  # the earlier run's: replaced
@@ -90,8 +100,9 @@ def test_files_named_like_rlhfkits_in_an_unmarked_directory_are_not_replaced(mod
     with pytest.raises(ValueError) as e:
         grpo_script(model_dir, out, max_steps=1)
     line = str(e.value)
-    assert "\n" not in line and line.startswith(f"GRPOTrainer: output_dir {str(out)!r} holds checkpoint-500/, "
-                                                 "metrics.jsonl"), line
+    assert "\n" not in line and line.startswith(
+        f"GRPOTrainer: output_dir {str(out)!r} holds checkpoint-500/, metrics.jsonl"
+    ), line
     assert f"no {MARKER} marker" in line and "choose another output_dir" in line
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before and not (out / MARKER).exists()
 

@@ -24,15 +24,19 @@ STORIES = [{"text": f"once upon a time there was a {w} cat."} for w in ("red", "
 USER = lambda q: {"role": "user", "content": q}  # noqa: E731
 BOT = lambda a: {"role": "assistant", "content": a}  # noqa: E731
 # TRL's implicit-prompt conversational preference rows (trl-lib/ultrafeedback_binarized's shape)
-PREFS = [{"chosen": [USER(f"{q}?"), BOT(good)], "rejected": [USER(f"{q}?"), BOT(bad)]}
-         for q, good, bad in [("2+2", "4", "5"), ("sky", "blue", "green"), ("3+1", "4", "9"), ("sun", "hot", "cold")]]
+PREFS = [
+    {"chosen": [USER(f"{q}?"), BOT(good)], "rejected": [USER(f"{q}?"), BOT(bad)]}
+    for q, good, bad in [("2+2", "4", "5"), ("sky", "blue", "green"), ("3+1", "4", "9"), ("sun", "hot", "cold")]
+]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
-    return {"plain": save_tiny_model(root / "plain", seed=0),
-            "chat": save_tiny_model(root / "chat", tokenizer=chatml_tokenizer(), seed=0)}
+    return {
+        "plain": save_tiny_model(root / "plain", seed=0),
+        "chat": save_tiny_model(root / "chat", tokenizer=chatml_tokenizer(), seed=0),
+    }
 
 
 def run_script(script: str, **names) -> dict:
@@ -64,16 +68,26 @@ trainer.save_model(training_args.output_dir)
 """
 
 
-@pytest.mark.parametrize("kind, rows, model, auto", [
-    ("SFT", STORIES, "plain", "AutoModelForCausalLM"), ("DPO", PREFS, "chat", "AutoModelForCausalLM"),
-    ("Reward", PREFS, "chat", "AutoModelForSequenceClassification")])
+@pytest.mark.parametrize(
+    "kind, rows, model, auto",
+    [
+        ("SFT", STORIES, "plain", "AutoModelForCausalLM"),
+        ("DPO", PREFS, "chat", "AutoModelForCausalLM"),
+        ("Reward", PREFS, "chat", "AutoModelForSequenceClassification"),
+    ],
+)
 def test_trls_scripts_run_with_only_the_import_changed(kind, rows, model, auto, models, tmp_path):
     import transformers
     from datasets import Dataset, DatasetDict
 
     dataset = DatasetDict(train=Dataset.from_list(rows), test=Dataset.from_list(rows[:2]))
-    scope = run_script(SCRIPT.format(Config=f"{kind}Config", Trainer=f"{kind}Trainer"), cpu=CPU, dataset=dataset,
-                       output_dir=str(tmp_path / "out"), model_name_or_path=models[model])
+    scope = run_script(
+        SCRIPT.format(Config=f"{kind}Config", Trainer=f"{kind}Trainer"),
+        cpu=CPU,
+        dataset=dataset,
+        output_dir=str(tmp_path / "out"),
+        model_name_or_path=models[model],
+    )
     trainer, result = scope["trainer"], scope["result"]
     steps = math.ceil(math.ceil(len(rows) / 2) / 2)  # TRL: ceil(batches of 2 per epoch / accumulation 2)
     assert result.global_step == trainer.state.global_step == trainer.state.max_steps == steps
@@ -98,12 +112,21 @@ def test_the_sft_quickstart_on_conversations_trains_every_token_as_trl_does(mode
 
 def test_which_tokens_are_trained_follows_trls_rules(models, tmp_path):
     pair, story = {"prompt": "abc ", "completion": "xyz"}, {"content": "plain words"}
-    cases = [(None, "text", None, 4), (True, "text", None, 4), (False, "text", None, 7),  # completion_only_loss
-             (None, "content", None, len("plain words")),  # dataset_text_field: every token + EOS
-             (None, "text", lambda row: "fn " + row["content"], len("fn plain words"))]  # formatting_func
+    cases = [
+        (None, "text", None, 4),
+        (True, "text", None, 4),
+        (False, "text", None, 7),  # completion_only_loss
+        (None, "content", None, len("plain words")),  # dataset_text_field: every token + EOS
+        (None, "text", lambda row: "fn " + row["content"], len("fn plain words")),
+    ]  # formatting_func
     for i, (only, text_field, formatting, trained) in enumerate(cases):
-        args = SFTConfig(output_dir=str(tmp_path / str(i)), max_steps=1, completion_only_loss=only,
-                         dataset_text_field=text_field, **CPU)
+        args = SFTConfig(
+            output_dir=str(tmp_path / str(i)),
+            max_steps=1,
+            completion_only_loss=only,
+            dataset_text_field=text_field,
+            **CPU,
+        )
         data = [story] if text_field != "text" or formatting else [pair]
         trainer = SFTTrainer(models["plain"], args, train_dataset=data, formatting_func=formatting)
         assert sum(t != IGNORE_INDEX for t in example_labels(trainer.units[0][0])) == trained, (only, text_field)
@@ -113,28 +136,42 @@ def test_eos_pad_and_chat_template_go_on_the_tokenizer(models, tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }};{% endfor %}")
     with pytest.warns(FutureWarning, match="pad_token"):  # TRL's own deprecation warning
-        args = SFTConfig(output_dir=str(tmp_path / "o"), max_steps=1, eos_token="z", pad_token="y",
-                         chat_template_path=str(template), **CPU)
+        args = SFTConfig(
+            output_dir=str(tmp_path / "o"),
+            max_steps=1,
+            eos_token="z",
+            pad_token="y",
+            chat_template_path=str(template),
+            **CPU,
+        )
     trainer = SFTTrainer(models["plain"], args, train_dataset=STORIES[:2])
     tok = trainer.tokenizer
     assert (tok.eos_token, tok.pad_token, tok.chat_template) == ("z", "y", template.read_text())
     assert trainer.units[0][0].input_ids[-1] == tok.convert_tokens_to_ids("z")  # the EOS every row ends with
     with pytest.raises(ValueError, match="`eos_token` \\('§'\\) is not found in the vocabulary"):
-        SFTTrainer(models["plain"], SFTConfig(output_dir=str(tmp_path / "p"), eos_token="§", **CPU),
-                   train_dataset=STORIES)
+        SFTTrainer(
+            models["plain"], SFTConfig(output_dir=str(tmp_path / "p"), eos_token="§", **CPU), train_dataset=STORIES
+        )
 
 
 CONFIGS = {"SFT": SFTConfig, "DPO": DPOConfig, "Reward": RewardConfig}
 
 
 @pytest.mark.parametrize("kind", CONFIGS)
-@pytest.mark.parametrize("per_device, accumulation, world, rows, epochs", [
-    (8, 1, 1, 100, 3.0), (2, 4, 1, 10, 3.0), (4, 2, 2, 37, 1.5), (1, 3, 4, 5, 2.0)])
+@pytest.mark.parametrize(
+    "per_device, accumulation, world, rows, epochs",
+    [(8, 1, 1, 100, 3.0), (2, 4, 1, 10, 3.0), (4, 2, 2, 37, 1.5), (1, 3, 4, 5, 2.0)],
+)
 def test_the_batch_arithmetic_is_trls(kind, per_device, accumulation, world, rows, epochs):
     """A TRL config and its translation: the same rows per optimizer step, the same rows per process
     per forward pass, and (here for SFT; for DPO and reward in a run below) the same optimizer steps."""
-    config = CONFIGS[kind](output_dir="out", per_device_train_batch_size=per_device,
-                           gradient_accumulation_steps=accumulation, num_train_epochs=epochs, **CPU)
+    config = CONFIGS[kind](
+        output_dir="out",
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        num_train_epochs=epochs,
+        **CPU,
+    )
     ours = config.to_rlhfkit(n_rows=rows, world=world)
     assert ours.batch_size * ours.grad_accumulation == per_device * world * accumulation  # rows per optimizer step
     assert ours.batch_size // world == per_device  # rows per process per forward/backward
@@ -152,14 +189,23 @@ def test_optimizer_steps_and_micro_batches_in_a_run_are_trls(kind, rows, models,
     """5 or 8 rows, 2 per micro-step, accumulation 2, 2 epochs: TRL's Trainer takes
     2 x ceil(ceil(rows / 2) / 2) optimizer steps; each forward pass holds at most 2 rows."""
     trainer_class = {"SFT": SFTTrainer, "DPO": DPOTrainer, "Reward": RewardTrainer}[kind]
-    config = CONFIGS[kind](output_dir=str(tmp_path / "o"), per_device_train_batch_size=2,
-                           gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=1, **CPU)
+    config = CONFIGS[kind](
+        output_dir=str(tmp_path / "o"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        logging_steps=1,
+        **CPU,
+    )
     trainer = trainer_class(model=models["chat" if kind != "SFT" else "plain"], args=config, train_dataset=rows)
     sizes = []
     spied = {"SFT": "loss_sum", "DPO": "_logps", "Reward": "_score_pairs"}[kind]
     original = getattr(trainer, spied)
-    monkeypatch.setattr(trainer, spied, lambda *a, **k: sizes.append(len(a[-1] if kind != "SFT" else a[0]["input_ids"]))
-                        or original(*a, **k))
+    monkeypatch.setattr(
+        trainer,
+        spied,
+        lambda *a, **k: sizes.append(len(a[-1] if kind != "SFT" else a[0]["input_ids"])) or original(*a, **k),
+    )
     assert trainer.train().global_step == trainer.state.max_steps == 2 * math.ceil(math.ceil(len(rows) / 2) / 2)
     passes = {"SFT": 2, "Reward": 2, "DPO": 4}[kind]  # 2 micro-batches a step (DPO: policy and reference)
     assert max(sizes) == 2 and len(sizes) == passes * trainer.state.max_steps
@@ -168,8 +214,13 @@ def test_optimizer_steps_and_micro_batches_in_a_run_are_trls(kind, rows, models,
 def test_trls_defaults_are_kept():
     sft, dpo, rm = (c(output_dir="out", **CPU).to_rlhfkit(n_rows=80) for c in (SFTConfig, DPOConfig, RewardConfig))
     for ours, lr in ((sft, 2e-5), (dpo, 1e-6), (rm, 1e-4)):
-        assert (ours.learning_rate, ours.lr_scheduler, ours.seed, ours.log_every, ours.save_steps) == (lr, "hf_linear", 42,
-                                                                                                      10, 500)
+        assert (ours.learning_rate, ours.lr_scheduler, ours.seed, ours.log_every, ours.save_steps) == (
+            lr,
+            "hf_linear",
+            42,
+            10,
+            500,
+        )
         assert (ours.batch_size, ours.grad_accumulation, ours.max_length, ours.warmup_steps) == (8, 1, 1024, 0)
         assert ours.gradient_checkpointing and ours.dtype == "float32" and ours.report_to == ()
     assert sft.max_steps == 30 and dpo.num_epochs == rm.num_epochs == 3.0  # 3 epochs of 80 rows, 8 at a time
@@ -183,27 +234,81 @@ def test_trls_defaults_are_kept():
 # TRL 1.16's own fields and defaults (trl/trainer/{sft,dpo,reward}_config.py and base_config.py), copied here so
 # that a default changed by mistake in rlhfkit.trl fails.
 TRL_DEFAULTS = {
-    SFTConfig: dict(learning_rate=2e-5, logging_steps=10, gradient_checkpointing=True, bf16=None,
-                    pad_to_multiple_of="auto", model_init_kwargs=None,
-                    trust_remote_code=False, router_aux_loss_coef=None, chat_template_path=None,
-                    dataset_text_field="text", dataset_kwargs=None, dataset_num_proc=None, eos_token=None,
-                    max_length=1024, truncation_mode="keep_start", shuffle_dataset=False, packing=False,
-                    packing_strategy="bfd", padding_free=False, eval_packing=None, completion_only_loss=None,
-                    assistant_only_loss=False, loss_type="nll", activation_offloading=False, pad_token=None),
-    DPOConfig: dict(learning_rate=1e-6, logging_steps=10, gradient_checkpointing=True, bf16=None,
-                    pad_to_multiple_of="auto", model_init_kwargs=None,
-                    trust_remote_code=False, router_aux_loss_coef=None, disable_dropout=True, dataset_num_proc=None,
-                    max_length=1024, truncation_mode="keep_start", padding_free=False,
-                    precompute_ref_log_probs=False, precompute_ref_batch_size=None, loss_type=["sigmoid"],
-                    loss_weights=None, ld_alpha=None, f_divergence_type="reverse_kl", f_alpha_divergence_coef=0.5,
-                    label_smoothing=0.0, beta=0.1, use_weighting=False, discopop_tau=0.05,
-                    activation_offloading=False, sync_ref_model=False, ref_model_mixup_alpha=0.6,
-                    ref_model_sync_steps=512, pad_token=None),
-    RewardConfig: dict(learning_rate=1e-4, logging_steps=10, gradient_checkpointing=True, bf16=None,
-                       pad_to_multiple_of="auto", model_init_kwargs=None,
-                       trust_remote_code=False, chat_template_path=None, disable_dropout=True, dataset_num_proc=None,
-                       eos_token=None, max_length=1024, center_rewards_coefficient=None,
-                       activation_offloading=False, pad_token=None),
+    SFTConfig: dict(
+        learning_rate=2e-5,
+        logging_steps=10,
+        gradient_checkpointing=True,
+        bf16=None,
+        pad_to_multiple_of="auto",
+        model_init_kwargs=None,
+        trust_remote_code=False,
+        router_aux_loss_coef=None,
+        chat_template_path=None,
+        dataset_text_field="text",
+        dataset_kwargs=None,
+        dataset_num_proc=None,
+        eos_token=None,
+        max_length=1024,
+        truncation_mode="keep_start",
+        shuffle_dataset=False,
+        packing=False,
+        packing_strategy="bfd",
+        padding_free=False,
+        eval_packing=None,
+        completion_only_loss=None,
+        assistant_only_loss=False,
+        loss_type="nll",
+        activation_offloading=False,
+        pad_token=None,
+    ),
+    DPOConfig: dict(
+        learning_rate=1e-6,
+        logging_steps=10,
+        gradient_checkpointing=True,
+        bf16=None,
+        pad_to_multiple_of="auto",
+        model_init_kwargs=None,
+        trust_remote_code=False,
+        router_aux_loss_coef=None,
+        disable_dropout=True,
+        dataset_num_proc=None,
+        max_length=1024,
+        truncation_mode="keep_start",
+        padding_free=False,
+        precompute_ref_log_probs=False,
+        precompute_ref_batch_size=None,
+        loss_type=["sigmoid"],
+        loss_weights=None,
+        ld_alpha=None,
+        f_divergence_type="reverse_kl",
+        f_alpha_divergence_coef=0.5,
+        label_smoothing=0.0,
+        beta=0.1,
+        use_weighting=False,
+        discopop_tau=0.05,
+        activation_offloading=False,
+        sync_ref_model=False,
+        ref_model_mixup_alpha=0.6,
+        ref_model_sync_steps=512,
+        pad_token=None,
+    ),
+    RewardConfig: dict(
+        learning_rate=1e-4,
+        logging_steps=10,
+        gradient_checkpointing=True,
+        bf16=None,
+        pad_to_multiple_of="auto",
+        model_init_kwargs=None,
+        trust_remote_code=False,
+        chat_template_path=None,
+        disable_dropout=True,
+        dataset_num_proc=None,
+        eos_token=None,
+        max_length=1024,
+        center_rewards_coefficient=None,
+        activation_offloading=False,
+        pad_token=None,
+    ),
 }
 
 
@@ -214,28 +319,45 @@ def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     assert {name: field_default(fields[name]) for name in trl_fields(cls)} == TRL_DEFAULTS[cls]
     # every field is translated, without effect, or refused off its default (the refusals are sampled below)
-    rl_only = {"log_completions", "num_completions_to_print", "log_unique_prompts", "log_multimodal",
-               "ds3_gather_for_generation", "disable_dropout"}  # NO_EFFECT names GRPO's fields too
+    rl_only = {
+        "log_completions",
+        "num_completions_to_print",
+        "log_unique_prompts",
+        "log_multimodal",
+        "ds3_gather_for_generation",
+        "disable_dropout",
+    }  # NO_EFFECT names GRPO's fields too
     assert (cls.HANDLED | TRANSLATED) <= set(fields) and NO_EFFECT - set(fields) <= rl_only
 
 
-@pytest.mark.parametrize("cls, field, value, says", [
-    (SFTConfig, "packing_strategy", "wrapped", "'bfd'"), (SFTConfig, "loss_type", "dft", "'nll'"),
-    (SFTConfig, "dataset_kwargs", {"skip_prepare_dataset": True}, "only its default"),
-    (SFTConfig, "shuffle_dataset", True, "only its default"), (SFTConfig, "truncation_mode", "keep_end", "default"),
-    (SFTConfig, "activation_offloading", True, "only its default"), (SFTConfig, "use_liger_kernel", True, "Liger"),
-    (SFTConfig, "model_init_kwargs", {"dtype": "auto"}, "'dtype'"),
-    (SFTConfig, "model_init_kwargs", {"quantization_config": {}}, "'dtype'"),
-    (DPOConfig, "loss_type", "robust", "'sigmoid', 'hinge', 'ipo'"),
-    (DPOConfig, "loss_type", ["sigmoid", "sft"], "one loss"), (DPOConfig, "loss_weights", [1.0], "only its default"),
-    (DPOConfig, "f_divergence_type", "js_divergence", "only its default"),
-    (DPOConfig, "ld_alpha", 0.5, "only its default"), (DPOConfig, "use_weighting", True, "only its default"),
-    (DPOConfig, "sync_ref_model", True, "fixed reference"), (DPOConfig, "disable_dropout", False, "always"),
-    (RewardConfig, "disable_dropout", False, "always"), (RewardConfig, "deepspeed", "ds.json", "torchrun"),
-    (RewardConfig, "adam_beta1", 0.8, "only its default"), (RewardConfig, "label_smoothing_factor", 0.1, "default"),
-    (RewardConfig, "lr_scheduler_type", "cosine_with_restarts", "'linear'"), (RewardConfig, "save_strategy", "epoch",
-                                                                              "'steps'"),
-])
+@pytest.mark.parametrize(
+    "cls, field, value, says",
+    [
+        (SFTConfig, "packing_strategy", "wrapped", "'bfd'"),
+        (SFTConfig, "loss_type", "dft", "'nll'"),
+        (SFTConfig, "dataset_kwargs", {"skip_prepare_dataset": True}, "only its default"),
+        (SFTConfig, "shuffle_dataset", True, "only its default"),
+        (SFTConfig, "truncation_mode", "keep_end", "default"),
+        (SFTConfig, "activation_offloading", True, "only its default"),
+        (SFTConfig, "use_liger_kernel", True, "Liger"),
+        (SFTConfig, "model_init_kwargs", {"dtype": "auto"}, "'dtype'"),
+        (SFTConfig, "model_init_kwargs", {"quantization_config": {}}, "'dtype'"),
+        (DPOConfig, "loss_type", "robust", "'sigmoid', 'hinge', 'ipo'"),
+        (DPOConfig, "loss_type", ["sigmoid", "sft"], "one loss"),
+        (DPOConfig, "loss_weights", [1.0], "only its default"),
+        (DPOConfig, "f_divergence_type", "js_divergence", "only its default"),
+        (DPOConfig, "ld_alpha", 0.5, "only its default"),
+        (DPOConfig, "use_weighting", True, "only its default"),
+        (DPOConfig, "sync_ref_model", True, "fixed reference"),
+        (DPOConfig, "disable_dropout", False, "always"),
+        (RewardConfig, "disable_dropout", False, "always"),
+        (RewardConfig, "deepspeed", "ds.json", "torchrun"),
+        (RewardConfig, "adam_beta1", 0.8, "only its default"),
+        (RewardConfig, "label_smoothing_factor", 0.1, "default"),
+        (RewardConfig, "lr_scheduler_type", "cosine_with_restarts", "'linear'"),
+        (RewardConfig, "save_strategy", "epoch", "'steps'"),
+    ],
+)
 def test_an_unsupported_field_is_refused_in_one_line_naming_it(cls, field, value, says):
     with pytest.raises(ValueError) as err:
         cls(output_dir="out", **{**CPU, field: value}).to_rlhfkit(n_rows=8)
@@ -243,14 +365,24 @@ def test_an_unsupported_field_is_refused_in_one_line_naming_it(cls, field, value
     assert "\n" not in message and repr(field) in message and says in message
 
 
-@pytest.mark.parametrize("trainer_class, argument, value", [
-    (SFTTrainer, "data_collator", object()), (SFTTrainer, "compute_loss_func", len),
-    (DPOTrainer, "compute_metrics", len), (RewardTrainer, "quantization_config", {}),
-    (RewardTrainer, "optimizers", (object(), None))])
+@pytest.mark.parametrize(
+    "trainer_class, argument, value",
+    [
+        (SFTTrainer, "data_collator", object()),
+        (SFTTrainer, "compute_loss_func", len),
+        (DPOTrainer, "compute_metrics", len),
+        (RewardTrainer, "quantization_config", {}),
+        (RewardTrainer, "optimizers", (object(), None)),
+    ],
+)
 def test_an_unsupported_trainer_argument_is_refused_in_one_line_naming_it(trainer_class, argument, value, models):
     with pytest.raises(ValueError) as err:
-        trainer_class(models["plain"], args=CONFIGS[trainer_class.suffix](output_dir="out", **CPU),
-                      train_dataset=PREFS, **{argument: value})
+        trainer_class(
+            models["plain"],
+            args=CONFIGS[trainer_class.suffix](output_dir="out", **CPU),
+            train_dataset=PREFS,
+            **{argument: value},
+        )
     assert "\n" not in str(err.value) and argument in str(err.value)
 
 
@@ -266,13 +398,14 @@ def test_label_smoothing_with_sigmoid_is_as_trls_no_smoothing_and_said(capsys):
 def test_center_rewards_coefficient_is_trls_term():
     chosen, rejected = torch.tensor([1.0, 0.5]), torch.tensor([0.0, 1.0])
     loss, _ = bradley_terry_loss(chosen, rejected, center_coefficient=0.1)
-    by_hand = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(0.5))) / 2 + 0.1 * (1.0 ** 2 + 1.5 ** 2) / 2
+    by_hand = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(0.5))) / 2 + 0.1 * (1.0**2 + 1.5**2) / 2
     assert loss.item() == pytest.approx(by_hand, rel=1e-6)
 
 
 def test_the_reward_trainer_adds_the_centring_term(models, tmp_path):
-    config = RewardConfig(output_dir=str(tmp_path / "o"), center_rewards_coefficient=0.5, max_steps=1,
-                          eval_strategy="steps", **CPU)
+    config = RewardConfig(
+        output_dir=str(tmp_path / "o"), center_rewards_coefficient=0.5, max_steps=1, eval_strategy="steps", **CPU
+    )
     trainer = RewardTrainer(models["chat"], args=config, train_dataset=PREFS, eval_dataset=PREFS)
     with torch.no_grad():
         chosen, rejected, _ = trainer._score_pairs(trainer.eval_pairs)
@@ -287,12 +420,20 @@ def _trained(kind, model, tmp_path, name, **fields):
 
     config, trainer = {"SFT": (S, ST), "DPO": (D, DT), "Reward": (R, RT)}[kind]
     rows = STORIES[:4] if kind == "SFT" else PREFS
-    args = config(output_dir=str(tmp_path / name), learning_rate=1e-2, log_every=0, progress_bar=False, seed=0,
-                  device="cpu", **fields)
+    args = config(
+        output_dir=str(tmp_path / name),
+        learning_rate=1e-2,
+        log_every=0,
+        progress_bar=False,
+        seed=0,
+        device="cpu",
+        **fields,
+    )
     t = trainer(model, args, rows)
     grads, step = [], t.run.optimizer_step
-    t.run.optimizer_step = lambda *a: grads.append([p.grad.clone() for p in t.model.parameters()
-                                                    if p.grad is not None]) or step(*a)
+    t.run.optimizer_step = lambda *a: (
+        grads.append([p.grad.clone() for p in t.model.parameters() if p.grad is not None]) or step(*a)
+    )
     t.train()
     checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in t.model.modules())
     assert checkpointing == fields.get("gradient_checkpointing", False)
@@ -318,7 +459,10 @@ def test_activation_checkpointing_gives_the_same_gradient(kind, models, tmp_path
 def test_autocast_runs_the_forward_in_bfloat16(models, tmp_path, monkeypatch):
     seen = []
     original = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, *a, **k: seen.append(original(x, *a, **k).dtype)
-                        or original(x, *a, **k))
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "linear",
+        lambda x, *a, **k: seen.append(original(x, *a, **k).dtype) or original(x, *a, **k),
+    )
     _trained("SFT", models["plain"], tmp_path, "bf16", batch_size=2, max_steps=1, autocast="bfloat16")
     assert torch.bfloat16 in seen

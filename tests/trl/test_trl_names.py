@@ -7,7 +7,9 @@ import pytest
 from rlhfkit.config.trl_names import DPO_NAMES, RL_NAMES, SUPERVISED_NAMES, rlhfkit_field
 from rlhfkit.trl import DPOConfig, GRPOConfig, RLOOConfig, SFTConfig
 
-BASE = dict(output_dir="out", bf16=False, report_to="none", max_steps=10, disable_tqdm=False)  # its default follows the log level
+BASE = dict(
+    output_dir="out", bf16=False, report_to="none", max_steps=10, disable_tqdm=False
+)  # its default follows the log level
 
 
 def training_arguments(cls) -> dict:
@@ -39,8 +41,11 @@ RL_SAMPLES = {
     "vllm_enable_sleep_mode": (GRPOConfig, dict(use_vllm=True, vllm_enable_sleep_mode=True), True),
     "scale_rewards": (GRPOConfig, dict(scale_rewards="none"), "group_no_std"),
     "loss_type": (GRPOConfig, dict(loss_type="grpo"), "seq-mean-token-mean"),
-    "vllm_importance_sampling_mode": (GRPOConfig, dict(vllm_importance_sampling_mode="token_truncate"),
-                                      "token_truncate"),
+    "vllm_importance_sampling_mode": (
+        GRPOConfig,
+        dict(vllm_importance_sampling_mode="token_truncate"),
+        "token_truncate",
+    ),
     "vllm_importance_sampling_clip_max": (GRPOConfig, dict(vllm_importance_sampling_clip_max=5.0), 5.0),
     "vllm_importance_sampling_clip_min": (GRPOConfig, dict(vllm_importance_sampling_clip_min=0.5), 0.5),
     "reward_clip_range": (RLOOConfig, dict(reward_clip_range=(-2.0, 2.0)), 2.0),
@@ -56,8 +61,11 @@ RL_SAMPLES.update(training_arguments(GRPOConfig))
 SUPERVISED_SAMPLES.update(training_arguments(SFTConfig))
 DPO_SAMPLES = {"precompute_ref_log_probs": (DPOConfig, dict(precompute_ref_log_probs=True), True)}
 
-CASES = [(table, samples, name) for table, samples in ((RL_NAMES, RL_SAMPLES), (SUPERVISED_NAMES, SUPERVISED_SAMPLES),
-                                                        (DPO_NAMES, DPO_SAMPLES)) for name in table]
+CASES = [
+    (table, samples, name)
+    for table, samples in ((RL_NAMES, RL_SAMPLES), (SUPERVISED_NAMES, SUPERVISED_SAMPLES), (DPO_NAMES, DPO_SAMPLES))
+    for name in table
+]
 
 
 @pytest.mark.parametrize("table, samples, name", CASES, ids=[f"{len(t)}-{n}" for t, _, n in CASES])

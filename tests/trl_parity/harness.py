@@ -39,11 +39,24 @@ def update_difference(start: dict, theirs: dict, ours: dict) -> float:
 
 PROMPTS = ["abc", "hello", "xyz 12", "qq", "the cat", "go", "12+3=", "hi there", "ok", "fine day"]
 # max_grad_norm=0: no clipping, which would rescale a gradient to norm 1 and hide a wrong normaliser
-COMMON = dict(learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none", seed=0, logging_steps=1,
-              save_strategy="no", max_completion_length=6, max_grad_norm=0.0)
+COMMON = dict(
+    learning_rate=1e-3,
+    use_cpu=True,
+    bf16=False,
+    report_to="none",
+    seed=0,
+    logging_steps=1,
+    save_strategy="no",
+    max_completion_length=6,
+    max_grad_norm=0.0,
+)
 
 
-TRUNCATED = {2, 5, 6}  # the calls (mod 2G, G = 4) whose completion is truncated: 1 of 4 in a first generation, 2 in a second
+TRUNCATED = {
+    2,
+    5,
+    6,
+}  # the calls (mod 2G, G = 4) whose completion is truncated: 1 of 4 in a first generation, 2 in a second
 
 
 def completion(tokenizer, prompt: str, j: int, limit: int) -> list[int]:
@@ -63,7 +76,7 @@ def sampling_logprobs(model, prompt_ids: list[int], completion: list[int], offse
     so that the importance ratios of the sampling correction spread on both sides of 1."""
     ids = torch.tensor([prompt_ids + completion])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1:-1].float()
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()
     own = torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
     return [float(x) + offsets[i % len(offsets)] for i, x in enumerate(own)]
 
@@ -72,8 +85,9 @@ def dataset(kwargs: dict, n: int | None = None) -> list[dict]:
     """As many prompts as one generation takes (or ``n``): each further generation is another epoch of
     the same prompts, whatever order either trainer draws them in."""
     per_generation = kwargs["per_device_train_batch_size"] * kwargs.get(
-        "steps_per_generation", kwargs.get("gradient_accumulation_steps", 1))
-    return [{"prompt": p} for p in PROMPTS[:n or per_generation // kwargs["num_generations"]]]
+        "steps_per_generation", kwargs.get("gradient_accumulation_steps", 1)
+    )
+    return [{"prompt": p} for p in PROMPTS[: n or per_generation // kwargs["num_generations"]]]
 
 
 class FixedCompletions:
@@ -91,8 +105,16 @@ class FixedCompletions:
         return ids, None if self.logprob_model is None else sampling_logprobs(self.logprob_model, prompt_ids, ids)
 
 
-def trl_run(model_dir: str, kwargs: dict, out: str, reward_funcs, data: list[dict], *, trainer_class="GRPO",
-            use_vllm: bool = False):
+def trl_run(
+    model_dir: str,
+    kwargs: dict,
+    out: str,
+    reward_funcs,
+    data: list[dict],
+    *,
+    trainer_class="GRPO",
+    use_vllm: bool = False,
+):
     """TRL's trainer on the fixed completions; returns ``(final weights, trainer)``. ``use_vllm``: the
     trainer takes the engine-log-prob path of vLLM (its importance-sampling correction) with the
     log-probs of ``sampling_logprobs``."""
@@ -100,13 +122,24 @@ def trl_run(model_dir: str, kwargs: dict, out: str, reward_funcs, data: list[dic
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    config_class, cls = getattr(__import__("trl"), f"{trainer_class}Config"), getattr(__import__("trl"), f"{trainer_class}Trainer")
+    config_class, cls = (
+        getattr(__import__("trl"), f"{trainer_class}Config"),
+        getattr(__import__("trl"), f"{trainer_class}Trainer"),
+    )
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    fixed = FixedCompletions(tok, kwargs.get("max_completion_length", COMMON["max_completion_length"]),
-                             AutoModelForCausalLM.from_pretrained(model_dir) if use_vllm else None)
-    trainer = cls(model=model, reward_funcs=reward_funcs, args=config_class(output_dir=out, **{**COMMON, **kwargs}),
-                  train_dataset=Dataset.from_list(data), processing_class=tok)
+    fixed = FixedCompletions(
+        tok,
+        kwargs.get("max_completion_length", COMMON["max_completion_length"]),
+        AutoModelForCausalLM.from_pretrained(model_dir) if use_vllm else None,
+    )
+    trainer = cls(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=config_class(output_dir=out, **{**COMMON, **kwargs}),
+        train_dataset=Dataset.from_list(data),
+        processing_class=tok,
+    )
 
     def generate(prompt_ids, *args, **kwargs):  # (prompt_ids, images, multimodal_fields[, num_generations, ...])
         rows = [fixed(list(p)) for p in prompt_ids]
@@ -129,8 +162,16 @@ def trl_run(model_dir: str, kwargs: dict, out: str, reward_funcs, data: list[dic
     return weights(trainer.model), trainer
 
 
-def ours_run(model_dir: str, kwargs: dict, out: str, reward_funcs, data: list[dict], *, trainer_class="GRPO",
-             use_vllm: bool = False):
+def ours_run(
+    model_dir: str,
+    kwargs: dict,
+    out: str,
+    reward_funcs,
+    data: list[dict],
+    *,
+    trainer_class="GRPO",
+    use_vllm: bool = False,
+):
     """rlhfkit's drop-in trainer on the same fixed completions; returns ``(final weights, trainer)``.
     ``use_vllm``: the config is translated as with ``use_vllm=True`` (the sampling correction on), the
     engine stays the HF one but reports the log-probs of ``sampling_logprobs``."""
@@ -145,8 +186,11 @@ def ours_run(model_dir: str, kwargs: dict, out: str, reward_funcs, data: list[di
         vllm = config_class(output_dir=out, **{**COMMON, **kwargs, "use_vllm": True}).to_rlhfkit(len(data))
         trainer.args = vllm.replace(rollout_engine="hf")
     tok = trainer.tokenizer
-    fixed = FixedCompletions(tok, kwargs.get("max_completion_length", COMMON["max_completion_length"]),
-                             AutoModelForCausalLM.from_pretrained(model_dir) if use_vllm else None)
+    fixed = FixedCompletions(
+        tok,
+        kwargs.get("max_completion_length", COMMON["max_completion_length"]),
+        AutoModelForCausalLM.from_pretrained(model_dir) if use_vllm else None,
+    )
 
     def generate(prompts, n, sampling, seed=None):
         rows = [fixed(list(p)) for p in prompts for _ in range(n)]
@@ -154,7 +198,7 @@ def ours_run(model_dir: str, kwargs: dict, out: str, reward_funcs, data: list[di
         if use_vllm:
             lp = torch.zeros(rollout.response_mask.shape)
             for i, (_, row) in enumerate(rows):
-                lp[i, :len(row)] = torch.tensor(row)
+                lp[i, : len(row)] = torch.tensor(row)
             rollout.logprobs = lp
         return rollout
 

@@ -5,8 +5,7 @@ change the loss's normaliser or terms; the sampling correction's formula for eac
 count of ``num_train_epochs``."""
 
 import pytest
-from harness import (TOLERANCE, dataset, fraction_of_a, ours_run, start_weights, trl_run,
-                     update_difference)
+from harness import TOLERANCE, dataset, fraction_of_a, ours_run, start_weights, trl_run, update_difference
 
 LOSS_TYPES = ["dapo", "grpo", "dr_grpo", "cispo"]
 # Two optimizer steps, each one generation (another epoch of the same 2 prompts) of two accumulated
@@ -34,10 +33,12 @@ def compare(model_dir, tmp_path, kwargs, trainer_class="GRPO", use_vllm=False):
     reward = unscored_fraction_of_a if kwargs.pop("unscored", False) else fraction_of_a
     data = dataset(kwargs)
     start = start_weights(model_dir)
-    theirs, trl_trainer = trl_run(model_dir, kwargs, str(tmp_path / "trl"), reward, data,
-                                  trainer_class=trainer_class, use_vllm=use_vllm)
-    ours, our_trainer = ours_run(model_dir, kwargs, str(tmp_path / "ours"), reward, data,
-                                 trainer_class=trainer_class, use_vllm=use_vllm)
+    theirs, trl_trainer = trl_run(
+        model_dir, kwargs, str(tmp_path / "trl"), reward, data, trainer_class=trainer_class, use_vllm=use_vllm
+    )
+    ours, our_trainer = ours_run(
+        model_dir, kwargs, str(tmp_path / "ours"), reward, data, trainer_class=trainer_class, use_vllm=use_vllm
+    )
     assert our_trainer.state.global_step == trl_trainer.state.global_step == kwargs["max_steps"]
     return update_difference(start, theirs, ours)
 
@@ -50,10 +51,17 @@ def test_grpo_step_is_trls(model_dir, tmp_path, loss_type, setting):
     assert diff < TOLERANCE
 
 
-@pytest.mark.parametrize("mode, bounds", [
-    ("token_truncate", {}), ("token_mask", {}), ("sequence_truncate", {}), ("sequence_mask", {}),
-    ("token_mask", dict(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=None)),
-    ("sequence_truncate", dict(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=None))])
+@pytest.mark.parametrize(
+    "mode, bounds",
+    [
+        ("token_truncate", {}),
+        ("token_mask", {}),
+        ("sequence_truncate", {}),
+        ("sequence_mask", {}),
+        ("token_mask", dict(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=None)),
+        ("sequence_truncate", dict(vllm_importance_sampling_clip_min=0.5, vllm_importance_sampling_clip_max=None)),
+    ],
+)
 def test_the_sampling_correction_is_trls(model_dir, tmp_path, mode, bounds):
     """``use_vllm=True``: the engine's log-probs (the model's own, shifted by up to ±1.5 per token)
     weigh each token's or sequence's loss by TRL's formula: capped at clip_max (default 3) and floored

@@ -14,8 +14,17 @@ import pytest
 
 from harness import TOLERANCE, start_weights, update_difference, weights
 
-COMMON = dict(use_cpu=True, bf16=False, report_to="none", seed=0, save_strategy="no", learning_rate=1e-3,
-              logging_steps=1, max_steps=1, disable_tqdm=True)
+COMMON = dict(
+    use_cpu=True,
+    bf16=False,
+    report_to="none",
+    seed=0,
+    save_strategy="no",
+    learning_rate=1e-3,
+    logging_steps=1,
+    max_steps=1,
+    disable_tqdm=True,
+)
 
 WORDS = ["abc", "hello", "xyz 12", "qq", "the cat", "go", "12+3=", "hi there"]
 # Every third text, completion or chosen completion already ends with the EOS token (the tiny
@@ -218,7 +227,8 @@ def bos_model_dir(tmp_path_factory):
     tok.add_special_tokens({"bos_token": "<s>"})
     bos = tok.convert_tokens_to_ids("<s>")
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)])
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
     out = tmp_path_factory.mktemp("bos") / "model"
     tiny_causal_lm(tok).save_pretrained(out)
     tok.save_pretrained(out)

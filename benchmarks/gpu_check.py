@@ -358,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: no CUDA device; use --device cpu for the small CPU run", file=sys.stderr)
         return 1
-    import transformers
     import peft
+    import transformers
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()

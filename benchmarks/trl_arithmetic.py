@@ -52,13 +52,12 @@ def main() -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from benchmarks.objectives import CPUBudget, by_quarter, last_quarter_mean
     from rlhfkit.data.prompts import load_prompt_dataset
     from rlhfkit.models.sources import resolve_model_dir, smollm2_gguf
     from rlhfkit.rewards import get_reward_function
     from rlhfkit.rl.evaluate import evaluate_policy
     from rlhfkit.rollout.base import SamplingParams
-
-    from benchmarks.objectives import CPUBudget, by_quarter, last_quarter_mean
 
     if a.threads:
         torch.set_num_threads(a.threads)

@@ -78,7 +78,8 @@ def main() -> None:
     a = p.parse_args()
 
     from rlhfkit.config import part
-    from rlhfkit.rl.update import UpdateLoss, loss as rlhfkit_loss
+    from rlhfkit.rl.update import UpdateLoss
+    from rlhfkit.rl.update import loss as rlhfkit_loss
 
     ours, exp = _ours(a.seed)
     policy = ours.models.policy

@@ -146,8 +146,8 @@ def _run_rl(job):
 def _eval(args) -> int:
     from .data import load_prompt_dataset
     from .jobs import check_eval_output, checkpoint_policy, write_eval_output
-    from .rollout import SamplingParams
     from .rl.evaluate import check_eval_sizes, evaluate_policy
+    from .rollout import SamplingParams
 
     check_eval_sizes(args.samples, args.batch_size, ("--samples", "--batch-size"))
     if args.output:

@@ -14,10 +14,10 @@ import random
 import time
 
 from .config import RLConfig
+from .rl.evaluate import evaluate_policy
 from .rollout import HFEngine, SamplingParams, decode_completions
 from .tasks import shift
 from .tasks.tiny import char_tokenizer, tiny_causal_lm
-from .rl.evaluate import evaluate_policy
 
 SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
 # DPO on this task (tuned like the RL stages' settings; see README, "DPO").
@@ -61,11 +61,11 @@ def run_quickstart(
 ) -> dict:
     """Run the three stages (and GRPO / DPO beside PPO) into ``output_dir``; returns the
     before/after metrics and wall time."""
+    from .run.directory import prepare_run_dir
     from .trainers.dpo import DPOConfig, DPOTrainer
     from .trainers.reward_model import RewardModelConfig, RewardModelTrainer
-    from .trainers.sft import SFTConfig, SFTTrainer
     from .trainers.rl import RLTrainer
-    from .run.directory import prepare_run_dir
+    from .trainers.sft import SFTConfig, SFTTrainer
 
     root = prepare_run_dir(output_dir, overwrite)
     steps = lambda n: max(2, int(n * scale))  # noqa: E731

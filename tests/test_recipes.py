@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-
 from rlhfkit.cli import main
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

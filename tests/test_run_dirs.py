@@ -7,8 +7,8 @@ import pytest
 from rlhfkit.cli import main
 from rlhfkit.config import RLConfig
 from rlhfkit.data.encode import encode_pair
-from rlhfkit.tasks.tiny import char_tokenizer
 from rlhfkit.run.directory import finish_run, prepare_run_dir
+from rlhfkit.tasks.tiny import char_tokenizer
 
 
 def test_overwrite_removes_the_old_runs_logs(tmp_path):

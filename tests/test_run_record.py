@@ -188,8 +188,8 @@ def test_record_run_never_stops_a_run_and_keeps_what_it_can(tmp_path, tiny_model
     import numpy as np
     from peft import LoraConfig
 
-    from rlhfkit.run.record import reward_source
     from rlhfkit.models import ScalarModel
+    from rlhfkit.run.record import reward_source
     from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
     rows = [{"prompt": "ab", "answer": np.int64(3)}, {"prompt": "cd", "answer": np.float32(0.5)}]

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-
 # The top-level names and where each is defined (the README's and the package docstring's imports).
 EXPECTED = {
     "RLConfig": "rlhfkit.config",

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from rlhfkit.run.metrics import MetricsLogger
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import DPOConfig, DPOTrainer, RewardModelConfig, RewardModelTrainer, SFTConfig, SFTTrainer
-from rlhfkit.run.metrics import MetricsLogger
 
 from .trainers.test_reward_model import oracle_pairs
 

@@ -15,8 +15,8 @@ How the calls run (in order within an episode, episodes side by side, each under
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 RESERVED_METHODS = ("reset", "get_reward")
 

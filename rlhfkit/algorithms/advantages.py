@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_groups, check_mask, check_same_shape, check_tensor, masked_mean, masked_sum, masked_var
+from ._checks import check_groups, check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
 
 
 def gae(

@@ -42,7 +42,7 @@ A new algorithm is a preset plus, at most, one new entry here.
 from __future__ import annotations
 
 import difflib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -142,7 +142,6 @@ def _parse_overrides(overrides) -> dict:
 
 def _unknown_key_message(key, value, fields, source: str) -> str:
     from ..algorithms.registry import did_you_mean  # torch is loaded on this error's path only
-
     from .trl_names import trl_name_hint
 
     sections = " (sections are not supported: write fields at the top level)" if isinstance(value, dict) else ""

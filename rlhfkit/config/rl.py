@@ -388,7 +388,7 @@ class RLConfig(RunConfig, OptimConfig, AlgorithmConfig, AgentConfig, RolloutConf
                     f"{kind} ({n}): each process samples its share, and a group never spans two"
                 )
 
-    def replace(self, **changes) -> "RLConfig":
+    def replace(self, **changes) -> RLConfig:
         """A copy with ``changes``. Fields the preset filled are refilled by the (new) preset; fields
         the user set keep their values unless ``changes`` names them."""
         for key in self.preset_filled:

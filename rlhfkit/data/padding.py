@@ -8,7 +8,7 @@ the pad id, marks the padding: the pad id may equal a real token (EOS).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.nn.utils.rnn import pad_sequence

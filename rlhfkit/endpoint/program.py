@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
 
 from ..agents import episodes_rollout
 from ..agents.episode import Episode

@@ -120,7 +120,7 @@ class Endpoint:
     def episode_url(self, episode_id: str) -> str:
         return f"http://{self.host}:{self.port}/episodes/{episode_id}/v1"
 
-    def start(self) -> "Endpoint":
+    def start(self) -> Endpoint:
         """Serve on ``host``:``port`` (0: a free port) in a daemon thread; returns once it listens."""
         try:
             import starlette  # noqa: F401

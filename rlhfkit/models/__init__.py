@@ -1,8 +1,8 @@
 """Models: loading, dropout off, per-token log-probs of responses, scalar heads (critic, reward)."""
 
 from .heads import ScalarModel
-from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lm_head import set_lm_head
+from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .policy import ResponseForward, forward_response
 
 __all__ = [

@@ -44,8 +44,8 @@ import torch
 
 from ..algorithms import last_token_index
 from .loading import check_finite_weights, disable_dropout, eos_token_ids, resolve_dtype
-from .sources import from_hub_or_dir, resolve_model_dir
 from .policy import position_ids_from_mask
+from .sources import from_hub_or_dir, resolve_model_dir
 
 META_FILE, HEAD_FILE = "rlhfkit_scalar.json", "scalar_head.safetensors"
 OFFSET_KEY, BIAS_KEY, SHIFT_KEY = "rlhfkit_score_offset", "rlhfkit_head_bias", "rlhfkit_score_shift"
@@ -76,12 +76,12 @@ class ScalarModel(torch.nn.Module):
         return self.backbone.config
 
     @classmethod
-    def from_causal_lm(cls, model: torch.nn.Module) -> "ScalarModel":
+    def from_causal_lm(cls, model: torch.nn.Module) -> ScalarModel:
         """A new scalar model whose backbone is a *copy* of the causal LM's transformer."""
         return cls(copy.deepcopy(model.base_model))
 
     @classmethod
-    def from_pretrained(cls, path, dtype="float32") -> "ScalarModel":
+    def from_pretrained(cls, path, dtype="float32") -> ScalarModel:
         """A scalar model from a directory or Hub id (see the module docstring for the layouts);
         non-finite weights are refused in one line."""
         model = from_hub_or_dir(lambda source: cls._load(source, dtype), path, "scalar model")  # failures: one line
@@ -89,9 +89,9 @@ class ScalarModel(torch.nn.Module):
         return model
 
     @classmethod
-    def _load(cls, path, dtype) -> "ScalarModel":
-        from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+    def _load(cls, path, dtype) -> ScalarModel:
         from safetensors.torch import load_file
+        from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
 
         path = resolve_model_dir(path, "scalar model")
         dtype = resolve_dtype(dtype)

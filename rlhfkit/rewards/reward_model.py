@@ -8,7 +8,7 @@ scored at the last token.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -9,20 +9,19 @@ from contextlib import contextmanager
 
 import torch
 
+from .. import distributed
 from ..agents.agent import Agent
 from ..agents.episode import AgentOptions
-from ..algorithms import kl_penalty
-from ..algorithms import masked_sum
+from ..algorithms import kl_penalty, masked_sum
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..models import freeze, load_causal_lm, load_tokenizer
 from ..models.loading import eos_token_ids
-from ..models.segments import forward_rollout
 from ..models.rl_models import resolve_device
+from ..models.segments import forward_rollout
 from ..rewards.sources import build_rewards
 from ..rollout import HFEngine, SamplingParams
-from .. import distributed
 from .score import reward_call
 
 # A prompt's completions are generated in one batch, so their number bounds the memory one

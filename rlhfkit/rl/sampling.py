@@ -18,7 +18,7 @@ without dynamic sampling.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -3,9 +3,9 @@ minibatch updates on an experience, and the loss of one micro-batch."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

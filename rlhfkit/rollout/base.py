@@ -7,15 +7,15 @@ into the batch layout every other part uses, so a vLLM engine plugs in unchanged
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, fields
-from typing import Collection, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
 from ..config import RolloutConfig, check_ranges
 from ..data.padding import pad
 from ..models.loading import eos_token_ids
-
 
 _ROLLOUT_DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}
 
@@ -35,7 +35,7 @@ class SamplingParams:
         check_ranges(self)
 
     @classmethod
-    def from_config(cls, config, **changes) -> "SamplingParams":
+    def from_config(cls, config, **changes) -> SamplingParams:
         """The sampling fields of an ``RLConfig`` (or any ``RolloutConfig``), with ``changes``."""
         names = ("max_new_tokens", "temperature", "top_p", "top_k")
         return cls(**{**{n: getattr(config, n) for n in names}, **changes})
@@ -74,7 +74,7 @@ class Rollout:
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_len :]
 
-    def select(self, rows: torch.Tensor) -> "Rollout":
+    def select(self, rows: torch.Tensor) -> Rollout:
         pick = lambda t: None if t is None else t[rows.to(t.device)]  # noqa: E731
         return Rollout(
             self.input_ids[rows],
@@ -87,7 +87,7 @@ class Rollout:
             pick(self.segments),
         )
 
-    def to(self, device) -> "Rollout":
+    def to(self, device) -> Rollout:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return Rollout(
             self.input_ids.to(device),

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Sequence
 
 import torch
 
 from ..config.rl import HF_DECODE_MODES as DECODE_MODES
+from ..data.padding import pad
 from ..models import efficiency
 from ..models.loading import eos_token_ids
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
-from ..data.padding import pad
-from .decode import decode
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
+from .decode import decode
 
 DEFAULT_DECODE = "loop"
 

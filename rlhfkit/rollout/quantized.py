@@ -27,7 +27,7 @@ is one layer of many. The engine reports the log-prob each token was drawn with 
 from __future__ import annotations
 
 import warnings
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 

@@ -18,7 +18,7 @@ runs the protocol over it).
 from __future__ import annotations
 
 import pickle
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.distributed as dist

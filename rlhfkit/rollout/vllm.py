@@ -34,7 +34,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 

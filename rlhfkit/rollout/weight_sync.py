@@ -22,7 +22,7 @@ own merge of such an adapter disagrees with its forward.
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

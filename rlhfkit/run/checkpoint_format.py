@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-
 # --- pickle-free (de)serialisation of state dicts --------------------------------------------------
 # A state dict is a tree of dicts, lists, tuples, numbers, strings, None, tensors and (numpy's RNG
 # key) ndarrays. ``_flatten`` moves the tensors out into a flat ``{name: tensor}`` dict for

@@ -39,7 +39,6 @@ import subprocess
 import sys
 import threading
 from contextlib import contextmanager
-from pathlib import Path
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 ARGV_ENV = "RLHFKIT_COMMAND_ARGV"  # the command as typed (--nproc-per-node N too), for torchrun's ranks

@@ -33,20 +33,20 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from .. import distributed
 from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
+from . import trace
 from .callbacks import Callbacks
 from .checkpoint import NEWEST, load_checkpoint, prune_checkpoints, save_checkpoint
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
 from .record import open_run, record_end
-from . import trace
 from .training import NonFiniteGuard, make_optimizer, make_scheduler, optimizer_step
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
+import random
 import sys
 import time
 from contextlib import contextmanager
-import random
 
 import numpy as np
 import torch

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import PRESETS
 from ..algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
@@ -22,6 +21,7 @@ from ..algorithms import (
     value_loss,
     whiten,
 )
+from ..config import PRESETS
 
 # Four algorithms of docs/architecture.md ("Presets"), trained with their RL-loop presets (config.PRESETS).
 BANDIT_PRESETS = ("ppo", "grpo", "reinforce", "rloo")

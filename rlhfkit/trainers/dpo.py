@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES, dpo_loss
+from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES
+from ..algorithms import dpo_loss
 from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.DPOConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad

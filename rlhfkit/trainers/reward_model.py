@@ -34,17 +34,17 @@ import torch
 
 from .. import distributed
 from ..algorithms import bradley_terry_loss
+from ..config.supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_completions, load_preference_dataset
+from ..files import writing
 from ..models import ScalarModel, load_tokenizer
 from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..models.sources import resolve_model_dir
-from ..config.supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
+from ..run.metrics import to_floats
 from ..run.training import seed_everything
 from .supervised import SupervisedTrainer
-from ..run.metrics import to_floats
-from ..files import writing
 
 
 @dataclass(frozen=True)

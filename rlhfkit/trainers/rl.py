@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 
 from .. import distributed
+from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
 from ..data import load_prompt_dataset
-from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..data.chat_templates import use_chat_template
-from ..endpoint.program import agent_program as program_reward, program_agent
 from ..data.encode import prompt_limit, tokenize_prompts
+from ..endpoint.program import agent_program as program_reward
+from ..endpoint.program import program_agent
 from ..models import efficiency, set_lm_head
 from ..models.loading import eos_token_ids
 from ..models.rl_models import ModelLoading, build_models

@@ -26,15 +26,15 @@ import torch
 import torch.nn.functional as F
 
 from .. import distributed
+from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
 from ..models.lm_head import set_lm_head, streamable, streamed_forward
-from ..models.packing import packable_model
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
+from ..models.packing import packable_model
 from ..models.sources import resolve_model_dir
-from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import warnings
-
 from contextlib import nullcontext
 
 import torch

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from ..config.supervised import DPOConfig as NativeDPOConfig
 from ..data.encode import note_cut, note_unknown, warn_once
 from ..data.preferences import load_preference_dataset
-from ..trainers.dpo import DPOTrainer as NativeDPOTrainer, PreferencePair
+from ..trainers.dpo import DPOTrainer as NativeDPOTrainer
+from ..trainers.dpo import PreferencePair
 from .callbacks import trl_callbacks
 from .metrics import DPO_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode

@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 
 from ..config.supervised import SFTConfig as NativeSFTConfig
 from ..data.encode import Encoded, note_cut, note_unknown
+from ..data.prompts import labelled_rows
 from ..data.sft import encode_sft_rows, load_sft_dataset
 from ..data.sft_turns import TurnsEncoded
-from ..data.prompts import labelled_rows
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import check_choice
 from .callbacks import trl_callbacks

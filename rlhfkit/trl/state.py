@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import distributed
 from ..agents.agent import model_name
 from ..data import load_prompt_dataset
-from .. import distributed
 from .metrics import rl_metrics, with_trl_names
 from .output_dir import claim_output_dir
 

@@ -11,7 +11,6 @@ import rlhfkit.agents.episode as episode_module
 from rlhfkit.agents import AgentOptions, make_tools, run_episodes, start_episode
 from rlhfkit.data.chat_templates import render
 from rlhfkit.models.segments import forward_rollout, segment_view
-from rlhfkit.rollout import HFEngine
 from rlhfkit.rollout.base import Rollout, SamplingParams
 from rlhfkit.tasks.tiny import thinking_template
 

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from rlhfkit.agents import AgentOptions, run_tool_calls
 from rlhfkit.agents.agent import Agent, environment_reward, reward_inputs, scored

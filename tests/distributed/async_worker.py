@@ -13,9 +13,9 @@ import json
 import sys
 
 from safetensors.torch import save_file
+from worker import _trainer, set_adam_eps
 
 from rlhfkit import distributed
-from worker import _trainer, set_adam_eps
 
 
 def train(jobs):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.run.checkpoint import load_tree, read_dcp_metadata, load_module_weights
+from rlhfkit.run.checkpoint import load_module_weights, load_tree, read_dcp_metadata
 
 # The whole file runs in make test-slow (issue 31: the default suite's 5-minute budget); its runs share
 # three launches (module fixtures), so splitting it between the suites would pay for them twice.

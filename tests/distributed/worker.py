@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit import distributed
+from rlhfkit.rl.experience import Experience
 from rlhfkit.rollout import Rollout
 from rlhfkit.tasks.toy import toy_trainer
-from rlhfkit.rl.experience import Experience
 
 FIELDS = ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns")
 ROLLOUT = ("input_ids", "attention_mask", "response_mask", "has_eos", "prompt_index")

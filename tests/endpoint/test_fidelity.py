@@ -7,7 +7,6 @@
     and through an agent program on the endpoint gives identical training rows and conversations.
 """
 
-import json
 from types import SimpleNamespace
 
 import pytest

@@ -8,6 +8,7 @@ import torch
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
+from rlhfkit.data.padding import pad
 from rlhfkit.models import (
     ScalarModel,
     disable_dropout,
@@ -17,9 +18,8 @@ from rlhfkit.models import (
     load_causal_lm,
     load_tokenizer,
 )
-from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.models.lm_head import streamable
-from rlhfkit.data.padding import pad
+from rlhfkit.models.policy import position_ids_from_mask
 from rlhfkit.rewards.reward_model import RewardModelFunction
 from rlhfkit.tasks.tiny import char_tokenizer, save_tiny_model, tiny_causal_lm
 

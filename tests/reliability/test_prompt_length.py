@@ -7,10 +7,10 @@ import time
 import pytest
 
 from rlhfkit.config import RLConfig
+from rlhfkit.rl.evaluate import evaluate_policy
 from rlhfkit.rollout import SamplingParams
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import RLTrainer
-from rlhfkit.rl.evaluate import evaluate_policy
 
 
 def reward(prompts, completions, **kwargs):

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
+from rlhfkit.run import checkpoint_format
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.trainers import SFTConfig, SFTTrainer
-from rlhfkit.run import checkpoint_format
 
 ROWS = [{"prompt": f"{w}=", "completion": w[::-1]} for w in ["abc", "hello", "xyz", "cat"]]
 

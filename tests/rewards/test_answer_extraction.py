@@ -1,14 +1,12 @@
 """Answer extraction and comparison for math rewards: LaTeX (via math-verify), GSM8K ``####``, thousands
 separators, the plain-number fast path, garbage in, and calls from worker threads."""
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from rlhfkit.rewards import answers_match, extract_answer, math_answer
-from rlhfkit.rewards import verifiable
+from rlhfkit.rewards import answers_match, extract_answer, math_answer, verifiable
 
 HALF = r"so \boxed{\frac{1}{2}}"
 

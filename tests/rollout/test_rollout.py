@@ -7,9 +7,9 @@ import torch
 import transformers
 
 from rlhfkit.algorithms import pg_loss, ppo_policy_loss, token_level_rewards
+from rlhfkit.data.padding import pad
 from rlhfkit.models import forward_response
 from rlhfkit.rollout import HFEngine, Rollout, SamplingParams, build_rollout
-from rlhfkit.data.padding import pad
 from rlhfkit.rollout.base import response_mask_from_ids
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 

@@ -7,7 +7,7 @@ import torch
 from transformers import TrainerCallback
 
 from rlhfkit.tasks.toy import PROMPTS
-from tests.run.test_lifecycle import KINDS, PAIRS, SFT_ROWS, make
+from tests.run.test_lifecycle import KINDS, PAIRS, SFT_ROWS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -50,8 +50,8 @@ class Recorder(TrainerCallback):
 
 
 def _trainer(kind, tmp_path, callbacks, **overrides):
-    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
     from rlhfkit.config import RLConfig
+    from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
     from rlhfkit.trainers import DPOConfig, DPOTrainer, RLTrainer, SFTConfig, SFTTrainer
 
     if kind == "rm":

@@ -154,8 +154,8 @@ def test_dpo_raises_the_oracle_score_of_the_sft_model(tmp_path):
     import random
 
     from rlhfkit.quickstart import DPO_SETTINGS, SAMPLING, sample_pairs
-    from rlhfkit.tasks import shift
     from rlhfkit.rl.evaluate import evaluate_policy
+    from rlhfkit.tasks import shift
     from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
 
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")

@@ -6,12 +6,14 @@ The formulas themselves are tested in tests/algorithms/test_objectives.py."""
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
 
 from rlhfkit.algorithms import group_has_variance, ppo_policy_loss
 from rlhfkit.config import RLConfig, part
-from rlhfkit.rl.update import UpdateLoss, loss as update_loss
+from rlhfkit.rl.update import UpdateLoss
+from rlhfkit.rl.update import loss as update_loss
 from rlhfkit.rollout import build_rollout, concat_rollouts
 from rlhfkit.run.training import epoch_order
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm

@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.config import PRESETS, RLConfig
-from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.trainers import RLTrainer
 
 

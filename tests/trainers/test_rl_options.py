@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from rlhfkit.config import RLConfig, part
+from rlhfkit.rl.experience import Experience
+from rlhfkit.rl.update import UpdateLoss, minibatch_generator
+from rlhfkit.rl.update import loss as update_loss
 from rlhfkit.rollout.base import build_rollout
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.trainers import RLTrainer
-from rlhfkit.rl.experience import Experience
-from rlhfkit.rl.update import UpdateLoss, loss as update_loss, minibatch_generator
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

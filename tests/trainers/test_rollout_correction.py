@@ -22,7 +22,6 @@ from rlhfkit.models import forward_response
 from rlhfkit.rollout import HFEngine
 from rlhfkit.tasks.toy import toy_trainer
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rlhfkit.config import RLConfig
-from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+from rlhfkit.tasks.toy import PROMPTS, fraction_of_a
 from rlhfkit.trainers import RLTrainer
 
 FLAT = {"abc", "xyz 12", "go", "hi there"}  # prompts whose completions all score the same: zero advantage

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
 from rlhfkit.config import RLConfig
+from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
 from rlhfkit.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from rlhfkit.trl.arguments import NO_EFFECT, TRANSLATED
 

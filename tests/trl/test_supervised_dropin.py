@@ -314,7 +314,6 @@ TRL_DEFAULTS = {
 
 @pytest.mark.parametrize("cls", TRL_DEFAULTS, ids=lambda c: c.__name__)
 def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
-    from transformers import TrainingArguments
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
     assert {name: field_default(fields[name]) for name in trl_fields(cls)} == TRL_DEFAULTS[cls]
@@ -415,8 +414,12 @@ def test_the_reward_trainer_adds_the_centring_term(models, tmp_path):
 
 
 def _trained(kind, model, tmp_path, name, **fields):
-    from rlhfkit.trainers import DPOConfig as D, DPOTrainer as DT, RewardModelConfig as R, RewardModelTrainer as RT
-    from rlhfkit.trainers import SFTConfig as S, SFTTrainer as ST
+    from rlhfkit.trainers import DPOConfig as D
+    from rlhfkit.trainers import DPOTrainer as DT
+    from rlhfkit.trainers import RewardModelConfig as R
+    from rlhfkit.trainers import RewardModelTrainer as RT
+    from rlhfkit.trainers import SFTConfig as S
+    from rlhfkit.trainers import SFTTrainer as ST
 
     config, trainer = {"SFT": (S, ST), "DPO": (D, DT), "Reward": (R, RT)}[kind]
     rows = STORIES[:4] if kind == "SFT" else PREFS

@@ -175,9 +175,10 @@ def ours_run(
     """rlhfkit's drop-in trainer on the same fixed completions; returns ``(final weights, trainer)``.
     ``use_vllm``: the config is translated as with ``use_vllm=True`` (the sampling correction on), the
     engine stays the HF one but reports the log-probs of ``sampling_logprobs``."""
+    from transformers import AutoModelForCausalLM
+
     import rlhfkit.trl as dropin
     from rlhfkit.rollout.base import build_rollout
-    from transformers import AutoModelForCausalLM
 
     config_class, cls = getattr(dropin, f"{trainer_class}Config"), getattr(dropin, f"{trainer_class}Trainer")
     config = config_class(output_dir=out, **{**COMMON, **kwargs})

@@ -11,7 +11,6 @@ change its step.
 from __future__ import annotations
 
 import pytest
-
 from harness import TOLERANCE, start_weights, update_difference, weights
 
 COMMON = dict(

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -158,8 +159,10 @@ def main() -> None:
                     del seconds[v]
                     continue
                 sync()
+                elapsed = time.perf_counter() - start
+                print(f"decode: {limit} tokens, round {rep}, {v}: {elapsed:.2f} s", file=sys.stderr, flush=True)
                 if rep:
-                    seconds[v].append(time.perf_counter() - start)
+                    seconds[v].append(elapsed)
             base = outputs[variants[0]]
             for v in variants[1:]:
                 r = outputs[v]

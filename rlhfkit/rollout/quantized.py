@@ -34,6 +34,7 @@ import torch
 from ..config.rl import ROLLOUT_PRECISIONS
 from .hf import DEFAULT_DECODE, HFEngine
 
+FP8_ACTIVATION_LB = 1e-12  # the least activation |max| a per-row float8 scale is computed from
 FP8_HINT = "rollout_precision='fp8' needs torchao (pip install torchao) and a CUDA GPU with float8 matmuls"
 
 
@@ -75,9 +76,12 @@ def quantize(model: torch.nn.Module, precision: str) -> torch.nn.Module:
         raise ValueError(f"{FP8_HINT} ({err})") from None
     quantized = copy.deepcopy(model).to(torch.bfloat16)  # torchao's per-row float8 takes bfloat16 weights
     keep = {id(m) for name, m in quantized.named_modules() if name in set(linears)}
+    # activation_value_lb: a row of zeros (the zero-initialised embedding of a pad token, fed to finished or padded
+    # rows) would get a scale of 0 and turn into NaNs (0/0), which attention then spreads over the row's other tokens
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), activation_value_lb=FP8_ACTIVATION_LB)
     quantize_(
         quantized,
-        Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+        config,
         filter_fn=lambda module, name: id(module) in keep,
     )
     return quantized

@@ -1,7 +1,7 @@
 """docs/architecture.md tells the truth about the code: its layer table is ``tests/test_layering.py``'s
 ``LAYERS`` (same entries, same layers) and names every package and top-level module of rlhfkit; every
 ``path/file.py`` it names exists, and every ``path/file.py:name`` names a function, class, method or
-constant defined there."""
+constant defined there — on this page and on every other page of docs/."""
 
 import ast
 import importlib.util
@@ -86,10 +86,13 @@ def defined_names(path: Path) -> set[str]:
 
 def file_references(text: str) -> list[tuple[str, str]]:
     """Every ``dir/file.py`` or ``dir/file.py:name`` in backticks: (path, name or "")."""
-    return re.findall(r"`((?:[A-Za-z_]+/)+[A-Za-z_]+\.py)(?::([A-Za-z_][A-Za-z_.]*))?`", text)
+    return re.findall(r"`((?:[A-Za-z0-9_]+/)+[A-Za-z0-9_]+\.py)(?::([A-Za-z_][A-Za-z0-9_.]*))?`", text)
 
 
-@pytest.mark.parametrize("doc", ["architecture.md"])
+DOCS = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
+
+
+@pytest.mark.parametrize("doc", DOCS)
 def test_every_file_and_name_the_doc_points_at_exists(doc):
     problems = []
     for rel, name in sorted(set(file_references((ROOT / "docs" / doc).read_text(encoding="utf-8")))):

@@ -115,3 +115,18 @@ def test_the_checks_catch_what_they_claim():
     assert "loss" in defined_names(PACKAGE_DIR / "rl" / "update.py") or "update" in defined_names(
         PACKAGE_DIR / "rl" / "update.py"
     )
+
+
+def test_every_package_has_an_api_reference_page_in_the_site():
+    """docs/api/<package>.md exists, renders the package or its modules (``::: rlhfkit.<package>[.module]``) and is in mkdocs.yml's nav."""
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    problems = []
+    for package in sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists()):
+        page = ROOT / "docs" / "api" / f"{package}.md"
+        if not page.exists() or not re.search(
+            rf"^::: rlhfkit\.{package}(\.|$)", page.read_text(encoding="utf-8"), re.M
+        ):
+            problems.append(f"docs/api/{package}.md: missing, or does not render rlhfkit.{package}")
+        elif f"api/{package}.md" not in nav:
+            problems.append(f"mkdocs.yml: api/{package}.md is not in the nav")
+    assert not problems, "\n".join(problems)

@@ -118,7 +118,8 @@ def test_the_checks_catch_what_they_claim():
 
 
 def test_every_package_has_an_api_reference_page_in_the_site():
-    """docs/api/<package>.md exists, renders the package or its modules (``::: rlhfkit.<package>[.module]``) and is in mkdocs.yml's nav."""
+    """docs/api/<package>.md exists, renders the package or its modules (``::: rlhfkit.<package>[.module]``)
+    and is in mkdocs.yml's nav."""
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     problems = []
     for package in sorted(p.name for p in PACKAGE_DIR.iterdir() if (p / "__init__.py").exists()):

@@ -134,7 +134,10 @@ def rollout_is_weights(
     ``rollout/logprob_diff_mean`` and ``rollout/logprob_diff_max`` (of ``|old - rollout|``, 0
     when the mask is empty), ``rollout/is_weight_mean`` (mean weight over the returned mask, 1
     when it is empty: no correction), ``rollout/is_masked_frac`` (share of the response tokens
-    removed, 0 when there are none).
+    removed, 0 when there are none), ``rollout/is_weight_std`` (the weights' population standard
+    deviation over the returned mask, 0 when it is empty), ``rollout/kl_sampler_trainer`` (KL(π_rollout
+    ‖ π_old) per response token, Schulman's unbiased k3 estimator on the engine's samples: the mean of
+    ``exp(lr_t) − 1 − lr_t`` with the token log ratio ``lr_t``; 0 when there are no tokens).
     """
     check_same_shape(old_logprobs=old_logprobs, rollout_logprobs=rollout_logprobs)
     check_tensor("old_logprobs", old_logprobs, ndim=2)
@@ -161,15 +164,18 @@ def rollout_is_weights(
             log_ratio = log_ratio.sum(dim=-1, keepdim=True).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         weights, kept = correct(log_ratio, mask, threshold=threshold, low=low)
         weights = torch.where(kept, weights.expand(mask.shape), zero).float()
-        metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, reduce, reduce_max)
+        token_lr = torch.where(mask, diff, zero).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        k3 = torch.where(mask, token_lr.exp() - 1 - token_lr, zero)  # KL(rollout || old) per sampled token
+        metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, k3, reduce, reduce_max)
     return weights, kept, metrics
 
 
-def _metrics(abs_diff, mask, weights, kept, reduce, reduce_max) -> dict:
+def _metrics(abs_diff, mask, weights, kept, k3, reduce, reduce_max) -> dict:
     """The ``rollout/*`` metrics from sums and counts (over every process when ``reduce`` is given)."""
     zero = abs_diff.new_zeros(())
+    w = weights.to(abs_diff.dtype)
     parts = torch.stack(
-        [abs_diff.sum(), mask.sum().to(abs_diff.dtype), weights.sum().to(abs_diff.dtype), kept.sum().to(abs_diff.dtype)]
+        [abs_diff.sum(), mask.sum().to(abs_diff.dtype), w.sum(), kept.sum().to(abs_diff.dtype), (w * w).sum(), k3.sum()]
     )
     # a 0 appended: the max of an empty mask (or an empty batch) is 0, not an error
     diff_max = torch.cat([abs_diff.flatten(), zero[None]]).max()
@@ -177,7 +183,8 @@ def _metrics(abs_diff, mask, weights, kept, reduce, reduce_max) -> dict:
         parts = reduce(parts)
     if reduce_max is not None:
         diff_max = reduce_max(diff_max)
-    diff_sum, n_tokens, weight_sum, n_kept = parts
+    diff_sum, n_tokens, weight_sum, n_kept, weight_sq_sum, k3_sum = parts
+    weight_mean = weight_sum / n_kept.clamp(min=1)
     metrics = {
         "rollout/logprob_diff_mean": diff_sum / n_tokens.clamp(min=1),
         "rollout/logprob_diff_max": diff_max,
@@ -185,5 +192,8 @@ def _metrics(abs_diff, mask, weights, kept, reduce, reduce_max) -> dict:
             n_kept > 0, weight_sum / n_kept.clamp(min=1), torch.ones_like(weight_sum)
         ),
         "rollout/is_masked_frac": (n_tokens - n_kept) / n_tokens.clamp(min=1),
+        # the weights' spread: population std over the kept tokens (0 when none or one is kept)
+        "rollout/is_weight_std": (weight_sq_sum / n_kept.clamp(min=1) - weight_mean**2).clamp(min=0).sqrt(),
+        "rollout/kl_sampler_trainer": k3_sum / n_tokens.clamp(min=1),
     }
     return {k: v.detach().float() for k, v in metrics.items()}

@@ -89,6 +89,8 @@ def test_every_mode_by_hand(mode):
         "rollout/logprob_diff_max",
         "rollout/is_weight_mean",
         "rollout/is_masked_frac",
+        "rollout/is_weight_std",
+        "rollout/kl_sampler_trainer",
     }
     for v in metrics.values():
         assert v.dim() == 0 and v.dtype == torch.float32 and not v.requires_grad

@@ -1,4 +1,5 @@
-"""GPU check: SFT, DPO, GRPO, PPO, LoRA and FSDP2 steps of rlhfkit on one CUDA GPU, as one JSON report.
+"""GPU check: SFT, DPO, GRPO, PPO, LoRA, FSDP2, quantized and compiled rollout steps of rlhfkit, and the
+HF engine's decode speeds, on one CUDA GPU, as one JSON report.
 
     python benchmarks/gpu_check.py                   # one CUDA GPU: a Qwen2.5-0.5B-shaped model (< 8 min)
     python benchmarks/gpu_check.py --device cpu      # the same checks on a tiny Qwen2, gloo (~10 s)
@@ -16,7 +17,9 @@ with a run directory, so the step timeline (``trace.json``) and the plots are wr
 - ``lora``: GRPO with a LoRA adapter (r 16, attention projections) on the bf16 base;
 - ``quantized``: GRPO sampling from an fp8 copy of the policy (``rollout_precision='fp8'``, torchao;
   int8 on the CPU), with the ``rollout/*`` mismatch metrics; ``compiled``: GRPO with
-  ``hf_decode='static'`` (transformers' static cache, compiled with CUDA graphs on CUDA);
+  ``hf_decode='static'`` (transformers' static cache, compiled with CUDA graphs on CUDA); ``decode``:
+  decode tokens/s of the HF engine's variants (``DECODE_VARIANTS``: generate, loop, static, bf16 and
+  fp8 copies on CUDA; int8 and bf16 copies on the CPU) side by side, with each copy's log-prob gap;
 - ``fsdp``: GRPO with FSDP2 over a process group of one process (NCCL on CUDA, gloo on the CPU),
   float32 master weights computing in bfloat16 (autocast; FSDP2's mixed precision on CUDA). rlhfkit
   shards only when a role has several processes, so the check switches ``distributed.role_active`` on
@@ -71,7 +74,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rlhfkit from thi
 
 from benchmarks.models import QWEN25_05B, build_model, qwen_like_tokenizer  # noqa: E402
 
-CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled")
+CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled", "decode")
+# the decode check's engines (benchmarks/decode.py's variants: hf_decode[:rollout_precision]), the first the baseline
+DECODE_VARIANTS = {
+    "cuda": ("generate", "loop", "static", "loop:bfloat16", "loop:fp8", "static:fp8"),
+    "cpu": ("generate", "loop", "loop:int8", "loop:bfloat16"),
+}
 # The model of each device: Qwen2.5-0.5B's shape on CUDA; the same architecture, tiny, on the CPU.
 MODELS = {
     "cuda": QWEN25_05B,
@@ -228,6 +236,66 @@ def check_quantized(ctx):
 def check_compiled(ctx):
     """GRPO with the static-cache decode (``hf_decode='static'``: compiled with CUDA graphs on CUDA)."""
     return ctx.measure(rl_trainer(ctx, "grpo", hf_decode="static"), "reward/mean")
+
+
+def check_decode(ctx):
+    """Decode tokens/s of the HF engine's variants (``DECODE_VARIANTS``: ``hf_decode`` and
+    ``rollout_precision``) on the check's model in float32, the GRPO check's rows (prompts x group,
+    ``new_tokens`` each), one warm-up call (it compiles ``static``), then ``ctx.steps - 1`` timed calls
+    per variant, alternated, with the same seeds. Per variant: ``tokens_per_s``, ``speedup`` over
+    ``generate``, and for a quantized copy ``logprob_gap`` (mean |its log-prob - the float32 model's|
+    per sampled token). A variant that fails is reported with its error; the others go on."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from decode import engine, logprob_gap  # benchmarks/decode.py
+
+    from rlhfkit.data.encode import tokenize_prompts
+    from rlhfkit.rollout import SamplingParams
+
+    w = ctx.work
+    model = ctx.model(torch.float32).eval()
+    prompts = tokenize_prompts([{"prompt": text(i, w["prompt"])} for i in range(w["prompts"])], ctx.tokenizer, None)
+    sampling = SamplingParams(max_new_tokens=w["new_tokens"], temperature=1.0)
+    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
+    engines, errors, seconds, gaps, tokens = {}, {}, {}, {}, {}
+    for variant in DECODE_VARIANTS[ctx.device.type]:
+        try:
+            engines[variant] = engine(variant, model, ctx.tokenizer, share_prompt=True)
+        except Exception as e:  # noqa: BLE001 — e.g. fp8 without torchao: named, the others go on
+            errors[variant] = f"{type(e).__name__}: {e}"[:500]
+    for rep in range(max(ctx.steps, 2)):
+        order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
+        for variant in order:
+            sync()
+            start = time.perf_counter()
+            try:
+                out = engines[variant].generate(prompts, w["group"], sampling, seed=list(range(len(prompts))))
+            except Exception as e:  # noqa: BLE001
+                errors[variant] = f"{type(e).__name__}: {e}"[:500]
+                del engines[variant]
+                continue
+            sync()
+            if rep:  # round 0 warms up (and compiles)
+                seconds[variant] = seconds.get(variant, 0.0) + time.perf_counter() - start
+                tokens[variant] = tokens.get(variant, 0) + int(out.response_mask.sum())
+                if ":" in variant:
+                    gaps[variant] = logprob_gap(model, out)
+    speed = {v: round(tokens[v] / seconds[v], 1) for v in seconds}
+    base = speed.get(DECODE_VARIANTS[ctx.device.type][0])
+    if not base:
+        raise RuntimeError(f"the baseline decode failed: {errors}")
+    if any(not math.isfinite(g) for g in gaps.values()):
+        raise RuntimeError(f"a quantized copy sampled with non-finite log-probs: {gaps}")
+    return {
+        "step_s": round(sum(seconds.values()) / max(len(seconds), 1) / (max(ctx.steps, 2) - 1), 4),  # s per call
+        "steps_timed": max(ctx.steps, 2) - 1,
+        "tokens_per_s": base,
+        "decode_tokens_per_s": speed,
+        "speedup": {v: round(x / base, 3) for v, x in speed.items()},
+        "logprob_gap": {v: round(g, 5) for v, g in gaps.items()},
+        "errors": errors,
+        "rows": len(prompts) * w["group"],
+        "new_tokens": w["new_tokens"],
+    }
 
 
 @contextmanager

@@ -109,12 +109,18 @@ def test_gpu_check_runs_every_check_on_the_cpu():
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert report["ok"] and report["model"]["architecture"] == "Qwen2ForCausalLM"
-    assert list(report["checks"]) == ["sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled"]
+    assert list(report["checks"]) == ["sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled", "decode"]
     for name, check in report["checks"].items():
         assert check["ok"] and check["step_s"] > 0 and check["tokens_per_s"] > 0 and check["steps_timed"] == 2, name
     assert set(report["checks"]["grpo"]["phases_s"]) >= {"generate", "reward", "logprobs", "update"}
     quantized = report["checks"]["quantized"]  # int8 on the CPU: a sampling copy that differs, measured
     assert quantized["rollout_precision"] == "int8" and quantized["mismatch"]["rollout/logprob_diff_mean"] > 0
+    decode = report["checks"]["decode"]  # every CPU variant decoded; the quantized copies' gaps measured
+    assert (
+        set(decode["decode_tokens_per_s"]) == {"generate", "loop", "loop:int8", "loop:bfloat16"}
+        and not decode["errors"]
+    )
+    assert 0 < decode["logprob_gap"]["loop:int8"] < 1
 
 
 def test_gpu_check_names_a_failed_check_and_exits_1(monkeypatch, capsys):

@@ -76,6 +76,10 @@ class PolicyLossRegistry(Registry):
     def _check_signature(self, name: str, fn: Callable) -> None:
         super()._check_signature(name, getattr(fn, "__wrapped__", fn))
 
+    def unregister(self, name: str) -> None:
+        super().unregister(name)
+        del self._hyperparameters[name]
+
     def hyperparameters(self, name: str) -> tuple[Hyperparameter, ...]:
         """The knobs the loss ``name`` declared at registration; unknown names as in ``get``."""
         self.get(name)

@@ -108,6 +108,11 @@ class Registry:
             )
         return self._entries[name]
 
+    def unregister(self, name: str) -> None:
+        """Remove the entry ``name`` (one a test or a plugin registered); unknown names as in ``get``."""
+        self.get(name)
+        del self._entries[name], self._traits[name]
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 

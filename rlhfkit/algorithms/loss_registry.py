@@ -77,6 +77,7 @@ class PolicyLossRegistry(Registry):
         super()._check_signature(name, getattr(fn, "__wrapped__", fn))
 
     def unregister(self, name: str) -> None:
+        """Remove the loss ``name`` and its declared knobs (one a test or a plugin registered)."""
         super().unregister(name)
         del self._hyperparameters[name]
 
@@ -95,29 +96,16 @@ def loss_hyperparameters(policy_loss: str, config) -> dict:
     default where absent; checked against the declarations (``resolve_hyperparameters``: a
     one-line error naming the field, the key and the loss). ``config``: an ``RLConfig`` or a part
     of it holding those fields (``rl/update.py:UpdateLoss``)."""
-    owner = type(config).__name__
-
-    def field_value(name: str):
-        if not hasattr(config, name):
-            raise ValueError(f"policy loss {policy_loss!r} reads the config field {name!r}, which {owner} has not")
-        return getattr(config, name)
-
-    return resolve_hyperparameters(
-        policy_loss,
-        POLICY_LOSSES.hyperparameters(policy_loss),
-        field_value,
-        getattr(config, "loss_options", None) or {},
-        owner,
-        _elsewhere(policy_loss),
-    )
+    return _resolve(policy_loss, config, None)
 
 
 def check_loss_options(policy_loss: str, config) -> dict:
     """The config check of the policy loss's knobs (``config/rl.py`` calls it): those of
-    ``loss_hyperparameters``, and a config field that another registered loss reads as a knob is
-    refused when the user set it (not filled by the preset, not its default) and ``policy_loss``
-    does not read it: it would be ignored. Returns ``loss_hyperparameters``'s values."""
-    values = loss_hyperparameters(policy_loss, config)
+    ``loss_hyperparameters`` (a field's error also says what the other losses reading it accept),
+    and a config field that another registered loss reads as a knob is refused when the user set it
+    (not filled by the preset, not its default) and ``policy_loss`` does not read it: it would be
+    ignored. Returns ``loss_hyperparameters``'s values."""
+    values = _resolve(policy_loss, config, _elsewhere(policy_loss))
     filled = getattr(config, "preset_filled", frozenset())
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for field_name, readers in _config_field_readers().items():
@@ -129,6 +117,21 @@ def check_loss_options(policy_loss: str, config) -> dict:
             f"(only by {', '.join(sorted(readers))}): leave it unset, got {value!r}"
         )
     return values
+
+
+def _resolve(policy_loss: str, config, elsewhere: dict[str, str] | None) -> dict:
+    owner = type(config).__name__
+
+    def field_value(name: str):
+        if not hasattr(config, name):
+            raise ValueError(f"policy loss {policy_loss!r} reads the config field {name!r}, which {owner} has not")
+        return getattr(config, name)
+
+    declared = POLICY_LOSSES.hyperparameters(policy_loss)
+    options = getattr(config, "loss_options", None)
+    return resolve_hyperparameters(
+        policy_loss, declared, field_value, {} if options is None else options, owner, elsewhere
+    )
 
 
 def _config_field_readers() -> dict[str, set[str]]:

@@ -261,7 +261,16 @@ def loss(
     weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
     if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
         weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
-    inputs = LossInputs(logprobs, old, adv, mask, args.loss_agg, horizon, weights, args.importance_sampling_level)
+    inputs = LossInputs(
+        logprobs,
+        old,
+        adv,
+        mask,
+        agg=args.loss_agg,
+        horizon=horizon,
+        weights=weights,
+        importance_sampling_level=args.importance_sampling_level,
+    )
     out = POLICY_LOSSES.get(args.policy_loss)(inputs, **loss_hyperparameters(args.policy_loss, args))
     loss, metrics = out.loss, dict(out.metrics)
     metrics.update(is_metrics, **{"policy/loss": loss.detach()})

@@ -1,7 +1,8 @@
 """The algorithm core: pure tensor math (torch and the standard library only).
 
 Every formula of rlhfkit lives here once: advantages, KL estimators and controllers, policy losses
-(PPO's clip with GSPO's sequence-level ratio, CISPO, plain policy gradient) and the value loss, loss
+(PPO's clip with GSPO's sequence-level ratio, CISPO, plain policy gradient; one interface,
+``LossInputs`` -> ``LossOutputs``) and the value loss, loss
 aggregation, the DPO-family preference losses, reward shaping and DAPO's sample filters, the
 rollout importance-sampling correction, and lean per-token log-probs / entropies.
 """
@@ -19,6 +20,8 @@ from .dpo import DPO_LOSS_TYPES, dpo_loss
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
 from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
+from .loss_interface import Hyperparameter, LossInputs, LossOutputs
+from .loss_registry import POLICY_LOSSES, check_loss_options, loss_hyperparameters
 from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, value_loss
 from .policy_losses import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -27,7 +30,7 @@ from .policy_losses import (
     pg_loss,
     ppo_policy_loss,
 )
-from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, Registry, sequence_rewards
+from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, Registry, sequence_rewards
 from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
 from .shaping import (
     apply_missing_eos_penalty,
@@ -47,6 +50,9 @@ __all__ = [
     "FixedKLController",
     "KL_ESTIMATORS",
     "IMPORTANCE_SAMPLING_LEVELS",
+    "Hyperparameter",
+    "LossInputs",
+    "LossOutputs",
     "POLICY_LOSSES",
     "ROLLOUT_IS_MODES",
     "Registry",
@@ -54,9 +60,11 @@ __all__ = [
     "apply_missing_eos_penalty",
     "bradley_terry_loss",
     "broadcast_sequence_advantages",
+    "check_loss_options",
     "cispo_policy_loss",
     "entropy_from_logits",
     "log_kept_mass",
+    "loss_hyperparameters",
     "gae",
     "group_advantages",
     "group_has_variance",

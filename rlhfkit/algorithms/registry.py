@@ -5,11 +5,9 @@ algorithm's parts by name from the config and never branches on the algorithm.
   -> (advantages (B, T), returns (B, T) or None)``. Sequence-level estimators read a sequence's
   reward as the masked sum of its token rewards (the score, plus the KL penalty when the KL is in
   the reward — the bandit formulation of the reference) and broadcast the result over its tokens.
-- ``POLICY_LOSSES``: ``f(logprobs, old_logprobs, advantages, response_mask, *, agg, horizon,
-  clip_low, clip_high, dual_clip, weights, importance_sampling_level) -> (loss, metrics)``;
-  ``weights`` (B, T) or None: the rollout importance-sampling weights (``rollout_is_weights``)
-  multiplying the per-token loss; ``importance_sampling_level``: whose ratio the loss uses
-  ("token", or GSPO's "sequence" / "sequence_token"; see ``importance_ratio``).
+- ``POLICY_LOSSES`` (in ``loss_registry.py``): ``f(inputs: LossInputs, *, <its knobs>) ->
+  LossOutputs`` (``loss_interface.py``); each entry declares its knobs (``Hyperparameter``) beside
+  its traits.
 - ``KL_ESTIMATORS``: ``f(logprobs, ref_logprobs) -> (B, T)``.
 - ``ROLLOUT_IS_MODES`` (in ``rollout_is.py``) and ``DPO_LOSS_TYPES`` (in ``dpo.py``): the rollout
   importance-sampling modes and the DPO-family losses, registered beside their formulas.
@@ -21,10 +19,7 @@ nothing else names it. Every entry of a registry declares the same trait keys:
 - advantage estimators: ``needs_groups`` (a baseline from the other G-1 samples of its prompt:
   group_size >= 2), ``needs_values`` (values from a critic), ``gives_returns`` (returns a critic
   can learn from), ``sequence_level`` (one reward per sequence, the bandit formulation);
-- policy losses: ``importance_sampling_levels`` (the levels of ``importance_sampling_level`` it
-  takes: a loss without an importance ratio takes "token" only) and ``zero_at_zero_advantage``
-  (True: a row whose advantage is 0 on every token has no gradient, as when the per-token loss is
-  a multiple of the advantage; the update may then leave such rows out, ``skip_zero_gradient_rows``);
+- policy losses: ``importance_sampling_levels`` and ``zero_at_zero_advantage`` (``loss_registry.py``);
 - KL estimators: ``loss_gradient`` — the divergence whose gradient the estimator's gradient
   follows when it is put in the loss (None: it cannot go in the loss), and ``why_not_in_loss``;
 - rollout IS modes: ``level`` ("token" or "sequence": whose ratio weighs a token) and ``masks``
@@ -49,7 +44,6 @@ import torch
 from . import advantages as adv
 from ._checks import check_mask, masked_sum
 from .kl import kl_penalty
-from .policy_losses import IMPORTANCE_SAMPLING_LEVELS, cispo_policy_loss, pg_loss, ppo_policy_loss
 
 
 class Registry:
@@ -114,6 +108,11 @@ class Registry:
             )
         return self._entries[name]
 
+    def unregister(self, name: str) -> None:
+        """Remove the entry ``name`` (one a test or a plugin registered); unknown names as in ``get``."""
+        self.get(name)
+        del self._entries[name], self._traits[name]
+
     def names(self) -> list[str]:
         return sorted(self._entries)
 
@@ -141,12 +140,6 @@ ADVANTAGE_ESTIMATORS = Registry(
     ("token_rewards", "response_mask"),
     ("values", "group_size", "gamma", "lam", "reduce"),
     traits=("needs_groups", "needs_values", "gives_returns", "sequence_level"),
-)
-POLICY_LOSSES = Registry(
-    "policy loss",
-    ("logprobs", "old_logprobs", "advantages", "response_mask"),
-    ("agg", "horizon", "clip_low", "clip_high", "dual_clip", "weights", "importance_sampling_level"),
-    traits=("importance_sampling_levels", "zero_at_zero_advantage"),
 )
 KL_ESTIMATORS = Registry("KL estimator", ("logprobs", "ref_logprobs"), traits=("loss_gradient", "why_not_in_loss"))
 
@@ -210,94 +203,6 @@ def _reinforce_pp(
     if int(tokens if reduce is None else reduce(tokens)) < 2:  # no batch to whiten over: no signal
         return zeros, returns
     return adv.whiten(returns, response_mask, reduce=reduce), returns
-
-
-@POLICY_LOSSES.register("ppo_clip", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS, zero_at_zero_advantage=True)
-def _ppo_clip(
-    logprobs,
-    old_logprobs,
-    advantages,
-    response_mask,
-    *,
-    agg="token-mean",
-    horizon=None,
-    clip_low=0.2,
-    clip_high=0.2,
-    dual_clip=None,
-    weights=None,
-    importance_sampling_level="token",
-):
-    """PPO's clipped surrogate; ``importance_sampling_level="sequence"`` is GSPO (``ppo_policy_loss``)."""
-    return ppo_policy_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        response_mask,
-        clip_low=clip_low,
-        clip_high=clip_high,
-        dual_clip=dual_clip,
-        agg=agg,
-        horizon=horizon,
-        weights=weights,
-        importance_sampling_level=importance_sampling_level,
-    )
-
-
-@POLICY_LOSSES.register("vanilla", importance_sampling_levels=("token",), zero_at_zero_advantage=True)
-def _vanilla(
-    logprobs,
-    old_logprobs,
-    advantages,
-    response_mask,
-    *,
-    agg="seq-mean-token-sum",
-    horizon=None,
-    clip_low=None,
-    clip_high=None,
-    dual_clip=None,
-    weights=None,
-    importance_sampling_level="token",
-):
-    """Plain policy gradient; the clip arguments are accepted for the shared signature and unused.
-    It has no importance ratio, so ``importance_sampling_level`` can only be "token"."""
-    if importance_sampling_level != "token":
-        raise ValueError(
-            f"policy loss 'vanilla' has no importance ratio: importance_sampling_level must be "
-            f"'token', got {importance_sampling_level!r}"
-        )
-    return pg_loss(logprobs, old_logprobs, advantages, response_mask, agg=agg, horizon=horizon, weights=weights)
-
-
-@POLICY_LOSSES.register("cispo", importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS, zero_at_zero_advantage=True)
-def _cispo(
-    logprobs,
-    old_logprobs,
-    advantages,
-    response_mask,
-    *,
-    agg="token-mean",
-    horizon=None,
-    clip_low=None,
-    clip_high=4.0,
-    dual_clip=None,
-    weights=None,
-    importance_sampling_level="token",
-):
-    """CISPO (``cispo_policy_loss``): the ratio capped at ``1 + clip_high`` (default 4: a cap of 5,
-    the cispo preset's, ScaleRL's ε_max, arXiv:2510.13786). ``clip_low`` and
-    ``dual_clip`` are accepted for the shared signature and unused: the paper sets no lower bound
-    on the weight, and a capped weight needs no dual clip."""
-    return cispo_policy_loss(
-        logprobs,
-        old_logprobs,
-        advantages,
-        response_mask,
-        clip_high=clip_high,
-        agg=agg,
-        horizon=horizon,
-        weights=weights,
-        importance_sampling_level=importance_sampling_level,
-    )
 
 
 def _kl_entry(name: str) -> Callable:

@@ -263,6 +263,12 @@ class AlgorithmConfig:
     """Whose importance ratio the policy loss uses (TRL's name): 'token' (each token's π/π_old: PPO, GRPO), 'sequence' (GSPO: the sequence's exp(mean_t log(π/π_old)), one per completion, clipped as one) or 'sequence_token' (GSPO-token: the sequence ratio's value with each token's own gradient). The ratio differs from 1 only off-policy (num_iterations > 1 or several minibatches per batch). vanilla has no ratio: 'token' only."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages (Ye et al. 2020): the loss is at most c·|A|. verl's clip_ratio_c (3.0 there). None: off."""
+    loss_options: dict = dataclasses.field(default_factory=dict)
+    """Knobs of the policy loss that are no config field of their own, by name, as its registration
+    declares them (POLICY_LOSSES; the built-in losses have none: their knobs are the fields clip_low,
+    clip_high and dual_clip). A YAML mapping, or JSON on the command line: loss_options='{"tau": 0.5}'.
+    A knob left out takes its declared default; an unknown key, a wrong type or a value out of range
+    is refused."""
     value_clip: float | None = 0.2
     """Clip range of the value update around the old values (cliprange_value); None: plain MSE."""
     vf_coef: float = 0.5
@@ -404,6 +410,7 @@ def _validate(c: RLConfig) -> None:
         KL_ESTIMATORS,
         POLICY_LOSSES,
         ROLLOUT_IS_MODES,
+        check_loss_options,
     )
 
     check_ranges(c)
@@ -411,6 +418,7 @@ def _validate(c: RLConfig) -> None:
     ENTROPY_AGGREGATIONS = ("micro-batch-token-mean",)
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
     levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
+    check_loss_options(c.policy_loss, c)  # the loss's knobs, as its registration declares them
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
     in_loss = [n for n in KL_ESTIMATORS.names() if KL_ESTIMATORS.traits(n)["loss_gradient"]]
     check_fields(
@@ -473,11 +481,6 @@ def _validate(c: RLConfig) -> None:
                 or c.rollout_is_threshold_low < c.rollout_is_threshold,
                 "rollout_is_threshold_low",
                 f"below rollout_is_threshold ({c.rollout_is_threshold}) or None",
-            ),
-            (
-                c.clip_high > 0 or c.policy_loss == "cispo",
-                "clip_high",
-                "> 0 (> -1 with the cispo loss, whose weight's cap is 1 + clip_high)",
             ),
             (
                 not (c.unscored_in_loss and c.use_critic),

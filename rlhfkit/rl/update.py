@@ -10,7 +10,15 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..algorithms import KL_ESTIMATORS, POLICY_LOSSES, aggregate, masked_mean, value_loss
+from ..algorithms import (
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    LossInputs,
+    aggregate,
+    loss_hyperparameters,
+    masked_mean,
+    value_loss,
+)
 from ..models import efficiency
 from ..models.micro_batches import row_spans, split_rows, token_budget
 from ..models.rl_models import RLModels
@@ -30,6 +38,7 @@ class UpdateLoss(RolloutCorrection):
     clip_low: float
     clip_high: float
     dual_clip: float | None
+    loss_options: dict
     importance_sampling_level: str
     entropy_coef: float
     entropy_agg: str | None
@@ -236,7 +245,9 @@ def loss(
     over every process divided by the processes (TRL's ``gradient_accumulation_steps``), so the term
     is the mean of the micro-batches' token means on any number of processes.
 
-    Formulas: the ``POLICY_LOSSES`` and ``KL_ESTIMATORS`` of ``rlhfkit/algorithms/registry.py``
+    Formulas: the ``POLICY_LOSSES`` of ``rlhfkit/algorithms/loss_registry.py`` (one ``LossInputs``
+    and the loss's declared knobs, ``loss_hyperparameters``: config fields or ``loss_options``) and
+    the ``KL_ESTIMATORS`` of ``rlhfkit/algorithms/registry.py``
     (``algorithms/policy_losses.py``, with the importance ratio at ``args.importance_sampling_level``;
     ``algorithms/kl.py``), ``aggregate`` and ``value_loss`` in ``algorithms/losses.py``, the
     correction in ``algorithms/rollout_is.py``."""
@@ -250,19 +261,18 @@ def loss(
     weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
     if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
         weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
-    loss, metrics = POLICY_LOSSES.get(args.policy_loss)(
+    inputs = LossInputs(
         logprobs,
         old,
         adv,
         mask,
         agg=args.loss_agg,
         horizon=horizon,
-        clip_low=args.clip_low,
-        clip_high=args.clip_high,
-        dual_clip=args.dual_clip,
         weights=weights,
         importance_sampling_level=args.importance_sampling_level,
     )
+    out = POLICY_LOSSES.get(args.policy_loss)(inputs, **loss_hyperparameters(args.policy_loss, args))
+    loss, metrics = out.loss, dict(out.metrics)
     metrics.update(is_metrics, **{"policy/loss": loss.detach()})
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
     per_micro_batch = args.entropy_agg == "micro-batch-token-mean"

@@ -16,6 +16,7 @@ from ..algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    LossInputs,
     selective_logprobs,
     token_level_rewards,
     value_loss,
@@ -78,9 +79,7 @@ def train_bandit(
                 adv = whiten(adv, mask)
         rewards_seen.append(float(scores.mean()))
         new = selective_logprobs(logits.expand(batch, -1, -1), tokens)
-        loss, _ = POLICY_LOSSES.get(loss_name)(
-            new, old, adv, mask, agg=agg, horizon=None, clip_low=0.2, clip_high=0.2, dual_clip=None
-        )
+        loss = POLICY_LOSSES.get(loss_name)(LossInputs(new, old, adv, mask, agg)).loss  # its knobs' defaults
         if returns is not None:
             v_loss, _ = value_loss(critic.expand(batch, -1), values, returns, mask)
             loss = loss + 0.5 * v_loss

@@ -320,6 +320,7 @@ class GRPOConfig(_Generation):
         fields = self._rl_fields(n_rows, world)
         if self.loss_type == "cispo":  # TRL caps the ratio at epsilon_high itself; rlhfkit at 1 + clip_high
             fields["clip_high"] -= 1.0  # (TRL's default epsilon_high 0.2 caps it at 0.2: -0.8 here, as TRL runs it)
+            del fields["clip_low"]  # CISPO has no lower bound (TRL's cispo ignores epsilon; rlhfkit refuses it set)
         iterations = self.max_tool_calling_iterations
         if self.beta and self.use_bias_correction_kl:
             warn_once(
@@ -383,6 +384,7 @@ class RLOOConfig(_Generation):
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         fields = self._rl_fields(n_rows, world)
+        del fields["clip_low"], fields["clip_high"]  # one pass (ratio 1): the rloo preset's loss reads no clip
         fields.update(
             algorithm="rloo",
             kl_coef=self.beta,

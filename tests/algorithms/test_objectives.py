@@ -11,6 +11,7 @@ import torch
 from rlhfkit.algorithms import (
     IMPORTANCE_SAMPLING_LEVELS,
     POLICY_LOSSES,
+    LossInputs,
     cispo_policy_loss,
     group_has_variance,
     importance_ratio,
@@ -234,23 +235,16 @@ def test_cispo_on_policy_is_the_policy_gradient():
     assert m["policy/clip_frac"].item() == 0.0
 
 
-def test_cispo_registry_entry_ignores_clip_low_and_dual_clip():
+def test_cispo_registry_entry_reads_clip_high_only():
     logprobs, old, adv, mask = _cispo_inputs()
     want, _ = cispo_policy_loss(logprobs, old, adv, mask, clip_high=4.0)
-    got, _ = POLICY_LOSSES.get("cispo")(
-        logprobs,
-        old,
-        adv,
-        mask,
-        agg="token-mean",
-        horizon=None,
-        clip_low=0.2,
-        clip_high=4.0,
-        dual_clip=3.0,
-        weights=None,
-        importance_sampling_level="token",
-    )
-    assert torch.equal(got, want)
+    inputs = LossInputs(logprobs, old, adv, mask, "token-mean", None, None, "token")
+    assert torch.equal(POLICY_LOSSES.get("cispo")(inputs, clip_high=4.0).loss, want)
+    assert torch.equal(POLICY_LOSSES.get("cispo")(inputs).loss, want)  # its declared default: 4
+    # clip_low and dual_clip are no knobs of CISPO's: not declared, not taken
+    assert [h.name for h in POLICY_LOSSES.hyperparameters("cispo")] == ["clip_high"]
+    with pytest.raises(TypeError, match="dual_clip"):
+        POLICY_LOSSES.get("cispo")(inputs, clip_high=4.0, dual_clip=3.0)
     with pytest.raises(ValueError, match=r"clip_high must be > -1 \(the weight's cap 1 \+ clip_high > 0\), got -1"):
         cispo_policy_loss(logprobs, old, adv, mask, clip_high=-1)
 
@@ -289,10 +283,10 @@ def test_cispo_sequence_level_caps_the_sequence_ratio():
 def test_registry_entries_forward_the_level(name, direct, kw):
     logprobs, old, mask = _gspo_inputs()
     adv = t([1.0, -1.0])
-    shared = dict(agg="token-mean", horizon=None, clip_low=0.2, clip_high=0.2, dual_clip=None, weights=None)
-    token, _ = POLICY_LOSSES.get(name)(logprobs, old, adv, mask, **shared)
+    token = POLICY_LOSSES.get(name)(LossInputs(logprobs, old, adv, mask, "token-mean"), **kw).loss
     for level in ("sequence", "sequence_token"):
-        got, _ = POLICY_LOSSES.get(name)(logprobs, old, adv, mask, importance_sampling_level=level, **shared)
+        inputs = LossInputs(logprobs, old, adv, mask, "token-mean", importance_sampling_level=level)
+        got = POLICY_LOSSES.get(name)(inputs, **kw).loss
         want, _ = direct(logprobs, old, adv, mask, agg="token-mean", importance_sampling_level=level, **kw)
         assert torch.equal(got, want) and not torch.equal(got, token)
 
@@ -307,7 +301,7 @@ def test_the_levels_each_loss_takes():
         match=r"policy loss 'vanilla' has no importance ratio: importance_sampling_level "
         r"must be 'token', got 'sequence'",
     ):
-        POLICY_LOSSES.get("vanilla")(lp, lp, lp, torch.ones(1, 2), importance_sampling_level="sequence")
+        POLICY_LOSSES.get("vanilla")(LossInputs(lp, lp, lp, torch.ones(1, 2), importance_sampling_level="sequence"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from rlhfkit.algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    LossInputs,
     Registry,
     gae,
     group_advantages,
@@ -209,9 +210,10 @@ def test_every_policy_loss_runs_with_shared_signature(name):
     lp = (old + 0.3 * torch.randn(3, 4, generator=g, dtype=F64)).requires_grad_()
     adv = torch.randn(3, 4, generator=g, dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
-    loss, metrics = POLICY_LOSSES.get(name)(
-        lp, old, adv, mask, agg="token-mean", horizon=None, clip_low=0.2, clip_high=0.28, dual_clip=3.0
-    )
+    knobs = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}
+    declared = {h.name for h in POLICY_LOSSES.hyperparameters(name)}
+    out = POLICY_LOSSES.get(name)(LossInputs(lp, old, adv, mask, "token-mean"), **{k: knobs[k] for k in declared})
+    loss, metrics = out.loss, out.metrics
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert "policy/approx_kl" in metrics
     loss.backward()
@@ -224,15 +226,16 @@ def test_policy_loss_entries_forward_their_arguments():
     lp = old + 0.5 * torch.randn(2, 3, generator=g, dtype=F64)
     adv = torch.randn(2, 3, generator=g, dtype=F64)
     mask = torch.ones(2, 3)
-    kw = dict(agg="seq-mean-token-sum-norm", horizon=7, clip_low=0.1, clip_high=0.3, dual_clip=2.0)
-    got, _ = POLICY_LOSSES.get("ppo_clip")(lp, old, adv, mask, **kw)
-    want, _ = ppo_policy_loss(lp, old, adv, mask, **kw)
+    kw = dict(clip_low=0.1, clip_high=0.3, dual_clip=2.0)
+    inputs = LossInputs(lp, old, adv, mask, agg="seq-mean-token-sum-norm", horizon=7)
+    got = POLICY_LOSSES.get("ppo_clip")(inputs, **kw).loss
+    want, _ = ppo_policy_loss(lp, old, adv, mask, agg="seq-mean-token-sum-norm", horizon=7, **kw)
     assert got.item() == want.item()
-    got, _ = POLICY_LOSSES.get("vanilla")(lp, old, adv, mask, **kw)
+    got = POLICY_LOSSES.get("vanilla")(inputs).loss
     want, _ = pg_loss(lp, old, adv, mask, agg="seq-mean-token-sum-norm", horizon=7)
     assert got.item() == want.item()
     # vanilla's defaults: seq-mean-token-sum
-    got, _ = POLICY_LOSSES.get("vanilla")(lp, old, adv, mask)
+    got = POLICY_LOSSES.get("vanilla")(LossInputs(lp, old, adv, mask)).loss
     assert got.item() == pytest.approx((-(adv * lp).sum() / 2).item())
 
 

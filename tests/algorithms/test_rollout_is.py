@@ -2,6 +2,7 @@
 computed by hand, padding garbage, the trainer's own sampler, gradients, refusals, empty masks,
 and the ``weights`` argument of the policy losses."""
 
+import dataclasses
 import math
 from functools import partial
 
@@ -12,6 +13,7 @@ from rlhfkit.algorithms import (
     AGGREGATIONS,
     POLICY_LOSSES,
     ROLLOUT_IS_MODES,
+    LossInputs,
     aggregate,
     cispo_policy_loss,
     pg_loss,
@@ -389,15 +391,14 @@ def test_weights_shape_is_checked(fn):
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())
 def test_registry_entries_forward_the_weights(name):
     logprobs, old, adv, mask, w = _random_policy_batch(seed=5)
-    kw = dict(agg="token-mean", horizon=None, clip_low=0.2, clip_high=0.2, dual_clip=None)
     direct = {"ppo_clip": ppo_policy_loss, "cispo": cispo_policy_loss}.get(name, pg_loss)
     direct_kw = {"ppo_clip": dict(clip_low=0.2, clip_high=0.2), "cispo": dict(clip_high=0.2)}.get(name, {})
-    got, _ = POLICY_LOSSES.get(name)(logprobs, old, adv, mask, weights=w, **kw)
+    got = POLICY_LOSSES.get(name)(LossInputs(logprobs, old, adv, mask, "token-mean", weights=w), **direct_kw).loss
     want, _ = direct(logprobs, old, adv, mask, agg="token-mean", weights=w, **direct_kw)
-    unweighted, _ = POLICY_LOSSES.get(name)(logprobs, old, adv, mask, **kw)
+    unweighted = POLICY_LOSSES.get(name)(LossInputs(logprobs, old, adv, mask, "token-mean"), **direct_kw).loss
     assert torch.equal(got, want)
     assert not torch.equal(got, unweighted)
-    assert "weights" in POLICY_LOSSES.keywords
+    assert "weights" in {f.name for f in dataclasses.fields(LossInputs)}
 
 
 def test_rollout_weights_feed_the_loss_end_to_end():

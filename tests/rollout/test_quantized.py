@@ -99,9 +99,9 @@ def test_an_int8_run_logs_the_mismatch_and_corrects_it(monkeypatch):
 
     class Recording:
         def get(self, name):
-            def loss(logprobs, old, advantages, mask, **kw):
-                calls.append((trainer.step, kw["weights"], mask.bool()))
-                return POLICY_LOSSES.get(name)(logprobs, old, advantages, mask, **kw)
+            def loss(inputs, **kw):
+                calls.append((trainer.step, inputs.weights, inputs.response_mask.bool()))
+                return POLICY_LOSSES.get(name)(inputs, **kw)
 
             return loss
 

@@ -81,9 +81,9 @@ class RecordingLosses:
     def get(self, name):
         loss = POLICY_LOSSES.get(name)
 
-        def recorded(logprobs, old, advantages, mask, **kw):
-            self.calls.append((self.trainer.step, kw["weights"], mask.bool()))
-            return loss(logprobs, old, advantages, mask, **kw)
+        def recorded(inputs, **kw):
+            self.calls.append((self.trainer.step, inputs.weights, inputs.response_mask.bool()))
+            return loss(inputs, **kw)
 
         return recorded
 

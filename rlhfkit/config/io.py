@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -17,12 +18,20 @@ import yaml
 
 def field_docs(cls) -> dict[str, str]:
     """Field name -> the docstring right under the field, read from the source of every dataclass in
-    ``cls.__mro__`` (a subclass's docstring wins); ``""`` for an undocumented field."""
+    ``cls.__mro__`` (a subclass's docstring wins), or for a field a part takes from ``RLConfig``
+    (``parts.takes``) the config's, from ``field.metadata["doc"]``; ``""`` for an undocumented field.
+    The source's line breaks are undone: a doc is paragraphs (split by blank lines) of one line each."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is not object and dataclasses.is_dataclass(klass):
             docs.update(_class_field_docs(klass))
-    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+    return {f.name: docs.get(f.name) or f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+def _reflow(doc: str) -> str:
+    """``doc`` with the line breaks inside each paragraph (blank-line separated) turned into spaces."""
+    paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", doc.strip()))
+    return "\n\n".join(p for p in paragraphs if p)
 
 
 def _class_field_docs(klass) -> dict[str, str]:
@@ -40,7 +49,7 @@ def _class_field_docs(klass) -> dict[str, str]:
             and isinstance(nxt.value, ast.Constant)
             and isinstance(nxt.value.value, str)
         ):
-            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+            docs[stmt.target.id] = _reflow(inspect.cleandoc(nxt.value.value))
     return docs
 
 
@@ -48,15 +57,25 @@ def _defining_class(cls, name: str):
     return next(k for k in cls.__mro__ if name in inspect.get_annotations(k))
 
 
-def format_help(cls) -> str:
-    """Every field with its type, default and docstring, grouped by the class that defines it."""
+def help_title(klass) -> str:
+    """The ``--help`` heading of the fields a class declares: its name without ``Config`` or ``Base``
+    (``OptimBase`` and ``OptimConfig`` are one group, "Optim"); an engine's ``...Options`` group reads
+    "VLLM options"."""
+    name = klass.__name__
+    if name.endswith("Options") and name != "Options":
+        return name.removesuffix("Options") + " options"
+    return name.removesuffix("Config").removesuffix("Base") or name
+
+
+def format_help(cls, width: int = 100) -> str:
+    """Every field with its type, default and docstring, grouped by the class that defines it; each
+    paragraph of a doc is re-flowed to ``width`` columns (indent included)."""
     docs = field_docs(cls)
     groups: dict[str, list[str]] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        # OptimBase and OptimConfig are one group, "Optim".
-        title = _defining_class(cls, f.name).__name__.removesuffix("Config").removesuffix("Base") or cls.__name__
+        title = help_title(_defining_class(cls, f.name))
         if f.default is not dataclasses.MISSING:
             default = f"default {f.default!r}"
         elif f.default_factory is not dataclasses.MISSING:
@@ -64,8 +83,9 @@ def format_help(cls) -> str:
         else:
             default = "required"
         lines = [f"  {f.name} ({f.type}, {default})"]
-        if docs[f.name]:
-            lines.append(textwrap.fill(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6))
+        for i, paragraph in enumerate(docs[f.name].split("\n\n") if docs[f.name] else ()):
+            lines += [""] if i else []
+            lines += textwrap.wrap(paragraph, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
         groups.setdefault(title, []).extend(lines)
     header = f"{cls.__name__} fields: set them in a YAML file or as key=value overrides."
     return "\n\n".join([header] + [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()])

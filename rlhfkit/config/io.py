@@ -57,6 +57,9 @@ def _defining_class(cls, name: str):
     return next(k for k in cls.__mro__ if name in inspect.get_annotations(k))
 
 
+_WRAP = dict(break_on_hyphens=False)  # never 'seq-mean-token-sum-' / 'norm': a value's name stays whole
+
+
 def help_title(klass) -> str:
     """The ``--help`` heading of the fields a class declares: its name without ``Config`` or ``Base``
     (``OptimBase`` and ``OptimConfig`` are one group, "Optim"); an engine's ``...Options`` group reads
@@ -69,8 +72,12 @@ def help_title(klass) -> str:
 
 def format_help(cls, width: int = 100) -> str:
     """Every field with its type, default and docstring, grouped by the class that defines it; each
-    paragraph of a doc is re-flowed to ``width`` columns (indent included)."""
+    paragraph of a doc is re-flowed to ``width`` columns (indent included). A field the TRL drop-in
+    renames ends with its TRL names (``trl_names.py``)."""
+    from .trl_names import trl_names_of
+
     docs = field_docs(cls)
+    trl = trl_names_of({f.name for f in dataclasses.fields(cls) if f.init})
     groups: dict[str, list[str]] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -85,7 +92,10 @@ def format_help(cls, width: int = 100) -> str:
         lines = [f"  {f.name} ({f.type}, {default})"]
         for i, paragraph in enumerate(docs[f.name].split("\n\n") if docs[f.name] else ()):
             lines += [""] if i else []
-            lines += textwrap.wrap(paragraph, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+            lines += textwrap.wrap(paragraph, width, initial_indent=" " * 6, subsequent_indent=" " * 6, **_WRAP)
+        if f.name in trl:  # the drop-in's renames (trl_names.py): what a TRL user knows the setting as
+            names = f"TRL's name{'s' if len(trl[f.name]) > 1 else ''}: {', '.join(trl[f.name])}."
+            lines += textwrap.wrap(names, width, initial_indent=" " * 6, subsequent_indent=" " * 8, **_WRAP)
         groups.setdefault(title, []).extend(lines)
     header = f"{cls.__name__} fields: set them in a YAML file or as key=value overrides."
     return "\n\n".join([header] + [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import json
 import re
@@ -34,12 +35,34 @@ def _reflow(doc: str) -> str:
     return "\n\n".join(p for p in paragraphs if p)
 
 
-def _class_field_docs(klass) -> dict[str, str]:
+@functools.cache
+def _module_classes(filename: str, mtime_ns: int) -> dict[str, ast.ClassDef]:
+    """The top-level class statements of a source file, parsed once per version of the file."""
+    tree = ast.parse(Path(filename).read_text(encoding="utf-8"))
+    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def _class_node(klass) -> ast.ClassDef | None:
+    """The class statement of ``klass``: a module-level class from its file, parsed once for all its
+    classes (``inspect.getsource`` parses the file again for each class), any other through
+    ``inspect.getsource``; None without source (built in a REPL, or from a .pyc only)."""
     try:
+        if "." not in klass.__qualname__:
+            filename = inspect.getsourcefile(klass)
+            if filename and Path(filename).is_file():
+                node = _module_classes(filename, Path(filename).stat().st_mtime_ns).get(klass.__name__)
+                if node is not None:
+                    return node
         source = textwrap.dedent(inspect.getsource(klass))
-    except (OSError, TypeError):  # no source (built in a REPL, or from a .pyc only): no docs
+    except (OSError, TypeError):
+        return None
+    return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
+
+
+def _class_field_docs(klass) -> dict[str, str]:
+    node = _class_node(klass)
+    if node is None:
         return {}
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
     docs = {}
     for stmt, nxt in zip(node.body, node.body[1:]):
         if (

@@ -44,7 +44,7 @@ class UpdatePasses:
 
 @takes("kl_coef", "kl_estimator", "use_critic", "mask_truncated_completions", "masked_rows_count")
 class ExperienceMaking(AdvantageEstimation, RolloutCorrection, UpdatePasses):
-    """The fields of ``RLConfig`` that phases 4–5 read (``make_experience``): those below, and those
+    """The fields of ``RLConfig`` that phases 4–5 read (``make_experience``): those it takes, and those
     of the functions it calls (``compute_advantages``, ``rollout_correction``, ``single_pass``),
     whose parts it extends so that it passes itself on."""
 

@@ -1,7 +1,9 @@
 """The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``dpo``, ``rl``, ``eval``, ``report``, ``data``, ``demo``.
 
 Training commands take ``--config recipe.yaml`` and ``key=value`` overrides; ``--help`` lists every
-key with its documentation. Bad input is one line on stderr and exit status 2 (``--traceback`` or
+key with its documentation (``config/io.py:format_help``). This module parses the command line and runs
+the training commands; the others (``eval``, ``quickstart``, ``report``, ``data``, ``demo``) are in
+``commands.py``. Bad input is one line on stderr and exit status 2 (``--traceback`` or
 ``RLHFKIT_TRACEBACK=1``: after its traceback; ``run/errors.py``).
 """
 
@@ -13,8 +15,8 @@ import os
 import re
 import signal
 import sys
-from pathlib import Path
 
+from . import commands
 from .run import errors, interrupts
 
 
@@ -143,152 +145,9 @@ def _run_rl(job):
     )
 
 
-def _eval(args) -> int:
-    from .data import load_prompt_dataset
-    from .jobs import check_eval_output, checkpoint_policy, write_eval_output
-    from .rl.evaluate import check_eval_sizes, evaluate_policy
-    from .rollout import SamplingParams
-
-    check_eval_sizes(args.samples, args.batch_size, ("--samples", "--batch-size"))
-    if args.output:
-        check_eval_output(
-            args.output,
-            args.overwrite,
-            {"--dataset": args.dataset, "--model": args.model, "--reference": args.reference},
-        )
-    if not args.reward:
-        raise ValueError("eval needs at least one --reward (a registered name, module:function, or reward-model dir)")
-    given = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    try:
-        sampling = SamplingParams(**{k: v for k, v in given.items() if v is not None}, greedy=args.greedy)
-    except ValueError as err:  # name the flag, not the field
-        flag = next(f"--{k.replace('_', '-')}" for k in given if f"'{k}'" in str(err))
-        raise ValueError(f"{flag} must {str(err).split(' must ', 1)[1]}") from None
-    load_prompt_dataset(args.dataset, name="eval dataset")  # data errors before any model is loaded
-    from .agents.tools import import_object
-
-    tools = [import_object(path, "--tool") for path in args.tool]
-    environment = import_object(args.environment, "--environment") if args.environment else None
-    model, tokenizer = checkpoint_policy(args.model) or (args.model, None)
-    result = evaluate_policy(
-        model,
-        args.reward,
-        args.dataset,
-        tokenizer=tokenizer,
-        reference=args.reference,
-        samples_per_prompt=args.samples,
-        sampling=sampling,
-        batch_size=args.batch_size,
-        tools=tools,
-        environment_factory=environment,
-        chat_template=args.chat_template,
-        max_tool_calling_iterations=args.max_tool_calling_iterations,
-    )
-    for key, value in result["metrics"].items():
-        print(f"{key:<32} {value:10.4f}")
-    if args.output:
-        write_eval_output(args.output, result)
-    return 0
-
-
-def _quickstart(args) -> int:
-    from .quickstart import run_quickstart
-
-    out = run_quickstart(
-        args.output_dir,
-        scale=args.scale,
-        compare_grpo=not args.no_grpo,
-        quiet=args.quiet,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        compare_dpo=not args.no_dpo,
-    )
-    before = out["results"]["SFT"]["eval/oracle_reward_mean"]
-    after = out["results"]["PPO"]["eval/oracle_reward_mean"]
-    if after <= before:
-        print(f"quickstart failed: PPO did not raise the oracle score ({before:.3f} -> {after:.3f})", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _report(args) -> int:
-    from .report import find_runs, write_report
-    from .run.trace import merge
-
-    for run in find_runs(args.run_dir):  # one line names a folder without runs
-        merge(run, remove=False)  # the timeline of a run that did not finish (or still runs)
-    print(write_report(args.run_dir))
-    return 0
-
-
-def _data(args) -> int:
-    from .tasks import arithmetic, calculator, shift
-
-    existing = [
-        p
-        for p in (
-            "sft.jsonl",
-            "pairs.jsonl",
-            "prompts.jsonl",
-            "eval_prompts.jsonl",
-            "model",
-            "train.jsonl",
-            "eval.jsonl",
-        )
-        if (Path(args.out_dir) / p).exists()
-    ]
-    _check_count("--n-train", args.n_train, 1, 10**7)
-    if existing and not args.overwrite:
-        raise ValueError(f"{args.out_dir} already holds {', '.join(existing)}: choose another directory or --overwrite")
-    if args.task == "arithmetic":
-        train_digits = [int(d) for d in args.train_digits.split(",")] if args.train_digits else None
-        paths = arithmetic.write_task_files(
-            args.out_dir,
-            args.seed,
-            n_train=args.n_train,
-            digits=args.digits,
-            operators=args.operators,
-            train_digits=train_digits,
-        )
-    elif args.task == "calculator":
-        try:
-            digits = tuple(int(d) for d in args.factor_digits.split(","))
-        except ValueError:
-            digits = ()
-        if len(digits) != 2 or min(digits) < 1:
-            raise ValueError(f"--factor-digits must be two positive integers like '3,2', got {args.factor_digits!r}")
-        if not 0.0 <= args.wrong_share <= 1.0:
-            raise ValueError(f"--wrong-share must be in [0, 1], got {args.wrong_share}")
-        paths = calculator.write_task_files(
-            args.out_dir, args.seed, n_train=args.n_train, digits=digits, wrong_share=args.wrong_share
-        )
-    else:
-        paths = shift.write_task_files(args.out_dir, args.seed)
-    for name, path in paths.items():
-        print(f"{name:<20} {path}")
-    return 0
-
-
-def _demo(args) -> int:
-    from .tasks.bandit import BANDIT_PRESETS, train_bandit
-
-    _check_count("--steps", args.steps, 1, 10**6)
-    print("Sequence bandit (4 positions x 6 tokens, hidden target; reward = fraction matched)")
-    print(f"{'algorithm':<10} {'reward start':>12} {'reward end':>10}  optimum found")
-    failed = False
-    for name in BANDIT_PRESETS:
-        r = train_bandit(name, steps=args.steps, seed=args.seed)
-        failed |= not r.optimal
-        print(f"{name:<10} {r.reward_start:>12.3f} {r.reward_end:>10.3f}  {'yes' if r.optimal else 'NO'}")
-    return 1 if failed else 0
-
-
-def _check_count(flag: str, value: int, low: int, high: int) -> None:
-    if not low <= value <= high:
-        raise ValueError(f"{flag} must be an integer in [{low}, {high}], got {value}")
-
-
 def _parser() -> argparse.ArgumentParser:
+    from .config.rollout import AgentConfig
+
     # allow_abbrev=False everywhere: no option is ever taken from a prefix (`--over` is not
     # --overwrite); main refuses an unknown one in one line with a suggestion (_unknown_options).
     parser = argparse.ArgumentParser(
@@ -306,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
     for p in (q,):
         p.add_argument("--quiet", action="store_true", help="log lines only, no progress bars")
         p.add_argument("--overwrite", action="store_true", help="reuse an existing output directory")
-    q.set_defaults(func=_quickstart)
+    q.set_defaults(func=commands.quickstart_command)
     for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("rl", "RLJob")):
         t = sub.add_parser(
             name, add_help=False, allow_abbrev=False, help=f"train ({name}); --help lists every config key"
@@ -345,14 +204,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--environment", help="agents: an environment class as module:Class, one per sample")
     e.add_argument("--chat-template", help="a chat template: a file, inline Jinja or a shipped name (chatml_tools)")
-    e.add_argument("--max-tool-calling-iterations", type=int, default=8, help="agents: tool rounds per episode")
+    e.add_argument(
+        "--max-tool-calling-iterations",
+        type=int,
+        default=AgentConfig.max_tool_calling_iterations,  # the config field's default, declared once
+        help="agents: tool rounds per episode",
+    )
     e.add_argument(
         "--overwrite", action="store_true", help="replace an existing --output file that is not an earlier eval result"
     )
-    e.set_defaults(func=_eval)
+    e.set_defaults(func=commands.eval_command)
     r = sub.add_parser("report", allow_abbrev=False, help="regenerate a run directory's plots and report.html")
     r.add_argument("run_dir", nargs="+", help="run directories or folders of runs (overlaid in one report)")
-    r.set_defaults(func=_report)
+    r.set_defaults(func=commands.report_command)
     d = sub.add_parser(
         "data",
         allow_abbrev=False,
@@ -376,13 +240,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--overwrite", action="store_true", help="replace the task's files if they exist")
-    d.set_defaults(func=_data)
+    d.set_defaults(func=commands.data_command)
     demo = sub.add_parser(
         "demo", allow_abbrev=False, help="PPO / GRPO / REINFORCE / RLOO on a bandit with a known optimum"
     )
     demo.add_argument("--steps", type=int, default=60, help="training steps per algorithm (default 60)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    demo.set_defaults(func=_demo)
+    demo.set_defaults(func=commands.demo_command)
     __import__("rlhfkit.serving", fromlist=["add_command"]).add_command(sub)  # rlhfkit serve: rlhfkit/serving.py
     for command in sub.choices.values():  # every command's: run/errors.py (RLHFKIT_TRACEBACK=1 does the same)
         command.add_argument("--traceback", action="store_true", help="print the traceback before a one-line error")

@@ -34,6 +34,13 @@ def test_help_lists_every_key_with_its_doc(command, job, capsys):
     assert not [k for k in keys if not docs[k] or "".join(docs[k].split()) not in flat]
 
 
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "rl"])
+def test_help_has_no_line_over_the_formatters_120_columns(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= 120, max(out.splitlines(), key=len)
+
+
 def test_unknown_key_suggests_close_matches(capsys):
     assert main(["rl", "kl_cof=0.1"]) == 2
     err = capsys.readouterr().err

@@ -75,12 +75,55 @@ def test_field_docs_generic_inherited_and_missing():
 def test_format_help_groups_fields_by_defining_class():
     text = format_help(RLConfig)
     titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ")][1:]
-    assert titles == ["Model", "Rollout", "Agent", "Algorithm", "Optim", "Run"]
+    assert titles == ["Model", "Rollout", "HF options", "VLLM options", "Agent", "Algorithm", "Optim", "Run"]
     assert "  kl_coef (float | None, default None)" in text
     assert "  clip_high (float | None, default None)" in text
     assert "DAPO's clip-higher uses 0.28" in text
     for name in (f.name for f in dataclasses.fields(RLConfig)):
         assert f"  {name} (" in text
+
+
+@dataclass(frozen=True)
+class _WrappedDemo:
+    flag: bool = False
+    """A doc written over several short source lines,
+    as the formatter leaves them:
+    one paragraph.
+
+    A second
+    paragraph."""
+
+
+def test_field_docs_reflow_the_sources_lines_and_keep_paragraphs():
+    assert field_docs(_WrappedDemo)["flag"] == (
+        "A doc written over several short source lines, as the formatter leaves them: one paragraph.\n\n"
+        "A second paragraph."
+    )
+
+
+def test_format_help_reflows_each_paragraph_to_its_width():
+    lines = format_help(_WrappedDemo, width=40).splitlines()
+    doc = lines[lines.index("  flag (bool, default False)") + 1 :]
+    assert doc == [
+        "      A doc written over several short",
+        "      source lines, as the formatter",
+        "      leaves them: one paragraph.",
+        "",
+        "      A second paragraph.",
+    ]
+
+
+def test_every_rlconfig_doc_is_reflowed_into_lines_of_at_most_100_columns():
+    text = format_help(RLConfig)
+    assert max(map(len, text.splitlines())) <= 100
+    # a doc the source wraps over several lines fills each help line (no break where the source had one)
+    lines = text.splitlines()
+    first = lines.index("  rollout_precision (str | None, default None)") + 1
+    doc = lines[first : next(i for i in range(first, len(lines)) if not lines[i].startswith("      "))]
+    assert len(doc) > 3
+    for line, after in zip(doc, doc[1:]):
+        assert len(line) + 1 + len(after.split()[0]) > 100, (line, after)
+    assert " ".join(" ".join(doc).split()) == field_docs(RLConfig)["rollout_precision"]
 
 
 def test_format_help_of_another_config_class():

@@ -1,16 +1,21 @@
 """The typed parts of ``RLConfig`` that the phases take (``rlhfkit.config.part``): every part names
 ``RLConfig`` fields only — a part's fields are the user-facing names, so a renamed field fails here
-in each part that reads it — and ``part`` copies their values, from the config or from a larger part."""
+in each part that reads it — and ``part`` copies their values, from the config or from a larger part.
+Each field is declared once: in one of ``RLConfig``'s concerns; a part takes it by name
+(``config.takes``) with the config's type, default and doc."""
 
 import ast
 import dataclasses
 import importlib
+import inspect
 from pathlib import Path
 
 import pytest
 
 import rlhfkit
-from rlhfkit.config import PRESETS, RLConfig, part
+from rlhfkit.agents import AgentOptions
+from rlhfkit.config import PRESETS, HFOptions, RLConfig, VLLMOptions, field_docs, part, takes
+from rlhfkit.rollout import SamplingParams
 
 PACKAGE_DIR = Path(rlhfkit.__file__).parent
 RL_FIELDS = {f.name for f in dataclasses.fields(RLConfig)}
@@ -122,3 +127,84 @@ def test_no_phase_takes_the_whole_rl_config():
             if "RLConfig" in names:
                 offenders.append(f"{module}:{node.lineno}")
     assert not offenders, f"import RLConfig (take a part instead): {offenders}"
+
+
+# ---- declared once: a part names the fields it takes; their type, default and doc are the config's ----
+
+# The parts not built by ``part`` (the engines' sampling parameters, the agent's options) take fields too.
+TAKERS = {
+    **PARTS,
+    "rlhfkit.rollout.base.SamplingParams": SamplingParams,
+    "rlhfkit.agents.episode.AgentOptions": AgentOptions,
+}
+DECLARED = {f.name: f for f in dataclasses.fields(RLConfig)}
+DOCS = field_docs(RLConfig)
+
+
+@pytest.mark.parametrize("name", sorted(TAKERS))
+def test_a_parts_fields_have_the_configs_type_default_and_doc(name):
+    cls = TAKERS[name]
+    docs = field_docs(cls)
+    taken = [f for f in dataclasses.fields(cls) if f.name in DECLARED]
+    assert taken, name
+    for f in taken:
+        config = DECLARED[f.name]
+        assert f.metadata.get("config_field"), f"{name}.{f.name} is declared in the part, not taken from RLConfig"
+        assert (f.type, f.default, f.default_factory) == (config.type, config.default, config.default_factory), f.name
+        assert docs[f.name] == DOCS[f.name] != "", f.name
+
+
+def test_every_rlconfig_field_is_declared_in_exactly_one_of_its_concerns():
+    concerns = [k for k in RLConfig.__mro__ if dataclasses.is_dataclass(k) and k is not RLConfig]
+    for f in dataclasses.fields(RLConfig):
+        owners = [k.__name__ for k in concerns if f.name in inspect.get_annotations(k)]
+        assert len(owners) == 1, f"{f.name} is declared in {owners}"
+    assert not inspect.get_annotations(RLConfig), "RLConfig joins its concerns and declares no field itself"
+
+
+def test_no_class_of_the_phases_declares_a_config_field_itself():
+    """The layers that take parts (rl/, rollout/, models/, agents/) annotate no RLConfig field in any
+    class body: a field they read is named in ``takes(...)``, so it is declared once, in config/."""
+    offenders = []
+    for layer in ("rl", "rollout", "models", "agents"):
+        for path in sorted((PACKAGE_DIR / layer).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ClassDef):
+                    offenders += [
+                        f"{module_name(path)}.{node.name}.{s.target.id}"
+                        for s in node.body
+                        if isinstance(s, ast.AnnAssign) and getattr(s.target, "id", None) in DECLARED
+                    ]
+    assert not offenders, f"re-declared RLConfig fields (name them in takes(...)): {offenders}"
+
+
+def test_an_engine_group_stands_for_its_fields_and_stays_flat_in_rlconfig():
+    from rlhfkit.rollout.engines import EngineConfig
+
+    engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    for group in (VLLMOptions, HFOptions):
+        names = [f.name for f in dataclasses.fields(group)]
+        assert set(names) <= engine_fields and set(names) <= set(DECLARED)
+    assert {f.name for f in dataclasses.fields(VLLMOptions)} == {n for n in DECLARED if n.startswith("vllm_")}
+    config = RLConfig(vllm_sleep=True, vllm_gpu_memory_utilization=0.5)  # the user's flat, TRL-style names
+    assert part(EngineConfig, config).vllm_sleep is True
+    assert part(EngineConfig, config).vllm_gpu_memory_utilization == 0.5
+
+
+def test_takes_refuses_an_unknown_a_repeated_and_a_redeclared_field():
+    with pytest.raises(TypeError, match=r"Broken: takes\('kl_cof'\) names no RLConfig field.*kl_coef"):
+        takes("kl_cof")(type("Broken", (), {}))
+    with pytest.raises(TypeError, match=r"takes\('seed'\) twice"):
+        takes("seed", "seed")(type("Twice", (), {}))
+    base = takes("seed")(type("Base", (), {}))
+    with pytest.raises(TypeError, match=r"takes\('seed'\) twice \(or a base part already holds it\)"):
+        takes("seed")(type("Again", (base,), {}))
+    with pytest.raises(TypeError, match=r"Redeclared re-declares RLConfig fields \['kl_coef'\]"):
+        takes("seed")(type("Redeclared", (), {"__annotations__": {"kl_coef": "float"}}))
+
+
+def test_a_part_may_add_fields_of_its_own_after_the_configs():
+    made = takes("top_k")(type("Sampling", (), {"__annotations__": {"greedy": "bool"}, "greedy": False}))
+    assert [f.name for f in dataclasses.fields(made)] == ["top_k", "greedy"]
+    assert made.__dataclass_params__.frozen
+    assert part(made, RLConfig(top_k=5)) == made(top_k=5, greedy=False)

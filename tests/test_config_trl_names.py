@@ -57,3 +57,42 @@ def test_a_trl_name_is_answered_only_where_its_rlhfkit_field_exists():
 def test_an_unknown_key_that_is_no_trl_name_still_gets_close_matches():
     with pytest.raises(ValueError, match="Did you mean 'kl_coef'"):
         load_config(RLJob, None, ["kl_cof=0.1"])
+
+
+def test_each_table_names_fields_the_configs_declare():
+    """The tables spell rlhfkit's side by the config's own field names (declared once, in rlhfkit/config/)."""
+    import dataclasses
+
+    from rlhfkit.config import RLConfig
+    from rlhfkit.config.supervised import DPOConfig, RewardModelConfig, SFTConfig
+    from rlhfkit.config.trl_names import DPO_NAMES, RL_NAMES, SUPERVISED_NAMES, rlhfkit_field
+
+    for table, configs in (
+        (RL_NAMES, [RLConfig]),
+        (SUPERVISED_NAMES, [SFTConfig, RewardModelConfig, DPOConfig]),
+        (DPO_NAMES, [DPOConfig]),
+    ):
+        for config in configs:
+            fields = {f.name for f in dataclasses.fields(config)}
+            assert not [t for t, spelling in table.items() if rlhfkit_field(spelling) not in fields], config
+
+
+def test_help_names_a_fields_trl_names_under_its_doc():
+    from rlhfkit.config import format_help
+
+    def block(text: str, field: str) -> str:
+        lines = text.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"  {field} ("))
+        end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("   "))
+        return "\n".join(lines[start:end])
+
+    rl = format_help(RLJob)
+    assert block(rl, "group_size").endswith("\n      TRL's name: num_generations.")
+    assert block(rl, "rollout_engine").endswith("\n      TRL's name: use_vllm (rollout_engine=vllm).")
+    assert "TRL's names: bf16 (autocast=bfloat16), fp16 (autocast=float16)." in block(rl, "autocast")
+    assert "TRL's name" not in block(rl, "seed")  # the same name in TRL: nothing to say
+    sft = format_help(SFTJob)
+    assert block(sft, "grad_accumulation").endswith("TRL's name: gradient_accumulation_steps.")
+    assert block(sft, "batch_size").endswith(
+        "TRL's name: per_device_train_batch_size (rows per micro-step over all processes)."
+    )

@@ -47,6 +47,7 @@ LAYERS = {
     "rlhfkit.trainers": 6,
     # 7 — on top: the command line and its jobs, the quickstart, the toy task's ready-made RLTrainer
     "rlhfkit.cli": 7,
+    "rlhfkit.commands": 7,
     "rlhfkit.trl": 7,
     "rlhfkit.__main__": 7,
     "rlhfkit.jobs": 7,

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..config import takes
 from ..models.loading import eos_token_ids
 from ..rollout.base import Rollout, SamplingParams, Seed, row_seeds, sampling_seed
 from .calls import run_tool_calls
@@ -113,13 +114,10 @@ class Episode:
         self.segment += [number] * len(ids)
 
 
-@dataclass(frozen=True)
+@takes("max_tool_calling_iterations", "max_tool_response_tokens", "tool_call_timeout")
 class AgentOptions:
-    """How episodes run (``RLConfig``'s agent fields)."""
+    """How episodes run (``RLConfig``'s agent fields) and the model's name the episodes report."""
 
-    max_tool_calling_iterations: int = 8
-    max_tool_response_tokens: int | None = 256
-    tool_call_timeout: float = 30.0
     model_name: str = "model"
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import inspect
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -17,20 +19,50 @@ import yaml
 
 def field_docs(cls) -> dict[str, str]:
     """Field name -> the docstring right under the field, read from the source of every dataclass in
-    ``cls.__mro__`` (a subclass's docstring wins); ``""`` for an undocumented field."""
+    ``cls.__mro__`` (a subclass's docstring wins), or for a field a part takes from ``RLConfig``
+    (``parts.takes``) the config's, from ``field.metadata["doc"]``; ``""`` for an undocumented field.
+    The source's line breaks are undone: a doc is paragraphs (split by blank lines) of one line each."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is not object and dataclasses.is_dataclass(klass):
             docs.update(_class_field_docs(klass))
-    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+    return {f.name: docs.get(f.name) or f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+def _reflow(doc: str) -> str:
+    """``doc`` with the line breaks inside each paragraph (blank-line separated) turned into spaces."""
+    paragraphs = (" ".join(p.split()) for p in re.split(r"\n\s*\n", doc.strip()))
+    return "\n\n".join(p for p in paragraphs if p)
+
+
+@functools.cache
+def _module_classes(filename: str, mtime_ns: int) -> dict[str, ast.ClassDef]:
+    """The top-level class statements of a source file, parsed once per version of the file."""
+    tree = ast.parse(Path(filename).read_text(encoding="utf-8"))
+    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def _class_node(klass) -> ast.ClassDef | None:
+    """The class statement of ``klass``: a module-level class from its file, parsed once for all its
+    classes (``inspect.getsource`` parses the file again for each class), any other through
+    ``inspect.getsource``; None without source (built in a REPL, or from a .pyc only)."""
+    try:
+        if "." not in klass.__qualname__:
+            filename = inspect.getsourcefile(klass)
+            if filename and Path(filename).is_file():
+                node = _module_classes(filename, Path(filename).stat().st_mtime_ns).get(klass.__name__)
+                if node is not None:
+                    return node
+        source = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):
+        return None
+    return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
 
 
 def _class_field_docs(klass) -> dict[str, str]:
-    try:
-        source = textwrap.dedent(inspect.getsource(klass))
-    except (OSError, TypeError):  # no source (built in a REPL, or from a .pyc only): no docs
+    node = _class_node(klass)
+    if node is None:
         return {}
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef))
     docs = {}
     for stmt, nxt in zip(node.body, node.body[1:]):
         if (
@@ -40,7 +72,7 @@ def _class_field_docs(klass) -> dict[str, str]:
             and isinstance(nxt.value, ast.Constant)
             and isinstance(nxt.value.value, str)
         ):
-            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+            docs[stmt.target.id] = _reflow(inspect.cleandoc(nxt.value.value))
     return docs
 
 
@@ -48,15 +80,32 @@ def _defining_class(cls, name: str):
     return next(k for k in cls.__mro__ if name in inspect.get_annotations(k))
 
 
-def format_help(cls) -> str:
-    """Every field with its type, default and docstring, grouped by the class that defines it."""
+_WRAP = dict(break_on_hyphens=False)  # never 'seq-mean-token-sum-' / 'norm': a value's name stays whole
+
+
+def help_title(klass) -> str:
+    """The ``--help`` heading of the fields a class declares: its name without ``Config`` or ``Base``
+    (``OptimBase`` and ``OptimConfig`` are one group, "Optim"); an engine's ``...Options`` group reads
+    "VLLM options"."""
+    name = klass.__name__
+    if name.endswith("Options") and name != "Options":
+        return name.removesuffix("Options") + " options"
+    return name.removesuffix("Config").removesuffix("Base") or name
+
+
+def format_help(cls, width: int = 100) -> str:
+    """Every field with its type, default and docstring, grouped by the class that defines it; each
+    paragraph of a doc is re-flowed to ``width`` columns (indent included). A field the TRL drop-in
+    renames ends with its TRL names (``trl_names.py``)."""
+    from .trl_names import trl_names_of
+
     docs = field_docs(cls)
+    trl = trl_names_of({f.name for f in dataclasses.fields(cls) if f.init})
     groups: dict[str, list[str]] = {}
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        # OptimBase and OptimConfig are one group, "Optim".
-        title = _defining_class(cls, f.name).__name__.removesuffix("Config").removesuffix("Base") or cls.__name__
+        title = help_title(_defining_class(cls, f.name))
         if f.default is not dataclasses.MISSING:
             default = f"default {f.default!r}"
         elif f.default_factory is not dataclasses.MISSING:
@@ -64,8 +113,12 @@ def format_help(cls) -> str:
         else:
             default = "required"
         lines = [f"  {f.name} ({f.type}, {default})"]
-        if docs[f.name]:
-            lines.append(textwrap.fill(docs[f.name], width=100, initial_indent=" " * 6, subsequent_indent=" " * 6))
+        for i, paragraph in enumerate(docs[f.name].split("\n\n") if docs[f.name] else ()):
+            lines += [""] if i else []
+            lines += textwrap.wrap(paragraph, width, initial_indent=" " * 6, subsequent_indent=" " * 6, **_WRAP)
+        if f.name in trl:  # the drop-in's renames (trl_names.py): what a TRL user knows the setting as
+            names = f"TRL's name{'s' if len(trl[f.name]) > 1 else ''}: {', '.join(trl[f.name])}."
+            lines += textwrap.wrap(names, width, initial_indent=" " * 6, subsequent_indent=" " * 8, **_WRAP)
         groups.setdefault(title, []).extend(lines)
     header = f"{cls.__name__} fields: set them in a YAML file or as key=value overrides."
     return "\n\n".join([header] + [f"{title}:\n" + "\n".join(lines) for title, lines in groups.items()])

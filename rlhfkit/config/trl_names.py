@@ -69,6 +69,26 @@ def rlhfkit_field(spelling: str) -> str:
     return spelling.split(" ", 1)[0].split("=", 1)[0]
 
 
+def trl_names_of(fields) -> dict[str, list[str]]:
+    """rlhfkit field -> the TRL names that set it, for a config of ``fields`` (its field names): the
+    entries of every table that translates into such a config (``TABLES``' signature field is among
+    ``fields``), each TRL name with what the table adds: the value it sets (``use_vllm
+    (rollout_engine=vllm)``) or what differs (``logging_steps (in RL steps, one generation each)``);
+    ``--help`` lists them under each field's doc."""
+    names: dict[str, list[str]] = {}
+    seen = set()
+    for table, signature in TABLES:
+        if signature not in fields:
+            continue
+        for trl, spelling in table.items():
+            field = rlhfkit_field(spelling)
+            if field in fields and trl not in seen:
+                seen.add(trl)
+                rest = spelling[len(field) :]  # "=vllm (...)" or " (= generation_batch_size / ...)" or ""
+                names.setdefault(field, []).append(f"{trl} ({spelling})" if rest.startswith("=") else trl + rest)
+    return names
+
+
 def trl_name_hint(key: str, fields) -> str:
     """``" 'num_generations' is TRL's name: rlhfkit's is group_size."`` when ``key`` is a TRL field
     name that one of ``TABLES`` renames to a field among ``fields`` (a config's field names), else

@@ -11,12 +11,12 @@ from __future__ import annotations
 import copy
 import os
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import distributed
+from ..config import takes
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
@@ -24,35 +24,31 @@ from .micro_batches import row_spans, split_rows, token_budget
 from .segments import forward_rollout, rollout_values
 
 
-@dataclass(frozen=True)
+@takes(
+    "kl_coef",
+    "use_critic",
+    "critic",
+    "critic_init",
+    "dtype",
+    "parallelism",
+    "autocast",
+    "temperature",
+    "top_k",
+    "top_p",
+    "share_prompt",
+    "micro_batch_size",
+    "max_tokens_per_micro_batch",
+    "save_adapter",
+)
 class ModelSetup:
     """The fields of ``RLConfig`` that ``RLModels`` reads: which models it builds (a reference when
     ``kl_coef > 0``, a critic), how they are sharded, and how their forward passes run."""
 
-    kl_coef: float
-    use_critic: bool
-    critic: str
-    critic_init: str | None
-    dtype: str
-    parallelism: str
-    autocast: str | None
-    temperature: float
-    top_k: int
-    top_p: float
-    share_prompt: bool
-    micro_batch_size: int | None
-    max_tokens_per_micro_batch: int | None
-    save_adapter: bool
 
-
-@dataclass(frozen=True)
+@takes("device", "rollout_workers", "gradient_checkpointing")
 class ModelLoading(ModelSetup):
     """The fields of ``RLConfig`` that ``build_models`` reads besides ``RLModels``'s: the device, the
     generator ranks (the process group starts there) and activation checkpointing."""
-
-    device: str
-    rollout_workers: int
-    gradient_checkpointing: bool
 
 
 class RLModels:

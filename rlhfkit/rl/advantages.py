@@ -9,8 +9,6 @@ trainer log-probs) and the rollout's own statistics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from .. import distributed
@@ -26,20 +24,21 @@ from ..algorithms import (
     token_level_rewards,
     whiten,
 )
+from ..config import takes
 
 
-@dataclass(frozen=True)
+@takes(
+    "max_new_tokens",
+    "missing_eos_penalty",
+    "overlong_buffer_len",
+    "overlong_penalty",
+    "reward_clip",
+    "normalize_rewards",
+    "dynamic_sampling",
+)
 class ScoreShaping:
     """The fields of ``RLConfig`` that phase 3's score shaping reads (``shape_scores``,
     ``normalize_scores``); same names, same meaning."""
-
-    max_new_tokens: int
-    missing_eos_penalty: float | None
-    overlong_buffer_len: int | None
-    overlong_penalty: float
-    reward_clip: float | None
-    normalize_rewards: bool
-    dynamic_sampling: bool
 
 
 def shape_scores(
@@ -114,19 +113,19 @@ def _mean(x: torch.Tensor, valid: torch.Tensor, reduce=None) -> torch.Tensor:
     return total[0] / total[1].clamp(min=1)
 
 
-@dataclass(frozen=True)
+@takes(
+    "kl_in_reward",
+    "advantage_estimator",
+    "group_size",
+    "gamma",
+    "lam",
+    "whiten_advantages",
+    "advantage_epsilon",
+    "unscored_in_loss",
+)
 class AdvantageEstimation:
     """The fields of ``RLConfig`` that phase 5's advantages read (``compute_advantages``); same
     names, same meaning (``config.part(AdvantageEstimation, config)``)."""
-
-    kl_in_reward: bool
-    advantage_estimator: str
-    group_size: int
-    gamma: float
-    lam: float
-    whiten_advantages: bool
-    advantage_epsilon: float
-    unscored_in_loss: bool
 
 
 def compute_advantages(
@@ -178,14 +177,9 @@ def compute_advantages(
     return advantages, returns, rewards, mask
 
 
-@dataclass(frozen=True)
+@takes("rollout_is", "rollout_is_threshold", "rollout_is_threshold_low", "rollout_is_zero_masked")
 class RolloutCorrection:
     """The fields of ``RLConfig`` that the rollout correction reads (``rollout_correction``)."""
-
-    rollout_is: str
-    rollout_is_threshold: float | None
-    rollout_is_threshold_low: float | None
-    rollout_is_zero_masked: bool
 
 
 def rollout_correction(

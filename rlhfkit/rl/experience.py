@@ -9,6 +9,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated
+from ..config import takes
 from ..models import efficiency
 from ..models.rl_models import RLModels
 from ..rollout import Rollout
@@ -31,14 +32,9 @@ class Experience:
     counted_rows: torch.Tensor | None = None  # (B,) rows a per-sequence loss counts; None: those with a token in mask
 
 
-@dataclass(frozen=True)
+@takes("prompts_per_step", "group_size", "num_iterations", "mini_batch_size")
 class UpdatePasses:
     """The fields of ``RLConfig`` that say how the update passes over a batch (``single_pass``)."""
-
-    prompts_per_step: int
-    group_size: int
-    num_iterations: int
-    mini_batch_size: int | None
 
     @property
     def batch_size(self) -> int:
@@ -46,17 +42,11 @@ class UpdatePasses:
         return self.prompts_per_step * self.group_size
 
 
-@dataclass(frozen=True)
+@takes("kl_coef", "kl_estimator", "use_critic", "mask_truncated_completions", "masked_rows_count")
 class ExperienceMaking(AdvantageEstimation, RolloutCorrection, UpdatePasses):
-    """The fields of ``RLConfig`` that phases 4–5 read (``make_experience``): those below, and those
+    """The fields of ``RLConfig`` that phases 4–5 read (``make_experience``): those it takes, and those
     of the functions it calls (``compute_advantages``, ``rollout_correction``, ``single_pass``),
     whose parts it extends so that it passes itself on."""
-
-    kl_coef: float
-    kl_estimator: str
-    use_critic: bool
-    mask_truncated_completions: bool
-    masked_rows_count: bool
 
 
 def single_pass(args: UpdatePasses) -> bool:

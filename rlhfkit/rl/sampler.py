@@ -23,13 +23,13 @@ when its ``synced_version`` differs (``rollout.engines.engine_ready``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from .. import distributed
 from ..agents.agent import agent_metrics
+from ..config import takes
 from ..rewards.calling import TrainingState
 from ..rollout import Rollout, SamplingParams
 from ..rollout.base import row_seeds, sampling_seed
@@ -56,19 +56,19 @@ class Batch(NamedTuple):
     samples: tuple | None = None
 
 
-@dataclass(frozen=True)
+@takes(
+    "seed",
+    "prompts_per_step",
+    "drop_last",
+    "group_size",
+    "dynamic_sampling",
+    "max_sampling_rounds",
+    "max_steps",
+    "num_logged_samples",
+)
 class SamplerConfig:
     """The fields of ``RLConfig`` the Sampler reads besides the score shaping (``ScoreShaping``)
     and the sampling parameters (``SamplingParams``); same names, same meaning."""
-
-    seed: int
-    prompts_per_step: int
-    drop_last: bool
-    group_size: int
-    dynamic_sampling: bool
-    max_sampling_rounds: int
-    max_steps: int
-    num_logged_samples: int
 
 
 class Sampler:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +18,7 @@ from ..algorithms import (
     masked_mean,
     value_loss,
 )
+from ..config import takes
 from ..models import efficiency
 from ..models.micro_batches import row_spans, split_rows, token_budget
 from ..models.rl_models import RLModels
@@ -26,42 +26,42 @@ from .advantages import RolloutCorrection, kl_metrics, rollout_correction
 from .experience import Experience
 
 
-@dataclass(frozen=True)
+@takes(
+    "policy_loss",
+    "loss_agg",
+    "loss_horizon",
+    "max_new_tokens",
+    "clip_low",
+    "clip_high",
+    "dual_clip",
+    "loss_options",
+    "importance_sampling_level",
+    "entropy_coef",
+    "entropy_agg",
+    "kl_in_reward",
+    "kl_estimator",
+    "use_critic",
+    "value_clip",
+    "vf_coef",
+)
 class UpdateLoss(RolloutCorrection):
     """The fields of ``RLConfig`` that the loss of a micro-batch reads (``loss``), the rollout
     correction's among them (with one on-policy pass it is computed in the loss)."""
 
-    policy_loss: str
-    loss_agg: str
-    loss_horizon: int | None
-    max_new_tokens: int
-    clip_low: float
-    clip_high: float
-    dual_clip: float | None
-    loss_options: dict
-    importance_sampling_level: str
-    entropy_coef: float
-    entropy_agg: str | None
-    kl_in_reward: bool
-    kl_estimator: str
-    use_critic: bool
-    value_clip: float | None
-    vf_coef: float
 
-
-@dataclass(frozen=True)
+@takes(
+    "num_iterations",
+    "mini_batch_size",
+    "micro_batch_size",
+    "max_tokens_per_micro_batch",
+    "seed",
+    "share_prompt",
+    "skip_zero_gradient_rows",
+)
 class MinibatchUpdate(UpdateLoss):
     """The fields of ``RLConfig`` that phase 6 reads (``update``): the passes, minibatches and
     micro-batches (rows and tokens), the seed of the minibatch order, whether micro-batches keep groups together,
     and the loss's."""
-
-    num_iterations: int
-    mini_batch_size: int | None
-    micro_batch_size: int | None
-    max_tokens_per_micro_batch: int | None
-    seed: int
-    share_prompt: bool
-    skip_zero_gradient_rows: bool
 
 
 def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -> torch.Tensor | None:

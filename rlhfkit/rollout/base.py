@@ -8,28 +8,23 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from ..config import RolloutConfig, check_ranges
+from ..config import check_ranges, takes
 from ..data.padding import pad
 from ..models.loading import eos_token_ids
 
-_ROLLOUT_DEFAULTS = {f.name: f.default for f in fields(RolloutConfig)}
 
-
-@dataclass(frozen=True)
+@takes("max_new_tokens", "temperature", "top_p", "top_k")
 class SamplingParams:
-    """What an engine needs to sample: ``RolloutConfig``'s sampling fields (their defaults, ranges
+    """What an engine needs to sample: ``RolloutConfig``'s sampling fields (their types, defaults, ranges
     and docs are RolloutConfig's; ``from_config`` copies them) plus ``greedy`` decoding."""
 
-    max_new_tokens: int = _ROLLOUT_DEFAULTS["max_new_tokens"]
-    temperature: float = _ROLLOUT_DEFAULTS["temperature"]
-    top_p: float = _ROLLOUT_DEFAULTS["top_p"]
-    top_k: int = _ROLLOUT_DEFAULTS["top_k"]
     greedy: bool = False
+    """Greedy decoding (the most likely token at each step) instead of sampling."""
 
     def __post_init__(self):
         check_ranges(self)

@@ -5,33 +5,29 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
 from .. import distributed
+from ..config import HFOptions, VLLMOptions, takes
 from ..models.rl_models import RLModels
 from .hf import HFEngine
 
 
-@dataclass(frozen=True)
+@takes(
+    "rollout_engine",
+    "rollout_is",
+    "rollout_workers",
+    "share_prompt",
+    "max_new_tokens",
+    "eval_max_new_tokens",
+    "seed",
+    HFOptions,
+    VLLMOptions,
+)
 class EngineConfig:
-    """The fields of ``RLConfig`` that choose and size the rollout engine; same names, same meaning."""
-
-    rollout_engine: str
-    hf_decode: str
-    rollout_precision: str | None
-    rollout_is: str
-    rollout_workers: int
-    share_prompt: bool
-    max_new_tokens: int
-    eval_max_new_tokens: int | None
-    seed: int
-    vllm_kv_cache_gb: float | None
-    vllm_gpu_memory_utilization: float
-    vllm_enforce_eager: bool
-    vllm_sleep: bool
-    vllm_tensor_parallel_size: int
+    """The fields of ``RLConfig`` that choose and size the rollout engine, each engine's options among them
+    (``HFOptions``, ``VLLMOptions``); same names, same meaning."""
 
 
 def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int]]):

@@ -25,11 +25,15 @@ class OptimBase:
     max_grad_norm: float | None = 1.0
     """Clip the global gradient norm to this; None: off."""
     warmup_steps: int = 0
-    """Linear learning-rate warmup, in applied optimizer steps (a step skipped for a non-finite loss or gradient does not advance the schedule)."""
+    """Linear learning-rate warmup, in applied optimizer steps (a step skipped for a non-finite loss or gradient does
+    not advance the schedule)."""
     lr_scheduler: str = "constant"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS); the warmup factor is (s+1)/(w+1) after s updates. hf_constant, hf_linear, hf_cosine: transformers' formulas (TRL's drop-in configs select them): warmup factor s/w, so the first update runs at learning rate 0."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS);
+    the warmup factor is (s+1)/(w+1) after s updates. hf_constant, hf_linear, hf_cosine: transformers' formulas (TRL's
+    drop-in configs select them): warmup factor s/w, so the first update runs at learning rate 0."""
     max_consecutive_skips: int = 3
-    """An optimizer step whose loss or gradient norm is not finite is skipped (weights untouched, counted in perf/skipped_steps); this many in a row stop the run with an error."""
+    """An optimizer step whose loss or gradient norm is not finite is skipped (weights untouched, counted in
+    perf/skipped_steps); this many in a row stop the run with an error."""
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,25 @@ class RunBase:
     save_steps: int = 0
     """Write a checkpoint (output_dir/checkpoint-<step>) every this many optimizer steps (0: only the final model)."""
     save_total_limit: int | None = None
-    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep all."""
+    """Keep only the newest this many checkpoints of this run (older checkpoint-N directories are deleted); None: keep
+    all."""
     resume_from: str | None = None
-    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position), or 'latest' (the newest complete checkpoint in output_dir): the resumed run ends with the weights of an uninterrupted one; resumed inside its run, metrics.jsonl and samples.jsonl drop the rows after the checkpoint's step."""
+    """Checkpoint directory to continue from (weights, optimizer, scheduler, RNG, data position), or 'latest' (the
+    newest complete checkpoint in output_dir): the resumed run ends with the weights of an uninterrupted one; resumed
+    inside its run, metrics.jsonl and samples.jsonl drop the rows after the checkpoint's step."""
     save_adapter: bool = False
-    """With LoRA: False writes final/ with the adapter merged into the base weights (a plain model directory); True writes the adapter alone (adapter_config.json + adapter_model.safetensors, which peft and transformers load on top of the base model)."""
+    """With LoRA: False writes final/ with the adapter merged into the base weights (a plain model directory); True
+    writes the adapter alone (adapter_config.json + adapter_model.safetensors, which peft and transformers load on top
+    of the base model)."""
     report_to: tuple[str, ...] = ()
-    """Experiment trackers that get every logged metric, the run name and the config, besides metrics.jsonl (always written): any of tensorboard (event files in output_dir/runs), wandb, mlflow, trackio; each is an optional extra (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
+    """Experiment trackers that get every logged metric, the run name and the config, besides metrics.jsonl (always
+    written): any of tensorboard (event files in output_dir/runs), wandb, mlflow, trackio; each is an optional extra
+    (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
     run_name: str | None = None
     """The run's name in the trackers; None: the output_dir's last component (or 'rlhfkit')."""
     lm_head: str = "chunked"
-    """How log-probs, entropies and the SFT loss read the model's output layer (LM_HEADS). 'chunked': from the last hidden states through the head in chunks of rows, the softmax statistics in float32 and recomputed in backward, so no tokens x vocabulary logits tensor exists (models.lm_head; a model whose head is not a plain linear map, or whose forward changes the head's output, such as Gemma 2's soft-capping, runs 'full'). 'full': the model's own logits, as transformers computes them."""
+    """How log-probs, entropies and the SFT loss read the model's output layer (LM_HEADS). 'chunked': from the last
+    hidden states through the head in chunks of rows, the softmax statistics in float32 and recomputed in backward, so
+    no tokens x vocabulary logits tensor exists (models.lm_head; a model whose head is not a plain linear map, or whose
+    forward changes the head's output, such as Gemma 2's soft-capping, runs 'full'). 'full': the model's own logits, as
+    transformers computes them."""

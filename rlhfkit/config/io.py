@@ -17,7 +17,8 @@ import yaml
 
 def field_docs(cls) -> dict[str, str]:
     """Field name -> the docstring right under the field, read from the source of every dataclass in
-    ``cls.__mro__`` (a subclass's docstring wins); ``""`` for an undocumented field."""
+    ``cls.__mro__`` (a subclass's docstring wins), as one line (a docstring wrapped in the source is
+    rejoined); ``""`` for an undocumented field."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if klass is not object and dataclasses.is_dataclass(klass):
@@ -40,7 +41,7 @@ def _class_field_docs(klass) -> dict[str, str]:
             and isinstance(nxt.value, ast.Constant)
             and isinstance(nxt.value.value, str)
         ):
-            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+            docs[stmt.target.id] = " ".join(inspect.cleandoc(nxt.value.value).split())
     return docs
 
 

@@ -15,11 +15,15 @@ from .supervised import DPOConfig, RewardModelConfig, SFTConfig
 @dataclass(frozen=True)
 class Sources:
     model: str = ""
-    """Model to train: a local Hugging Face model directory, a .gguf file, package:NAME/file.gguf (a file shipped in an installed Python package), or a Hugging Face Hub id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)."""
+    """Model to train: a local Hugging Face model directory, a .gguf file, package:NAME/file.gguf (a file shipped in an
+    installed Python package), or a Hugging Face Hub id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct)."""
     train_dataset: str | dict = ""
-    """Training data: a .jsonl, .json or .parquet file, a Hugging Face Hub dataset id (loaded with datasets.load_dataset), or (rlhfkit rl) reasoning-gym tasks: 'reasoning_gym:<task>' or a mapping {reasoning_gym: <task> or {<task>: weight, ...}, size, seed, config, system_prompt}."""
+    """Training data: a .jsonl, .json or .parquet file, a Hugging Face Hub dataset id (loaded with
+    datasets.load_dataset), or (rlhfkit rl) reasoning-gym tasks: 'reasoning_gym:<task>' or a mapping {reasoning_gym:
+    <task> or {<task>: weight, ...}, size, seed, config, system_prompt}."""
     eval_dataset: str | dict | None = None
-    """Held-out data in the same format (a reasoning-gym eval set is drawn with seed + 10**9, less any question of the training set); None: no evaluation."""
+    """Held-out data in the same format (a reasoning-gym eval set is drawn with seed + 10**9, less any question of the
+    training set); None: no evaluation."""
     dataset_subset: str | None = None
     """Hub datasets: the subset (configuration) name, e.g. 'main' for openai/gsm8k; None: the dataset's default."""
     dataset_train_split: str = "train"
@@ -27,39 +31,46 @@ class Sources:
     dataset_eval_split: str = "test"
     """Hub datasets: the split eval_dataset is read from."""
     lora_r: int = 0
-    """LoRA rank (peft); 0 trains every weight. With LoRA the reference (RL, DPO) is the adapter-disabled base: no second copy."""
+    """LoRA rank (peft); 0 trains every weight. With LoRA the reference (RL, DPO) is the adapter-disabled base: no
+    second copy."""
     lora_alpha: int = 16
     """LoRA scaling numerator (alpha / r scales the adapter's output)."""
     lora_dropout: float = 0.0
     """Dropout on the adapter's input during training (RL keeps 0: its log-probs must not change between passes)."""
     lora_target_modules: str = "all-linear"
-    """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the architecture, e.g. q_proj,v_proj for Llama)."""
+    """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the
+    architecture, e.g. q_proj,v_proj for Llama)."""
 
 
 @dataclass(frozen=True)
 class RMSources(Sources):
     center_dataset: str | None = None
-    """Completions ({prompt, completion} rows, e.g. the SFT data) whose mean score becomes the reward's zero; None: the training completions."""
+    """Completions ({prompt, completion} rows, e.g. the SFT data) whose mean score becomes the reward's zero; None: the
+    training completions."""
 
 
 @dataclass(frozen=True)
 class RLSources(Sources):
     reward_funcs: tuple[str, ...] = ()
-    """Reward sources: registered names (e.g. shift_oracle), 'module:function' import paths, or reward-model directories."""
+    """Reward sources: registered names (e.g. shift_oracle), 'module:function' import paths, or reward-model
+    directories."""
     reward_weights: tuple[float, ...] | None = None
     """One weight per reward source; None: 1 each."""
     ref_model: str | None = None
     """Reference policy directory for the KL penalty; None: a frozen copy of the initial policy."""
     tools: tuple[str, ...] = ()
-    """Agents: tools the model may call, as 'module:function' import paths (typed functions with Google-style docstrings)."""
+    """Agents: tools the model may call, as 'module:function' import paths (typed functions with Google-style
+    docstrings)."""
     environment: str | None = None
-    """Agents: an environment class as 'module:Class', instantiated per episode (reset(**row), its public methods are tools, get_reward() an extra reward)."""
+    """Agents: an environment class as 'module:Class', instantiated per episode (reset(**row), its public methods are
+    tools, get_reward() an extra reward)."""
 
 
 @dataclass(frozen=True)
 class DPOSources(Sources):
     ref_model: str | None = None
-    """Reference policy (a model directory or Hub id); None: a frozen copy of the initial model (with LoRA: the adapter-disabled base)."""
+    """Reference policy (a model directory or Hub id); None: a frozen copy of the initial model (with LoRA: the
+    adapter-disabled base)."""
 
 
 @dataclass(frozen=True)

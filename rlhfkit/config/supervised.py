@@ -2,8 +2,8 @@
 share, and one subclass per trainer (``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``) that
 adds its own fields or re-declares a shared one to change its default. Like ``RLConfig``
 (``rl.py``) they sit below the trainers, on the shared ``OptimBase`` and ``RunBase`` (``base.py``),
-so the run record (``run/record.py``) and the command line's jobs (``jobs.py``) read them without importing a trainer; the trainer
-modules re-export them (``from rlhfkit.trainers import SFTConfig``)."""
+so the run record (``run/record.py``) and the command line's jobs (``jobs.py``) read them without
+importing a trainer; the trainer modules re-export them (``from rlhfkit.trainers import SFTConfig``)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,12 @@ class TrainConfig(RunBase, OptimBase):
     only to change its default."""
 
     learning_rate: float = 2e-5
-    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models (tests, demos) want about 1e-3."""
+    """AdamW peak learning rate. 2e-5 is TRL's SFT default for full fine-tuning of real models; tiny random models
+    (tests, demos) want about 1e-3."""
     lr_scheduler: str = "cosine"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS). hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine (Loshchilov & Hutter 2017) (SCHEDULERS).
+    hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts
+    at learning rate 0."""
     log_every: int = 10
     """Print a progress line every this many steps (0: silent); metrics.jsonl gets every step."""
     num_epochs: float = 1.0
@@ -31,23 +34,34 @@ class TrainConfig(RunBase, OptimBase):
     max_steps: int | None = None
     """Optimizer steps to run; None: from num_epochs."""
     batch_size: int = 8
-    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward model (each pair scores 2 sequences). Under torchrun it counts the rows of every process together: each process takes its 1/N share, so N processes train what one does."""
+    """Rows per forward/backward: SFT examples (or packed rows of max_length tokens), or preference pairs for a reward
+    model (each pair scores 2 sequences). Under torchrun it counts the rows of every process together: each process
+    takes its 1/N share, so N processes train what one does."""
     grad_accumulation: int = 1
-    """Micro-batches of batch_size rows per optimizer step (gradient accumulation): a step trains on batch_size x grad_accumulation rows with the loss of one batch that large (SFT: the mean over every completion token of the step; DPO and the reward model: the mean over the step's pairs)."""
+    """Micro-batches of batch_size rows per optimizer step (gradient accumulation): a step trains on batch_size x
+    grad_accumulation rows with the loss of one batch that large (SFT: the mean over every completion token of the step;
+    DPO and the reward model: the mean over the step's pairs)."""
     max_length: int = 1024
-    """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row length."""
+    """Tokens per sequence (prompt + completion + EOS; longer: the prompt's start goes first, then for SFT the
+    completion's end; a reward model drops pairs whose completion does not fit, as TRL does), and the packed row
+    length."""
     eval_every: int = 0
     """Evaluate on eval_dataset every this many optimizer steps (0: only after the last step)."""
     dtype: str = "float32"
     """Weights dtype when the model is loaded from a directory: float32, bfloat16 or float16 (DTYPES)."""
     device: str = "auto"
-    """Where the model runs: 'auto' (the GPU of this process when torch sees one, else the CPU), 'cpu', 'cuda', 'cuda:N'."""
+    """Where the model runs: 'auto' (the GPU of this process when torch sees one, else the CPU), 'cpu', 'cuda',
+    'cuda:N'."""
     autocast: str | None = None
-    """Mixed precision: 'bfloat16' (or 'float16') runs the forward and backward matmuls in that dtype under torch.autocast while weights, gradients and AdamW states stay in dtype (use with float32). None: off."""
+    """Mixed precision: 'bfloat16' (or 'float16') runs the forward and backward matmuls in that dtype under
+    torch.autocast while weights, gradients and AdamW states stay in dtype (use with float32). None: off."""
     gradient_checkpointing: bool = False
-    """Recompute each transformer block's activations in backward instead of keeping them: less memory, more compute, the same gradients."""
+    """Recompute each transformer block's activations in backward instead of keeping them: less memory, more compute,
+    the same gradients."""
     parallelism: str = "fsdp"
-    """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights, gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its share of every step's rows (batch_size stays the global count). Ignored in a single process."""
+    """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights,
+    gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its
+    share of every step's rows (batch_size stays the global count). Ignored in a single process."""
 
     def __post_init__(self):
         check_ranges(self)
@@ -83,13 +97,21 @@ class SFTConfig(TrainConfig):
     num_epochs: float = 3.0
     """Passes over the training data when max_steps is None (fractions allowed); TRL's default is 3."""
     packing: bool = False
-    """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see data.sft.collate_groups)."""
+    """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see
+    data.sft.collate_groups)."""
     completion_only_loss: bool = True
-    """Train on the completion of 'prompt'/'completion' rows only (False: on the prompt's tokens too), as TRL's field of that name (whose None means True for such rows)."""
+    """Train on the completion of 'prompt'/'completion' rows only (False: on the prompt's tokens too), as TRL's field of
+    that name (whose None means True for such rows)."""
     assistant_only_loss: bool = True
-    """Train on the assistant turns of 'messages' rows only (False: on every token of the conversation: system, user and tool turns too). TRL's field of that name defaults to False; rlhfkit's to True."""
+    """Train on the assistant turns of 'messages' rows only (False: on every token of the conversation: system, user and
+    tool turns too). TRL's field of that name defaults to False; rlhfkit's to True."""
     chat_template: str | None = None
-    """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped: ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a path to a Jinja file, or the template itself inline (text with '{%' or '{{'); None: the tokenizer's own. Multi-turn rows (several assistant turns, tool calls) are rendered once with a prefix-preserving template; with one that rewrites history (Qwen3's <think> handling) each assistant turn is trained after the template's rendering of the conversation before it (several examples per conversation)."""
+    """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped:
+    ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a
+    path to a Jinja file, or the template itself inline (text with '{%' or '{{'); None: the tokenizer's own. Multi-turn
+    rows (several assistant turns, tool calls) are rendered once with a prefix-preserving template; with one that
+    rewrites history (Qwen3's <think> handling) each assistant turn is trained after the template's rendering of the
+    conversation before it (several examples per conversation)."""
 
 
 @dataclass(frozen=True)
@@ -97,15 +119,19 @@ class RewardModelConfig(TrainConfig):
     """Everything a reward-model run reads. ``RewardModelConfig(learning_rate=1e-5, batch_size=8)``."""
 
     learning_rate: float = 1e-5
-    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6). One epoch (the default num_epochs): reward models overfit after the first (Ouyang et al. 2022, appendix C.2)."""
+    """AdamW peak learning rate (InstructGPT's 6B RM used 9e-6). One epoch (the default num_epochs): reward models
+    overfit after the first (Ouyang et al. 2022, appendix C.2)."""
     lr_scheduler: str = "linear"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine:
+    transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
     log_every: int = 1
     """Print a progress line every this many steps (0: silent)."""
     center: bool = True
-    """After training, store the mean score of center_dataset (default: the training completions) as the offset, so scores are centred at 0."""
+    """After training, store the mean score of center_dataset (default: the training completions) as the offset, so
+    scores are centred at 0."""
     center_rewards_coefficient: float | None = None
-    """Add this times the mean over pairs of (r_chosen + r_rejected)^2 to the loss, pulling scores toward 0 during training (Eisenstein et al. 2023, as TRL's field of that name); None: off."""
+    """Add this times the mean over pairs of (r_chosen + r_rejected)^2 to the loss, pulling scores toward 0 during
+    training (Eisenstein et al. 2023, as TRL's field of that name); None: off."""
 
 
 @dataclass(frozen=True)
@@ -115,17 +141,22 @@ class DPOConfig(TrainConfig):
     learning_rate: float = 1e-6
     """AdamW peak learning rate; 1e-6 is TRL's DPO default for real models (tiny random models want ~1e-3)."""
     lr_scheduler: str = "linear"
-    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine: transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine:
+    transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
     beta: float = 0.1
-    """β: the strength of the implicit KL leash to the reference (DPO, hinge), IPO's τ (the target margin is 1/(2β)), or SimPO's reward scale."""
+    """β: the strength of the implicit KL leash to the reference (DPO, hinge), IPO's τ (the target margin is 1/(2β)), or
+    SimPO's reward scale."""
     loss_type: str = "sigmoid"
-    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), ipo, hinge (SLiC) or simpo (reference-free, length-normalised); see algorithms/dpo.py."""
+    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), ipo, hinge (SLiC) or simpo (reference-free,
+    length-normalised); see algorithms/dpo.py."""
     label_smoothing: float = 0.0
-    """sigmoid only: the assumed probability ε that a label is flipped (conservative DPO, Mitchell 2023); 0 is plain DPO."""
+    """sigmoid only: the assumed probability ε that a label is flipped (conservative DPO, Mitchell 2023); 0 is plain
+    DPO."""
     simpo_gamma: float = 0.5
     """simpo only: the target reward margin γ of SimPO (Meng et al. 2024)."""
     precompute_ref_logprobs: bool = False
-    """Score every training pair under the reference once, before training, and free the reference: no second model in memory during training (the same loss: the reference is frozen)."""
+    """Score every training pair under the reference once, before training, and free the reference: no second model in
+    memory during training (the same loss: the reference is frozen)."""
 
     def __post_init__(self):
         from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES  # torch only when a DPO config is built

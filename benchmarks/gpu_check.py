@@ -60,7 +60,6 @@ import json
 import math
 import os
 import socket
-import string
 import sys
 import tempfile
 import time
@@ -72,15 +71,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rlhfkit from this checkout, installed or not
 
+from benchmarks import gpu_rl  # noqa: E402  (the rollout checks: quantized, compiled, decode)
+from benchmarks.gpu_rl import rl_trainer, text  # noqa: E402
 from benchmarks.models import QWEN25_05B, build_model, qwen_like_tokenizer  # noqa: E402
 
 CHECKS = ("sft", "dpo", "grpo", "ppo", "lora", "fsdp", "quantized", "compiled", "decode")
-# the decode check's engines (benchmarks/decode.py's variants: hf_decode[:rollout_precision]), the first the baseline
-DECODE_VARIANTS = {
-    "cuda": ("generate", "loop", "static", "loop:bfloat16", "loop:fp8", "static:fp8"),
-    "cpu": ("generate", "loop", "loop:int8", "loop:bfloat16"),
-}
-# The model of each device: Qwen2.5-0.5B's shape on CUDA; the same architecture, tiny, on the CPU.
 MODELS = {
     "cuda": QWEN25_05B,
     "cpu": dict(
@@ -120,16 +115,6 @@ WORK = {
 }
 
 
-def text(i: int, length: int) -> str:
-    """Row ``i``'s text of exactly ``length`` characters (= tokens)."""
-    return (f"row {i}: " + "the quick brown fox jumps over the lazy dog. " * (length // 40 + 2))[:length]
-
-
-def distinct_letters(prompts, completions, **columns):
-    """The reward of the RL checks: the share of distinct letters a completion uses."""
-    return [len(set(c) & set(string.ascii_lowercase)) / 26 for c in completions]
-
-
 # ---------------------------------------------------------------- the checks
 def check_sft(ctx):
     from rlhfkit.trainers import SFTConfig, SFTTrainer
@@ -157,34 +142,6 @@ def check_dpo(ctx):
     trainer = DPOTrainer(ctx.model(torch.bfloat16), args, rows, processing_class=ctx.tokenizer)
     tokens = 2 * 2 * third * w["dpo_batch"]  # chosen and rejected rows, prompt + answer each
     return ctx.measure(trainer, "dpo/loss", tokens=lambda row: tokens)
-
-
-def rl_trainer(ctx, algorithm: str, dtype: torch.dtype = torch.bfloat16, peft_config=None, **overrides):
-    from rlhfkit.config import RLConfig
-    from rlhfkit.trainers import RLTrainer
-
-    w = ctx.work
-    prompts = w["prompts"] if algorithm != "ppo" else w["ppo_prompts"]
-    rows = [{"prompt": text(i, w["prompt"])} for i in range(prompts * ctx.steps)]
-    args = RLConfig(
-        algorithm=algorithm,
-        prompts_per_step=prompts,
-        max_new_tokens=w["new_tokens"],
-        max_steps=ctx.steps,
-        rollout_engine="hf",
-        dtype=str(dtype).removeprefix("torch."),
-        **({"group_size": w["group"]} if algorithm != "ppo" else {}),
-        **ctx.common(),
-        **overrides,
-    )
-    return RLTrainer(
-        ctx.model(dtype),
-        [distinct_letters],
-        args,
-        train_dataset=rows,
-        processing_class=ctx.tokenizer,
-        peft_config=peft_config,
-    )
 
 
 def check_grpo(ctx):
@@ -218,84 +175,6 @@ def check_fsdp(ctx):
         if sum(v.numel() for v in full.values()) < sum(p.numel() for p in policy.parameters()):
             raise RuntimeError("the gathered state dict is smaller than the model")
     return result
-
-
-def check_quantized(ctx):
-    """GRPO sampling from a quantized copy (``rollout_precision``: fp8 via torchao on CUDA, int8 on
-    the CPU), corrected by ``rollout_is``; the mismatch metrics of the last step are reported."""
-    precision = "fp8" if ctx.device.type == "cuda" else "int8"
-    trainer = rl_trainer(
-        ctx, "grpo", torch.float32 if precision == "int8" else torch.bfloat16, rollout_precision=precision
-    )
-    result = ctx.measure(trainer, "rollout/logprob_diff_mean")
-    result["rollout_precision"] = precision
-    result["mismatch"] = {k: v for k, v in ctx.last.items() if k.startswith("rollout/")}
-    return result
-
-
-def check_compiled(ctx):
-    """GRPO with the static-cache decode (``hf_decode='static'``: compiled with CUDA graphs on CUDA)."""
-    return ctx.measure(rl_trainer(ctx, "grpo", hf_decode="static"), "reward/mean")
-
-
-def check_decode(ctx):
-    """Decode tokens/s of the HF engine's variants (``DECODE_VARIANTS``: ``hf_decode`` and
-    ``rollout_precision``) on the check's model in float32, the GRPO check's rows (prompts x group,
-    ``new_tokens`` each), one warm-up call (it compiles ``static``), then ``ctx.steps - 1`` timed calls
-    per variant, alternated, with the same seeds. Per variant: ``tokens_per_s``, ``speedup`` over
-    ``generate``, and for a quantized copy ``logprob_gap`` (mean |its log-prob - the float32 model's|
-    per sampled token). A variant that fails is reported with its error; the others go on."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode import engine, logprob_gap  # benchmarks/decode.py
-
-    from rlhfkit.data.encode import tokenize_prompts
-    from rlhfkit.rollout import SamplingParams
-
-    w = ctx.work
-    model = ctx.model(torch.float32).eval()
-    prompts = tokenize_prompts([{"prompt": text(i, w["prompt"])} for i in range(w["prompts"])], ctx.tokenizer, None)
-    sampling = SamplingParams(max_new_tokens=w["new_tokens"], temperature=1.0)
-    sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
-    engines, errors, seconds, gaps, tokens = {}, {}, {}, {}, {}
-    for variant in DECODE_VARIANTS[ctx.device.type]:
-        try:
-            engines[variant] = engine(variant, model, ctx.tokenizer, share_prompt=True)
-        except Exception as e:  # noqa: BLE001 — e.g. fp8 without torchao: named, the others go on
-            errors[variant] = f"{type(e).__name__}: {e}"[:500]
-    for rep in range(max(ctx.steps, 2)):
-        order = list(engines) if rep % 2 == 0 else list(engines)[::-1]
-        for variant in order:
-            sync()
-            start = time.perf_counter()
-            try:
-                out = engines[variant].generate(prompts, w["group"], sampling, seed=list(range(len(prompts))))
-            except Exception as e:  # noqa: BLE001
-                errors[variant] = f"{type(e).__name__}: {e}"[:500]
-                del engines[variant]
-                continue
-            sync()
-            if rep:  # round 0 warms up (and compiles)
-                seconds[variant] = seconds.get(variant, 0.0) + time.perf_counter() - start
-                tokens[variant] = tokens.get(variant, 0) + int(out.response_mask.sum())
-                if ":" in variant:
-                    gaps[variant] = logprob_gap(model, out)
-    speed = {v: round(tokens[v] / seconds[v], 1) for v in seconds}
-    base = speed.get(DECODE_VARIANTS[ctx.device.type][0])
-    if not base:
-        raise RuntimeError(f"the baseline decode failed: {errors}")
-    if any(not math.isfinite(g) for g in gaps.values()):
-        raise RuntimeError(f"a quantized copy sampled with non-finite log-probs: {gaps}")
-    return {
-        "step_s": round(sum(seconds.values()) / max(len(seconds), 1) / (max(ctx.steps, 2) - 1), 4),  # s per call
-        "steps_timed": max(ctx.steps, 2) - 1,
-        "tokens_per_s": base,
-        "decode_tokens_per_s": speed,
-        "speedup": {v: round(x / base, 3) for v, x in speed.items()},
-        "logprob_gap": {v: round(g, 5) for v, g in gaps.items()},
-        "errors": errors,
-        "rows": len(prompts) * w["group"],
-        "new_tokens": w["new_tokens"],
-    }
 
 
 @contextmanager
@@ -390,7 +269,7 @@ def run_check(name: str, ctx: Context) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{name}-") as out:
         ctx.out_dir = str(Path(out) / "run")
         try:
-            result = {"ok": True, **globals()[f"check_{name}"](ctx)}
+            result = {"ok": True, **(globals().get(f"check_{name}") or getattr(gpu_rl, f"check_{name}"))(ctx)}
         except Exception as e:  # noqa: BLE001 — every failure is reported by its check's name
             traceback.print_exc()
             print(f"gpu_check: {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

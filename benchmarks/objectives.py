@@ -126,7 +126,7 @@ def table(results: dict) -> None:
         label = r["algorithm"] + "".join(f", {x}" for x in r.get("set", []))
         by_algorithm.setdefault(label, []).append(r)
     for algorithm, rows in by_algorithm.items():
-        each = lambda key, fmt: " / ".join(format(r[key], fmt) for r in rows)  # noqa: E731
+        each = lambda key, fmt, rows=rows: " / ".join(format(r[key], fmt) for r in rows)  # noqa: E731
         ends = each("accuracy_end", ".1%") + (
             f" (mean {mean([r['accuracy_end'] for r in rows]):.1%})" if len(rows) > 1 else ""
         )

@@ -2,7 +2,8 @@
 
 The trainers and their configs are importable from the top level, as in TRL::
 
-    from rlhfkit import RLTrainer, RLConfig, SFTTrainer, SFTConfig, RewardModelTrainer, RewardModelConfig, DPOTrainer, DPOConfig
+    from rlhfkit import RLTrainer, RLConfig, SFTTrainer, SFTConfig
+    from rlhfkit import RewardModelTrainer, RewardModelConfig, DPOTrainer, DPOConfig
 
 They are loaded on first use, so ``import rlhfkit`` (and ``rlhfkit.algorithms``) stays light.
 """

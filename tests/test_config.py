@@ -32,7 +32,8 @@ class DemoConfig(_BaseDemo):
     pair: tuple[str, float] = ("a", 1.0)
     """A name and a weight."""
     tags: list[str] = dataclasses.field(default_factory=list)
-    """Free-form tags."""
+    """Free-form tags,
+    wrapped over two lines in the source."""
 
     def __post_init__(self):
         if self.steps < 0:
@@ -70,6 +71,7 @@ def test_field_docs_generic_inherited_and_missing():
     assert docs["steps"] == "Steps, as the subclass documents them."  # the subclass's doc wins
     assert docs["undocumented"] == ""
     assert docs["pair"] == "A name and a weight."
+    assert docs["tags"] == "Free-form tags, wrapped over two lines in the source."  # one line, as --help wraps it
 
 
 def test_format_help_groups_fields_by_defining_class():

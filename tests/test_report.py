@@ -219,8 +219,8 @@ def test_report_shows_an_agent_conversation_with_tool_calls_and_results(tmp_path
     _write_jsonl(run / "samples.jsonl", [{"step": 1, "prompt": "12+7?", "completion": conversation, "score": 1.0}])
     page = write_report(run).read_text()
     assert (
-        '<div class="turn assistant"><b>assistant</b><pre class="completion">→ add({&quot;a&quot;: 12, &quot;b&quot;: 7})</pre>'
-        in page
+        '<div class="turn assistant"><b>assistant</b>'
+        '<pre class="completion">→ add({&quot;a&quot;: 12, &quot;b&quot;: 7})</pre>' in page
     )
     assert '<div class="turn tool"><b>tool</b><pre class="completion">19</pre>' in page
     assert "&lt;b&gt;19&lt;/b&gt;" in page  # escaped

@@ -102,8 +102,8 @@ from rlhfkit.tasks.toy import PROMPTS
 def reward_len(completions, **kwargs):
     return [-abs(3 - len(c)) for c in completions]
 
-{run}RLTrainer({model!r}, [reward_len], RLConfig(algorithm="grpo", max_steps={steps}, max_new_tokens=4, prompts_per_step=2,
-               log_every=0, progress_bar=False, output_dir={out!r}), train_dataset=PROMPTS).train()
+{run}RLTrainer({model!r}, [reward_len], RLConfig(algorithm="grpo", max_steps={steps}, max_new_tokens=4,
+               prompts_per_step=2, log_every=0, progress_bar=False, output_dir={out!r}), train_dataset=PROMPTS).train()
 """
 
 

@@ -75,7 +75,8 @@ def resolve_chat_template(value: str | None, field: str = "chat_template") -> st
             f"{field}: expected a string (a template name, file path or inline Jinja), got {type(value).__name__}"
         )
     if value in SHIPPED:
-        return resources.files("rlhfkit.data").joinpath("templates", SHIPPED[value]).read_text(encoding="utf-8")
+        # one part per step: Python 3.10's Traversable.joinpath (a zipped package's) takes one
+        return (resources.files("rlhfkit.data") / "templates" / SHIPPED[value]).read_text(encoding="utf-8")
     if "{%" in value or "{{" in value:
         return value
     path = Path(value).expanduser()

@@ -128,12 +128,6 @@ def _cut_at_stop(endpoint, ids: list[int], stop: list[str]) -> tuple[list[int], 
         if new and any(s in tail for s in stop):
             return ids[: k + 1], True
     return ids, False
-    text = ""
-    for k, i in enumerate(ids):
-        text += tokenizer.decode([i], skip_special_tokens=False)
-        if any(s in text for s in stop):
-            return ids[: k + 1], True
-    return ids, False
 
 
 @torch.no_grad()

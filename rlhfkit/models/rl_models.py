@@ -12,6 +12,7 @@ import copy
 import os
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -22,6 +23,23 @@ from .loading import disable_dropout, enable_activation_checkpointing, freeze, l
 from .lora import export_causal_lm, unsharded_template
 from .micro_batches import row_spans, split_rows, token_budget
 from .segments import forward_rollout, rollout_values
+
+
+class RolloutBatch(Protocol):
+    """What the forward passes read of a rollout (``rlhfkit.rollout.Rollout`` has it all; the
+    models never import it)."""
+
+    @property
+    def input_ids(self) -> torch.Tensor: ...
+    @property
+    def attention_mask(self) -> torch.Tensor: ...
+    @property
+    def response_mask(self) -> torch.Tensor: ...
+    @property
+    def prompt_index(self) -> torch.Tensor | None: ...
+    @property
+    def logprobs(self) -> torch.Tensor | None: ...
+    def select(self, rows: torch.Tensor) -> RolloutBatch: ...
 
 
 @takes(
@@ -119,13 +137,15 @@ class RLModels:
     def critic_module(self) -> torch.nn.Module | None:
         return self.critic if self.critic is not None else self.value_head
 
-    def _forward(self, rollout: Rollout, *, with_values: bool, with_entropy: bool = False, entropy_grad: bool = False):
+    def _forward(
+        self, rollout: RolloutBatch, *, with_values: bool, with_entropy: bool = False, entropy_grad: bool = False
+    ):
         with self.autocast():
             return self._forward_inner(
                 rollout, with_values=with_values, with_entropy=with_entropy, entropy_grad=entropy_grad
             )
 
-    def engine_support(self, rollout: Rollout) -> tuple[int, float] | None:
+    def engine_support(self, rollout: RolloutBatch) -> tuple[int, float] | None:
         """``(top_k, top_p)`` when the rollout carries an engine's log-probs of a truncated sampler:
         the trainer then also returns ``log_kept_mass`` so the importance ratio compares the
         distribution the engine drew from (``algorithms.log_kept_mass``). None otherwise."""
@@ -133,7 +153,7 @@ class RLModels:
         truncates = args.top_k > 0 or args.top_p < 1.0
         return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
 
-    def _forward_inner(self, rollout: Rollout, *, with_values: bool, with_entropy: bool, entropy_grad: bool):
+    def _forward_inner(self, rollout: RolloutBatch, *, with_values: bool, with_entropy: bool, entropy_grad: bool):
         out = forward_rollout(
             self.train_policy,
             rollout,
@@ -152,19 +172,19 @@ class RLModels:
         return out.logprobs, values, out.entropy, out.log_kept_mass
 
     @torch.no_grad()
-    def policy_outputs(self, rollout: Rollout, *, with_values: bool):
+    def policy_outputs(self, rollout: RolloutBatch, *, with_values: bool):
         """Old log-probs, values (``with_values``) and ``log_kept_mass`` (None unless
         ``engine_support``) before any update, in micro-batches (``micro_batches``)."""
         parts, order = self._in_micro_batches(rollout, lambda r: self._forward(r, with_values=with_values))
         cat = lambda i: self._in_order(torch.cat([p[i] for p in parts]), order) if parts[0][i] is not None else None  # noqa: E731
         return cat(0), cat(1), cat(3)
 
-    def train_outputs(self, rollout: Rollout, *, with_values: bool, entropy_grad: bool):
+    def train_outputs(self, rollout: RolloutBatch, *, with_values: bool, entropy_grad: bool):
         """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients."""
         return self._forward(rollout, with_values=with_values, with_entropy=True, entropy_grad=entropy_grad)
 
     @torch.no_grad()
-    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+    def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
         model = self.reference if self.reference is not None else self.train_policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         with adapter_off, self.autocast():
@@ -174,12 +194,12 @@ class RLModels:
             )
             return self._in_order(torch.cat(parts), order)
 
-    def _prompt_index(self, rollout: Rollout) -> torch.Tensor | None:
+    def _prompt_index(self, rollout: RolloutBatch) -> torch.Tensor | None:
         # Packed groups are one forward pass per micro-batch, as unpacked rows are: under torchrun
         # every process still runs the same (collective) passes.
         return rollout.prompt_index if self.args.share_prompt else None
 
-    def micro_batches(self, rollout: Rollout) -> list[torch.Tensor]:
+    def micro_batches(self, rollout: RolloutBatch) -> list[torch.Tensor]:
         """The rows (CPU indices) of each micro-batch of the no-gradient passes: at most
         ``micro_batch_size`` rows and the token budget in force (``micro_batches.token_budget``),
         grouped by length, a prompt's group kept whole with ``share_prompt`` when it fits
@@ -199,7 +219,7 @@ class RLModels:
             prompt_region=rollout.input_ids.shape[1] > T,
         )
 
-    def _in_micro_batches(self, rollout: Rollout, run) -> tuple[list, torch.Tensor | None]:
+    def _in_micro_batches(self, rollout: RolloutBatch, run) -> tuple[list, torch.Tensor | None]:
         """``run`` on each micro-batch's rows; returns its results and the rows they cover, in
         order (None: the batch's own order). Under a token budget the number of micro-batches can
         differ between processes: a process with fewer runs filler passes (one row, result

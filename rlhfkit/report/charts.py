@@ -295,4 +295,4 @@ SCRIPT = r"""
   });
   all();
 })();
-""" % {"DOTS": DOTS, "W": W, "H": H, "L": LEFT, "R": RIGHT, "T": TOP, "B": BOTTOM, "PAL": json.dumps(PALETTE)}
+""" % {"DOTS": DOTS, "W": W, "H": H, "L": LEFT, "R": RIGHT, "T": TOP, "B": BOTTOM, "PAL": json.dumps(PALETTE)}  # noqa: UP031 (JS braces)

@@ -94,7 +94,8 @@ def update(
     permutation that every process draws alike, so one update of a batch gives the same weights
     on any number of processes; each process trains on its own rows of each minibatch, in
     micro-batches of at most ``micro_batch_size`` rows and the token budget (``micro_batch_split``;
-    their number may differ between minibatches and processes). A micro-batch's loss is weighted by its share of the global minibatch (tokens for token-mean,
+    their number may differ between minibatches and processes). A micro-batch's loss is weighted
+    by its share of the global minibatch (tokens for token-mean,
     rows otherwise) times the number of processes (FSDP2 and DDP average gradients over them), so
     accumulation gives the gradient of one batch. Its metrics are weighted the same way — the
     losses by that share, the per-token means (KL, entropy, clip fraction) by its share of the

@@ -112,12 +112,12 @@ def decode_cache(model, capacity: int):
     if not cache.layers:  # a config transformers cannot read layer types from: it adds DynamicLayers lazily
         cache.layer_class_to_replicate = None
         cache.layers = [layer(capacity) for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
-    cache.layers = [layer(capacity) if type(l) is DynamicLayer else l for l in cache.layers]
+    cache.layers = [layer(capacity) if type(old) is DynamicLayer else old for old in cache.layers]
     return cache
 
 
 def _can_drop_rows(cache) -> bool:
-    return all(callable(getattr(l, "batch_select_indices", None)) for l in cache.layers)
+    return all(callable(getattr(lay, "batch_select_indices", None)) for lay in cache.layers)
 
 
 @dataclass

@@ -14,7 +14,10 @@ runs, in the process that runs it.
   one line — for a training command the newest complete checkpoint of this run and the exact
   command that resumes from it, else what rerunning does — and returns the exit status::
 
-    rlhfkit rl: interrupted (SIGINT); newest complete checkpoint: runA/checkpoint-4; resume with: rlhfkit rl --config grpo.yaml output_dir=runA resume_from=runA/checkpoint-4
+    rlhfkit rl: interrupted (SIGINT); newest complete checkpoint: runA/checkpoint-4; resume with:
+        rlhfkit rl --config grpo.yaml output_dir=runA resume_from=runA/checkpoint-4
+
+  (one line, wrapped here).
 
 - A checkpoint being written when the signal arrives is completed or left recognisably partial:
   ``checkpoint.save_checkpoint`` writes into ``checkpoint-N.partial`` and renames it once

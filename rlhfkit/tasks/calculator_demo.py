@@ -33,7 +33,8 @@ from .tiny import chatml_tokenizer, tiny_causal_lm
 TINY_TOOLS_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<|im_end|>\n"
     "{% endif %}{%- for m in messages %}{%- if m['role'] == 'assistant' %}<|im_start|>assistant\n"
-    "{{ m['content'] or '' }}{% for c in (m['tool_calls'] or []) %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
+    "{{ m['content'] or '' }}{% for c in (m['tool_calls'] or []) %}"
+    "<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
     "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{% endfor %}<|im_end|>\n"
     "{%- else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

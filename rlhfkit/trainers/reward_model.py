@@ -44,6 +44,7 @@ from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..models.sources import resolve_model_dir
 from ..run.metrics import to_floats
 from ..run.training import seed_everything
+from .reward_scoring import Scorer, global_pair_metrics, load_scalar_model, unsharded_copy
 from .supervised import SupervisedTrainer
 
 
@@ -132,7 +133,7 @@ class RewardModelTrainer(SupervisedTrainer):
         # Every forward pass goes through ``scorer`` (``model.score`` as a module's forward): FSDP2
         # shards it in place (its parameters become DTensors) and DDP wraps it. ``self.model`` is
         # the ScalarModel inside.
-        scorer = _Scorer(self.model)
+        scorer = Scorer(self.model)
         # LoRA under torchrun with FSDP2: the main process merges from an unsharded copy at save time.
         self._template = (
             copy.deepcopy(scorer).cpu()
@@ -156,9 +157,9 @@ class RewardModelTrainer(SupervisedTrainer):
         )
 
     def _load_model(self, model) -> ScalarModel:
-        """The ``ScalarModel`` to train (``_load_scalar_model``: a causal LM gets rlhfkit's fresh
+        """The ``ScalarModel`` to train (``load_scalar_model``: a causal LM gets rlhfkit's fresh
         head); the TRL drop-in overrides it with TRL's head."""
-        return _load_scalar_model(model, self.args.dtype)
+        return load_scalar_model(model, self.args.dtype)
 
     # ---------------------------------------------------------------- data
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
@@ -242,7 +243,7 @@ class RewardModelTrainer(SupervisedTrainer):
         if any(s[2] is not None for s in scored):
             margin = torch.cat([s[2] if s[2] is not None else torch.zeros_like(s[0]) for s in scored])
         if world > 1:
-            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(mine), self.device, coef)
+            loss, metrics = global_pair_metrics(chosen, rejected, margin, len(mine), self.device, coef)
         else:
             loss, metrics = bradley_terry_loss(chosen, rejected, margin, coef)
         return {"rm/loss": loss.detach(), **metrics, **self.run.optimizer_step(loss)}
@@ -274,7 +275,7 @@ class RewardModelTrainer(SupervisedTrainer):
             margin = torch.cat([p[2] if p[2] is not None else torch.zeros_like(p[0]) for p in parts])
         coef = self.args.center_rewards_coefficient
         if world > 1:
-            loss, metrics = _global_pair_metrics(chosen, rejected, margin, len(chosen), self.device, coef)
+            loss, metrics = global_pair_metrics(chosen, rejected, margin, len(chosen), self.device, coef)
         else:
             loss, metrics = bradley_terry_loss(chosen, rejected, margin, coef)
         return to_floats({"eval/loss": loss, **{"eval/" + k.split("/", 1)[1]: v for k, v in metrics.items()}})
@@ -314,7 +315,7 @@ class RewardModelTrainer(SupervisedTrainer):
                 self._template.load_state_dict(state)
                 model = self._template.model
             else:
-                model = _unsharded_copy(self.model, state) if distributed.is_main() else None
+                model = unsharded_copy(self.model, state) if distributed.is_main() else None
         if distributed.is_main():
             with writing(path):  # a full disk: one line naming the directory
                 if is_peft(model.backbone) and self.args.save_adapter:  # the adapter, head and offset beside it
@@ -337,75 +338,6 @@ class RewardModelTrainer(SupervisedTrainer):
     def _restore(self, counters: dict) -> None:
         super()._restore(counters)
         self.model.set_offset(float(counters.get("offset", 0.0)))
-
-
-class _Scorer(torch.nn.Module):
-    """``model.score`` as a module's ``forward``: FSDP2 gathers the root's parameters, and DDP
-    prepares its gradient all-reduce, only around calls of a module."""
-
-    def __init__(self, model: ScalarModel):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model.score(input_ids, attention_mask)
-
-
-def _global_pair_metrics(chosen, rejected, margin, n_real: int, device, center_coefficient: float | None = None):
-    """``bradley_terry_loss``'s loss and metrics over the pairs of every process: each passes its
-    scores, of which the first ``n_real`` count (none: a stand-in). Reduced in float64."""
-    c, r = chosen.detach()[:n_real].double().cpu(), rejected.detach()[:n_real].double().cpu()
-    diff = c - r - (margin.detach()[:n_real].double().cpu() if margin is not None else 0.0)
-    sums = torch.stack(
-        [
-            torch.tensor(float(n_real), dtype=torch.float64),
-            -torch.nn.functional.logsigmoid(diff).sum(),
-            (c > r).double().sum(),
-            (c - r).sum(),
-            c.sum(),
-            r.sum(),
-            ((c + r) ** 2).sum(),
-        ]
-    )
-    n, loss, wins, gap, c_sum, r_sum, centre = distributed.sum_floats(sums.tolist())
-    loss += (center_coefficient or 0.0) * centre
-    mean = (c_sum + r_sum) / (2 * n)
-    (square,) = distributed.sum_floats([float(((torch.cat([c, r]) - mean) ** 2).sum())])
-    metrics = {
-        "accuracy": wins / n,
-        "margin_mean": gap / n,
-        "chosen_mean": c_sum / n,
-        "rejected_mean": r_sum / n,
-        "reward_mean": mean,
-        "reward_std": math.sqrt(square / (2 * n - 1)) if n > 0.5 else float("nan"),
-    }
-    return torch.tensor(loss / n), {"rm/" + k: torch.tensor(v) for k, v in metrics.items()}
-
-
-def _unsharded_copy(model: ScalarModel, state: dict) -> ScalarModel:
-    """A plain CPU ``ScalarModel`` of ``model``'s architecture holding ``state`` (the gathered full
-    weights of the ``_Scorer`` around it) and its offset: what rank 0 saves. Built on the meta
-    device, so nothing is initialised twice."""
-    with torch.device("meta"):
-        backbone = type(model.backbone)(copy.deepcopy(model.config))
-        head = torch.nn.Linear(model.head.in_features, 1, bias=model.head.bias is not None)
-        out = ScalarModel(backbone, head)
-    out.to_empty(device="cpu")  # buffers outside the state dict (rotary tables) are never saved
-    out.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, assign=True)
-    out.register_buffer("offset", torch.tensor(float(model.offset)), persistent=False)
-    return out
-
-
-def _load_scalar_model(model, dtype: str) -> ScalarModel:
-    """A ``ScalarModel`` from a directory (``ScalarModel.from_pretrained``), a causal-LM object (its
-    transformer copied, fresh head) or a ``ScalarModel`` as given."""
-    if isinstance(model, ScalarModel):
-        return model
-    if isinstance(model, (str, os.PathLike)):
-        return ScalarModel.from_pretrained(model, dtype)
-    if isinstance(model, torch.nn.Module) and hasattr(model, "base_model"):
-        return ScalarModel.from_causal_lm(model)
-    raise ValueError(f"model must be a directory, a causal-LM object or a ScalarModel, got {type(model).__name__}")
 
 
 __all__ = ["RewardModelConfig", "RewardModelTrainer"]

@@ -119,14 +119,16 @@ TRANSLATED = frozenset(
     }
 )
 
+_STREAMED_HEAD = (
+    "rlhfkit streams the LM head itself instead of Liger's kernels (lm_head='chunked', the default): "
+    "no tokens x vocabulary logits, forward or backward"
+)
 ADVICE = {
     "deepspeed": "run under torchrun with FSDP2 (rlhfkit <command> --nproc-per-node N; parallelism='fsdp')",
     "fsdp": "rlhfkit shards with FSDP2 whenever it runs under torchrun (--nproc-per-node N; parallelism='fsdp')",
     "fsdp_config": "rlhfkit shards with FSDP2 whenever it runs under torchrun (--nproc-per-node N)",
-    "use_liger_kernel": "rlhfkit streams the LM head itself instead of Liger's kernels (lm_head='chunked', the "
-    "default): no tokens x vocabulary logits, forward or backward",
-    "liger_kernel_config": "rlhfkit streams the LM head itself instead of Liger's kernels (lm_head='chunked', the "
-    "default): no tokens x vocabulary logits, forward or backward",
+    "use_liger_kernel": _STREAMED_HEAD,
+    "liger_kernel_config": _STREAMED_HEAD,
     "torch_compile": "no compiled training step yet",
     "push_to_hub": "save_model(dir), then upload the directory with huggingface_hub",
     "load_best_model_at_end": "evaluate the checkpoints with rlhfkit eval and pick one",

@@ -303,7 +303,7 @@ def test_group_estimators_match_loops(spec, scale, eps):
 
 
 def aggregate_loop(loss, mask, mode, horizon):
-    rows = [(sum(l for l, m in zip(lr, mr) if m), sum(mr)) for lr, mr in zip(loss, mask)]
+    rows = [(sum(x for x, m in zip(lr, mr) if m), sum(mr)) for lr, mr in zip(loss, mask)]
     rows = [(s, n) for s, n in rows if n > 0]
     if not rows:
         return 0.0

@@ -274,7 +274,7 @@ def test_dynamic_sampling_runs_the_same_rounds_on_two_processes(short_runs):
     expected, uneven, pos = [], 0, 0
     for _ in rows:
         kept, generated = [0, 0], 0
-        for n in range(1, 3):
+        for n in range(1, 3):  # noqa: B007 (n, the rounds it took, is read after the loop)
             kept = [kept[r] + sum(varies[pos + 2 * r : pos + 2 * r + 2]) for r in (0, 1)]
             pos, generated = pos + 4, generated + 4
             if sum(min(k, 2) for k in kept) >= 4:

@@ -48,10 +48,8 @@ def test_the_tiny_template_trains_the_call_and_the_answer(tmp_path):
     tok.chat_template = TINY_TOOLS_TEMPLATE
     enc = encode_sft_rows(load_sft_dataset(str(path)), tok, max_length=256)[0]
     trained = tok.decode([t for t, m in zip(enc.input_ids, enc.mask) if m])
-    assert trained == (
-        '<tool_call>{"name": "multiply", "arguments": {"a": %d, "b": %d}}</tool_call><|im_end|>%s<|im_end|>'
-        % (rows[0]["a"], rows[0]["b"], rows[0]["answer"])
-    )
+    call = json.dumps({"name": "multiply", "arguments": {"a": rows[0]["a"], "b": rows[0]["b"]}})
+    assert trained == f"<tool_call>{call}</tool_call><|im_end|>{rows[0]['answer']}<|im_end|>"
 
 
 def test_data_command_writes_the_calculator_files_and_refuses_bad_digits(tmp_path, capsys):

@@ -280,12 +280,12 @@ def test_concat_rollouts_repads_prompts_and_responses():
     assert c.prompt_len == 3 and c.response_mask.shape == (6, 4)
     assert c.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
     assert c.has_eos.tolist() == a.has_eos.tolist() + b.has_eos.tolist()
-    for part, rows in ((a, range(0, 2)), (b, range(2, 6))):
+    for one, rows in ((a, range(0, 2)), (b, range(2, 6))):
         for i, row in enumerate(rows):
             ids, mask = c.input_ids[row], c.attention_mask[row]
-            assert ids[mask.bool()].tolist() == part.input_ids[i][part.attention_mask[i].bool()].tolist()
-            n = int(part.response_mask[i].sum())
-            assert c.response_ids[row, :n].tolist() == part.response_ids[i, :n].tolist()
+            assert ids[mask.bool()].tolist() == one.input_ids[i][one.attention_mask[i].bool()].tolist()
+            n = int(one.response_mask[i].sum())
+            assert c.response_ids[row, :n].tolist() == one.response_ids[i, :n].tolist()
             assert c.response_mask[row].sum() == n
     b.prompt_index = None
     assert concat_rollouts([a, b]).prompt_index is None

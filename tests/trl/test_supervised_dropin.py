@@ -1,19 +1,16 @@
 """TRL's SFT, DPO and reward scripts with only the import changed (``from trl import`` -> ``from
 rlhfkit.trl import``): TRL 1.16's config fields and defaults, the batch arithmetic (rows per
 optimizer step, optimizer steps), which tokens are trained, TRL's trainer interface, and a
-one-line refusal for every TRL field rlhfkit does not support. Also the rlhfkit features the
-translation needs: gradient accumulation in DPO and the reward model, ``center_rewards_coefficient``,
-``text`` rows, activation checkpointing and autocast in the supervised trainers."""
+one-line refusal for every TRL field rlhfkit does not support. The rlhfkit features the
+translation needs (gradient accumulation in DPO and the reward model, ``center_rewards_coefficient``,
+activation checkpointing and autocast in the supervised trainers): test_supervised_features.py."""
 
 import dataclasses
 import math
 
 import pytest
-import torch
 
-from rlhfkit.algorithms import bradley_terry_loss
 from rlhfkit.data.sft import IGNORE_INDEX, example_labels
-from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
 from rlhfkit.trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
 from rlhfkit.trl.arguments import NO_EFFECT, TRANSLATED, field_default, trl_fields
 
@@ -28,15 +25,6 @@ PREFS = [
     {"chosen": [USER(f"{q}?"), BOT(good)], "rejected": [USER(f"{q}?"), BOT(bad)]}
     for q, good, bad in [("2+2", "4", "5"), ("sky", "blue", "green"), ("3+1", "4", "9"), ("sun", "hot", "cold")]
 ]
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny")
-    return {
-        "plain": save_tiny_model(root / "plain", seed=0),
-        "chat": save_tiny_model(root / "chat", tokenizer=chatml_tokenizer(), seed=0),
-    }
 
 
 def run_script(script: str, **names) -> dict:
@@ -389,83 +377,3 @@ def test_label_smoothing_with_sigmoid_is_as_trls_no_smoothing_and_said(capsys):
     ours = DPOConfig(output_dir="out", label_smoothing=0.1, **CPU).to_rlhfkit(n_rows=8)
     assert ours.label_smoothing == 0.0 and "label_smoothing=0.1 has no effect" in capsys.readouterr().err
     assert DPOConfig(output_dir="out", loss_type="ipo", beta=0.5, **CPU).to_rlhfkit(n_rows=8).loss_type == "ipo"
-
-
-# ---------------------------------------------------------------- rlhfkit features the translation needs
-
-
-def test_center_rewards_coefficient_is_trls_term():
-    chosen, rejected = torch.tensor([1.0, 0.5]), torch.tensor([0.0, 1.0])
-    loss, _ = bradley_terry_loss(chosen, rejected, center_coefficient=0.1)
-    by_hand = (math.log1p(math.exp(-1.0)) + math.log1p(math.exp(0.5))) / 2 + 0.1 * (1.0**2 + 1.5**2) / 2
-    assert loss.item() == pytest.approx(by_hand, rel=1e-6)
-
-
-def test_the_reward_trainer_adds_the_centring_term(models, tmp_path):
-    config = RewardConfig(
-        output_dir=str(tmp_path / "o"), center_rewards_coefficient=0.5, max_steps=1, eval_strategy="steps", **CPU
-    )
-    trainer = RewardTrainer(models["chat"], args=config, train_dataset=PREFS, eval_dataset=PREFS)
-    with torch.no_grad():
-        chosen, rejected, _ = trainer._score_pairs(trainer.eval_pairs)
-    plain, _ = bradley_terry_loss(chosen, rejected)
-    centre = 0.5 * ((chosen + rejected) ** 2).mean().item()
-    assert trainer.evaluate()["eval/loss"] == pytest.approx(plain.item() + centre)
-
-
-def _trained(kind, model, tmp_path, name, **fields):
-    from rlhfkit.trainers import DPOConfig as D
-    from rlhfkit.trainers import DPOTrainer as DT
-    from rlhfkit.trainers import RewardModelConfig as R
-    from rlhfkit.trainers import RewardModelTrainer as RT
-    from rlhfkit.trainers import SFTConfig as S
-    from rlhfkit.trainers import SFTTrainer as ST
-
-    config, trainer = {"SFT": (S, ST), "DPO": (D, DT), "Reward": (R, RT)}[kind]
-    rows = STORIES[:4] if kind == "SFT" else PREFS
-    args = config(
-        output_dir=str(tmp_path / name),
-        learning_rate=1e-2,
-        log_every=0,
-        progress_bar=False,
-        seed=0,
-        device="cpu",
-        **fields,
-    )
-    t = trainer(model, args, rows)
-    grads, step = [], t.run.optimizer_step
-    t.run.optimizer_step = lambda *a: (
-        grads.append([p.grad.clone() for p in t.model.parameters() if p.grad is not None]) or step(*a)
-    )
-    t.train()
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in t.model.modules())
-    assert checkpointing == fields.get("gradient_checkpointing", False)
-    return grads[0]  # the first step's gradient (AdamW's first update is about sign(gradient): too coarse to compare)
-
-
-@pytest.mark.parametrize("kind", ["DPO", "Reward"])
-def test_gradient_accumulation_gives_the_gradient_of_one_large_batch(kind, models, tmp_path):
-    one = _trained(kind, models["chat"], tmp_path, "one", batch_size=4, max_steps=1)
-    two = _trained(kind, models["chat"], tmp_path, "two", batch_size=2, grad_accumulation=2, max_steps=1)
-    assert len(one) == len(two) > 0 and all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(one, two))
-
-
-@pytest.mark.parametrize("kind", ["SFT", "DPO", "Reward"])
-def test_activation_checkpointing_gives_the_same_gradient(kind, models, tmp_path):
-    model = models["chat" if kind != "SFT" else "plain"]
-    plain = _trained(kind, model, tmp_path, "plain", batch_size=4, max_steps=1)
-    checkpointed = _trained(kind, model, tmp_path, "ckpt", batch_size=4, max_steps=1, gradient_checkpointing=True)
-    assert len(plain) == len(checkpointed) > 0
-    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(plain, checkpointed))
-
-
-def test_autocast_runs_the_forward_in_bfloat16(models, tmp_path, monkeypatch):
-    seen = []
-    original = torch.nn.functional.linear
-    monkeypatch.setattr(
-        torch.nn.functional,
-        "linear",
-        lambda x, *a, **k: seen.append(original(x, *a, **k).dtype) or original(x, *a, **k),
-    )
-    _trained("SFT", models["plain"], tmp_path, "bf16", batch_size=2, max_steps=1, autocast="bfloat16")
-    assert torch.bfloat16 in seen

@@ -1,0 +1,211 @@
+"""The child process of ``benchmarks/scale.py``: one run of one side (``--child trl|rlhfkit``),
+GRPO or SFT at one completion length, dtype and checkpointing setting, printing its measurements as
+one JSON line (the module docstring of ``scale.py`` defines them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+import time
+import zlib
+
+
+def reward(prompts, completions, **columns):
+    """A different score per completion (a hash of its text), so every group has gradient."""
+    return [zlib.crc32(str(c).encode()) / 2**32 for c in completions]
+
+
+def make_timer(cuda: bool):
+    import torch
+    from transformers import TrainerCallback
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times, self.start = [], 0.0
+
+        def on_step_begin(self, args, state, control, **kw):
+            sync()
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            sync()
+            self.times.append(time.perf_counter() - self.start)
+
+    return Timer()
+
+
+def rows(a) -> list[dict]:
+    from benchmarks.gpu_check import text
+
+    if a.part == "rl":
+        return [{"prompt": text(i, a.prompt_length)} for i in range(2 * a.prompts * (a.warmup + a.steps))]
+    half = (a.length - 1) // 2  # prompt + completion + EOS = L tokens
+    return [
+        {"prompt": text(i, half), "completion": text(i + 1, a.length - 1 - half)}
+        for i in range(a.sft_rows * (a.warmup + a.steps))
+    ]
+
+
+def value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def build_trl(a, timer, ckpt: dict):
+    from datasets import Dataset
+
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        max_steps=a.warmup + a.steps,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=a.device == "cpu",
+        bf16=a.dtype == "bf16",
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+        **ckpt,
+    )
+    data = Dataset.from_list(rows(a))
+    if a.part == "rl":
+        from trl import GRPOConfig, GRPOTrainer
+
+        cfg = GRPOConfig(
+            per_device_train_batch_size=a.prompts * a.group_size,
+            num_generations=a.group_size,
+            max_completion_length=a.length,
+            learning_rate=1e-6,
+            beta=0.0,
+            gradient_accumulation_steps=1,
+            steps_per_generation=1,
+            **common,
+        )
+        trainer = GRPOTrainer(model=a.model_dir, reward_funcs=[reward], args=cfg, train_dataset=data, callbacks=[timer])
+    else:
+        from trl import SFTConfig, SFTTrainer
+
+        cfg = SFTConfig(per_device_train_batch_size=a.sft_rows, max_length=a.length, **common)
+        trainer = SFTTrainer(model=a.model_dir, args=cfg, train_dataset=data, callbacks=[timer])
+    return trainer, trainer.model, cfg.gradient_checkpointing
+
+
+def build_rlhfkit(a, timer, ckpt: dict):
+    common = dict(
+        max_steps=a.warmup + a.steps,
+        log_every=0,
+        progress_bar=False,
+        seed=0,
+        device=a.device,
+        autocast="bfloat16" if a.dtype == "bf16" else None,
+        **ckpt,
+        **{k: value(v) for k, v in (s.split("=", 1) for s in a.rlhfkit_set)},
+    )
+    if a.part == "rl":
+        from rlhfkit.config import RLConfig
+        from rlhfkit.trainers import RLTrainer
+
+        cfg = RLConfig(
+            algorithm="grpo",
+            prompts_per_step=a.prompts,
+            group_size=a.group_size,
+            max_new_tokens=a.length,
+            learning_rate=1e-6,
+            kl_coef=0.0,
+            **common,
+        )
+        trainer = RLTrainer(a.model_dir, [reward], cfg, train_dataset=rows(a), callbacks=[timer])
+        return trainer, trainer.models.policy, cfg.gradient_checkpointing
+    from rlhfkit.trainers import SFTConfig, SFTTrainer
+
+    cfg = SFTConfig(batch_size=a.sft_rows, max_length=a.length, **common)
+    trainer = SFTTrainer(a.model_dir, cfg, rows(a), callbacks=[timer])
+    return trainer, trainer.model, cfg.gradient_checkpointing
+
+
+def state_bytes(model) -> tuple[int, int]:
+    """(parameters, bytes of weights + gradients + AdamW's two moments): 4 n s per trainable tensor."""
+    n = b = 0
+    for p in model.parameters():  # a tied weight once
+        n += p.numel()
+        b += p.numel() * p.element_size() * (4 if p.requires_grad else 1)
+    return n, b
+
+
+def completion_lengths(side: str, trainer, history) -> list[float]:
+    """Each step's mean completion length (L on every step when no completion ended early)."""
+    if side == "trl":
+        return [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
+    return [r["rollout/response_length_mean"] for r in history]
+
+
+def child(a) -> None:
+    import torch
+    import transformers
+
+    cuda = a.device == "cuda"
+    # Everything either side imports while it builds its trainer, imported before the baseline.
+    import accelerate  # noqa: F401
+    import peft  # noqa: F401
+    import transformers.models.qwen2.modeling_qwen2  # noqa: F401
+
+    import benchmarks.gpu_check  # noqa: F401
+
+    if a.child == "trl":
+        import datasets  # noqa: F401
+        from trl import GRPOTrainer, SFTTrainer  # noqa: F401
+    else:
+        from rlhfkit.trainers import RLTrainer, SFTTrainer  # noqa: F401, F811
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    if cuda:
+        torch.cuda.init()
+    now = (
+        torch.cuda.memory_allocated
+        if cuda
+        else (lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    )
+    baseline = now()
+    timer = make_timer(cuda)
+    ckpt = {} if a.checkpointing == "default" else {"gradient_checkpointing": a.checkpointing == "on"}
+    torch.manual_seed(0)
+    trainer, model, checkpointed = (build_trl if a.child == "trl" else build_rlhfkit)(a, timer, ckpt)
+    loaded = now()
+    history = trainer.train()
+    peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    params, state = state_bytes(model)
+    times = timer.times[a.warmup :] or timer.times
+    tokens = a.prompts * a.group_size * a.length if a.part == "rl" else a.sft_rows * a.length
+    floor = baseline + state
+    out = {
+        "part": a.part,
+        "side": a.child,
+        "length": a.length,
+        "dtype": a.dtype,
+        "checkpointing": a.checkpointing,
+        "gradient_checkpointing": bool(checkpointed),
+        "device": a.device,
+        "params": params,
+        "tokens": tokens,
+        "step_s": sum(times) / len(times),
+        "steps_s": times,
+        "peak_gb": peak / 1e9,
+        "baseline_gb": baseline / 1e9,
+        "loaded_gb": loaded / 1e9,
+        "floor_gb": floor / 1e9,
+        "above_floor_gb": (peak - floor) / 1e9,
+        "mb_per_1k_tokens": (peak - floor) / 1e6 / tokens * 1000,
+    }
+    if a.part == "rl":
+        out["completion_len"] = completion_lengths(a.child, trainer, history)
+        out["exact_length"] = all(x == a.length for x in out["completion_len"])
+    print(json.dumps(out), flush=True)
+
+
+# ---------------------------------------------------------------- the parent: every run, alternated

@@ -74,6 +74,17 @@ class Hyperparameter:
     type: type = float
     config_field: bool = False
 
+    def __post_init__(self):
+        if self.type not in (float, int, bool, str):
+            raise ValueError(f"hyperparameter {self.name!r}: type must be float, int, bool or str, got {self.type!r}")
+        try:
+            in_range(0.0, (self.range or "finite").removesuffix(" or None"))
+        except (ValueError, KeyError, IndexError):
+            raise ValueError(
+                f"hyperparameter {self.name!r}: range {self.range!r} is not in config.RANGES' notation "
+                "('(0, 1)', '[0, 1e6] or None', '> -1', '>= 0', 'finite')"
+            ) from None
+
     def expected(self) -> str:
         """What the knob accepts, in words ("a float > 0", "a float in (0, 1) or None")."""
         spec = self.range or ""

@@ -144,3 +144,16 @@ def test_in_range_reads_the_config_ranges_notation():
     assert in_range(0.5, "(0, 1)") and not in_range(1.0, "(0, 1)") and in_range(1.0, "(0, 1]")
     assert in_range(0.0, ">= 0") and not in_range(0.0, "> 0") and in_range(-2.0, "< -1") and in_range(-1, "<= -1")
     assert not in_range(math.nan, "finite") and in_range(-5.0, "finite")
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(range="positive"), "range 'positive' is not in config.RANGES' notation"),
+        (dict(range="(0; 1)"), "range '(0; 1)' is not in config.RANGES' notation"),
+        (dict(type=list), "type must be float, int, bool or str"),
+    ],
+)
+def test_a_malformed_declaration_is_refused_where_it_is_written(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Hyperparameter("tau", 1.0, "a knob", **changes)

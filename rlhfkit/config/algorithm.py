@@ -175,8 +175,8 @@ class AlgorithmConfig:
     kl_horizon: float = 10000.0
     """Horizon of the adaptive controller (samples); larger moves β more slowly."""
     clip_low: float | None = None
-    """PPO clip ε below 1 (ratio floor 1-ε). TRL's epsilon, verl's clip_ratio_low. Presets: 0.2; gspo 3e-4. Unused by
-    cispo and vanilla."""
+    """PPO clip ε below 1 (ratio floor 1-ε). TRL's epsilon, verl's clip_ratio_low. Presets: 0.2; gspo 3e-4. Set with
+    cispo or vanilla, which do not read it, it is refused."""
     clip_high: float | None = None
     """PPO clip ε above 1 (ratio ceiling 1+ε); DAPO's clip-higher uses 0.28. TRL's epsilon_high, verl's clip_ratio_high.
     Presets: 0.2; dapo 0.28; gspo 4e-4; cispo 4 (its weight's cap 1+ε = 5)."""
@@ -187,7 +187,7 @@ class AlgorithmConfig:
     > 1 or several minibatches per batch). vanilla has no ratio: 'token' only."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages (Ye et al. 2020): the loss is at most c·|A|. verl's clip_ratio_c
-    (3.0 there). None: off."""
+    (3.0 there). None: off. ppo_clip only: set with another loss, it is refused."""
     loss_options: dict = dataclasses.field(default_factory=dict)
     """Knobs of the policy loss that are no config field of their own, by name, as its registration
     declares them (POLICY_LOSSES; the built-in losses have none: their knobs are the fields clip_low,

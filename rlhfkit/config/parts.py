@@ -13,13 +13,29 @@ concerns (``rl.py``, ``rollout.py``, ``algorithm.py``, ``base.py``), so a field 
 cannot drift from it; a group dataclass stands for all of its fields (``takes(VLLMOptions)``). A part may derive
 from other parts (it holds their fields too) and add fields of its own that are not config fields (a class
 annotation, as in any dataclass: ``greedy: bool = False``); it may not re-declare a config field. ``part``
-builds a part from a config or from a larger part."""
+builds a part from a config or from a larger part.
+
+For the type checker a part derives from ``ConfigFields``, which it reads as ``RLConfig`` (at run time
+``object``), and ``takes`` is a ``dataclass_transform``: mypy sees every config field a part may take,
+with its type, and the part's own fields; what it cannot see is which of them a part leaves out (reading
+one it did not take is an ``AttributeError`` at run time, on the first test that reaches it)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+
+    from .rl import RLConfig as ConfigFields
+else:
+    ConfigFields = object  # a part's base: RLConfig's fields for the type checker, nothing at run time
+
+    def dataclass_transform(**_):
+        return lambda decorator: decorator
 
 
 @functools.cache
@@ -44,6 +60,7 @@ def config_field_names(*groups) -> tuple[str, ...]:
     return tuple(names)
 
 
+@dataclass_transform(frozen_default=True)
 def takes(*groups):
     """Class decorator: the class becomes a frozen dataclass part holding the ``RLConfig`` fields that
     ``groups`` name (field names, or config dataclasses standing for all their fields), each with the

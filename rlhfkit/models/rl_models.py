@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from .. import distributed
-from ..config import takes
+from ..config.parts import ConfigFields, takes
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
@@ -58,7 +58,7 @@ class RolloutBatch(Protocol):
     "max_tokens_per_micro_batch",
     "save_adapter",
 )
-class ModelSetup:
+class ModelSetup(ConfigFields):
     """The fields of ``RLConfig`` that ``RLModels`` reads: which models it builds (a reference when
     ``kl_coef > 0``, a critic), how they are sharded, and how their forward passes run."""
 

@@ -24,7 +24,7 @@ from ..algorithms import (
     token_level_rewards,
     whiten,
 )
-from ..config import takes
+from ..config.parts import ConfigFields, takes
 
 
 @takes(
@@ -36,7 +36,7 @@ from ..config import takes
     "normalize_rewards",
     "dynamic_sampling",
 )
-class ScoreShaping:
+class ScoreShaping(ConfigFields):
     """The fields of ``RLConfig`` that phase 3's score shaping reads (``shape_scores``,
     ``normalize_scores``); same names, same meaning."""
 
@@ -123,7 +123,7 @@ def _mean(x: torch.Tensor, valid: torch.Tensor, reduce=None) -> torch.Tensor:
     "advantage_epsilon",
     "unscored_in_loss",
 )
-class AdvantageEstimation:
+class AdvantageEstimation(ConfigFields):
     """The fields of ``RLConfig`` that phase 5's advantages read (``compute_advantages``); same
     names, same meaning (``config.part(AdvantageEstimation, config)``)."""
 
@@ -178,7 +178,7 @@ def compute_advantages(
 
 
 @takes("rollout_is", "rollout_is_threshold", "rollout_is_threshold_low", "rollout_is_zero_masked")
-class RolloutCorrection:
+class RolloutCorrection(ConfigFields):
     """The fields of ``RLConfig`` that the rollout correction reads (``rollout_correction``)."""
 
 

@@ -9,7 +9,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated
-from ..config import takes
+from ..config.parts import ConfigFields, takes
 from ..models import efficiency
 from ..models.rl_models import RLModels
 from ..rollout import Rollout
@@ -33,7 +33,7 @@ class Experience:
 
 
 @takes("prompts_per_step", "group_size", "num_iterations", "mini_batch_size")
-class UpdatePasses:
+class UpdatePasses(ConfigFields):
     """The fields of ``RLConfig`` that say how the update passes over a batch (``single_pass``)."""
 
     @property

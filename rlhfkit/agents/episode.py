@@ -79,6 +79,7 @@ class Episode:
     timed_out: bool = False  # a tool call timed out: the environment is never read again
     length: int = 0  # what the budget counted (max_new_tokens when it ended the episode): the overlong penalty's
     done: bool = False
+    row: dict | None = None  # the dataset row it runs (an agent program is given it)
 
     @property
     def schemas(self) -> list[dict] | None:

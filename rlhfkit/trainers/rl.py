@@ -23,13 +23,12 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
+from ..agents.agent import AgentOptions, build_agent, model_name
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..data.encode import prompt_limit, tokenize_prompts
-from ..endpoint.program import agent_program as program_reward
 from ..endpoint.program import program_agent
 from ..models import efficiency, set_lm_head
 from ..models.loading import eos_token_ids
@@ -265,11 +264,10 @@ class RLTrainer:
             tokenizer, tools, environment_factory, options, limit, eos_token_ids(tokenizer, self.models.policy)
         )  # the turn's end: the model's end ids too
         sources, weights = reward_funcs, reward_weights
-        if agent_program is not None:  # the program's episodes through the endpoint; its reward one more source
+        if agent_program is not None:  # the program's episodes through the endpoint
             agent = program_agent(agent_program, agent, tokenizer, self.models, model_name(model))
-            sources, weights = sources + [program_reward], list(weights) + [1.0] if weights is not None else None
-        if agent is not None and agent.has_environment_reward:  # get_reward(): one more source
-            sources, weights = sources + [environment_reward], list(weights) + [1.0] if weights is not None else None
+        for extra in agent.reward_sources() if agent is not None else []:  # get_reward(), the program's reward
+            sources, weights = sources + [extra], list(weights) + [1.0] if weights is not None else None
         rewards = build_rewards(sources, weights, tokenizer, self.models.device)
         cut = args.truncate_prompts
         prompt_ids = tokenize_prompts(train_rows, tokenizer, limit, cut)

@@ -9,8 +9,9 @@ The trainer holds the loop, the update side and the ``Run``: its step, β, the m
 (``models.rl_models.RLModels``) and optimizer. Phases 1–3 belong to its ``Sampler``
 (``rl/sampler.py``: data order, seeds, engine or agent episodes, scoring, dynamic sampling), which
 the loop asks for each step's batch; with ``rollout_workers`` a trainer rank's sampler is the
-receiving end of the generator ranks (``rl.pipeline.RemoteSampler``) and a generator rank only
-runs ``rl.pipeline.run_generator`` on its Sampler. Phases 4–6 are public methods
+receiving end of the generator ranks (``rl.pipeline.RemoteSampler``) and a generator rank holds
+only its Sampler, run by ``rl.pipeline.GeneratorRank``. The Sampler is assembled by ``rl.build``
+(episode source, reward sources, prompt ids, engine). Phases 4–6 are public methods
 (``make_experience``, ``update``) delegating to ``rlhfkit/rl/`` (experience, update), whose formulas
 are in ``rlhfkit/algorithms/``.
 """
@@ -123,15 +124,24 @@ class RLTrainer:
             tools=tools,
             environment_factory=environment_factory,
         )
-        self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
+        self.weights_version = 0  # optimizer steps taken (none on a generator rank): a vLLM engine syncs on a change
+        # A generator rank (rollout_workers) holds its Sampler only: phases 1-3, nothing of the update side.
+        self.generator = (
+            pipeline.GeneratorRank(self.sampler, args.max_staleness) if distributed.is_generator() else None
+        )
+        if self.generator is None:
+            self._start_update_side()
+
+    def _start_update_side(self) -> None:
+        """β, the loop's step, the optimizer and schedule (``Run.start``), and a resumed
+        run's counters: what a training process holds besides its Sampler."""
+        args = self.args
         self.kl_ctl = (
             AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon)
             if args.adaptive_kl
             else FixedKLController(args.kl_coef)
         )
         self.step = 0
-        if distributed.is_generator():  # it only runs phases 1-3 (rl.pipeline.run_generator): no optimizer
-            return
         mini = args.mini_batch_size or args.batch_size  # the schedule counts optimizer steps: K passes x minibatches
         counters = self.run.start(
             self._modules(),
@@ -146,11 +156,8 @@ class RLTrainer:
     def train(self) -> list[dict]:
         """The loop, until ``max_steps``: each step samples prompts, generates, scores, makes the
         experience and updates the policy (and critic), then logs, evaluates and checkpoints."""
-        if distributed.is_generator():  # rollout_workers: this rank generates the batches, phases 1-3
-            pipeline.run_generator(self.sampler, self.args.max_staleness)
-            trace.stop()  # its timeline written before the barrier, after which rank 0 merges
-            distributed.finished()
-            return []
+        if self.generator is not None:  # rollout_workers: this rank generates the batches, phases 1-3
+            return self.generator.train()
         self.sampler.start(self._counters())  # generator ranks, if any, start on the first batches
         if self.eval_rows is not None and self.step == 0:
             with trace.span("evaluate", step=0):

@@ -74,6 +74,13 @@ def add_needed(pass_name: str, tokens) -> None:
     _needed[pass_name] = _needed[pass_name] + tokens
 
 
+def needed(prompt_tokens: torch.Tensor, completion_tokens: torch.Tensor) -> torch.Tensor:
+    """The one rule of what a pass needs: each distinct prompt's real tokens once
+    (``prompt_tokens``: one count per distinct prompt) and each completion's real tokens but its
+    last (``completion_tokens``: one count per row; nothing is read after the last). A 0-d tensor."""
+    return prompt_tokens.sum() + (completion_tokens - 1).clamp(min=0).sum()
+
+
 def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Real tokens of ``rows`` of ``rollout`` (all rows when None) one pass needs: each distinct
     prompt's (``prompt_index``) once, each row's tokens after the prompt but its last once. A 0-d
@@ -83,10 +90,10 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     if rows is not None:
         rows = rows.to(mask.device)
         mask = mask[rows]
-    prompt, response = mask[:, :P].sum(-1), (mask[:, P:].sum(-1) - 1).clamp(min=0).sum()
+    prompt, completion = mask[:, :P].sum(-1), mask[:, P:].sum(-1)
     index = rollout.prompt_index
     if index is None:
-        return prompt.sum() + response
+        return needed(prompt, completion)
     index = index.to(mask.device) if rows is None else index.to(mask.device)[rows]
     # Rows of one prompt hold the same prompt tokens: the largest count per prompt. The indices of a
     # slice of a larger rollout (another process's rows, a minibatch) need not be below its row count:
@@ -95,7 +102,7 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     per_prompt = torch.zeros(len(index), dtype=prompt.dtype, device=mask.device).scatter_reduce(
         0, index, prompt, "amax"
     )
-    return per_prompt.sum() + response
+    return needed(per_prompt, completion)
 
 
 def step_metrics(reduce_sum=None) -> dict[str, float]:

@@ -166,20 +166,19 @@ class RLTrainer:
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
             self.run.step_begin()
-            efficiency.reset()
-            with efficiency.counting("generate"):
-                batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
-            if batch.samples is not None:  # some steps' samples, for the report
-                write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
-            metrics = batch.metrics
-            with training.timer(timings, "logprobs"):
-                exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5
-            with training.timer(timings, "update"):
-                if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
-                    metrics.update(self.update(exp))  # 6
-            metrics.update(
-                efficiency.step_metrics(distributed.reduce_sum)
-            )  # perf/*_efficiency: positions needed/computed
+            counters = efficiency.Counters()  # this step's: the model calls of its passes add to them
+            with counters.counted():
+                with efficiency.counting("generate"):
+                    batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
+                if batch.samples is not None:  # some steps' samples, for the report
+                    write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
+                metrics = batch.metrics
+                with training.timer(timings, "logprobs"):
+                    exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5
+                with training.timer(timings, "update"):
+                    if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
+                        metrics.update(self.update(exp))  # 6
+            metrics.update(counters.metrics(distributed.reduce_sum))  # perf/*_efficiency: positions needed/computed
             self.step += 1
             self.sampler.publish(self.step, timings)  # generator ranks go on with the weights of this step
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last

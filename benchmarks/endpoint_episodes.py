@@ -99,7 +99,7 @@ def main(argv=None) -> None:
         engine.seconds, engine.calls = 0.0, 0
         episodes = agent.start(rows, range(prompts), args.group_size)
         start = time.perf_counter()
-        agent.run(engine, episodes, sampling, seed=list(range(seed, seed + len(episodes))))
+        _, episodes = agent.run(engine, episodes, sampling, seed=list(range(seed, seed + len(episodes))))
         wall = time.perf_counter() - start
         turns = sum(e.turns for e in episodes) / len(episodes)
         return {

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import re
 import signal
 import sys
@@ -37,9 +36,11 @@ def _train(job_cls, args, run) -> int:
         overrides.append("overwrite=true")
     job = load_config(job_cls, args.config, overrides)  # config errors before any process starts
     args.job_config = job  # what an interrupt's line names (run/interrupts.py)
-    if hasattr(job, "check_processes") and "WORLD_SIZE" not in os.environ:
+    from . import distributed
+
+    if hasattr(job, "check_processes") and not distributed.under_torchrun():
         job.check_processes(args.nproc_per_node)  # e.g. rollout_workers that leave no trainer
-    if args.nproc_per_node > 1 and "WORLD_SIZE" not in os.environ:
+    if args.nproc_per_node > 1 and not distributed.under_torchrun():
         return _torchrun(args.nproc_per_node, args.argv)
     run(job).train()  # the trainer records the whole job in the run directory (run.record.record_run)
     return 0

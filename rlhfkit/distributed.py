@@ -211,6 +211,17 @@ def _teardown() -> None:
             pass
 
 
+def launch_rank() -> int:
+    """This process's global rank as torchrun set it (``RANK``; 0 without torchrun): known before
+    the process group joins (``global_rank`` asks the group)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (``WORLD_SIZE`` is set, also to 1)."""
+    return "WORLD_SIZE" in os.environ
+
+
 def planned_world() -> int:
     """The number of processes torchrun started (known before the process group exists)."""
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -109,6 +109,7 @@ WHOLE_CONFIG_READERS = (
     "rlhfkit.quickstart",
     "rlhfkit.jobs",
     "rlhfkit.run.callbacks",
+    "rlhfkit.rl.build",  # the assembler of phases 1-3: it cuts the parts the Sampler, engine and agent take
 )
 
 

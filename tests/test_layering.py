@@ -24,6 +24,9 @@ LAYERS = {
     "rlhfkit.config": 1,
     "rlhfkit.files": 1,
     "rlhfkit.distributed": 1,
+    #     the rollout engines' registry: names, builders by module path, option fields (the config checks
+    #     rollout_engine against it; it imports nothing of ours)
+    "rlhfkit.rollout.registry": 1,
     # 2 — models: sources (directories, GGUF, the Hub), loading, policy forward, scalar heads, LoRA
     "rlhfkit.models": 2,
     # 3 — what a run consumes: datasets (Hub ids through models.sources), reward sources, generation engines
@@ -259,6 +262,31 @@ def test_no_module_uses_another_modules_private_names():
         "private names used across modules (make the name public, with a docstring, or move the code "
         "where it belongs):\n" + "\n".join(bad)
     )
+
+
+PROCESS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def process_env_reads(module: str, source: str) -> list[str]:
+    """One line per place ``module`` names torchrun's process variables (``PROCESS_ENV``) — the
+    process count and ranks, which ``rlhfkit.distributed`` alone reads (docs/architecture.md)."""
+    return [
+        f"{module}:{node.lineno} reads {node.value}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and node.value in PROCESS_ENV
+    ]
+
+
+def test_only_distributed_reads_the_process_count_and_ranks():
+    sources = package_sources(PACKAGE_DIR)
+    bad = [
+        line
+        for m, (src, _) in sorted(sources.items())
+        if m != "rlhfkit.distributed"
+        for line in process_env_reads(m, src)
+    ]
+    assert not bad, "process count / rank read outside rlhfkit.distributed (ask distributed):\n" + "\n".join(bad)
+    assert process_env_reads("m", 'import os\nr = int(os.environ.get("RANK", "0"))\n') == ["m:2 reads RANK"]
 
 
 # ---------------------------------------------------------------- the checker itself

@@ -10,12 +10,13 @@ import torch
 from .. import distributed
 from ..models.loading import eos_token_ids
 from .episode import AgentOptions, Episode, run_episodes, start_episode
+from .source import EpisodeSource
 from .templates import check_agent_template
 from .tools import check_environment_factory, environment_tools, make_tools, new_environment, reset_environment
 
 
-class Agent:
-    """Episodes for prompt rows: each has the static ``tools`` plus, with an
+class Agent(EpisodeSource):
+    """An ``EpisodeSource`` (``agents.source``): episodes for prompt rows: each has the static ``tools`` plus, with an
     ``environment_factory``, a fresh environment (``reset(**row)``; its public methods are tools).
 
     ``prompt_limit``: the longest prompt (with the tools' schemas rendered) in tokens, None for no
@@ -85,13 +86,15 @@ class Agent:
                 episodes.append(episode)
         return episodes
 
-    def run(self, engine, episodes: list[Episode], sampling, seed=None):
-        """The episodes to their end (``run_episodes``; ``seed``: one per episode), as one ``Rollout``."""
-        return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed, self.eos_ids)
+    def run(self, engine, episodes: list[Episode], sampling, seed=None, version: int = 0):
+        """The episodes to their end (``run_episodes``; ``seed``: one per episode), as one ``Rollout``,
+        and the episodes (filled in place). ``version`` changes nothing here: the engine was made
+        ready for it by the caller."""
+        return run_episodes(engine, self.tokenizer, episodes, sampling, self.options, seed, self.eos_ids), episodes
 
-    def close(self) -> None:
-        """Release what the agent holds when the run ends: nothing here (an agent program's
-        ``endpoint.program.ProgramAgent`` stops its endpoint)."""
+    def reward_sources(self) -> list:
+        """``[environment_reward]`` when the environments have ``get_reward()``, else none."""
+        return [environment_reward] if self.has_environment_reward else []
 
 
 def agent_metrics(episodes: list[Episode]) -> dict:

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..config import takes
+from ..config.parts import ConfigFields, takes
 from ..models.loading import eos_token_ids
 from ..rollout.base import Rollout, SamplingParams, Seed, row_seeds, sampling_seed
 from .calls import run_tool_calls
@@ -80,6 +80,7 @@ class Episode:
     timed_out: bool = False  # a tool call timed out: the environment is never read again
     length: int = 0  # what the budget counted (max_new_tokens when it ended the episode): the overlong penalty's
     done: bool = False
+    row: dict | None = None  # the dataset row it runs (an agent program is given it)
 
     @property
     def schemas(self) -> list[dict] | None:
@@ -115,7 +116,7 @@ class Episode:
 
 
 @takes("max_tool_calling_iterations", "max_tool_response_tokens", "tool_call_timeout")
-class AgentOptions:
+class AgentOptions(ConfigFields):
     """How episodes run (``RLConfig``'s agent fields) and the model's name the episodes report."""
 
     model_name: str = "model"

@@ -12,12 +12,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..rollout.registry import engine_names
 from .algorithm import PRESETS, AlgorithmConfig
 from .base import DEVICE_KINDS, DTYPES, LM_HEADS, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
 from .checks import check_fields, check_ranges, check_run_fields
 from .rollout import (
     HF_DECODE_MODES,
-    ROLLOUT_ENGINES,
     ROLLOUT_PRECISIONS,
     AgentConfig,
     HFOptions,
@@ -34,7 +34,6 @@ __all__ = [
     "CRITICS",
     "HF_DECODE_MODES",
     "PRESETS",
-    "ROLLOUT_ENGINES",
     "ROLLOUT_PRECISIONS",
     "AgentConfig",
     "AlgorithmConfig",
@@ -232,7 +231,7 @@ def _validate(c: RLConfig) -> None:
             (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
             (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
             (c.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
-            (c.rollout_engine in ROLLOUT_ENGINES, "rollout_engine", f"one of {', '.join(ROLLOUT_ENGINES)}"),
+            (c.rollout_engine in engine_names(), "rollout_engine", f"one of {', '.join(engine_names())}"),
             (c.hf_decode in HF_DECODE_MODES, "hf_decode", f"one of {', '.join(HF_DECODE_MODES)}"),
             (
                 c.rollout_precision is None or c.rollout_precision in ROLLOUT_PRECISIONS,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ROLLOUT_ENGINES = ("hf", "vllm")
 HF_DECODE_MODES = ("loop", "generate", "static")  # rollout.hf.HFEngine(decode=)
 ROLLOUT_PRECISIONS = ("bfloat16", "int8", "fp8")  # rollout.quantized.QuantizedEngine(precision=)
 

@@ -7,11 +7,11 @@ model learns to stop even when pad and EOS share an id: masks are built by posit
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+from .. import distributed
 from .prompts import render_prompt
 
 
@@ -66,7 +66,7 @@ def encode_pair(prompt: Any, completion: Any, tokenizer, max_length: int | None 
 def warn_once(message: str) -> None:
     """``warning: message`` on stderr, once: from the main process only (every process encodes the
     same data). Not ``warnings.warn``, which adds the source line (two lines on the terminal)."""
-    if int(os.environ.get("RANK", "0")) == 0:
+    if distributed.launch_rank() == 0:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 

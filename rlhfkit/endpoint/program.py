@@ -5,14 +5,17 @@
 (``/episodes/<id>/v1``: how each request is known to belong to it) and returns the episode's
 reward (a number) or None (the reward functions then score the recorded conversation).
 
-``ProgramAgent`` stands where ``agents.agent.Agent`` stands in the ``Sampler`` (``start`` and
-``run``): ``run`` starts the endpoint (once; ``close`` stops it), runs ``group_size`` episodes per
-prompt on threads, and serves their requests on the caller's thread (``Endpoint.serve``) until
+``ProgramAgent`` is an ``agents.source.EpisodeSource``, as ``agents.agent.Agent`` is: ``run``
+starts the endpoint (once; ``close`` stops it), opens each episode with the engine, sampling and
+weights version it is given (``Endpoint.new_episode``: its requests are served with them), runs
+``group_size`` episodes per prompt on threads, and serves their requests on the caller's thread
+(``Endpoint.serve``) until
 every program has returned or its time limit (``AgentProgram.timeout``) has passed — an episode
 past it is refused further requests and left unscored, as an episode whose tool call timed out; so
 is an episode whose program raised, or returned (a reward or None) without calling the model.
 The episodes' training rows come from the recorded ids (``record.episode_from_calls``,
-``agents.rows.episodes_rollout``).
+``agents.rows.episodes_rollout``). Its reward source (``reward_sources``) is ``agent_program``: each
+episode's returned reward, read from ``environments=`` (the episode's ``ProgramResult``).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from dataclasses import dataclass
 
 from ..agents import episodes_rollout
 from ..agents.episode import Episode
+from ..agents.source import EpisodeSource
+from ..rollout.base import row_seeds
 from .record import empty_episode, episode_from_calls
-from .server import Endpoint
+from .server import Endpoint, Serving
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,8 @@ def agent_program(prompts, completions, environments=None, **columns) -> list[fl
     return [e.reward if isinstance(e, ProgramResult) else None for e in environments or [None] * len(completions)]
 
 
-class ProgramAgent:
-    """``Agent``'s part in the ``Sampler`` for an agent program (module docstring)."""
-
-    has_environment_reward = False  # its reward source is ``agent_program``, added by the trainer
+class ProgramAgent(EpisodeSource):
+    """The ``EpisodeSource`` of an agent program (module docstring)."""
 
     def __init__(self, program, tokenizer, models=None, model_name: str = "policy"):
         self.program = program if isinstance(program, AgentProgram) else AgentProgram(program)
@@ -65,7 +68,6 @@ class ProgramAgent:
             raise ValueError(f"agent_program must be callable fn(client, row), got {type(self.program.fn).__name__}")
         self.tokenizer, self.models, self.model_name = tokenizer, models, model_name
         self.endpoint: Endpoint | None = None
-        self.version = 0  # set by the Sampler before each run: the weights the engine samples
         # A batch closes once every running episode has a request waiting, or this long after its first
         # request: the time an episode may spend between two calls (its tools) and still join the batch.
         self.window = 0.2
@@ -77,23 +79,20 @@ class ProgramAgent:
         for i in indices:
             for _ in range(group_size):
                 prompt = rows[i]["prompt"]
-                e = empty_episode(
-                    self.tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-                )
-                e.row = rows[i]
-                episodes.append(e)
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                episodes.append(empty_episode(self.tokenizer, messages, rows[i]))
         return episodes
 
-    def run(self, engine, episodes: list[Episode], sampling, seed=None):
-        """Run the programs of ``episodes`` against the endpoint and return their ``Rollout``."""
+    def run(self, engine, episodes: list[Episode], sampling, seed=None, version: int = 0):
+        """Run the programs of ``episodes`` against the endpoint, their requests served by
+        ``engine`` with ``sampling`` (the policy of ``version``), and return their ``Rollout`` and
+        the recorded episodes (new ones, in the same order)."""
         import openai
 
-        from ..rollout.base import row_seeds
-
-        endpoint = self._endpoint(engine)
-        endpoint.engine, endpoint.sampling, endpoint.version = engine, sampling, self.version
+        endpoint = self._endpoint(engine, sampling)
         seeds = row_seeds(seed, len(episodes), 1) or [None] * len(episodes)
-        records = [endpoint.new_episode(s, sampling.max_new_tokens) for s in seeds]
+        serving = Serving(engine, sampling, version)
+        records = [endpoint.new_episode(s, sampling.max_new_tokens, serving) for s in seeds]
         timeout = self.program.timeout
 
         def one(k: int):
@@ -119,7 +118,7 @@ class ProgramAgent:
             )
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
-        errors, uncalled = self._fill(episodes, records, futures, sampling.max_new_tokens)
+        episodes, errors, uncalled = self._recorded(episodes, records, futures, sampling.max_new_tokens)
         for r in records:
             endpoint.episodes.pop(r.id, None)
         if errors and len(errors) == len(episodes):
@@ -137,14 +136,19 @@ class ProgramAgent:
                 stacklevel=2,
             )
         with_logprobs = all(c.logprobs is not None for r in records for c in r.calls)
-        return episodes_rollout(episodes, self.tokenizer.pad_token_id, with_logprobs)
+        return episodes_rollout(episodes, self.tokenizer.pad_token_id, with_logprobs), episodes
 
-    def _fill(self, episodes, records, futures, budget: int) -> tuple[list[str], int]:
-        """Each episode's row from its recorded calls, and its ``ProgramResult``; an episode whose
-        program raised, ran past its time limit or returned without calling the model (no sampled
-        token: ``record.empty_episode``) is unscored — its reward ignored. Returns the programs'
-        errors and the count of episodes that returned without a call."""
-        errors, uncalled = [], 0
+    def reward_sources(self) -> list:
+        """``[agent_program]``: each episode's returned reward."""
+        return [agent_program]
+
+    def _recorded(self, episodes, records, futures, budget: int) -> tuple[list[Episode], list[str], int]:
+        """Each episode built from its recorded calls, with its ``ProgramResult`` as its environment;
+        an episode whose program raised, ran past its time limit or returned without calling the
+        model (no sampled token: the started ``record.empty_episode``) is unscored — its reward
+        ignored. Returns the episodes, the programs' errors and the count of episodes that returned
+        without a call."""
+        done, errors, uncalled = [], [], 0
         for e, record, future in zip(episodes, records, futures):
             with record.lock:
                 record.closed = record.closed or f"past its time limit ({self.program.timeout} s)"
@@ -156,25 +160,25 @@ class ProgramAgent:
                 except Exception as err:  # noqa: BLE001 — the program's own error
                     result = ProgramResult(error=f"{type(err).__name__}: {' '.join(str(err).split())}")
                     errors.append(result.error)
-            row = e.row
             if calls:
-                e.__dict__.update(episode_from_calls(calls, self.tokenizer, budget, record.truncated).__dict__)
+                e = episode_from_calls(calls, self.tokenizer, budget, record.truncated, e.row)
             elif result.error is None:  # returned without a call: a reward for no sampled token is ignored
                 result, uncalled = ProgramResult(error="no model call"), uncalled + 1
-            e.row, e.environment = row, result
+            e.environment = result
             e.timed_out = result.error is not None  # unscored (``agents.agent.scored``), like a timed-out tool call
-        return errors, uncalled
+            done.append(e)
+        return done, errors, uncalled
 
-    def _endpoint(self, engine) -> Endpoint:
+    def _endpoint(self, engine, sampling) -> Endpoint:
         if self.endpoint is None:
             import httpx
 
             policy = getattr(self.models, "policy", None)
             positions = getattr(getattr(policy, "config", None), "max_position_embeddings", None)
-            self.endpoint = Endpoint(
+            self.endpoint = Endpoint(  # requests outside an episode: the first run's engine and sampling
                 engine,
                 self.tokenizer,
-                None,
+                sampling,
                 self.model_name,
                 training=True,
                 logprob_model=policy,

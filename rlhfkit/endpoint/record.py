@@ -58,6 +58,7 @@ class EpisodeRecord:
     call_names: dict[str, str] = field(default_factory=dict)  # tool-call id -> function name
     truncated: bool = False  # a request found no room left in the budget
     closed: str | None = None  # why requests are refused now (time limit, episode over)
+    serving: object | None = None  # server.Serving: the engine, sampling and version its requests are served with
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def turn_seed(self, seed_of, turn: int) -> int | None:
@@ -103,12 +104,15 @@ def request_prompt(
     return prompt_ids(tokenizer, messages, tools)
 
 
-def episode_from_calls(calls: list[Call], tokenizer, budget: int, truncated: bool = False) -> Episode:
+def episode_from_calls(
+    calls: list[Call], tokenizer, budget: int, truncated: bool = False, row: dict | None = None
+) -> Episode:
     """The ``agents.episode.Episode`` of recorded ``calls`` (module docstring): its prompt, response
     region (sampled ids with their log-probs, context ids masked out), segments, conversation
-    (the last call's messages after the first call's prompt, and the reply) and counts."""
+    (the last call's messages after the first call's prompt, and the reply) and counts; ``row``:
+    the dataset row it ran."""
     first = calls[0]
-    episode = Episode(list(first.prompt_ids), {}, None)
+    episode = Episode(list(first.prompt_ids), {}, None, row=row)
     for k, call in enumerate(calls):
         if k:
             context = episode.context
@@ -132,7 +136,8 @@ def episode_from_calls(calls: list[Call], tokenizer, budget: int, truncated: boo
     return episode
 
 
-def empty_episode(tokenizer, messages: list[dict]) -> Episode:
-    """The row of an episode that recorded no call (its program failed or made none): the prompt
-    row rendered, nothing sampled — left unscored by the caller."""
-    return Episode(prompt_ids(tokenizer, messages, None), {}, None, done=True)
+def empty_episode(tokenizer, messages: list[dict], row: dict | None = None) -> Episode:
+    """An episode of the dataset ``row`` before (or without) any call: the prompt ``messages``
+    rendered, nothing sampled — the row of an episode whose program failed or made no call, left
+    unscored by the caller."""
+    return Episode(prompt_ids(tokenizer, messages, None), {}, None, done=True, row=row)

@@ -14,13 +14,14 @@ from .record import Call
 from .tokens import TokenBytes, hidden_ids, visible_text
 
 
-def answer_group(endpoint, group: list) -> list[dict]:
-    """The answers of ``group`` (``server.Pending`` requests sharing a sampling setting and ``n``):
-    one ``engine.generate`` call for all of them, sized for the longest ``max_new_tokens``."""
+def answer_group(endpoint, group: list, serving) -> list[dict]:
+    """The answers of ``group`` (``server.Pending`` requests sharing a sampling setting and ``n``)
+    by ``serving`` (``server.Serving``: the engine, and the weights version recorded with each
+    call): one ``engine.generate`` call for all of them, sized for the longest ``max_new_tokens``."""
     n = group[0].request.n
     sampling = replace(group[0].sampling, max_new_tokens=max(p.sampling.max_new_tokens for p in group))
     seeds = [p.seed for p in group]
-    out = endpoint.engine.generate(
+    out = serving.engine.generate(
         [p.prompt_ids for p in group], n, sampling, seed=None if any(s is None for s in seeds) else seeds
     )
     lengths = out.response_mask.sum(-1).tolist()
@@ -40,13 +41,14 @@ def answer_group(endpoint, group: list) -> list[dict]:
             ids, stopped = _cut_at_stop(endpoint, ids, p.request.stop)
             sampled = engine_logprobs[r][: len(ids)] if engine_logprobs is not None else None
             shown = sampled if sampled is not None else (policy_logprobs[r][: len(ids)] if policy_logprobs else None)
-            choices.append(_choice(endpoint, p, ids, ended, sampled, shown, stopped, f"{p.turn}_{j}"))
+            choice = _choice(endpoint, p, ids, ended, sampled, shown, stopped, f"{p.turn}_{j}", serving.version)
+            choices.append(choice)
         model = getattr(p.request, "model", None) or endpoint.model_name  # the name asked for (a served one)
         answers.append(completion_response(f"chatcmpl-{uuid.uuid4().hex}", model, len(p.prompt_ids), choices))
     return answers
 
 
-def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: bool, tag: str) -> dict:
+def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: bool, tag: str, version: int) -> dict:
     """One choice: its message (tool calls parsed with the agents' parser), finish reason, ids,
     tokens and log-probs (``shown`` when the request asked); recorded in the request's episode.
     ``ended``: the engine ended the completion with one of its end ids (the last of ``ids``)."""
@@ -73,7 +75,7 @@ def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: b
             list(p.prompt_ids),
             ids,
             sampled,
-            endpoint.version,
+            version,
             p.messages,
             p.request.tools,
             reply,

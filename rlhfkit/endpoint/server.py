@@ -42,9 +42,21 @@ from .record import EpisodeRecord, extends_last_call, request_prompt
 from .sampling import answer_group
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What a request is served with: the ``engine``, the run's ``sampling`` and the weights'
+    ``version`` (optimizer steps behind the weights the engine samples; recorded with each call).
+    A training episode's are given when it opens (``Endpoint.new_episode``); other requests get
+    the endpoint's own (``Endpoint.serving``)."""
+
+    engine: object
+    sampling: SamplingParams | None
+    version: int = 0
+
+
 @dataclass
 class Pending:
-    """A queued request: what to sample and where its answer goes."""
+    """A queued request: what to sample, with what (``serving``), and where its answer goes."""
 
     request: ChatRequest
     record: EpisodeRecord | None
@@ -54,12 +66,15 @@ class Pending:
     seed: int | None
     turn: int
     future: Future
+    serving: Serving | None = None
 
 
 class Endpoint:
     """The server (``start``/``stop``, ``url``) and its engine loop (``serve``); see the module
-    docstring. ``logprob_model``: the model that reports log-probs when the engine gives none
-    (the policy: the HF engine in a synchronous run); ``max_positions``: the model's positions."""
+    docstring. ``engine`` and ``sampling``: what requests outside a training episode are served
+    with (a training episode brings its own: ``new_episode``); ``logprob_model``: the model that
+    reports log-probs when the engine gives none (the policy: the HF engine in a synchronous run);
+    ``max_positions``: the model's positions."""
 
     def __init__(
         self,
@@ -76,12 +91,11 @@ class Endpoint:
         host: str = "127.0.0.1",
         port: int = 0,
     ):
-        self.engine, self.tokenizer, self.sampling, self.model_name = engine, tokenizer, sampling, model_name
+        self.serving, self.tokenizer, self.model_name = Serving(engine, sampling), tokenizer, model_name
         self.training, self.logprob_model, self.max_positions = training, logprob_model, max_positions
         self.window, self.request_timeout, self.host, self.port = window, request_timeout, host, port
         self.queue: queue.Queue[Pending] = queue.Queue()
         self.episodes: dict[str, EpisodeRecord] = {}
-        self.version = 0  # optimizer steps behind the weights the engine samples (recorded with each call)
         self.rewrites: dict[str, bool] = {}  # per tools: whether the template rewrites history
         self.server = self.thread = None
         self.batches = 0  # engine.generate calls made (for the measurements)
@@ -229,13 +243,14 @@ class Endpoint:
     def prepare(self, request: ChatRequest, episode_id: str | None) -> Pending | dict:
         """The request rendered and its sampling chosen (module docstring); refused in one line
         when it cannot be served; a dict answer when the episode's budget is spent."""
-        record = None
+        record, serving = None, self.serving
         if episode_id is not None:
             record = self.episodes.get(episode_id)
             if record is None:
                 raise BadRequest(f"unknown episode {episode_id!r} (its step is over, or the URL is wrong)")
             if record.closed:
                 raise BadRequest(f"episode {episode_id!r} is over: {record.closed}")
+            serving = record.serving or serving
         if self.training and request.n != 1:
             raise BadRequest("n must be 1 while training: an episode continues one completion per request", "n")
         messages = template_messages(request.messages, record.call_names if record else {})
@@ -245,18 +260,17 @@ class Endpoint:
                 # Only a training episode's request that extends its last call continues a sampled turn token
                 # for token, which needs a template ending the turn with an EOS token; others are rendered.
                 extends = self.training and extends_last_call(record, messages, tools)
-                rewrites = self._rewrites(tools) if extends else True
-                ids = request_prompt(
-                    self.tokenizer, record, messages, tools, rewrites, getattr(self.engine, "eos_ids", None)
-                )
+                eos_ids = getattr(serving.engine, "eos_ids", None)
+                rewrites = self._rewrites(tools, eos_ids) if extends else True
+                ids = request_prompt(self.tokenizer, record, messages, tools, rewrites, eos_ids)
                 turn = len(record.calls) if record is not None else 0
         except BadRequest:
             raise
         except Exception as err:  # noqa: BLE001 — a template error on the messages given
             raise BadRequest(f"the chat template cannot render these messages: {type(err).__name__}: {err}") from None
-        return self._sampling(request, record, messages, ids, turn)
+        return self._sampling(request, record, messages, ids, turn, serving)
 
-    def _rewrites(self, tools) -> bool:
+    def _rewrites(self, tools, eos_ids) -> bool:
         """Whether the template rewrites history (``agents.templates.check_agent_template``, once per
         tools); refused in one line when its turns cannot be continued token for token."""
         key = repr(tools)
@@ -264,17 +278,15 @@ class Endpoint:
             from ..agents.templates import check_agent_template
 
             try:
-                self.rewrites[key] = check_agent_template(
-                    self.tokenizer, tools, self.model_name, getattr(self.engine, "eos_ids", None)
-                )
+                self.rewrites[key] = check_agent_template(self.tokenizer, tools, self.model_name, eos_ids)
             except ValueError as err:
                 raise BadRequest(str(err)) from None
         return self.rewrites[key]
 
-    def _sampling(self, request, record, messages, ids, turn) -> Pending | dict:
-        room = request.max_tokens or self.sampling.max_new_tokens
+    def _sampling(self, request, record, messages, ids, turn, serving: Serving) -> Pending | dict:
+        room = request.max_tokens or serving.sampling.max_new_tokens
         if self.training:
-            sampling, seed = self.sampling, (record.turn_seed(sampling_seed, turn) if record is not None else None)
+            sampling, seed = serving.sampling, (record.turn_seed(sampling_seed, turn) if record is not None else None)
             if record is not None and record.budget is not None:
                 room = min(room, record.budget - record.used(ids))
         else:
@@ -294,7 +306,9 @@ class Endpoint:
             record.truncated = True  # the episode's budget is spent: it ends here, as a cut episode does
             record.closed = "its token budget (max_new_tokens) is spent"
             return _length_answer(request.model or self.model_name, len(ids))
-        return Pending(request, record, messages, ids, replace(sampling, max_new_tokens=room), seed, turn, Future())
+        return Pending(
+            request, record, messages, ids, replace(sampling, max_new_tokens=room), seed, turn, Future(), serving
+        )
 
     # ---------------------------------------------------------------- the engine side (the caller's thread)
     def serve(self, until, expected=None, poll: float = 0.01) -> None:
@@ -323,17 +337,19 @@ class Endpoint:
             self.answer(batch)
 
     def answer(self, batch: list[Pending]) -> None:
-        """Sample ``batch`` (one ``engine.generate`` per sampling setting), record and answer it."""
+        """Sample ``batch`` (one ``engine.generate`` per engine, weights version and sampling
+        setting), record and answer it."""
         batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
         batch.sort(key=lambda p: p.record.order if p.record is not None else 2**62)  # episodes in their order
         groups: dict[tuple, list[Pending]] = {}
         for p in batch:
             s = p.sampling
-            groups.setdefault((s.temperature, s.top_p, s.top_k, s.greedy, p.request.n), []).append(p)
+            key = (id(p.serving.engine), p.serving.version, s.temperature, s.top_p, s.top_k, s.greedy, p.request.n)
+            groups.setdefault(key, []).append(p)
         for group in groups.values():
             self.batches += 1
             try:
-                answers = answer_group(self, group)
+                answers = answer_group(self, group, group[0].serving)
             except Exception as err:  # noqa: BLE001 — every request of the group gets the error
                 for p in group:
                     p.future.set_exception(err)
@@ -341,9 +357,14 @@ class Endpoint:
             for p, a in zip(group, answers):
                 p.future.set_result(a)
 
-    def new_episode(self, seed: int | None = None, budget: int | None = None) -> EpisodeRecord:
+    def new_episode(
+        self, seed: int | None = None, budget: int | None = None, serving: Serving | None = None
+    ) -> EpisodeRecord:
+        """Open a training episode (its requests go to ``episode_url(record.id)``): its sampling
+        ``seed``, token ``budget`` and ``serving`` — the engine, sampling and weights version its
+        requests are served with (None: the endpoint's own)."""
         self.opened += 1
-        record = EpisodeRecord(uuid.uuid4().hex[:16], seed, budget, order=self.opened)
+        record = EpisodeRecord(uuid.uuid4().hex[:16], seed, budget, order=self.opened, serving=serving)
         self.episodes[record.id] = record
         return record
 

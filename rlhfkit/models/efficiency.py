@@ -22,8 +22,11 @@ shared (``models.packing``). It is counted where the model is called
 ``counting`` block; nothing is counted outside one (evaluation, generator ranks of an
 asynchronous run). A separate critic's passes (``critic='separate'``) are not counted.
 
+The counts live in a ``Counters`` object the step owns: the RL loop makes one per step and runs the
+step inside its ``counted()`` block, so the model calls of that step (on its thread) add to it;
+outside any step they go to a default one (``reset``, ``step_metrics``: tests and benchmarks).
 Counts are Python integers from shapes (computed) and device tensors from masks (needed): no
-synchronisation until ``step_metrics``, which sums them over the processes of the role in one
+synchronisation until ``Counters.metrics``, which sums them over the processes of the role in one
 all-reduce and returns ``perf/tokens_computed_<pass>``, ``perf/tokens_needed_<pass>`` and
 ``perf/<pass>_efficiency`` = needed / computed (for the passes that ran).
 """
@@ -31,20 +34,71 @@ all-reduce and returns ``perf/tokens_computed_<pass>``, ``perf/tokens_needed_<pa
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import torch
 
 PASSES = ("generate", "logprob", "update")
 
-_current: list[str] = []
-_computed: dict[str, int] = dict.fromkeys(PASSES, 0)
-_needed: dict[str, torch.Tensor | int] = dict.fromkeys(PASSES, 0)
+
+class Counters:
+    """One step's counts: ``computed`` and ``needed`` per pass, and the passes being counted now
+    (innermost last). The RL loop makes one per step and counts inside ``counters.counted()``; the
+    model calls add to the counters of the step they run in (``add_computed``, ``add_needed``)."""
+
+    def __init__(self):
+        self.passes: list[str] = []
+        self.computed: dict[str, int] = dict.fromkeys(PASSES, 0)
+        self.needed: dict[str, torch.Tensor | int] = dict.fromkeys(PASSES, 0)
+
+    @contextmanager
+    def counted(self):
+        """Inside the block, the model calls count into these counters (on this thread)."""
+        token = _STEP.set(self)
+        try:
+            yield self
+        finally:
+            _STEP.reset(token)
+
+    def reset(self) -> None:
+        """Zero every count."""
+        for p in PASSES:
+            self.computed[p], self.needed[p] = 0, 0
+
+    def metrics(self, reduce_sum=None) -> dict[str, float]:
+        """The counts summed over the processes (``reduce_sum``: a tensor's sum over them), as
+        ``perf/*`` metrics; then zeroed. One synchronisation."""
+        device = next((x.device for x in self.needed.values() if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        needed = [torch.as_tensor(self.needed[p], device=device).to(torch.float64) for p in PASSES]
+        computed = torch.tensor([float(self.computed[p]) for p in PASSES], dtype=torch.float64, device=device)
+        values = torch.cat([computed, torch.stack(needed)])
+        if reduce_sum is not None:
+            values = reduce_sum(values)
+        values = values.tolist()
+        self.reset()
+        out = {}
+        for i, p in enumerate(PASSES):
+            computed, needed = values[i], values[len(PASSES) + i]
+            out[f"perf/tokens_computed_{p}"], out[f"perf/tokens_needed_{p}"] = computed, needed
+            if computed > 0:
+                out[f"perf/{p}_efficiency"] = needed / computed
+        return out
+
+
+# Outside a step's ``counted`` block the model calls count into these (tests, benchmarks).
+_DEFAULT = Counters()
+_STEP: ContextVar[Counters | None] = ContextVar("rlhfkit_step_counters", default=None)
+_computed, _needed = _DEFAULT.computed, _DEFAULT.needed  # read by tests of the default counters
+
+
+def current() -> Counters:
+    """The counters the model calls add to: the step's being counted on this thread, else the default."""
+    return _STEP.get() or _DEFAULT
 
 
 def reset() -> None:
-    """Zero every counter (the start of a step)."""
-    for p in PASSES:
-        _computed[p], _needed[p] = 0, 0
+    """Zero the current counters."""
+    current().reset()
 
 
 @contextmanager
@@ -52,26 +106,38 @@ def counting(pass_name: str):
     """Positions computed inside the block count toward ``pass_name``."""
     if pass_name not in PASSES:
         raise ValueError(f"unknown pass {pass_name!r}: one of {PASSES}")
-    _current.append(pass_name)
+    counters = current()
+    counters.passes.append(pass_name)
     try:
         yield
     finally:
-        _current.pop()
+        counters.passes.pop()
 
 
 def active() -> str | None:
-    return _current[-1] if _current else None
+    """The pass being counted (None: nothing is)."""
+    passes = current().passes
+    return passes[-1] if passes else None
 
 
 def add_computed(positions: int) -> None:
     """``positions`` token positions run through the model in the current pass (none: not counted)."""
-    if _current:
-        _computed[_current[-1]] += int(positions)
+    counters = current()
+    if counters.passes:
+        counters.computed[counters.passes[-1]] += int(positions)
 
 
 def add_needed(pass_name: str, tokens) -> None:
     """The minimum of one pass over some rows (``needed_tokens``), added to ``pass_name``."""
-    _needed[pass_name] = _needed[pass_name] + tokens
+    counters = current()
+    counters.needed[pass_name] = counters.needed[pass_name] + tokens
+
+
+def needed(prompt_tokens: torch.Tensor, completion_tokens: torch.Tensor) -> torch.Tensor:
+    """The one rule of what a pass needs: each distinct prompt's real tokens once
+    (``prompt_tokens``: one count per distinct prompt) and each completion's real tokens but its
+    last (``completion_tokens``: one count per row; nothing is read after the last). A 0-d tensor."""
+    return prompt_tokens.sum() + (completion_tokens - 1).clamp(min=0).sum()
 
 
 def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -83,10 +149,10 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     if rows is not None:
         rows = rows.to(mask.device)
         mask = mask[rows]
-    prompt, response = mask[:, :P].sum(-1), (mask[:, P:].sum(-1) - 1).clamp(min=0).sum()
+    prompt, completion = mask[:, :P].sum(-1), mask[:, P:].sum(-1)
     index = rollout.prompt_index
     if index is None:
-        return prompt.sum() + response
+        return needed(prompt, completion)
     index = index.to(mask.device) if rows is None else index.to(mask.device)[rows]
     # Rows of one prompt hold the same prompt tokens: the largest count per prompt. The indices of a
     # slice of a larger rollout (another process's rows, a minibatch) need not be below its row count:
@@ -95,24 +161,9 @@ def needed_tokens(rollout, rows: torch.Tensor | None = None) -> torch.Tensor:
     per_prompt = torch.zeros(len(index), dtype=prompt.dtype, device=mask.device).scatter_reduce(
         0, index, prompt, "amax"
     )
-    return per_prompt.sum() + response
+    return needed(per_prompt, completion)
 
 
 def step_metrics(reduce_sum=None) -> dict[str, float]:
-    """This step's counters summed over the processes (``reduce_sum``: a tensor's sum over them),
-    as ``perf/*`` metrics; then zeroed. One synchronisation."""
-    device = next((x.device for x in _needed.values() if isinstance(x, torch.Tensor)), torch.device("cpu"))
-    needed = [torch.as_tensor(_needed[p], device=device).to(torch.float64) for p in PASSES]
-    computed = torch.tensor([float(_computed[p]) for p in PASSES], dtype=torch.float64, device=device)
-    values = torch.cat([computed, torch.stack(needed)])
-    if reduce_sum is not None:
-        values = reduce_sum(values)
-    values = values.tolist()
-    reset()
-    out = {}
-    for i, p in enumerate(PASSES):
-        computed, needed = values[i], values[len(PASSES) + i]
-        out[f"perf/tokens_computed_{p}"], out[f"perf/tokens_needed_{p}"] = computed, needed
-        if computed > 0:
-            out[f"perf/{p}_efficiency"] = needed / computed
-    return out
+    """The current counters' ``metrics`` (summed over the processes by ``reduce_sum``); then zeroed."""
+    return current().metrics(reduce_sum)

@@ -134,12 +134,14 @@ def run_evaluation(
     engine=None,
     agent=None,
     trainer_state=None,
+    version: int = 0,
 ) -> dict:
     """``evaluate_policy`` on models, reward sources and tokenized prompts already set up (the RL
     trainer's periodic evaluation calls it with its live policy and its engine, ready to generate
     from it). ``engine`` None: HF generate on ``policy``.
 
-    ``agent`` (``rlhfkit.agents.agent.Agent``): each sample is a multi-turn episode with the
+    ``agent`` (an ``rlhfkit.agents.source.EpisodeSource``, as ``rlhfkit.agents.agent.Agent``):
+    each sample is a multi-turn episode (``version``: the weights', told to the agent) with the
     agent's tools and a fresh environment per sample, scored as in training (the conversation as
     the completion, ``environments=`` to the reward functions); ``eval/turns_mean`` and
     ``eval/tool_calls_mean`` are added. ``prompt_ids`` is then unused: the agent renders each row
@@ -162,7 +164,7 @@ def run_evaluation(
             rollout = engine.generate(prompt_ids[start : start + step], samples_per_prompt, sampling)
         else:
             episodes = agent.start(rows, range(start, start + len(batch)), samples_per_prompt, name="eval_dataset")
-            rollout = agent.run(engine, episodes, sampling)
+            rollout, episodes = agent.run(engine, episodes, sampling, version=version)
             turns += [e.turns for e in episodes]
             calls += [e.tool_calls for e in episodes]
         out, completions = reward_call(rewards, data, rollout, tokenizer, episodes, trainer_state)

@@ -160,6 +160,25 @@ class RemoteSampler(Sampler):
         return ([rows[g] for g in mine], rollout.select(index), scores[index], valid[index] & ~filler)
 
 
+class GeneratorRank:
+    """All a generator rank (``rollout_workers``) holds of a run: its ``sampler`` (phases 1–3 on the
+    weights the trainers send) and the staleness bound — no optimizer, no loop state, no update
+    side. ``train`` runs it to the end (``run_generator``), as ``RLTrainer.train`` on a trainer."""
+
+    def __init__(self, sampler: Sampler, max_staleness: int):
+        self.sampler, self.max_staleness = sampler, max_staleness
+
+    def train(self) -> list[dict]:
+        """Generate every step's batch for the trainers, close the episode source, write this
+        rank's timeline, then wait for every process (``distributed.finished``); logs no rows."""
+        run_generator(self.sampler, self.max_staleness)
+        if self.sampler.agent is not None:
+            self.sampler.agent.close()
+        trace.stop()  # its timeline written before the barrier, after which rank 0 merges
+        distributed.finished()
+        return []
+
+
 def run_generator(sampler: Sampler, max_staleness: int) -> None:
     """A generator rank's loop: for each step from the run's start, hold the version the schedule
     asks for (receiving broadcasts into ``sampler``'s policy), make the step's batch

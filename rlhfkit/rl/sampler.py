@@ -29,7 +29,7 @@ import torch
 
 from .. import distributed
 from ..agents.agent import agent_metrics
-from ..config import takes
+from ..config.parts import ConfigFields, takes
 from ..rewards.calling import TrainingState
 from ..rollout import Rollout, SamplingParams
 from ..rollout.base import row_seeds, sampling_seed
@@ -66,7 +66,7 @@ class Batch(NamedTuple):
     "max_steps",
     "num_logged_samples",
 )
-class SamplerConfig:
+class SamplerConfig(ConfigFields):
     """The fields of ``RLConfig`` the Sampler reads besides the score shaping (``ScoreShaping``)
     and the sampling parameters (``SamplingParams``); same names, same meaning."""
 
@@ -77,7 +77,7 @@ class Sampler:
     ``rows``: the train rows (dicts with a ``prompt``); ``prompt_ids``: their token ids;
     ``models``: ``RLModels`` (the policy the HF engine samples and whose weights a vLLM engine
     receives; its tokenizer decodes); ``engine``: a ``RolloutEngine``; ``rewards``:
-    ``RewardFunctions``; ``agent``: an ``Agent`` or None; ``config``, ``shaping``, ``sampling``:
+    ``RewardFunctions``; ``agent``: an ``agents.source.EpisodeSource`` or None; ``config``, ``shaping``, ``sampling``:
     the parts of the run's config it reads."""
 
     def __init__(
@@ -178,9 +178,9 @@ class Sampler:
     ) -> tuple[Rollout, list | None]:
         """Phase 2: ``group_size`` completions of each prompt of ``rows`` from the engine, made ready
         for the policy of ``version`` first (``engine_ready``), with the per-prompt seeds of
-        (``step``, ``sampling_round``) (``sampling_seeds``). An agent program
-        (``endpoint.program.ProgramAgent``) stands where the agent does: its episodes run the
-        user's program against the policy's endpoint. Returns the rollout and, with an agent,
+        (``step``, ``sampling_round``) (``sampling_seeds``). With an agent (an
+        ``agents.source.EpisodeSource``: tools and environments, or an agent program against the
+        policy's endpoint) each row is an episode it runs. Returns the rollout and, with an agent,
         its episodes (one per row of the rollout; ``score`` reads them), else None."""
         G = self.config.group_size
         with engine_ready(self.engine, self.models, version, {} if timings is None else timings):
@@ -188,9 +188,7 @@ class Sampler:
             if self.agent is None:
                 return self.engine.generate([self.prompt_ids[i] for i in rows], G, self.sampling, seed=seeds), None
             episodes = self.agent.start(self.rows, rows, G)
-            if hasattr(self.agent, "version"):  # an agent program's endpoint records the weights' version
-                self.agent.version = version
-            return self.agent.run(self.engine, episodes, self.sampling, seed=row_seeds(seeds, len(rows), G)), episodes
+            return self.agent.run(self.engine, episodes, self.sampling, row_seeds(seeds, len(rows), G), version)
 
     def score(self, rows: list[int], rollout: Rollout, episodes: list | None = None):
         """Phase 3 (``rl.score.score``): the rollout's scores after the EOS trick, the overlong
@@ -238,6 +236,7 @@ class Sampler:
                 engine=self.engine,
                 agent=self.agent,
                 trainer_state=self.training_state(self.steps_done),
+                version=version,
             )
         self.engine.sleep()
         return result["metrics"]

@@ -13,13 +13,14 @@ from typing import Protocol
 
 import torch
 
-from ..config import check_ranges, takes
+from ..config import check_ranges
+from ..config.parts import ConfigFields, takes
 from ..data.padding import pad
 from ..models.loading import eos_token_ids
 
 
 @takes("max_new_tokens", "temperature", "top_p", "top_k")
-class SamplingParams:
+class SamplingParams(ConfigFields):
     """What an engine needs to sample: ``RolloutConfig``'s sampling fields (their types, defaults, ranges
     and docs are RolloutConfig's; ``from_config`` copies them) plus ``greedy`` decoding."""
 

@@ -1,5 +1,6 @@
-"""The RL loop's generation engine: built from the config (``build_engine``) and made ready to
-generate from the current policy before each rollout (``engine_ready``)."""
+"""The RL loop's generation engine: built from the config by its registry entry (``build_engine``,
+``rollout.registry``) and made ready to generate from the current policy before each rollout
+(``engine_ready``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from contextlib import contextmanager
 import torch
 
 from .. import distributed
-from ..config import HFOptions, VLLMOptions, takes
+from ..config import HFOptions
+from ..config.parts import ConfigFields, takes
 from ..models.rl_models import RLModels
 from .hf import HFEngine
+from .registry import engine_entry, resolve
 
 
 @takes(
@@ -23,28 +26,40 @@ from .hf import HFEngine
     "eval_max_new_tokens",
     "seed",
     HFOptions,
-    VLLMOptions,
 )
-class EngineConfig:
-    """The fields of ``RLConfig`` that choose and size the rollout engine, each engine's options among them
-    (``HFOptions``, ``VLLMOptions``); same names, same meaning."""
+class EngineConfig(ConfigFields):
+    """The fields of ``RLConfig`` that choose and size the rollout engine, whichever it is, and the HF
+    engine's options (``HFOptions``); same names, same meaning. Another engine's own fields (vLLM's
+    ``vllm_*``) are its registry entry's ``options`` (``rollout.registry``)."""
 
 
-def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int]]):
-    """The rollout engine ``args.rollout_engine`` names: HF generate on the policy, or a vLLM engine
-    in this process sized for the longest prompt plus the longest completion the run asks for.
+def build_engine(args: EngineConfig, models: RLModels, longest_prompt: int, options: dict | None = None):
+    """The rollout engine ``args.rollout_engine`` names (``rollout.registry``), built by its entry's
+    ``build(args, models, longest_prompt, options)``: ``longest_prompt`` the longest prompt it may be
+    given, in tokens; ``options`` the values of the entry's option fields
+    (``registry.engine_options``).
 
-    With ``rollout_workers``: a generator rank's HF engine also returns its log-probs (it samples
-    from received weights, the behaviour policy of the correction); a trainer rank only evaluates,
-    always with HF generate on its policy (no second engine beside the training models).
+    With ``rollout_workers`` a trainer rank only evaluates, always with HF generate on its policy
+    (no second engine beside the training models); a generator rank builds the named engine."""
+    if args.rollout_workers and not distributed.is_generator():
+        tokenizer = models.tokenizer
+        return HFEngine(
+            models.policy, tokenizer.pad_token_id, tokenizer.eos_token_id, args.share_prompt, decode=args.hf_decode
+        )
+    return resolve(engine_entry(args.rollout_engine).build)(args, models, longest_prompt, options or {})
 
-    The HF engine decodes as ``args.hf_decode`` says (``HFEngine``'s ``decode``: "loop", "generate"
-    or "static"). With ``args.rollout_precision`` it samples from a quantized copy of the policy
-    (``quantized.QuantizedEngine``, synced after every update and reporting its log-probs, which
-    ``rollout_is`` corrects; ``rollout_is="none"`` warns once that the gap goes uncorrected)."""
+
+def build_hf_engine(args: EngineConfig, models: RLModels, longest_prompt: int, options: dict):
+    """The ``hf`` entry's builder: HF generate on the policy, decoding as ``args.hf_decode`` says
+    (``HFEngine``'s ``decode``: "loop", "generate" or "static"); on a generator rank it also returns
+    its log-probs (it samples from received weights, the behaviour policy of the correction).
+
+    With ``args.rollout_precision`` (not with ``rollout_workers``) it samples from a quantized copy of
+    the policy (``quantized.QuantizedEngine``, synced after every update and reporting its log-probs,
+    which ``rollout_is`` corrects; ``rollout_is="none"`` warns once that the gap goes uncorrected).
+    ``longest_prompt`` and ``options``: unused (HF generate sizes itself per call)."""
     tokenizer = models.tokenizer
-    generator = distributed.is_generator()
-    if args.rollout_precision and args.rollout_engine == "hf" and not args.rollout_workers:
+    if args.rollout_precision and not args.rollout_workers:
         from .quantized import QuantizedEngine
 
         if args.rollout_is == "none":
@@ -62,37 +77,13 @@ def build_engine(args: EngineConfig, models: RLModels, prompt_ids: list[list[int
             args.share_prompt,
             decode=args.hf_decode,
         )
-    if args.rollout_engine == "hf" or (args.rollout_workers and not generator):
-        return HFEngine(
-            models.policy,
-            tokenizer.pad_token_id,
-            tokenizer.eos_token_id,
-            args.share_prompt,
-            logprobs=generator,
-            decode=args.hf_decode,
-        )
-    from .vllm import VLLMEngine
-    from .weight_sync import check_engine_weights
-
-    check_engine_weights(models.policy)  # an adapter the engine cannot receive merged: one line, before training
-    longest = max((len(p) for p in prompt_ids), default=1)
-    new_tokens = max(args.max_new_tokens, args.eval_max_new_tokens or 0)
-    length = longest + new_tokens + 1
-    positions = getattr(getattr(models.policy, "config", None), "max_position_embeddings", None)
-    if isinstance(positions, int):  # an agent's engine is sized for the longest allowed prompt: never past the model
-        length = min(length, positions)
-    return VLLMEngine(
+    return HFEngine(
         models.policy,
-        tokenizer,
-        max_model_len=length,
-        seed=args.seed + 1_000_003 * distributed.role_rank(),
-        kv_cache_gb=args.vllm_kv_cache_gb,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        enforce_eager=args.vllm_enforce_eager,
-        sleep=args.vllm_sleep,
-        tensor_parallel_size=args.vllm_tensor_parallel_size,
-        multiprocess=distributed.role_size() > 1,
-        isolated=generator,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+        args.share_prompt,
+        logprobs=distributed.is_generator(),
+        decode=args.hf_decode,
     )
 
 

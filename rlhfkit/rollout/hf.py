@@ -205,7 +205,7 @@ class HFEngine:
         if computed is None:
             computed = (n * (P - 1) + B if cached else B * P) + B * max(W - 1, 0)
         efficiency.add_computed(computed)
-        efficiency.add_needed("generate", prompt_mask.sum() + (response_mask.sum(-1) - 1).clamp(min=0).sum())
+        efficiency.add_needed("generate", efficiency.needed(prompt_mask.sum(-1), response_mask.sum(-1)))
 
     def _static_cache(self, prompt_cache, length: int):
         """transformers' ``StaticCache`` of ``length`` columns (``generate`` compiles its decode step

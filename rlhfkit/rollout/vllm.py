@@ -79,6 +79,35 @@ def _check_cpu_head_size(config) -> None:
         )
 
 
+def build_vllm_engine(args, models, longest_prompt: int, options: dict) -> VLLMEngine:
+    """The ``vllm`` entry's builder (``rollout.registry``): a vLLM engine in this process sized for
+    ``longest_prompt`` plus the longest completion the run asks for (never past the model's
+    positions). ``args``: ``rollout.engines.EngineConfig``; ``options``: the ``vllm_*`` fields. A
+    policy adapter the engine cannot receive merged is refused in one line, before training."""
+    from .. import distributed
+    from .weight_sync import check_engine_weights
+
+    check_engine_weights(models.policy)
+    new_tokens = max(args.max_new_tokens, args.eval_max_new_tokens or 0)
+    length = longest_prompt + new_tokens + 1
+    positions = getattr(getattr(models.policy, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int):  # an agent's engine is sized for the longest allowed prompt: never past the model
+        length = min(length, positions)
+    return VLLMEngine(
+        models.policy,
+        models.tokenizer,
+        max_model_len=length,
+        seed=args.seed + 1_000_003 * distributed.role_rank(),
+        kv_cache_gb=options["vllm_kv_cache_gb"],
+        gpu_memory_utilization=options["vllm_gpu_memory_utilization"],
+        enforce_eager=options["vllm_enforce_eager"],
+        sleep=options["vllm_sleep"],
+        tensor_parallel_size=options["vllm_tensor_parallel_size"],
+        multiprocess=distributed.role_size() > 1,
+        isolated=distributed.is_generator(),
+    )
+
+
 class _RotaryCacheNotice(logging.Filter):
     """vLLM's in-place reload warns "RotaryEmbedding: Failed to load weights" on every sync: the
     rotary cos/sin cache is computed, never a checkpoint weight, and vLLM keeps it as it was. Only

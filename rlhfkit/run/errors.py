@@ -47,11 +47,11 @@ def report_error(command: str, err: BaseException, show_traceback: bool) -> int:
         line = f"{where}: {err.strerror or err}" if where else (err.strerror or str(err))
     if distributed.joined():  # raised after the processes joined: possibly on this rank alone
         _say(command, f"[rank {distributed.global_rank()}] {line}", err, show_traceback)
-    elif os.environ.get("RANK", "0") == "0":  # before: every rank raised it, rank 0 says it
+    elif distributed.launch_rank() == 0:  # before: every rank raised it, rank 0 says it
         _say(command, line, err, show_traceback)
     else:  # torchrun stops every rank when one exits: leave rank 0 the time to say it first
         time.sleep(ERROR_GRACE_S)
-        _say(command, f"[rank {os.environ['RANK']}] {line}", err, show_traceback)
+        _say(command, f"[rank {distributed.launch_rank()}] {line}", err, show_traceback)
     return 2
 
 

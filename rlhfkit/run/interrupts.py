@@ -107,7 +107,9 @@ def report(command: str, argv: list[str], job=None) -> int:
     _quiet()
     name = signal.Signals(_STATE["signum"]).name
     argv = shlex.split(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else argv
-    if os.environ.get("RANK", "0") == "0":
+    from .. import distributed
+
+    if distributed.launch_rank() == 0:
         line = f"rlhfkit {command}: interrupted ({name})"
         if job is not None:
             line += "; " + _way_back(command, argv, job)

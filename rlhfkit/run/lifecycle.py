@@ -31,7 +31,6 @@ plus ``skipped_steps``, which the run keeps: a resumed run reports the skips of 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -63,7 +62,7 @@ class Run:
         if args.resume_from == "latest":
             args = args.replace(resume_from=latest_checkpoint(args.output_dir))
         self.args, self.main_metric = args, main_metric
-        self.out_dir = args.output_dir if int(os.environ.get("RANK", "0")) == 0 else None  # rank 0 writes
+        self.out_dir = args.output_dir if distributed.launch_rank() == 0 else None  # rank 0 writes
         check_run_dir(self.out_dir, args.overwrite, args.resume_from)
         self.callbacks = Callbacks(callbacks, args)
         self.optimizer = self.scheduler = self.guard = self.logger = None

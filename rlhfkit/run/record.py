@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import distributed
 from ..config.io import config_values, save_config
 from ..config.jobs import JOBS
 from ..files import write_text_atomic, writing
@@ -81,7 +82,7 @@ def record_start(output_dir, resume_from=None) -> Path:
             "python": sys.version.split()[0],
             "host": socket.gethostname(),
             "device": device or "cpu",
-            "processes": int(os.environ.get("WORLD_SIZE", "1")),
+            "processes": distributed.planned_world(),
             "argv": list(sys.argv),
             "resume_from": None if resume_from is None else str(resume_from),
         }

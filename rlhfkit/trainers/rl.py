@@ -9,8 +9,9 @@ The trainer holds the loop, the update side and the ``Run``: its step, β, the m
 (``models.rl_models.RLModels``) and optimizer. Phases 1–3 belong to its ``Sampler``
 (``rl/sampler.py``: data order, seeds, engine or agent episodes, scoring, dynamic sampling), which
 the loop asks for each step's batch; with ``rollout_workers`` a trainer rank's sampler is the
-receiving end of the generator ranks (``rl.pipeline.RemoteSampler``) and a generator rank only
-runs ``rl.pipeline.run_generator`` on its Sampler. Phases 4–6 are public methods
+receiving end of the generator ranks (``rl.pipeline.RemoteSampler``) and a generator rank holds
+only its Sampler, run by ``rl.pipeline.GeneratorRank``. The Sampler is assembled by ``rl.build``
+(episode source, reward sources, prompt ids, engine). Phases 4–6 are public methods
 (``make_experience``, ``update``) delegating to ``rlhfkit/rl/`` (experience, update), whose formulas
 are in ``rlhfkit/algorithms/``.
 """
@@ -23,29 +24,16 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..agents.agent import AgentOptions, build_agent, environment_reward, model_name
 from ..algorithms import AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
-from ..data.encode import prompt_limit, tokenize_prompts
-from ..endpoint.program import agent_program as program_reward
-from ..endpoint.program import program_agent
 from ..models import efficiency, set_lm_head
-from ..models.loading import eos_token_ids
 from ..models.rl_models import ModelLoading, build_models
-from ..rewards.sources import build_rewards
-from ..rl import experience, update
-from ..rl.advantages import ScoreShaping, rollout_metrics
-from ..rl.experience import Experience
-from ..rl.pipeline import RemoteSampler, run_generator
-from ..rl.sampler import Sampler, SamplerConfig
-from ..rollout import Rollout, SamplingParams
-from ..rollout.engines import EngineConfig, build_engine
-from ..run import trace
-from ..run.lifecycle import Run
+from ..rl import advantages, build, experience, pipeline, update
+from ..rollout import Rollout, registry
+from ..run import lifecycle, trace, training
 from ..run.metrics import write_samples
-from ..run.training import seed_everything, timer
 
 
 class RLTrainer:
@@ -103,29 +91,28 @@ class RLTrainer:
         if reward_funcs is None:
             raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
         reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if args.rollout_engine == "vllm":
-            from ..rollout.vllm import import_vllm
-
-            import_vllm()  # not installed: one line now, before any model loads
+        registry.check_installed(args.rollout_engine)  # not installed: one line now, before any model loads
         if callbacks and args.rollout_workers:
             raise ValueError(
                 "callbacks are not supported with rollout_workers (a generator rank cannot end the run early)"
             )
         args.check_processes(distributed.planned_world())
-        self.run = Run(args, callbacks=callbacks)  # the run lifecycle; nothing is written before everything has loaded
+        # The run lifecycle; nothing is written before everything has loaded.
+        self.run = lifecycle.Run(args, callbacks=callbacks)
         self.args = args = self.run.args
         self.out_dir = self.run.out_dir
-        seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
+        training.seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
         self.models = build_models(model, processing_class, part(ModelLoading, args), peft_config, ref_model)
         for m in (self.models.policy, self.models.reference):
             if m is not None:
                 set_lm_head(m, args.lm_head)
         if distributed.role_size() > 1:  # then each process samples its own completions
-            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
+            training.seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self.tokenizer = self.models.tokenizer
         use_chat_template(self.tokenizer, args.chat_template)
-        self.sampler = self._build_sampler(
-            model, train_rows, reward_funcs, reward_weights, tools, environment_factory, agent_program
+        source = build.episode_source(args, self.models, model, tools, environment_factory, agent_program)
+        self.sampler, self.eval_set = build.build_sampler(
+            args, self.models, train_rows, reward_funcs, reward_weights, source, self.eval_rows
         )
         self.run.open(
             model,
@@ -137,15 +124,24 @@ class RLTrainer:
             tools=tools,
             environment_factory=environment_factory,
         )
-        self.weights_version = 0  # optimizer steps taken: a vLLM engine syncs when it holds an older version
+        self.weights_version = 0  # optimizer steps taken (none on a generator rank): a vLLM engine syncs on a change
+        # A generator rank (rollout_workers) holds its Sampler only: phases 1-3, nothing of the update side.
+        self.generator = (
+            pipeline.GeneratorRank(self.sampler, args.max_staleness) if distributed.is_generator() else None
+        )
+        if self.generator is None:
+            self._start_update_side()
+
+    def _start_update_side(self) -> None:
+        """β, the loop's step, the optimizer and schedule (``Run.start``), and a resumed
+        run's counters: what a training process holds besides its Sampler."""
+        args = self.args
         self.kl_ctl = (
             AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon)
             if args.adaptive_kl
             else FixedKLController(args.kl_coef)
         )
         self.step = 0
-        if distributed.is_generator():  # it only runs phases 1-3 (rl.pipeline.run_generator): no optimizer
-            return
         mini = args.mini_batch_size or args.batch_size  # the schedule counts optimizer steps: K passes x minibatches
         counters = self.run.start(
             self._modules(),
@@ -160,11 +156,8 @@ class RLTrainer:
     def train(self) -> list[dict]:
         """The loop, until ``max_steps``: each step samples prompts, generates, scores, makes the
         experience and updates the policy (and critic), then logs, evaluates and checkpoints."""
-        if distributed.is_generator():  # rollout_workers: this rank generates the batches, phases 1-3
-            run_generator(self.sampler, self.args.max_staleness)
-            trace.stop()  # its timeline written before the barrier, after which rank 0 merges
-            distributed.finished()
-            return []
+        if self.generator is not None:  # rollout_workers: this rank generates the batches, phases 1-3
+            return self.generator.train()
         self.sampler.start(self._counters())  # generator ranks, if any, start on the first batches
         if self.eval_rows is not None and self.step == 0:
             with trace.span("evaluate", step=0):
@@ -173,20 +166,19 @@ class RLTrainer:
         while self.step < self.args.max_steps:
             timings: dict[str, float] = {}
             self.run.step_begin()
-            efficiency.reset()
-            with efficiency.counting("generate"):
-                batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
-            if batch.samples is not None:  # some steps' samples, for the report
-                write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
-            metrics = batch.metrics
-            with timer(timings, "logprobs"):
-                exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5
-            with timer(timings, "update"):
-                if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
-                    metrics.update(self.update(exp))  # 6
-            metrics.update(
-                efficiency.step_metrics(distributed.reduce_sum)
-            )  # perf/*_efficiency: positions needed/computed
+            counters = efficiency.Counters()  # this step's: the model calls of its passes add to them
+            with counters.counted():
+                with efficiency.counting("generate"):
+                    batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
+                if batch.samples is not None:  # some steps' samples, for the report
+                    write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
+                metrics = batch.metrics
+                with training.timer(timings, "logprobs"):
+                    exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5
+                with training.timer(timings, "update"):
+                    if bool(distributed.reduce_sum(exp.mask.sum()) > 0):  # nothing scored anywhere: no step
+                        metrics.update(self.update(exp))  # 6
+            metrics.update(counters.metrics(distributed.reduce_sum))  # perf/*_efficiency: positions needed/computed
             self.step += 1
             self.sampler.publish(self.step, timings)  # generator ranks go on with the weights of this step
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
@@ -202,7 +194,7 @@ class RLTrainer:
         return self.run.finish(self.save_model)  # final/, plots, trackers closed
 
     # ---------------------------------------------------------------- the phases (rlhfkit/rl/)
-    def make_experience(self, rollout: Rollout, scores, valid, metrics: dict) -> Experience:
+    def make_experience(self, rollout: Rollout, scores, valid, metrics: dict) -> experience.Experience:
         """Phases 4–5 (``rl.experience.make_experience``): old / reference log-probs and values,
         token rewards and advantages, with this step's β."""
         return experience.make_experience(
@@ -215,7 +207,7 @@ class RLTrainer:
             metrics,
         )
 
-    def update(self, exp: Experience) -> dict:
+    def update(self, exp: experience.Experience) -> dict:
         """Phase 6 (``rl.update.update``): K passes of minibatch updates, each closed by
         ``optimizer_step``; returns the update's metrics."""
         return update.update(
@@ -236,12 +228,9 @@ class RLTrainer:
         ``eval/tool_calls_mean``)."""
         if self.eval_rows is None:
             raise ValueError("evaluate() needs an eval_dataset")
-        args = self.args
-        sampling = SamplingParams.from_config(
-            args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens, greedy=True
-        )
         # Every process evaluates the whole set with the current weights (greedy: the same numbers).
-        return self.sampler.evaluate(self.eval_rows, self.eval_prompt_ids, sampling, self.weights_version)
+        rows, prompt_ids, sampling = self.eval_set
+        return self.sampler.evaluate(rows, prompt_ids, sampling, self.weights_version)
 
     def _eval_due(self, last: bool = False) -> bool:
         every = self.args.eval_every
@@ -249,47 +238,6 @@ class RLTrainer:
         return self.eval_rows is not None and (last or bool(every and self.step % every == 0))
 
     # ---------------------------------------------------------------- set-up and bookkeeping
-    def _build_sampler(
-        self, model, train_rows, reward_funcs, reward_weights, tools, environment_factory, agent_program=None
-    ) -> Sampler:
-        """Phases 1-3's component (``rl.sampler.Sampler``; with ``rollout_workers``, a trainer rank's
-        ``rl.pipeline.RemoteSampler``): the agent (tools, environments), the reward sources, the
-        prompts' token ids (the eval prompts' too: ``eval_prompt_ids``) and the engine, sized for
-        the longest of them."""
-        args, tokenizer = self.args, self.tokenizer
-        limit = prompt_limit(args.max_prompt_length, args.max_new_tokens, self.models.policy.config)
-        options = AgentOptions(
-            args.max_tool_calling_iterations, args.max_tool_response_tokens, args.tool_call_timeout, model_name(model)
-        )
-        agent = build_agent(
-            tokenizer, tools, environment_factory, options, limit, eos_token_ids(tokenizer, self.models.policy)
-        )  # the turn's end: the model's end ids too
-        sources, weights = reward_funcs, reward_weights
-        if agent_program is not None:  # the program's episodes through the endpoint; its reward one more source
-            agent = program_agent(agent_program, agent, tokenizer, self.models, model_name(model))
-            sources, weights = sources + [program_reward], list(weights) + [1.0] if weights is not None else None
-        if agent is not None and agent.has_environment_reward:  # get_reward(): one more source
-            sources, weights = sources + [environment_reward], list(weights) + [1.0] if weights is not None else None
-        rewards = build_rewards(sources, weights, tokenizer, self.models.device)
-        cut = args.truncate_prompts
-        prompt_ids = tokenize_prompts(train_rows, tokenizer, limit, cut)
-        self.eval_prompt_ids = (
-            tokenize_prompts(self.eval_rows, tokenizer, limit, cut, "eval_dataset")
-            if self.eval_rows is not None
-            else None
-        )
-        # An agent's prompts carry the tools' schemas and environments' text: size the engine for the longest allowed.
-        longest = [[0] * limit] if agent is not None and limit else []
-        engine = build_engine(
-            part(EngineConfig, args), self.models, prompt_ids + (self.eval_prompt_ids or []) + longest
-        )
-        parts = (part(SamplerConfig, args), part(ScoreShaping, args), SamplingParams.from_config(args))
-        if args.rollout_workers and not distributed.is_generator():
-            return RemoteSampler(
-                *parts, train_rows, prompt_ids, self.models, engine, rewards, agent, max_staleness=args.max_staleness
-            )
-        return Sampler(*parts, train_rows, prompt_ids, self.models, engine, rewards, agent)
-
     def _param_groups(self) -> list[dict]:
         """AdamW's groups: the policy at ``learning_rate``, a critic at ``critic_learning_rate``."""
         args = self.args
@@ -303,12 +251,12 @@ class RLTrainer:
             )
         return groups
 
-    def _log(self, metrics: dict, exp: Experience, timings: dict) -> None:
+    def _log(self, metrics: dict, exp: experience.Experience, timings: dict) -> None:
         """Global metrics (every process computes the same row); rank 0 writes and prints it."""
         tokens = distributed.reduce_sum(exp.rollout.response_mask.sum().float())
         metrics.update(
             {
-                **rollout_metrics(exp.rollout),
+                **advantages.rollout_metrics(exp.rollout),
                 "kl/coef": self.kl_ctl.value,
                 "perf/lr": self.run.scheduler.get_last_lr()[0],
                 "perf/skipped_steps": float(self.run.guard.skipped),

@@ -16,9 +16,9 @@ directory whatever it holds), within rlhfkit's rule that nothing but its own run
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from .. import distributed
 from ..data.encode import warn_once
 from ..run.directory import MARKER, mark_run_dir, run_outputs
 
@@ -43,7 +43,7 @@ def claim_output_dir(trainer: str, output_dir, resume_from) -> None:
             f"{MARKER} marker: rlhfkit did not write them and will not replace them; choose another "
             "output_dir, or move them out"
         )
-    if int(os.environ.get("RANK", "0")) == 0:  # the process that writes the run directory
+    if distributed.launch_rank() == 0:  # the process that writes the run directory
         mark_run_dir(path)
     warn_once(
         f"{trainer}: output_dir {str(path)!r} holds files rlhfkit did not write: the run writes beside them, "

@@ -78,7 +78,7 @@ def test_a_tool_turn_ended_by_the_end_of_turn_is_answered_and_continued(tok):
     agent = Agent(tok, tools=[add], eos_ids=ends)  # the template check finds the turn's end: <|im_end|>
     (e,) = agent.start([{"prompt": USER}], [0], 1)
     engine = TurnEndEngine(tok, [[CALL], ["19" + END]], ends)
-    rollout = agent.run(engine, [e], SamplingParams(max_new_tokens=200))
+    rollout, _ = agent.run(engine, [e], SamplingParams(max_new_tokens=200))
     assert [m["role"] for m in e.messages] == ["assistant", "tool", "assistant"]
     assert e.messages[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 12, "b": 7}}
     assert e.messages[-1]["content"] == "19" and e.has_eos and not e.truncated and e.turns == 2
@@ -124,17 +124,12 @@ def test_the_endpoint_answers_a_turn_ended_by_the_end_of_turn_as_stopped(tok):
     """``endpoint.sampling.answer_group`` (a batch of requests, past the server's checks): each
     reply ends at <|im_end|>, not shown in its text, finished as "stop", not "length"."""
     from rlhfkit.endpoint.sampling import answer_group
+    from rlhfkit.endpoint.server import Serving
 
     eot = tok.convert_tokens_to_ids(END)
     model = tiny_turn_end_lm(tok, seed=0).eval()
-    endpoint = SimpleNamespace(
-        engine=HFEngine(model, tok.pad_token_id, tok.eos_token_id),
-        tokenizer=tok,
-        logprob_model=None,
-        model_name="tiny",
-        training=False,
-        version=0,
-    )
+    endpoint = SimpleNamespace(tokenizer=tok, logprob_model=None, model_name="tiny", training=False)
+    serving = Serving(HFEngine(model, tok.pad_token_id, tok.eos_token_id), SamplingParams(max_new_tokens=40))
     request = SimpleNamespace(n=4, stop=[], tools=None, tool_choice="auto", logprobs=False)
     prompt = tok.apply_chat_template(USER, add_generation_prompt=True, tokenize=True, return_dict=False)
     pending = SimpleNamespace(
@@ -146,7 +141,7 @@ def test_the_endpoint_answers_a_turn_ended_by_the_end_of_turn_as_stopped(tok):
         record=None,
         messages=USER,
     )
-    (answer,) = answer_group(endpoint, [pending])
+    (answer,) = answer_group(endpoint, [pending], serving)
     for choice in answer["choices"]:
         assert choice["token_ids"][-1] == eot and eot not in choice["token_ids"][:-1], choice["token_ids"]
         assert choice["finish_reason"] == "stop" and END not in choice["message"]["content"]

@@ -63,7 +63,7 @@ def episodes_of(turns, n=1, timeout=30.0):
     episodes = agent.start([{"prompt": "go"}] * n, list(range(n)), 1)
     engine = ScriptedEngine(agent.tokenizer, turns)
     start = time.monotonic()
-    rollout = agent.run(engine, episodes, SamplingParams(max_new_tokens=400))
+    rollout, episodes = agent.run(engine, episodes, SamplingParams(max_new_tokens=400))
     return episodes, rollout, engine, time.monotonic() - start
 
 

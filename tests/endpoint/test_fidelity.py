@@ -66,7 +66,8 @@ def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
     rows = [{"prompt": f"{i}+1?"} for i in range(4)]
     try:
         episodes = agent.start(rows, range(4), 1)
-        rollout = agent.run(engine, episodes, SamplingParams(max_new_tokens=120, temperature=0.8), seed=[5, 6, 7, 8])
+        sampling = SamplingParams(max_new_tokens=120, temperature=0.8)
+        rollout, episodes = agent.run(engine, episodes, sampling, seed=[5, 6, 7, 8])
     finally:
         agent.close()
     assert rollout.logprobs is None  # the HF engine reports none: the trainer computes old log-probs, as for agents
@@ -122,14 +123,16 @@ def test_the_same_episode_through_environment_factory_and_the_endpoint_gives_ide
     env_engine, endpoint_engine = ScriptedEngine(chatml, SCRIPT), ScriptedEngine(chatml, SCRIPT)
     agent = Agent(chatml, environment_factory=AddEnv)
     in_process = agent.start(rows, range(3), 1)
-    expected = agent.run(env_engine, in_process, sampling)
+    expected, in_process = agent.run(env_engine, in_process, sampling)
 
     program = ProgramAgent(openai_agent, chatml)
     try:
         program.endpoint = None
         episodes = program.start(rows, range(3), 1)
-        program._endpoint(endpoint_engine).window = 5.0  # the batch closes when every running episode has asked
-        got = program.run(endpoint_engine, episodes, sampling)
+        program._endpoint(
+            endpoint_engine, sampling
+        ).window = 5.0  # the batch closes when every running episode has asked
+        got, episodes = program.run(endpoint_engine, episodes, sampling)
     finally:
         program.close()
     assert endpoint_engine.contexts == env_engine.contexts  # the engine was given the same ids, batch by batch
@@ -169,7 +172,7 @@ def test_an_edited_history_becomes_a_new_segment_each_sampled_token_trained_once
     program = ProgramAgent(editing_agent, chatml)
     try:
         episodes = program.start([{"prompt": "1+2?"}], range(1), 1)
-        rollout = program.run(engine, episodes, SamplingParams(max_new_tokens=400))
+        rollout, episodes = program.run(engine, episodes, SamplingParams(max_new_tokens=400))
     finally:
         program.close()
     first, second = engine.contexts[0][0], engine.contexts[1][0]

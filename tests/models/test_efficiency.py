@@ -150,3 +150,19 @@ def test_needed_tokens_of_a_slice_whose_prompt_indices_exceed_its_rows():
     # prompts: 2 tokens (index 4) + 3 tokens (index 5); responses of 2 + 1 + 2 + 1, each but its last
     assert int(needed_tokens(rollout)) == 2 + 3 + 2
     assert int(needed_tokens(rollout, torch.tensor([1, 2]))) == 2 + 3 + 0 + 1
+
+
+def test_a_steps_counters_hold_its_counts_and_nothing_else_does():
+    """Counts made inside a step's ``Counters.counted()`` go to that object alone; outside it the
+    default counters get them."""
+    efficiency.reset()
+    step = efficiency.Counters()
+    with step.counted(), efficiency.counting("logprob"):
+        efficiency.add_computed(7)
+        efficiency.add_needed("logprob", 5)
+    with efficiency.counting("update"):
+        efficiency.add_computed(3)
+    assert step.computed == {"generate": 0, "logprob": 7, "update": 0} and step.needed["logprob"] == 5
+    m = step.metrics()
+    assert m["perf/logprob_efficiency"] == 5 / 7 and "perf/update_efficiency" not in m
+    assert efficiency.step_metrics()["perf/tokens_computed_update"] == 3  # the default counters' (outside the step)

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlhfkit.rl.build import EvalSet
+from rlhfkit.rollout import SamplingParams
 from rlhfkit.tasks.toy import toy_trainer
 
 pytestmark = pytest.mark.vllm
@@ -89,17 +91,25 @@ def test_the_loop_with_the_vllm_engine_syncs_every_step_and_moves_toward_the_toy
 
 
 def test_evaluation_uses_the_synced_engine_and_matches_hf_greedy_scores():
-    vl = toy_trainer("grpo", model_kwargs=HEADS, max_steps=2, **VLLM)
-    vl.eval_rows = vl.sampler.rows
-    vl.eval_prompt_ids = vl.sampler.prompt_ids
+    vl = evaluating_the_train_rows(toy_trainer("grpo", model_kwargs=HEADS, max_steps=2, **VLLM))
     history = vl.train()  # evaluates before the first step and after the last
     # The last step's update came after its generation: only the evaluation after it synced those weights.
     assert vl.sampler.engine.synced_version == vl.weights_version > 0
-    hf = toy_trainer("grpo", model_kwargs=HEADS, max_steps=0)
+    hf = evaluating_the_train_rows(toy_trainer("grpo", model_kwargs=HEADS, max_steps=0))
     hf.models.policy.load_state_dict(vl.models.policy.state_dict())
-    hf.eval_rows, hf.eval_prompt_ids = hf.sampler.rows, hf.sampler.prompt_ids
     a, b = history[-1], hf.evaluate()
     assert abs(a["eval/score_mean"] - b["eval/score_mean"]) <= 1.01 / len(vl.eval_rows)  # at most one near-tie
+
+
+def evaluating_the_train_rows(trainer):
+    """``trainer`` evaluating its train rows (greedy, as an ``eval_dataset`` of them would)."""
+    args = trainer.args
+    sampling = SamplingParams.from_config(
+        args, max_new_tokens=args.eval_max_new_tokens or args.max_new_tokens, greedy=True
+    )
+    trainer.eval_rows = trainer.sampler.rows
+    trainer.eval_set = EvalSet(trainer.sampler.rows, trainer.sampler.prompt_ids, sampling)
+    return trainer
 
 
 def _free_port() -> int:

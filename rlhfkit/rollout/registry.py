@@ -1,0 +1,111 @@
+"""The rollout engines by name: ``RLConfig.rollout_engine`` is one of ``engine_names()``.
+
+Each ``EngineEntry`` declares an engine's ``name``, its ``build`` function, its ``install_check``
+(one line naming what to install, before any model loads) and the ``options``: the ``RLConfig``
+fields it reads besides the general ones of ``rollout.engines.EngineConfig`` (vLLM's ``vllm_*``).
+``rollout.engines.build_engine`` calls ``build(config, models, longest_prompt, options)`` with
+``options`` the values of those fields (``engine_options``). Adding an engine is a module in
+``rollout/`` and one ``register_engine`` call; neither the trainer nor the general config changes.
+
+This module imports nothing of rlhfkit (the config checks ``rollout_engine`` against it, from a
+lower layer than the engines): the built-in entries name their functions by ``"module:function"``
+paths, loaded when they are first called (``resolve``); an entry registered at run time may give
+the functions themselves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """One rollout engine (module docstring). ``build`` and ``install_check``: functions, or
+    ``"module:function"`` paths; ``install_check`` raises ``ValueError`` in one line when the
+    engine cannot run here (None: nothing to check)."""
+
+    name: str
+    build: Callable | str
+    install_check: Callable | str | None = None
+    options: tuple[str, ...] = ()
+
+
+ENGINES: dict[str, EngineEntry] = {}
+
+
+def register_engine(entry: EngineEntry, replace: bool = False) -> EngineEntry:
+    """Add ``entry`` under its name (an existing name is refused unless ``replace``); returns it."""
+    if not isinstance(entry, EngineEntry):
+        raise TypeError(f"register_engine takes an EngineEntry, got {type(entry).__name__}")
+    if entry.name in ENGINES and not replace:
+        raise ValueError(f"rollout engine {entry.name!r} is already registered (pass replace=True to replace it)")
+    ENGINES[entry.name] = entry
+    return entry
+
+
+def unregister_engine(name: str) -> None:
+    """Remove the engine ``name`` (a test's own, for example); unknown names are ignored."""
+    ENGINES.pop(name, None)
+
+
+def engine_names() -> tuple[str, ...]:
+    """The registered engines' names, in registration order."""
+    return tuple(ENGINES)
+
+
+def engine_entry(name: str) -> EngineEntry:
+    """The entry of ``name``; an unknown one is refused in one line naming the known ones."""
+    if name not in ENGINES:
+        raise ValueError(f"rollout_engine: {name!r} is not a rollout engine; one of {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def resolve(function: Callable | str) -> Callable:
+    """``function`` itself, or the function a ``"module:function"`` path names (imported now)."""
+    if callable(function):
+        return function
+    module, _, attribute = function.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def check_installed(name: str) -> None:
+    """Run the install check of the engine ``name`` (one ``ValueError`` line when it cannot run)."""
+    entry = engine_entry(name)
+    if entry.install_check is not None:
+        resolve(entry.install_check)()
+
+
+def engine_options(name: str, config) -> dict:
+    """The values of the option fields the engine ``name`` reads, from ``config`` (an ``RLConfig``)."""
+    return {field: getattr(config, field) for field in engine_entry(name).options}
+
+
+register_engine(EngineEntry("hf", "rlhfkit.rollout.engines:build_hf_engine"))
+register_engine(
+    EngineEntry(
+        "vllm",
+        "rlhfkit.rollout.vllm:build_vllm_engine",
+        install_check="rlhfkit.rollout.vllm:import_vllm",
+        options=(
+            "vllm_kv_cache_gb",
+            "vllm_gpu_memory_utilization",
+            "vllm_enforce_eager",
+            "vllm_sleep",
+            "vllm_tensor_parallel_size",
+        ),
+    )
+)
+
+__all__ = [
+    "ENGINES",
+    "EngineEntry",
+    "check_installed",
+    "engine_entry",
+    "engine_names",
+    "engine_options",
+    "register_engine",
+    "resolve",
+    "unregister_engine",
+]

@@ -1,0 +1,76 @@
+"""The rollout engines' registry (``rollout.registry``): an engine registered by a test runs a
+training run as ``rollout_engine="fake"`` — nothing in ``trainers/`` or the config names it — and
+its install check refuses in one line before any model loads."""
+
+import pytest
+
+from rlhfkit.config import RLConfig
+from rlhfkit.rollout import HFEngine
+from rlhfkit.rollout.registry import EngineEntry, engine_entry, engine_names, register_engine, unregister_engine
+from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
+from rlhfkit.trainers import RLTrainer
+
+BUILT = []
+
+
+class FakeEngine(HFEngine):
+    """HF generate on the policy, counting its calls."""
+
+    calls = 0
+
+    def generate(self, *args, **kwargs):
+        FakeEngine.calls += 1
+        return super().generate(*args, **kwargs)
+
+
+def build_fake(args, models, longest_prompt, options):
+    BUILT.append((args.rollout_engine, longest_prompt, options))
+    tok = models.tokenizer
+    return FakeEngine(models.policy, tok.pad_token_id, tok.eos_token_id, args.share_prompt)
+
+
+def not_installed():
+    raise ValueError("rollout_engine='fake' needs fake-engine: pip install fake-engine")
+
+
+@pytest.fixture()
+def fake():
+    register_engine(EngineEntry("fake", build_fake, options=("vllm_sleep", "max_prompt_length")))
+    BUILT.clear()
+    yield
+    unregister_engine("fake")
+
+
+def test_a_registered_engine_is_a_rollout_engine_the_config_accepts(fake):
+    assert "fake" in engine_names() and RLConfig(rollout_engine="fake").rollout_engine == "fake"
+    unregister_engine("fake")
+    with pytest.raises(ValueError, match="rollout_engine.*one of hf, vllm"):
+        RLConfig(rollout_engine="fake")
+
+
+def test_a_registered_engine_runs_the_loop(fake):
+    FakeEngine.calls = 0
+    trainer = toy_trainer("grpo", rollout_engine="fake", max_steps=2)
+    history = trainer.train()
+    assert len(history) == 2 and FakeEngine.calls == 2  # one generate per step, by the fake engine
+    ((name, longest, options),) = BUILT
+    assert name == "fake" and longest == max(len(p) for p in trainer.sampler.prompt_ids)
+    assert options == {"vllm_sleep": False, "max_prompt_length": None}  # the fields its entry names
+
+
+def test_an_install_check_refuses_before_any_model_loads():
+    register_engine(EngineEntry("fake", build_fake, install_check=not_installed))
+    try:
+        with pytest.raises(ValueError, match="pip install fake-engine"):
+            RLTrainer("/nonexistent/model", [fraction_of_a], RLConfig(rollout_engine="fake"), train_dataset=PROMPTS)
+    finally:
+        unregister_engine("fake")
+
+
+def test_registering_is_refused_twice_and_unknown_names_in_one_line():
+    with pytest.raises(ValueError, match="already registered"):
+        register_engine(EngineEntry("hf", build_fake))
+    with pytest.raises(ValueError, match="'sglang' is not a rollout engine; one of hf, vllm"):
+        engine_entry("sglang")
+    with pytest.raises(TypeError, match="EngineEntry"):
+        register_engine({"name": "fake"})

@@ -180,16 +180,20 @@ def test_no_class_of_the_phases_declares_a_config_field_itself():
 
 
 def test_an_engine_group_stands_for_its_fields_and_stays_flat_in_rlconfig():
+    """HF's options are a group of EngineConfig; vLLM's are its registry entry's options (the engine
+    reads them, EngineConfig does not); both stay flat, TRL-style fields of RLConfig."""
     from rlhfkit.rollout.engines import EngineConfig
+    from rlhfkit.rollout.registry import engine_entry, engine_options
 
     engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    for group in (VLLMOptions, HFOptions):
-        names = [f.name for f in dataclasses.fields(group)]
-        assert set(names) <= engine_fields and set(names) <= set(DECLARED)
-    assert {f.name for f in dataclasses.fields(VLLMOptions)} == {n for n in DECLARED if n.startswith("vllm_")}
+    hf = [f.name for f in dataclasses.fields(HFOptions)]
+    assert set(hf) <= engine_fields and set(hf) <= set(DECLARED)
+    vllm = [f.name for f in dataclasses.fields(VLLMOptions)]
+    assert set(vllm) == {n for n in DECLARED if n.startswith("vllm_")} and not set(vllm) & engine_fields
+    assert engine_entry("vllm").options == tuple(vllm)
     config = RLConfig(vllm_sleep=True, vllm_gpu_memory_utilization=0.5)  # the user's flat, TRL-style names
-    assert part(EngineConfig, config).vllm_sleep is True
-    assert part(EngineConfig, config).vllm_gpu_memory_utilization == 0.5
+    options = engine_options("vllm", config)
+    assert options["vllm_sleep"] is True and options["vllm_gpu_memory_utilization"] == 0.5
 
 
 def test_takes_refuses_an_unknown_a_repeated_and_a_redeclared_field():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from .config import RLConfig
 from .rl.evaluate import evaluate_policy
@@ -70,7 +71,7 @@ def run_quickstart(
     root = prepare_run_dir(output_dir, overwrite)
     steps = lambda n: max(2, int(n * scale))  # noqa: E731
     t0 = time.perf_counter()
-    log = dict(log_every=0 if quiet else 10, progress_bar=not quiet, overwrite=overwrite)
+    log: dict[str, Any] = dict(log_every=0 if quiet else 10, progress_bar=not quiet, overwrite=overwrite)
 
     _stage("1/3 SFT on noisy demonstrations", quiet)
     tok = char_tokenizer(alphabet=shift.LETTERS + "=")

@@ -13,6 +13,7 @@ import json
 import re
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -80,7 +81,7 @@ def _defining_class(cls, name: str):
     return next(k for k in cls.__mro__ if name in inspect.get_annotations(k))
 
 
-_WRAP = dict(break_on_hyphens=False)  # never 'seq-mean-token-sum-' / 'norm': a value's name stays whole
+_WRAP: dict[str, Any] = dict(break_on_hyphens=False)  # never 'seq-mean-token-sum-' / 'norm': a value's name stays whole
 
 
 def help_title(klass) -> str:

@@ -60,11 +60,15 @@ def episode_source(
     ``model``: what the trainer was given (its name goes to the chat template checks)."""
     name = model_name(model)
     options = AgentOptions(
-        config.max_tool_calling_iterations, config.max_tool_response_tokens, config.tool_call_timeout, name
+        max_tool_calling_iterations=config.max_tool_calling_iterations,
+        max_tool_response_tokens=config.max_tool_response_tokens,
+        tool_call_timeout=config.tool_call_timeout,
+        model_name=name,
     )
     tokenizer = models.tokenizer
     limit = agent_prompt_limit(config, models)
-    agent = build_agent(tokenizer, tools, environment_factory, options, limit, eos_token_ids(tokenizer, models.policy))
+    eos = eos_token_ids(tokenizer, models.policy)
+    agent: EpisodeSource | None = build_agent(tokenizer, tools, environment_factory, options, limit, eos)
     if agent_program is not None:  # the program's episodes through the endpoint
         agent = program_agent(agent_program, agent, tokenizer, models, name)
     return agent
@@ -110,6 +114,7 @@ def build_sampler(
         longest = max(longest, limit)
     engine = build_engine(part(EngineConfig, config), models, longest, engine_options(config.rollout_engine, config))
     parts = (part(SamplerConfig, config), part(ScoreShaping, config), SamplingParams.from_config(config))
+    sampler: Sampler | RemoteSampler
     if config.rollout_workers and not distributed.is_generator():
         sampler = RemoteSampler(
             *parts, train_rows, prompt_ids, models, engine, rewards, source, max_staleness=config.max_staleness

@@ -85,7 +85,8 @@ def evaluate_policy(
     agent, prompt_ids = None, None
     if tools or environment_factory is not None:
         options = AgentOptions(
-            max_tool_calling_iterations, model_name=str(model) if isinstance(model, str) else "model"
+            max_tool_calling_iterations=max_tool_calling_iterations,
+            model_name=str(model) if isinstance(model, str) else "model",
         )
         agent = Agent(
             tokenizer, list(tools or []), environment_factory, options, limit, eos_ids=eos_token_ids(tokenizer, policy)

@@ -7,6 +7,7 @@ and any preset that learns at all raises it within a few dozen steps on a CPU.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from ..config import PRESETS, RLConfig
 
@@ -27,7 +28,7 @@ def toy_trainer(algorithm: str, model_kwargs: dict | None = None, callbacks=None
 
     tok = char_tokenizer()
     group_based = PRESETS[algorithm]["group_size"] > 1
-    args = dict(
+    args: dict[str, Any] = dict(
         algorithm=algorithm,
         learning_rate=3e-3,
         max_new_tokens=8,

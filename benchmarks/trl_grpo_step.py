@@ -13,6 +13,9 @@ rlhfkit / TRL of step time and peak RSS. ``--every-row`` adds a third run per ro
 ``--no-skip-zero-gradient-rows``: its update runs every row as TRL's does, also the rows whose
 zero advantage gives them no gradient (``skip_zero_gradient_rows``, on by default, leaves them out:
 the same weights, less compute; how much depends on the batch, so both ratios are printed).
+``--variant NAME=ARGS`` (repeatable) adds one more rlhfkit run per round: every row, plus ARGS for
+``rl_step.py`` (``--variant "bf16-rollout=--rollout-precision bfloat16"``: sampling from a bfloat16
+copy, ``rollout_precision``).
 
 SmolLM2-135M-Instruct (the same GGUF-converted Hugging Face directory rlhfkit uses), float32, the
 same arithmetic prompts and rewards, ``beta=0`` (no reference, as ``rl_step.py --kl-coef 0``), one

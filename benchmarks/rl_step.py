@@ -57,6 +57,8 @@ def build_trainer(a):
         vllm_kv_cache_gb=a.kv_cache_gb,
         micro_batch_size=a.micro_batch_size,
         skip_zero_gradient_rows=not a.no_skip_zero_gradient_rows,
+        hf_decode=a.hf_decode,
+        rollout_precision=a.rollout_precision,
         **({"kl_coef": a.kl_coef} if a.kl_coef is not None else {}),
     )
     peft = lora_config(RLJob(lora_r=a.lora_r)) if a.lora_r else None
@@ -136,6 +138,8 @@ def run_one(a) -> dict:
         "algorithm": a.algorithm,
         "dtype": a.dtype,
         "autocast": a.autocast,
+        "hf_decode": a.hf_decode,
+        "rollout_precision": a.rollout_precision,
         "checkpointing": a.gradient_checkpointing,
         "critic": a.critic if trainer.args.use_critic else "-",
         "lora_r": a.lora_r,
@@ -186,6 +190,8 @@ def main() -> None:
     p.add_argument("--lora-r", type=int, default=0)
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--autocast", default=None, help="bfloat16: mixed-precision matmuls, float32 weights")
+    p.add_argument("--hf-decode", default="loop", help="the HF engine's decode mode (hf_decode)")
+    p.add_argument("--rollout-precision", default=None, help="sample from a bfloat16 / int8 copy (rollout_precision)")
     p.add_argument(
         "--no-skip-zero-gradient-rows",
         action="store_true",

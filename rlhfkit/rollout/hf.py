@@ -23,7 +23,8 @@ class HFEngine:
     """Samples from the live policy (no weight sync needed), by ``decode``: "loop" — the engine's
     own decode loop (``rollout.decode``: the model calls ``generate`` makes, a cache allocated once,
     finished rows dropped from the batch; the same tokens for the same seeds, greedy as
-    ``generate``) —, "generate" (``model.generate`` with the sampler as its logits processor), or
+    ``generate``; on a CPU a bfloat16 / float16 model attends by matmuls in its decode steps,
+    ``rollout.decode.decode_attention``) —, "generate" (``model.generate`` with the sampler as its logits processor), or
     "static" (``generate`` with transformers' ``StaticCache``: on a GPU transformers compiles the
     decode step, CUDA graphs included, ~3x the decode speed of "generate" on an H200; not
     token-exact — attention over the whole preallocated buffer and compiled kernels round

@@ -9,9 +9,11 @@ then quantized again:
 
 - ``bfloat16``: the copy cast to bfloat16 (every weight, the LM head included, as vLLM's
   ``dtype="bfloat16"``); CPU or GPU.
-- ``int8``: every ``Linear`` layer but the LM head replaced by PyTorch's dynamically quantized
-  one (``torch.ao.quantization.quantize_dynamic``: int8 weights, each activation quantized to int8
-  per batch at run time; fbgemm / qnnpack kernels); CPU (PyTorch has no CUDA kernel for it).
+- ``int8``: every ``Linear`` layer but the LM head replaced by ``int8.Int8Linear``: int8 weights
+  with one scale per output channel, each token's activations quantized to int8 at run time with
+  a scale of its own, products in PyTorch's int8 matrix multiply (``torch._int_mm``); CPU. (Not
+  ``torch.ao``'s ``quantize_dynamic``, whose one scale per batch breaks on a model with massive
+  activations: ``rollout/int8.py``.)
 - ``fp8``: torchao's ``Float8DynamicActivationFloat8WeightConfig`` (float8 e4m3 weights and
   per-row dynamic activations) on every ``Linear`` but the LM head; CUDA only (needs torchao and
   a GPU with float8 matmuls: H100 class). Not exercised on a CPU.
@@ -26,7 +28,6 @@ is one layer of many. The engine reports the log-prob each token was drawn with 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -60,16 +61,11 @@ def quantize(model: torch.nn.Module, precision: str) -> torch.nn.Module:
         return copy.deepcopy(model).to(torch.bfloat16)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
-    if precision == "int8":
-        # torch.ao.quantization and its quantized tensors warn that they are deprecated (for torchao, whose CPU
-        # int8 path is this one): working kernels, so the notice is not repeated to the user at every sync.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
+    if precision == "int8":  # per-token activation scales: rollout/int8.py
+        from .int8 import to_int8
 
-            return quantize_dynamic(
-                model, {name: default_dynamic_qconfig for name in linears}, dtype=torch.qint8, inplace=False
-            )
+        copied = copy.deepcopy(model)
+        return to_int8(copied, skip=copied.get_output_embeddings())  # the copy's own head stays in float
     try:  # fp8: CUDA only (refused elsewhere by the config)
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
     except ImportError as err:

@@ -33,6 +33,10 @@ class Int8Linear(torch.nn.Module):
     """A ``Linear`` with int8 weights (per output channel) and per-token dynamic int8 activations
     (module docstring). Output in the input's dtype."""
 
+    weight_t: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features

@@ -29,6 +29,7 @@ is one layer of many. The engine reports the log-prob each token was drawn with 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ def quantize(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     if precision == "int8":  # per-token activation scales: rollout/int8.py
         from .int8 import to_int8
 
-        copied = copy.deepcopy(model)
+        copied: Any = copy.deepcopy(model)  # a transformers model: get_output_embeddings
         return to_int8(copied, skip=copied.get_output_embeddings())  # the copy's own head stays in float
     try:  # fp8: CUDA only (refused elsewhere by the config)
         from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_

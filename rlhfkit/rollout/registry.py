@@ -2,7 +2,9 @@
 
 Each ``EngineEntry`` declares an engine's ``name``, its ``build`` function, its ``install_check``
 (one line naming what to install, before any model loads) and the ``options``: the ``RLConfig``
-fields it reads besides the general ones of ``rollout.engines.EngineConfig`` (vLLM's ``vllm_*``).
+fields it reads besides the general ones of ``rollout.engines.EngineConfig`` (vLLM's ``vllm_*``), and
+its ``knobs``: options of its own that are no config field (name -> default), which a user sets in
+the config's ``engine_options`` mapping (checked by ``check_engine_options``).
 ``rollout.engines.build_engine`` calls ``build(config, models, longest_prompt, options)`` with
 ``options`` the values of those fields (``engine_options``). Adding an engine is a module in
 ``rollout/`` and one ``register_engine`` call; neither the trainer nor the general config changes.
@@ -30,6 +32,7 @@ class EngineEntry:
     build: Callable | str
     install_check: Callable | str | None = None
     options: tuple[str, ...] = ()
+    knobs: dict[str, object] | None = None  # options of its own that are no RLConfig field: name -> default
 
 
 ENGINES: dict[str, EngineEntry] = {}
@@ -77,9 +80,34 @@ def check_installed(name: str) -> None:
         resolve(entry.install_check)()
 
 
+def check_engine_options(name: str, given: dict) -> None:
+    """``given`` (the config's ``engine_options``) against the knobs the engine ``name`` declares:
+    a mapping whose keys are among them, each value of its default's type (an int for a float
+    knob); one ``ValueError`` line naming the key, the engine and its knobs otherwise."""
+    if not isinstance(given, dict):
+        raise ValueError(f"engine_options: a mapping of the engine's options, got {type(given).__name__}")
+    knobs = engine_entry(name).knobs or {}
+    for key, value in given.items():
+        if key not in knobs:
+            known = ", ".join(knobs) or "none"
+            raise ValueError(f"engine_options: {key!r} is no option of rollout_engine={name!r} (its options: {known})")
+        default = knobs[key]
+        kind = float if isinstance(default, float) else type(default)
+        ok = default is None or isinstance(value, kind) or (kind is float and isinstance(value, int))
+        if not ok or isinstance(value, bool) != isinstance(default, bool):
+            raise ValueError(
+                f"engine_options: {key!r} of rollout_engine={name!r} takes a {kind.__name__} "
+                f"(default {default!r}), got {value!r}"
+            )
+
+
 def engine_options(name: str, config) -> dict:
-    """The values of the option fields the engine ``name`` reads, from ``config`` (an ``RLConfig``)."""
-    return {field: getattr(config, field) for field in engine_entry(name).options}
+    """The options the engine ``name`` is built with: the values of the ``RLConfig`` fields it names
+    (``options``), then its own knobs — each the config's ``engine_options`` value, else the knob's
+    default."""
+    values = {field: getattr(config, field) for field in engine_entry(name).options}
+    given = getattr(config, "engine_options", None) or {}
+    return {**values, **(engine_entry(name).knobs or {}), **given}
 
 
 register_engine(EngineEntry("hf", "rlhfkit.rollout.engines:build_hf_engine"))

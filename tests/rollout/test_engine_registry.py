@@ -74,3 +74,32 @@ def test_registering_is_refused_twice_and_unknown_names_in_one_line():
         engine_entry("sglang")
     with pytest.raises(TypeError, match="EngineEntry"):
         register_engine({"name": "fake"})
+
+
+@pytest.fixture()
+def fake_with_knobs():
+    register_engine(EngineEntry("fake", build_fake, options=("vllm_sleep",), knobs={"mem_fraction": 0.5, "tag": "x"}))
+    BUILT.clear()
+    yield
+    unregister_engine("fake")
+
+
+def test_an_engines_own_options_reach_its_builder_through_engine_options(fake_with_knobs):
+    """An option that is no RLConfig field: declared by the entry, set in engine_options (the config
+    not touched), its default where not set."""
+    toy_trainer("grpo", rollout_engine="fake", engine_options={"mem_fraction": 0.25}, max_steps=1).train()
+    assert BUILT[-1][2] == {"vllm_sleep": False, "mem_fraction": 0.25, "tag": "x"}
+    toy_trainer("grpo", rollout_engine="fake", max_steps=1).train()
+    assert BUILT[-1][2] == {"vllm_sleep": False, "mem_fraction": 0.5, "tag": "x"}
+
+
+def test_engine_options_are_checked_against_the_entrys_knobs(fake_with_knobs):
+    with pytest.raises(
+        ValueError, match=r"'mem_frac' is no option of rollout_engine='fake' \(its options: mem_fraction, tag\)"
+    ):
+        RLConfig(rollout_engine="fake", engine_options={"mem_frac": 0.3})
+    with pytest.raises(ValueError, match=r"'mem_fraction' of rollout_engine='fake' takes a float"):
+        RLConfig(rollout_engine="fake", engine_options={"mem_fraction": "half"})
+    assert RLConfig(rollout_engine="fake", engine_options={"mem_fraction": 1}).engine_options == {"mem_fraction": 1}
+    with pytest.raises(ValueError, match="no option of rollout_engine='hf'"):
+        RLConfig(engine_options={"mem_fraction": 0.3})  # the built-in HF engine has none

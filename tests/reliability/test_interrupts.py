@@ -179,7 +179,7 @@ def interrupt(argv, out, signum, after_step, delay=0.0, timeout=900):  # a no-ha
     time.sleep(delay)
     if proc.poll() is None:
         os.killpg(proc.pid, signum)
-    proc.wait(timeout=120)
+    proc.wait(timeout=600)  # a no-hang bound: the run saves and exits after the signal, however loaded the machine
     return proc.returncode, log.read_text()
 
 

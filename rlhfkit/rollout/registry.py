@@ -93,8 +93,8 @@ def check_engine_options(name: str, given: dict) -> None:
             raise ValueError(f"engine_options: {key!r} is no option of rollout_engine={name!r} (its options: {known})")
         default = knobs[key]
         kind = float if isinstance(default, float) else type(default)
-        ok = default is None or isinstance(value, kind) or (kind is float and isinstance(value, int))
-        if not ok or isinstance(value, bool) != isinstance(default, bool):
+        ok = isinstance(value, kind) or (kind is float and isinstance(value, int))
+        if default is not None and (not ok or isinstance(value, bool) != isinstance(default, bool)):
             raise ValueError(
                 f"engine_options: {key!r} of rollout_engine={name!r} takes a {kind.__name__} "
                 f"(default {default!r}), got {value!r}"

@@ -12,6 +12,7 @@ SCHEDULERS = ("constant", "linear", "cosine", "hf_constant", "hf_linear", "hf_co
 PARALLELISMS = ("fsdp", "ddp")
 DEVICE_KINDS = ("cpu", "cuda", "mps", "xpu")
 LM_HEADS = ("chunked", "full")  # how log-prob passes read the output layer (models.lm_head)
+CHECKPOINTING_MODES = ("off", "on", "auto")  # gradient_checkpointing (models.memory.MemoryPlan); True/False: on/off
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,20 @@ class RunBase:
     (pip install 'rlhfkit[tensorboard]', ...). Empty: none."""
     run_name: str | None = None
     """The run's name in the trackers; None: the output_dir's last component (or 'rlhfkit')."""
+    gradient_checkpointing: str | bool = "auto"
+    """Activation checkpointing, a policy (CHECKPOINTING_MODES; models/memory.py): 'off' keeps every decoder layer's
+    activations for backward (fastest, most memory); 'on' recomputes each layer in backward (non-reentrant; about a
+    third more compute of the passes with gradient, the activation memory of one hidden state per layer and token);
+    'auto' decides per micro-batch from the activation cost a probe measures at set-up (the run's own forward pass on a
+    few short rows, with and without checkpointing) against the memory the device has free (memory_budget_gb): a
+    micro-batch that fits runs without checkpointing, one that would not checkpoints, and micro-batches are split so
+    one always fits (a single row that cannot is refused before the first step). True / False (TRL's form): 'on' /
+    'off'. The same weights in every mode, up to float rounding."""
+    memory_budget_gb: float | None = None
+    """The memory this run may use on its device, in GB (weights, gradients, optimizer state and activations
+    together): 'auto' checkpointing and max_tokens_per_micro_batch='auto' keep under it (a smaller card, room for
+    other processes). None: what the device has free (CUDA: the driver's free memory and torch's cache, under
+    torch.cuda.set_per_process_memory_fraction; a CPU: MemAvailable and a container's limit)."""
     lm_head: str = "chunked"
     """How log-probs, entropies and the SFT loss read the model's output layer (LM_HEADS). 'chunked': from the last
     hidden states through the head in chunks of rows, the softmax statistics in float32 and recomputed in backward, so

@@ -8,6 +8,8 @@ import dataclasses
 import math
 import numbers
 
+from .base import CHECKPOINTING_MODES
+
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")
 
 # Allowed values of every numeric field of every config, by field name (one meaning per name
@@ -66,7 +68,8 @@ RANGES: dict[str, str] = {
     "micro_batch_size": "[1, 1e6] or None",
     "grad_accumulation": "[1, 1e6]",
     "max_consecutive_skips": "[1, 1e9]",
-    "max_tokens_per_micro_batch": "[1, 1e9] or None",
+    "max_tokens_per_micro_batch": "[1, 1e9] or None or 'auto'",
+    "memory_budget_gb": "> 0 or None",
     # run
     "max_steps": "[0, 1e9] or None",
     "seed": "[0, 2147483647]",
@@ -95,6 +98,8 @@ RANGES: dict[str, str] = {
 def in_range(value, spec: str, integer: bool = False) -> bool:
     """Whether ``value`` satisfies a ``RANGES`` spec (a bool is not a number; ``integer``: a whole
     number is required)."""
+    if spec.endswith(" or 'auto'"):
+        return value == "auto" or in_range(value, spec.removesuffix(" or 'auto'"), integer)
     text, none_ok = (spec[: -len(" or None")], True) if spec.endswith(" or None") else (spec, False)
     if value is None:
         return none_ok
@@ -126,7 +131,7 @@ def check_ranges(config) -> None:
         annotation = str(f.type).replace(" ", "")
         if "None" not in annotation:
             spec = spec.removesuffix(" or None")
-        integer = annotation.removesuffix("|None") == "int"
+        integer = "int" in annotation.split("|") and "float" not in annotation
         value = getattr(config, f.name)
         if not in_range(value, spec, integer):
             expected = f"in {spec}" if spec[0] in "([" else spec
@@ -137,7 +142,16 @@ def check_ranges(config) -> None:
 
 
 def check_run_fields(config) -> None:
-    """``report_to`` as a tuple (a single name or 'none' is accepted, as in TRL) of known trackers."""
+    """``report_to`` as a tuple (a single name or 'none' is accepted, as in TRL) of known trackers;
+    ``gradient_checkpointing`` one of ``CHECKPOINTING_MODES`` (True / False as 'on' / 'off')."""
+    mode = config.gradient_checkpointing
+    if isinstance(mode, bool):
+        object.__setattr__(config, "gradient_checkpointing", "on" if mode else "off")
+    elif mode not in CHECKPOINTING_MODES:
+        raise ValueError(
+            f"{type(config).__name__}: config field 'gradient_checkpointing' must be one of "
+            f"{', '.join(CHECKPOINTING_MODES)} (or True / False), got {mode!r}"
+        )
     value = config.report_to
     names = (value,) if isinstance(value, str) else tuple(value or ())
     names = tuple(n for n in names if n != "none")

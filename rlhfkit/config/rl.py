@@ -59,8 +59,6 @@ class ModelConfig:
     autocast: str | None = None
     """Mixed precision: 'bfloat16' runs generation and forward/backward matmuls in bfloat16 under torch.autocast while
     weights, gradients and optimizer states stay in `dtype` (use with float32). None: off."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward instead of keeping them: less memory, ~30% more update time."""
     share_prompt: bool = True
     """Run each prompt through the model once per group: generation shares its key/value cache with the group's G
     completions, and the log-prob/update passes pack the group into one row (the prompt, then each completion without
@@ -84,7 +82,7 @@ class OptimConfig(OptimBase):
     """Rows per forward/backward (gradient accumulation inside a mini-batch), and per no-gradient log-prob pass (old
     log-probs, reference, critic values); None: the mini-batch (the batch for the log-prob passes), bounded by
     max_tokens_per_micro_batch."""
-    max_tokens_per_micro_batch: int | None = None
+    max_tokens_per_micro_batch: int | str | None = None
     """Token budget of each micro-batch of the update and of the log-prob passes (verl's dynamic batch size): rows are
     sorted by length and filled greedily into micro-batches of at most this many tokens, counted as the padded pass
     computes them — rows x (prompt columns from the earliest attended one + response columns up to the last attended
@@ -93,7 +91,10 @@ class OptimConfig(OptimBase):
     hold. The loss weights are those of one batch, so the update is the same up to float rounding. None: 16384 tokens
     when micro_batch_size is None (TRL's default micro-batch of 8 rows at 2048 tokens a row: short completions run as
     one micro-batch, as before; long ones never more tokens at once than TRL's 8 rows), else no token bound
-    (micro_batch_size rows, as TRL's per_device_train_batch_size, which the TRL drop-in sets)."""
+    (micro_batch_size rows, as TRL's per_device_train_batch_size, which the TRL drop-in sets). 'auto': the most
+    tokens whose activations fit in the free memory (memory_budget_gb; the activation cost measured at set-up, with
+    checkpointing unless gradient_checkpointing='off'), re-derived each step. Under gradient_checkpointing='auto' any
+    budget is capped by that one, so a micro-batch that would not fit is split instead of running out of memory."""
     skip_zero_gradient_rows: bool = True
     """Leave out of the update's forward/backward the rows whose loss has no gradient: an advantage of exactly 0 on
     every token (a GRPO/RLOO group whose completions all scored alike) when nothing else reaches them (no critic, no

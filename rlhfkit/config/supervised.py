@@ -55,9 +55,6 @@ class TrainConfig(RunBase, OptimBase):
     autocast: str | None = None
     """Mixed precision: 'bfloat16' (or 'float16') runs the forward and backward matmuls in that dtype under
     torch.autocast while weights, gradients and AdamW states stay in dtype (use with float32). None: off."""
-    gradient_checkpointing: bool = False
-    """Recompute each transformer block's activations in backward instead of keeping them: less memory, more compute,
-    the same gradients."""
     parallelism: str = "fsdp"
     """With several processes (torchrun): 'fsdp' shards the model with FSDP2 (each process holds 1/N of the weights,
     gradients and AdamW states); 'ddp' keeps a full copy per process and averages gradients. Each process trains on its

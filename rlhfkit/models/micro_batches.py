@@ -28,11 +28,14 @@ DEFAULT_MAX_TOKENS = 16384
 TRL's default micro-batch (``per_device_train_batch_size=8`` rows) at 2048-token rows."""
 
 
-def token_budget(micro_batch_size: int | None, max_tokens_per_micro_batch: int | None) -> int | None:
-    """The token budget in force: ``max_tokens_per_micro_batch`` when set; else
+def token_budget(micro_batch_size: int | None, max_tokens_per_micro_batch: int | str | None) -> int | None:
+    """The token budget the config sets: ``max_tokens_per_micro_batch`` when a number; None for
+    'auto' (the memory decides: ``models.memory.MemoryPlan.token_budget``); else
     ``DEFAULT_MAX_TOKENS`` when ``micro_batch_size`` is None too; else None (rows alone bound a
     micro-batch, as TRL's ``per_device_train_batch_size``)."""
-    if max_tokens_per_micro_batch is not None:
+    if max_tokens_per_micro_batch == "auto":
+        return None
+    if isinstance(max_tokens_per_micro_batch, int):
         return max_tokens_per_micro_batch
     return DEFAULT_MAX_TOKENS if micro_batch_size is None else None
 

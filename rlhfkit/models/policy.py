@@ -16,6 +16,7 @@ import torch
 
 from ..algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 from . import efficiency
+from .activations import checkpointable_layers
 from .aligned import align_left
 from .lm_head import streamable, streamed_forward
 from .packing import PackedGroups, pack_groups
@@ -239,5 +240,5 @@ def _recomputes(model) -> bool:
     """Activation checkpointing will run the layers' forward again in the backward pass (counted
     twice by ``models.efficiency``)."""
     return torch.is_grad_enabled() and any(
-        getattr(m, "gradient_checkpointing", False) and m.training for m in model.modules()
+        m.gradient_checkpointing and m.training for m in checkpointable_layers(model)
     )

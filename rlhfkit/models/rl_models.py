@@ -18,10 +18,12 @@ import torch
 
 from .. import distributed
 from ..config.parts import ConfigFields, takes
+from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
-from .micro_batches import row_spans, split_rows, token_budget
+from .memory import MemoryPlan
+from .micro_batches import padded_tokens, row_spans, split_rows, token_budget
 from .segments import forward_rollout, rollout_values
 
 
@@ -57,16 +59,19 @@ class RolloutBatch(Protocol):
     "micro_batch_size",
     "max_tokens_per_micro_batch",
     "save_adapter",
+    "gradient_checkpointing",
+    "memory_budget_gb",
 )
 class ModelSetup(ConfigFields):
     """The fields of ``RLConfig`` that ``RLModels`` reads: which models it builds (a reference when
-    ``kl_coef > 0``, a critic), how they are sharded, and how their forward passes run."""
+    ``kl_coef > 0``, a critic), how they are sharded, how their forward passes run, and the activation
+    memory policy."""
 
 
-@takes("device", "rollout_workers", "gradient_checkpointing")
+@takes("device", "rollout_workers")
 class ModelLoading(ModelSetup):
-    """The fields of ``RLConfig`` that ``build_models`` reads besides ``RLModels``'s: the device, the
-    generator ranks (the process group starts there) and activation checkpointing."""
+    """The fields of ``RLConfig`` that ``build_models`` reads besides ``RLModels``'s: the device and the
+    generator ranks (the process group starts there)."""
 
 
 class RLModels:
@@ -92,6 +97,7 @@ class RLModels:
         self.device = next(policy.parameters()).device
         self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
         self.reference = self.critic = self.value_head = None
+        self.memory: MemoryPlan | None = None  # plan_memory
         if generation_only:  # a generator rank: the policy alone, unsharded, given the trainers' weights
             self.train_policy, self.train_critic, self._peft_template = policy, None, None
             return
@@ -180,8 +186,52 @@ class RLModels:
         return cat(0), cat(1), cat(3)
 
     def train_outputs(self, rollout: RolloutBatch, *, with_values: bool, entropy_grad: bool):
-        """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients."""
-        return self._forward(rollout, with_values=with_values, with_entropy=True, entropy_grad=entropy_grad)
+        """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients; its layers
+        checkpointed or not as the memory policy says (``plan_memory``)."""
+        if self.memory is None:
+            return self._forward(rollout, with_values=with_values, with_entropy=True, entropy_grad=entropy_grad)
+        rows, width = _extent(rollout)
+        with self.memory.pass_context(rows, width):
+            return self._forward(rollout, with_values=with_values, with_entropy=True, entropy_grad=entropy_grad)
+
+    def plan_memory(self) -> MemoryPlan:
+        """The activation policy of the update (``models.memory.MemoryPlan``): ``gradient_checkpointing``
+        and ``memory_budget_gb``, with the activation cost of ``train_outputs`` measured first
+        (``activations.measure_activation_cost``) when something plans with it ('auto' checkpointing, or
+        ``max_tokens_per_micro_batch='auto'``). Called once the models are final (LoRA, head mode); every
+        process calls it (the probe's backward is a collective under DDP and FSDP2)."""
+        args = self.args
+        trained = [m for m in (self.policy, self.critic_module) if m is not None]
+        layers = [layer for m in trained for layer in checkpointable_layers(m)]
+        cost = None
+        if args.gradient_checkpointing == "auto" or args.max_tokens_per_micro_batch == "auto":
+            cost = measure_activation_cost(
+                self._probe, trained, layers, args.gradient_checkpointing != "off", decoder_layer_count(self.policy)
+            )
+        self.memory = MemoryPlan(args.gradient_checkpointing, cost, self.device, args.memory_budget_gb, layers, trained)
+        return self.memory
+
+    def _probe(self, n: int) -> torch.Tensor:
+        """The update's forward pass on one synthetic row of ``n`` tokens (a one-token prompt): a scalar
+        of its outputs, for ``measure_activation_cost``."""
+        vocab = getattr(_base_causal_lm(self.policy).config, "vocab_size", 2)
+        ids = (torch.arange(n, device=self.device) % max(vocab - 1, 1)).unsqueeze(0)
+        ones = torch.ones_like(ids)
+        row = _ProbeRow(ids, ones, ones[:, 1:])
+        logprobs, values, _, _ = self._forward(row, with_values=self.args.use_critic, with_entropy=True)
+        return logprobs.sum() + (values.sum() if values is not None else 0)
+
+    def token_budget(self, rollout: RolloutBatch) -> int | None:
+        """The token budget of ``rollout``'s micro-batches (``micro_batches.token_budget`` of the config),
+        capped, or set with ``max_tokens_per_micro_batch='auto'``, by what fits in memory
+        (``MemoryPlan.token_budget``, at the rollout's widest row)."""
+        args = self.args
+        by_memory = args.max_tokens_per_micro_batch == "auto"
+        configured = None if by_memory else token_budget(args.micro_batch_size, args.max_tokens_per_micro_batch)
+        if self.memory is None:
+            return configured
+        lead, tail = row_spans(rollout.attention_mask, rollout.response_mask.shape[1])
+        return self.memory.token_budget(configured, int((lead + tail).max()), by_memory)
 
     @torch.no_grad()
     def reference_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
@@ -205,7 +255,7 @@ class RLModels:
         grouped by length, a prompt's group kept whole with ``share_prompt`` when it fits
         (``micro_batches.split_rows``); without a budget, consecutive slices of ``micro_batch_size``."""
         B, T = rollout.input_ids.shape[0], rollout.response_mask.shape[1]
-        budget = token_budget(self.args.micro_batch_size, self.args.max_tokens_per_micro_batch)
+        budget = self.token_budget(rollout)
         if budget is None:
             return split_rows(torch.arange(B), None, None, max_rows=self.args.micro_batch_size)
         lead, tail = row_spans(rollout.attention_mask, T)
@@ -225,9 +275,8 @@ class RLModels:
         differ between processes: a process with fewer runs filler passes (one row, result
         dropped), so every process runs the same (collective) forward passes."""
         chunks = self.micro_batches(rollout)
-        budget = token_budget(self.args.micro_batch_size, self.args.max_tokens_per_micro_batch)
         # the count is agreed before any pass: a pass is a collective under FSDP2, the all-reduce one too
-        n = distributed.reduce_max(len(chunks)) if budget is not None else len(chunks)
+        n = distributed.reduce_max(len(chunks))
         parts = [run(rollout.select(rows.to(self.device))) for rows in chunks]
         for _ in range(n - len(chunks)):
             run(rollout.select(torch.zeros(1, dtype=torch.long, device=self.device)))
@@ -255,6 +304,25 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+class _ProbeRow:
+    """One synthetic rollout row for the memory probe (``RolloutBatch``'s fields)."""
+
+    def __init__(self, input_ids, attention_mask, response_mask):
+        self.input_ids, self.attention_mask, self.response_mask = input_ids, attention_mask, response_mask
+        self.prompt_index = self.logprobs = None
+
+    def select(self, rows):
+        return self
+
+
+def _extent(rollout: RolloutBatch) -> tuple[int, int]:
+    """``(rows, width)`` of the padded forward pass over a micro-batch (``micro_batches.padded_tokens``)."""
+    B, T = rollout.input_ids.shape[0], rollout.response_mask.shape[1]
+    lead, tail = row_spans(rollout.attention_mask, T)
+    tokens = padded_tokens(lead, tail, torch.arange(B), rollout.input_ids.shape[1] > T)
+    return B, max(tokens // max(B, 1), 1)
+
+
 def _base_causal_lm(policy):
     return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
 
@@ -276,7 +344,7 @@ def build_models(model, processing_class, args: ModelLoading, peft_config=None, 
         from peft import get_peft_model
 
         policy = disable_dropout(get_peft_model(policy, peft_config))
-    if args.gradient_checkpointing:
+    if args.gradient_checkpointing != "off":  # installed; whether a pass uses it is RLModels.memory's call
         enable_activation_checkpointing(policy)
         if peft_config is not None:
             policy.enable_input_require_grads()

@@ -20,7 +20,7 @@ from ..algorithms import (
 )
 from ..config import takes
 from ..models import efficiency
-from ..models.micro_batches import row_spans, split_rows, token_budget
+from ..models.micro_batches import row_spans, split_rows
 from ..models.rl_models import RLModels
 from .advantages import RolloutCorrection, kl_metrics, rollout_correction
 from .experience import Experience
@@ -119,7 +119,7 @@ def update(
     gen = minibatch_generator(args.seed, step)
     skip = zero_gradient_rows(args, exp, kl_coef)
     skip_cpu = skip.cpu() if skip is not None else None
-    split = micro_batch_split(args, exp)
+    split = micro_batch_split(args, exp, models.token_budget(exp.rollout))
     sums: dict[str, torch.Tensor] = {}
     n_steps = n_ran = 0
     for _ in range(args.num_iterations):
@@ -181,12 +181,14 @@ def update(
     return out
 
 
-def micro_batch_split(args: MinibatchUpdate, exp: Experience) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+def micro_batch_split(
+    args: MinibatchUpdate, exp: Experience, budget: int | None
+) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     """The micro-batches of a minibatch's rows (``models.micro_batches.split_rows``): at most
-    ``micro_batch_size`` rows and the token budget in force (``token_budget``: the one of
-    ``max_tokens_per_micro_batch``), a prompt's group kept whole with ``share_prompt`` when it fits.
-    Without a budget, consecutive slices of ``micro_batch_size`` rows (the whole minibatch when None)."""
-    budget = token_budget(args.micro_batch_size, args.max_tokens_per_micro_batch)
+    ``micro_batch_size`` rows and ``budget`` tokens (``RLModels.token_budget``: the one of
+    ``max_tokens_per_micro_batch``, capped by what fits in memory), a prompt's group kept whole with
+    ``share_prompt`` when it fits. Without a budget, consecutive slices of ``micro_batch_size`` rows
+    (the whole minibatch when None)."""
     if budget is None:
         return lambda rows: split_rows(rows, None, None, max_rows=args.micro_batch_size)
     rollout = exp.rollout

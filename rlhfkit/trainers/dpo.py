@@ -125,6 +125,7 @@ class DPOTrainer(SupervisedTrainer):
         if self.reference is not None and args.parallelism == "fsdp":
             distributed.shard(self.reference, "fsdp")
         self.train_model.train()
+        self._plan_memory(self.model, self._probe, args.max_length)
         self.ref_logps = self.eval_ref_logps = None
         if self.needs_reference and args.precompute_ref_logprobs:
             self.ref_logps = self._precompute(self.train_pairs)
@@ -183,9 +184,16 @@ class DPOTrainer(SupervisedTrainer):
     def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
         """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
         ids, mask, completion_mask, index = self._collate(pairs)
-        with self._autocast():  # a pair's two completions packed after its prompt: one pass (models.packing)
+        # a pair's two completions packed after its prompt: one pass (models.packing)
+        with self._autocast(), self._memory_pass(*ids.shape):
             out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index)
         return (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
+
+    def _probe(self, n: int) -> torch.Tensor:
+        """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
+        ids = (torch.arange(n, device=self.device) % max(getattr(self.model.config, "vocab_size", 2) - 1, 1))[None]
+        with self._autocast():
+            return forward_response(self.train_model, ids, torch.ones_like(ids), n - 1).logprobs.sum()
 
     @torch.no_grad()
     def _reference_logps(self, pairs: list[PreferencePair]) -> torch.Tensor:
@@ -225,7 +233,7 @@ class DPOTrainer(SupervisedTrainer):
             last = stop or self.step == self.total_steps
             if self.eval_pairs is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics.update(self.evaluate())
-            self.run.log(self.step, metrics)
+            self.run.log(self.step, {**metrics, **self.memory.metrics()})
             self._step_done()
             if stop:
                 break

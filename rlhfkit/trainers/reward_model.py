@@ -141,6 +141,7 @@ class RewardModelTrainer(SupervisedTrainer):
             else None
         )
         self.scorer = distributed.shard(scorer, args.parallelism)
+        self._plan_memory(self.model, self._probe, args.max_length)
         self._open_run(
             model,
             {
@@ -184,12 +185,19 @@ class RewardModelTrainer(SupervisedTrainer):
         note_unknown(name, [(p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
         return self._check_pairs(pairs, dropped, len(rows), name)
 
+    def _probe(self, n: int) -> torch.Tensor:
+        """The score of one synthetic row of ``n`` tokens, with gradient (the memory probe)."""
+        vocab = getattr(getattr(self.model.backbone, "config", None), "vocab_size", 2)
+        ids = (torch.arange(n, device=self.device) % max(vocab - 1, 1))[None]
+        with self._autocast():
+            return self.scorer(ids, torch.ones_like(ids)).sum()
+
     def _score_pairs(self, pairs: list[Pair]):
         """(chosen, rejected, margin) for a batch: both sides in one forward pass."""
         ids, mask = pad(
             [p.chosen for p in pairs] + [p.rejected for p in pairs], self.tokenizer.pad_token_id, device=self.device
         )  # right padding: the score is read at the last attended token
-        with self._autocast():
+        with self._autocast(), self._memory_pass(*ids.shape):
             scores = self.scorer(ids, mask)
         scores = scores.float() if self.args.autocast else scores  # the loss in float32, not the autocast dtype
         margin = None
@@ -212,7 +220,7 @@ class RewardModelTrainer(SupervisedTrainer):
                 metrics.update(self.evaluate())
             if last and self.args.center:
                 metrics["rm/offset"] = self.center()
-            self.run.log(step, metrics)
+            self.run.log(step, {**metrics, **self.memory.metrics()})
             self._step_done()
             if stop:
                 break

@@ -114,6 +114,9 @@ class RLTrainer:
         self.sampler, self.eval_set = build.build_sampler(
             args, self.models, train_rows, reward_funcs, reward_weights, source, self.eval_rows
         )
+        if not distributed.is_generator():  # the activation policy; a row that cannot fit is refused now
+            longest = max((len(p) for p in self.sampler.prompt_ids), default=0) + args.max_new_tokens
+            self.models.plan_memory().check_row(longest, "prompt + completion")
         self.run.open(
             model,
             {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
@@ -151,6 +154,7 @@ class RLTrainer:
         )
         if counters is not None:
             self._restore(counters)
+        self.models.memory.optimizer = self.run.optimizer  # its moments count once they exist
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -262,6 +266,7 @@ class RLTrainer:
                 "perf/skipped_steps": float(self.run.guard.skipped),
                 **{f"perf/time_{k}": v for k, v in timings.items()},
                 "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
+                **self.models.memory.metrics(),
             }
         )
         row = self.run.log(self.step, metrics)

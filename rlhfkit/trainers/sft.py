@@ -104,6 +104,7 @@ class SFTTrainer(SupervisedTrainer):
         # The module training and eval passes go through: the model itself (sharded in place by
         # FSDP2, or as it is in a single process) or its DDP wrapper. ``self.model`` stays the model.
         self.train_model = distributed.shard(self.model, args.parallelism)
+        self._plan_memory(self.model, self._probe, args.max_length)  # before the per-process seeds: it draws nothing
         if distributed.role_size() > 1:  # dropout masks differ from process to process
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self._open_run(
@@ -146,7 +147,7 @@ class SFTTrainer(SupervisedTrainer):
             last = stop or self.step == self.total_steps
             if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics["eval/loss"] = self.evaluate()
-            self.run.log(self.step, metrics)
+            self.run.log(self.step, {**metrics, **self.memory.metrics()})
             self._step_done()
             if stop:
                 break
@@ -183,6 +184,12 @@ class SFTTrainer(SupervisedTrainer):
             "perf/skipped_steps": perf["perf/skipped_steps"],
         }
 
+    def _probe(self, n: int) -> torch.Tensor:
+        """The training loss of one synthetic row of ``n`` tokens, all completion (the memory probe)."""
+        ids = (torch.arange(n) % max(getattr(self.model.config, "vocab_size", 2) - 1, 1)).unsqueeze(0)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(n)[None]}
+        return self.loss_sum({**batch, "labels": ids})[0]
+
     def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
         """(Σ cross-entropy over the batch's completion tokens, their count); logits in float32.
 
@@ -201,7 +208,7 @@ class SFTTrainer(SupervisedTrainer):
             inputs.update(attention_mask=None, position_ids=None)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
-        with self._autocast():
+        with self._autocast(), self._memory_pass(*batch["input_ids"].shape):
             if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
                 _, (logprobs, _, _) = streamed_forward(
                     self.train_model, lambda h: h[:, :-1][keep], targets[keep], **inputs

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
 
 from .. import distributed
+from ..models.activations import checkpointable_layers, decoder_layer_count, measure_activation_cost
 from ..models.loading import enable_activation_checkpointing
+from ..models.memory import MemoryPlan
 from ..run.lifecycle import Run
 
 
@@ -47,6 +50,7 @@ class SupervisedTrainer:
         counters = self.run.start(self._trained_modules(), total_steps)
         if counters is not None:
             self._restore(counters)
+        self.memory.optimizer = self.run.optimizer  # its moments count once they exist
 
     # ---------------------------------------------------------------- inputs and data order
     @staticmethod
@@ -104,12 +108,33 @@ class SupervisedTrainer:
         return torch.autocast(self.device.type, dtype=getattr(torch, self.args.autocast))
 
     def _checkpoint_activations(self, model: torch.nn.Module, lora: bool) -> None:
-        """``gradient_checkpointing``: each block's activations recomputed in backward (a LoRA
-        model's frozen embeddings must then pass gradients on)."""
-        if self.args.gradient_checkpointing:
+        """``gradient_checkpointing`` 'on' or 'auto': each block can recompute its activations in
+        backward (a LoRA model's frozen embeddings must then pass gradients on); whether a pass does
+        is the memory plan's call (``_plan_memory``)."""
+        if self.args.gradient_checkpointing != "off":
             enable_activation_checkpointing(model)
             if lora:
                 model.enable_input_require_grads()
+
+    def _plan_memory(self, model: torch.nn.Module, probe: Callable[[int], torch.Tensor], longest: int) -> None:
+        """The activation policy (``models.memory.MemoryPlan``) of the trained ``model``: under 'auto'
+        the activation cost of ``probe(n)`` (the trainer's own pass with gradient on one row of ``n``
+        tokens, a scalar out) measured first; a ``longest``-token row that cannot fit is refused now.
+        Every process calls this (the probe's backward is a collective under DDP and FSDP2)."""
+        mode, layers = self.args.gradient_checkpointing, checkpointable_layers(model)
+        cost = None
+        if mode == "auto":
+            cost = measure_activation_cost(probe, [model], layers, True, decoder_layer_count(model))
+        self.memory = MemoryPlan(mode, cost, self.device, self.args.memory_budget_gb, layers, [model])
+        self.memory.check_row(longest, "row")
+
+    def _memory_pass(self, rows: int, width: int):
+        """The context of a forward pass over ``rows`` rows of ``width`` tokens: with gradient, its
+        layers checkpointed or not as the memory plan says; without, nothing."""
+        memory = getattr(self, "memory", None)  # None while the probe runs
+        if memory is None or not torch.is_grad_enabled():
+            return nullcontext()
+        return memory.pass_context(rows, width)
 
     # ---------------------------------------------------------------- checkpoints
     def _trained_modules(self) -> dict[str, torch.nn.Module]:

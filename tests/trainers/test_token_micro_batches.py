@@ -171,7 +171,10 @@ def test_token_micro_batches_give_the_update_of_one_batch(case):
         noise = torch.randn(exp.ref_logprobs.shape, generator=torch.Generator().manual_seed(1))
         exp.ref_logprobs = exp.ref_logprobs + 0.5 * noise
     counts = {
-        b: len(micro_batch_split(part(MinibatchUpdate, t.args), exp)(torch.arange(8))) for b, t in trainers.items()
+        b: len(
+            micro_batch_split(part(MinibatchUpdate, t.args), exp, t.models.token_budget(exp.rollout))(torch.arange(8))
+        )
+        for b, t in trainers.items()
     }
     assert counts[10**6] == (3 if config.get("micro_batch_size") == 3 else 1) and counts[1] == 8
     assert counts[60] < counts[20] < 8 or config.get("micro_batch_size")
@@ -195,11 +198,15 @@ def test_token_micro_batches_give_the_update_of_one_batch(case):
 def test_with_share_prompt_the_update_keeps_each_group_in_one_micro_batch_where_it_fits():
     trainer = make_trainer(algorithm="grpo", max_tokens_per_micro_batch=60)
     exp = varied_experience(trainer)
-    chunks = micro_batch_split(part(MinibatchUpdate, trainer.args), exp)(torch.arange(8))
+    chunks = micro_batch_split(part(MinibatchUpdate, trainer.args), exp, trainer.models.token_budget(exp.rollout))(
+        torch.arange(8)
+    )
     index = exp.rollout.prompt_index
     assert [sorted(set(index[c].tolist())) for c in chunks] == [[0], [1]]
     unshared = make_trainer(algorithm="grpo", max_tokens_per_micro_batch=60, share_prompt=False)
-    chunks = micro_batch_split(part(MinibatchUpdate, unshared.args), exp)(torch.arange(8))
+    chunks = micro_batch_split(part(MinibatchUpdate, unshared.args), exp, unshared.models.token_budget(exp.rollout))(
+        torch.arange(8)
+    )
     assert any(len(set(index[c].tolist())) > 1 for c in chunks)  # rows alone: by length, across prompts
 
 
@@ -208,6 +215,9 @@ def test_the_default_runs_a_short_batch_as_one_micro_batch():
     assert config.micro_batch_size is None and config.max_tokens_per_micro_batch is None
     trainer = make_trainer(algorithm="grpo")
     exp = varied_experience(trainer)
-    assert [c.tolist() for c in micro_batch_split(part(MinibatchUpdate, trainer.args), exp)(torch.arange(8))] == [
-        list(range(8))
-    ]
+    assert [
+        c.tolist()
+        for c in micro_batch_split(part(MinibatchUpdate, trainer.args), exp, trainer.models.token_budget(exp.rollout))(
+            torch.arange(8)
+        )
+    ] == [list(range(8))]

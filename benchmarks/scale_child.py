@@ -1,9 +1,17 @@
 """The child process of ``benchmarks/scale.py``: one run of one side (``--child trl|rlhfkit``),
-GRPO or SFT at one completion length, dtype and checkpointing setting, printing its measurements as
-one JSON line (the module docstring of ``scale.py`` defines them)."""
+GRPO or SFT at one completion length, dtype and checkpointing setting (and memory budget), printing its
+measurements as one JSON line (the module docstring of ``scale.py`` defines them).
+
+``--checkpointing``: ``default`` passes nothing; TRL gets ``gradient_checkpointing`` True / False for
+``on`` / ``off`` and its default for ``auto`` (TRL has no such policy); rlhfkit gets the string (``'on'``,
+``'off'``, ``'auto'``) when its config's ``gradient_checkpointing`` field is not a plain bool, else True /
+False (``auto`` then fails, named). ``--memory-budget-gb``: on CUDA both sides' processes are capped by
+``torch.cuda.set_per_process_memory_fraction`` before any allocation; rlhfkit also gets
+``memory_budget_gb`` when its config has that field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -39,7 +47,7 @@ def make_timer(cuda: bool):
 
 
 def rows(a) -> list[dict]:
-    from benchmarks.gpu_check import text
+    from benchmarks.gpu_rl import text
 
     if a.part == "rl":
         return [{"prompt": text(i, a.prompt_length)} for i in range(2 * a.prompts * (a.warmup + a.steps))]
@@ -57,7 +65,7 @@ def value(text: str):
         return text
 
 
-def build_trl(a, timer, ckpt: dict):
+def build_trl(a, timer):
     from datasets import Dataset
 
     common = dict(
@@ -70,7 +78,8 @@ def build_trl(a, timer, ckpt: dict):
         save_strategy="no",
         seed=0,
         dataloader_num_workers=0,
-        **ckpt,
+        # TRL has no policy: 'auto' runs its default (on), as 'default' does
+        **({"gradient_checkpointing": a.checkpointing == "on"} if a.checkpointing in ("on", "off") else {}),
     )
     data = Dataset.from_list(rows(a))
     if a.part == "rl":
@@ -92,10 +101,33 @@ def build_trl(a, timer, ckpt: dict):
 
         cfg = SFTConfig(per_device_train_batch_size=a.sft_rows, max_length=a.length, **common)
         trainer = SFTTrainer(model=a.model_dir, args=cfg, train_dataset=data, callbacks=[timer])
-    return trainer, trainer.model, cfg.gradient_checkpointing
+    return trainer, trainer.model, cfg.gradient_checkpointing, {}
 
 
-def build_rlhfkit(a, timer, ckpt: dict):
+def rlhfkit_fields(cls, a) -> dict:
+    """What ``--checkpointing`` and ``--memory-budget-gb`` give rlhfkit's config ``cls``: the checkpointing
+    policy as a string where the field takes one (its annotation is no plain bool), else a bool (before the
+    policy, where any truthy value, 'off' too, would turn it on); the budget where the field exists."""
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    out = {}
+    if a.checkpointing != "default":
+        if types["gradient_checkpointing"] not in (bool, "bool"):
+            out["gradient_checkpointing"] = a.checkpointing
+        elif a.checkpointing == "auto":
+            raise SystemExit(f"{cls.__name__}.gradient_checkpointing is a bool in this checkout: no 'auto' policy")
+        else:
+            out["gradient_checkpointing"] = a.checkpointing == "on"
+    if a.memory_budget_gb is not None and "memory_budget_gb" in types:
+        out["memory_budget_gb"] = a.memory_budget_gb
+    return out
+
+
+def build_rlhfkit(a, timer):
+    from rlhfkit.config import RLConfig
+    from rlhfkit.trainers import RLTrainer, SFTConfig, SFTTrainer
+
+    cls = RLConfig if a.part == "rl" else SFTConfig
+    fields = rlhfkit_fields(cls, a)
     common = dict(
         max_steps=a.warmup + a.steps,
         log_every=0,
@@ -103,13 +135,10 @@ def build_rlhfkit(a, timer, ckpt: dict):
         seed=0,
         device=a.device,
         autocast="bfloat16" if a.dtype == "bf16" else None,
-        **ckpt,
+        **fields,
         **{k: value(v) for k, v in (s.split("=", 1) for s in a.rlhfkit_set)},
     )
     if a.part == "rl":
-        from rlhfkit.config import RLConfig
-        from rlhfkit.trainers import RLTrainer
-
         cfg = RLConfig(
             algorithm="grpo",
             prompts_per_step=a.prompts,
@@ -120,12 +149,10 @@ def build_rlhfkit(a, timer, ckpt: dict):
             **common,
         )
         trainer = RLTrainer(a.model_dir, [reward], cfg, train_dataset=rows(a), callbacks=[timer])
-        return trainer, trainer.models.policy, cfg.gradient_checkpointing
-    from rlhfkit.trainers import SFTConfig, SFTTrainer
-
+        return trainer, trainer.models.policy, cfg.gradient_checkpointing, fields
     cfg = SFTConfig(batch_size=a.sft_rows, max_length=a.length, **common)
     trainer = SFTTrainer(a.model_dir, cfg, rows(a), callbacks=[timer])
-    return trainer, trainer.model, cfg.gradient_checkpointing
+    return trainer, trainer.model, cfg.gradient_checkpointing, fields
 
 
 def state_bytes(model) -> tuple[int, int]:
@@ -137,6 +164,17 @@ def state_bytes(model) -> tuple[int, int]:
     return n, b
 
 
+def checkpointed(side: str, model, history) -> tuple[bool, float | None]:
+    """Whether the model ran with activation checkpointing, and the share of its passes with gradient that
+    did where the run says (rlhfkit's ``perf/checkpointed_frac``: ``auto`` decides per pass, so the layers'
+    flags, which transformers sets on each layer it checkpoints, say only that it was installed)."""
+    fracs = [r["perf/checkpointed_frac"] for r in history if "perf/checkpointed_frac" in r] if side == "rlhfkit" else []
+    if fracs:
+        frac = sum(fracs) / len(fracs)
+        return frac > 0, frac
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()), None
+
+
 def completion_lengths(side: str, trainer, history) -> list[float]:
     """Each step's mean completion length (L on every step when no completion ended early)."""
     if side == "trl":
@@ -144,17 +182,16 @@ def completion_lengths(side: str, trainer, history) -> list[float]:
     return [r["rollout/response_length_mean"] for r in history]
 
 
-def child(a) -> None:
-    import torch
-    import transformers
-
-    cuda = a.device == "cuda"
-    # Everything either side imports while it builds its trainer, imported before the baseline.
+def prepare(a):
+    """Imports everything either side imports while it builds its trainer (before the baseline), caps CUDA
+    memory at the budget; returns (the memory reader, the fraction set or None)."""
     import accelerate  # noqa: F401
     import peft  # noqa: F401
+    import torch
+    import transformers
     import transformers.models.qwen2.modeling_qwen2  # noqa: F401
 
-    import benchmarks.gpu_check  # noqa: F401
+    import benchmarks.gpu_rl  # noqa: F401
 
     if a.child == "trl":
         import datasets  # noqa: F401
@@ -164,32 +201,46 @@ def child(a) -> None:
 
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    if cuda:
-        torch.cuda.init()
-    now = (
-        torch.cuda.memory_allocated
-        if cuda
-        else (lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
-    )
+    if a.device != "cuda":
+        return (lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")), None
+    torch.cuda.init()
+    fraction = None
+    if a.memory_budget_gb is not None:  # a smaller card emulated: allocations past it fail out of memory
+        fraction = min(1.0, a.memory_budget_gb * 1e9 / torch.cuda.get_device_properties(0).total_memory)
+        torch.cuda.set_per_process_memory_fraction(fraction)
+    return torch.cuda.memory_allocated, fraction
+
+
+def child(a) -> None:
+    import torch
+
+    cuda = a.device == "cuda"
+    now, fraction = prepare(a)
     baseline = now()
     timer = make_timer(cuda)
-    ckpt = {} if a.checkpointing == "default" else {"gradient_checkpointing": a.checkpointing == "on"}
     torch.manual_seed(0)
-    trainer, model, checkpointed = (build_trl if a.child == "trl" else build_rlhfkit)(a, timer, ckpt)
+    trainer, model, configured, passed = (build_trl if a.child == "trl" else build_rlhfkit)(a, timer)
     loaded = now()
     history = trainer.train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     params, state = state_bytes(model)
+    used, frac = checkpointed(a.child, model, history)
     times = timer.times[a.warmup :] or timer.times
     tokens = a.prompts * a.group_size * a.length if a.part == "rl" else a.sft_rows * a.length
     floor = baseline + state
     out = {
         "part": a.part,
         "side": a.child,
+        "layers": model.config.num_hidden_layers,
         "length": a.length,
         "dtype": a.dtype,
         "checkpointing": a.checkpointing,
-        "gradient_checkpointing": bool(checkpointed),
+        "gradient_checkpointing": used,
+        "checkpointed_frac": frac,
+        "gradient_checkpointing_config": configured,
+        "memory_budget_gb": a.memory_budget_gb,
+        "memory_fraction": fraction,
+        "rlhfkit_fields": passed,
         "device": a.device,
         "params": params,
         "tokens": tokens,
@@ -206,6 +257,3 @@ def child(a) -> None:
         out["completion_len"] = completion_lengths(a.child, trainer, history)
         out["exact_length"] = all(x == a.length for x in out["completion_len"])
     print(json.dumps(out), flush=True)
-
-
-# ---------------------------------------------------------------- the parent: every run, alternated

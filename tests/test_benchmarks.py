@@ -156,8 +156,6 @@ TINY_SCALE = [
     "64",
     "--vocab",
     "512",
-    "--layers",
-    "1",
     "--warmup",
     "0",
     "--steps",
@@ -165,27 +163,54 @@ TINY_SCALE = [
 ]
 
 
-def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
-    """``benchmarks/scale.py --only rlhfkit`` on a tiny Qwen2 (seconds): a JSON line per run, GRPO's
-    completions of exactly L tokens (the EOS the model cannot sample), the memory model, the table."""
+def run_scale(tmp_path, *args: str) -> tuple[list[dict], str]:
     out = subprocess.run(
-        [sys.executable, str(SCALE), "--only", "rlhfkit", *TINY_SCALE, "--json-out", str(tmp_path / "scale.jsonl")],
+        [sys.executable, str(SCALE), "--only", "rlhfkit", *TINY_SCALE, *args, "--json-out", str(tmp_path / "s.jsonl")],
         capture_output=True,
         text=True,
         timeout=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(x) for x in (tmp_path / "scale.jsonl").read_text().splitlines()]
-    assert [(r["part"], r["side"], r["length"], r["tokens"]) for r in rows] == [
-        ("rl", "rlhfkit", 8, 2 * 4 * 8),
-        ("sft", "rlhfkit", 32, 2 * 32),
+    return [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()], out.stdout
+
+
+def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
+    """``benchmarks/scale.py --only rlhfkit --layers 1`` on a tiny Qwen2 (seconds): a JSON line per run, GRPO's
+    completions of exactly L tokens (the EOS the model cannot sample), the memory model, the table."""
+    rows, stdout = run_scale(tmp_path, "--layers", "1")
+    assert [(r["part"], r["side"], r["layers"], r["length"], r["tokens"]) for r in rows] == [
+        ("rl", "rlhfkit", 1, 8, 2 * 4 * 8),
+        ("sft", "rlhfkit", 1, 32, 2 * 32),
     ]
     for r in rows:
         assert r["step_s"] > 0 and r["peak_gb"] > r["floor_gb"] > r["baseline_gb"] > 0, r
         assert abs(r["floor_gb"] - r["baseline_gb"] - 16 * r["params"] / 1e9) < 1e-9  # float32 weights, grads, AdamW
     assert rows[0]["exact_length"] and rows[0]["completion_len"] == [8.0]
-    assert "| rl | 8 | float32 | default (off) | rlhfkit |" in out.stdout
+    ckpt = "on" if rows[0]["gradient_checkpointing"] else "off"
+    assert f"| 1 | rl | 8 | float32 | default ({ckpt}) | rlhfkit |" in stdout
+    assert '{"per_layer"' not in stdout  # one depth: no slope
+
+
+def test_scale_benchmark_reports_the_activation_memory_per_layer_from_two_depths(tmp_path):
+    """``--depths 1,2`` (seconds): each configuration at both depths, and the per-layer table's number is
+    ((peak - floor) at 2 layers - (peak - floor) at 1 layer) / 1 layer / (tokens / 1000), in MB; checkpointing
+    'on' reaches the model, the budget is recorded (on the CPU it caps nothing)."""
+    rows, stdout = run_scale(
+        tmp_path, "--part", "rl", "--depths", "1,2", "--checkpointing", "on", "--memory-budget-gb", "24"
+    )
+    assert [(r["layers"], r["checkpointing"], r["gradient_checkpointing"]) for r in rows] == [
+        (1, "on", True),
+        (2, "on", True),
+    ]
+    assert rows[1]["params"] > rows[0]["params"] and rows[1]["floor_gb"] > rows[0]["floor_gb"]
+    assert all(r["memory_budget_gb"] == 24 and r["memory_fraction"] is None for r in rows)
+    [layered] = json.loads(next(x for x in stdout.splitlines() if x.startswith('{"per_layer"')))["per_layer"]
+    expected = (rows[1]["above_floor_gb"] - rows[0]["above_floor_gb"]) * 1000 / (2 - 1) / (64 / 1000)
+    assert layered["depths"] == [1, 2] and layered["tokens"] == 64 and layered["ckpt"] == "on"
+    assert layered["mb_per_layer_per_1k_tokens"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    assert layered["step_s_per_layer"] == pytest.approx(rows[1]["step_s"] - rows[0]["step_s"])
+    assert f"| rl | 8 | float32 | on, 24 GB | 1→2 | rlhfkit | — | {expected:.1f} (on) | — |" in stdout
 
 
 def test_decode_benchmark_alternates_the_decode_modes_on_a_tiny_model():

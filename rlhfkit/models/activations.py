@@ -4,8 +4,9 @@ switched per pass.
 **The measurement** (``measure_activation_cost``). A probe runs the trainer's own forward pass with
 gradient on one synthetic row at a few lengths, with every decoder layer checkpointed and without, and
 counts the bytes autograd keeps: every tensor saved for backward (``torch.autograd.graph.
-saved_tensors_hooks``; each storage once, parameters left out) and, with checkpointing, the inputs a
-checkpointed layer keeps to recompute itself (the tensors it is called with). The counts are exact for
+saved_tensors_hooks``; each storage once, parameters left out); a checkpointed layer's inputs, which it
+keeps to recompute itself, are among them (torch's non-reentrant checkpoint saves them for backward,
+outside the layer). The counts are exact for
 the model, the attention implementation, the dtype, autocast and the LM head mode the run uses (on a
 CPU as on a GPU), and cost a few short passes. Per row of ``w`` tokens the kept bytes are fitted as
 ``a + b w + c w^2`` (``c``: attention that keeps ``w x w`` scores, eager; 0 for SDPA and flash), so a
@@ -103,50 +104,30 @@ class ActivationCost:
         return coefs[1] / max(self.layers, 1)
 
 
-def kept_bytes(forward: Callable[[], object], layers: Sequence[torch.nn.Module] = ()) -> tuple[int, object]:
+def kept_bytes(forward: Callable[[], object]) -> tuple[int, object]:
     """``(bytes, output)``: the bytes the autograd graph of ``forward()`` keeps for backward (each
-    storage once, parameters left out; with ``layers`` checkpointed, the inputs each keeps to recompute
-    itself), and ``forward``'s output (keep it alive as long as the graph is needed)."""
-    kept = _Kept(layers)
-    with kept.counting():
+    storage once, parameters left out), and ``forward``'s output (keep it alive as long as the graph is
+    needed)."""
+    kept = _Kept()
+    with torch.autograd.graph.saved_tensors_hooks(kept.pack, lambda t: t):
         out = forward()
     return kept.total, out
 
 
 class _Kept:
-    """Counts the storages autograd keeps while active (each once; parameters are not activations)."""
+    """Counts the storages autograd keeps (each once; parameters are not activations)."""
 
-    def __init__(self, layers: Sequence[torch.nn.Module] = ()):
+    def __init__(self):
         self.storages: dict[int, int] = {}
-        self.layers = layers
 
-    def add(self, t) -> None:
-        if not isinstance(t, torch.Tensor) or isinstance(t, torch.nn.Parameter):
-            return
-        try:
-            storage = t.untyped_storage()
-            self.storages.setdefault(storage.data_ptr(), storage.nbytes())
-        except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage of its own
-            self.storages.setdefault(id(t), t.numel() * t.element_size())
-
-    def pack(self, t):
-        self.add(t)
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            try:
+                storage = t.untyped_storage()
+                self.storages.setdefault(storage.data_ptr(), storage.nbytes())
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage of its own
+                self.storages.setdefault(id(t), t.numel() * t.element_size())
         return t
-
-    def layer_inputs(self, module, args, kwargs) -> None:
-        """A checkpointed layer keeps the tensors it is called with to recompute itself."""
-        for x in (*args, *kwargs.values()):
-            self.add(x)
-
-    @contextmanager
-    def counting(self):
-        hooks = [m.register_forward_pre_hook(self.layer_inputs, with_kwargs=True) for m in self.layers]
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
-                yield self
-        finally:
-            for h in hooks:
-                h.remove()
 
     @property
     def total(self) -> int:
@@ -183,7 +164,7 @@ def measure_activation_cost(
         sizes = []
         for n in lengths:
             with checkpointing(layers, on):
-                size, out = kept_bytes(lambda n=n: forward(n), layers if on else ())
+                size, out = kept_bytes(lambda n=n: forward(n))
                 sizes.append(size)
                 (out * 0).backward()
             del out

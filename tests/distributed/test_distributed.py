@@ -5,6 +5,7 @@ DDP), and a 2-process DDP run learns the toy task with identical weights on ever
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def run(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
 def _experience(path: Path, config) -> dict:
     """One batch of experience from the toy trainer, saved as plain tensors to ``path``; returns the
     trainer's policy weights before any update."""
-    trainer = toy_trainer(**config)
+    trainer = toy_trainer(**{k: v for k, v in config.items() if k != "checkpoint_above_tokens"})
     rows = trainer.sampler.sample_prompts()
     rollout = trainer.sampler.engine.generate(
         [trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampler.sampling
@@ -104,6 +105,20 @@ CASES = {
     "grpo-token-budget": dict(
         algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", max_tokens_per_micro_batch=60
     ),
+    # activation checkpointing (issue 50): every pass recomputed under FSDP2's and DDP's backward; and 'auto'
+    # with the free memory of a 52-token pass (worker.py): processes whose micro-batches differ decide each
+    # pass for themselves (one recomputes a pass the other keeps: no collective is added)
+    "ppo-checkpointing-on": dict(
+        algorithm="ppo", prompts_per_step=8, mini_batch_size=4, micro_batch_size=2, gradient_checkpointing="on"
+    ),
+    "grpo-checkpointing-auto": dict(
+        algorithm="grpo",
+        prompts_per_step=4,
+        loss_agg="token-mean",
+        max_tokens_per_micro_batch=60,
+        gradient_checkpointing="auto",
+        checkpoint_above_tokens=52,
+    ),
 }
 
 
@@ -139,7 +154,7 @@ def one_updates(tmp_path_factory):
                 cases[n].append([str(experience), str(out / "config.json"), str(out / f"{name}.safetensors")])
     for nproc in (1, 2):
         (root / f"cases-{nproc}.json").write_text(json.dumps(cases[nproc]))
-        run(nproc, "update", root / f"cases-{nproc}.json")
+        runs["stderr", nproc] = run(nproc, "update", root / f"cases-{nproc}.json").stderr
     return runs
 
 
@@ -154,6 +169,19 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(one_up
     for name in one:  # equal to 1e-5 relative, in norm per tensor (AdamW's first steps amplify float
         # rounding of near-zero gradients element by element: up to ~2e-6 absolute was measured)
         assert (two[name] - one[name]).norm() <= 1e-5 * one[name].norm(), name
+
+
+def test_auto_checkpointing_mixes_passes_and_two_processes_may_decide_differently(one_updates):
+    """The 'auto' case did mix (worker.py prints each process's checkpointed share per parallelism), and
+    under at least one parallelism the two processes checkpointed different shares of their passes — a
+    pass one recomputes and the other does not needs no collective — yet the weights above are equal."""
+    shares: dict = {}  # (nproc, rank) -> the share of each case in turn
+    for nproc in (1, 2):
+        for rank, share in re.findall(r"checkpointed_frac\[(\d+)\]=([0-9.]+)\n", one_updates["stderr", nproc]):
+            shares.setdefault((nproc, int(rank)), []).append(float(share))
+    assert set(shares) == {(1, 0), (2, 0), (2, 1)} and all(len(v) == len(PARALLELISMS) for v in shares.values())
+    assert all(0 < f < 1 for f in shares[1, 0]), shares
+    assert shares[2, 0] != shares[2, 1], shares
 
 
 # The short 2-process runs of this file's tests: (command, config), each writing to <root>/<name>.

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from rlhfkit import distributed
+from rlhfkit.models.memory import SAFETY
 from rlhfkit.rl.experience import Experience
 from rlhfkit.rollout import Rollout
 from rlhfkit.tasks.toy import toy_trainer
@@ -61,11 +62,17 @@ def update(cases):
 def update_one(experience, config, out):
     config = json.loads(open(config).read())
     eps = config.pop("adam_eps", None)
+    above = config.pop("checkpoint_above_tokens", None)
     trainer = set_adam_eps(toy_trainer(**config), eps)
+    if above is not None:  # the free memory of a pass of that many tokens: larger ones checkpoint under 'auto'
+        plan = trainer.models.memory
+        plan.free = lambda: plan.cost.kept(1, above, False) / SAFETY
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
     share = B // distributed.role_size()
     rows = torch.arange(distributed.role_rank() * share, (distributed.role_rank() + 1) * share)
-    trainer.update(load_experience(experience, rows))
+    metrics = trainer.update(load_experience(experience, rows)) | trainer.models.memory.metrics()
+    if above is not None:  # each process's own share: they decide for themselves
+        sys.stderr.write(f"checkpointed_frac[{distributed.role_rank()}]={metrics['perf/checkpointed_frac']}\n")
     weights = full_weights(trainer)
     if distributed.is_main():
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)

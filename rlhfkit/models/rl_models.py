@@ -116,6 +116,8 @@ class RLModels:
                 if args.critic_init
                 else ScalarModel.from_causal_lm(_base_causal_lm(policy))
             ).to(self.device)
+            if args.gradient_checkpointing != "off":  # its layers as the policy's (plan_memory decides each pass)
+                enable_activation_checkpointing(self.critic.backbone)
         self._shard()
 
     def _shard(self) -> None:

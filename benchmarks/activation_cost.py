@@ -26,10 +26,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SHAPES = {
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2),  # the test's
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14, num_key_value_heads=2),
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4),
 }
-PARAMS = {"qwen2.5-0.5b": 494e6, "qwen2.5-7b": 7.62e9}  # the real models' parameter counts (the 7B's head untied)
+PARAMS = {
+    "tiny": 0.0,
+    "qwen2.5-0.5b": 494e6,
+    "qwen2.5-7b": 7.62e9,
+}  # the real models' parameter counts (the 7B's head untied)
 
 
 def parse(argv=None):

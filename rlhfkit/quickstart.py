@@ -22,7 +22,7 @@ from .tasks.tiny import char_tokenizer, tiny_causal_lm
 
 SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
 # DPO on this task (tuned like the RL stages' settings; see README, "DPO").
-DPO_SETTINGS = dict(beta=0.1, learning_rate=1e-3, batch_size=32, lr_scheduler="cosine")
+DPO_SETTINGS: dict[str, Any] = dict(beta=0.1, learning_rate=1e-3, batch_size=32, lr_scheduler="cosine")
 DPO_STEPS = 300
 
 

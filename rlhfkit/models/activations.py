@@ -21,17 +21,22 @@ way, up to float rounding (the recompute runs the same kernels on the same input
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers.modeling_layers import GradientCheckpointingLayer
 
 PROBE_LENGTHS = (16, 32, 64)
 """The row lengths the probe runs (three, so the quadratic term of eager attention is fitted too)."""
 
 
-def checkpointable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+def checkpointable_layers(model: torch.nn.Module) -> list[GradientCheckpointingLayer]:
     """The layers of ``model`` that checkpoint themselves when their flag is set: transformers'
     ``GradientCheckpointingLayer`` modules it installed a checkpoint function on
     (``enable_activation_checkpointing``)."""
@@ -55,7 +60,7 @@ def decoder_layer_count(model: torch.nn.Module) -> int:
 
 
 @contextmanager
-def checkpointing(layers: Sequence[torch.nn.Module], on: bool):
+def checkpointing(layers: Sequence[GradientCheckpointingLayer], on: bool):
     """Every layer of ``layers`` (``checkpointable_layers``) checkpointed (``on``) or not for the
     passes run inside; the flags are restored after."""
     before = [m.gradient_checkpointing for m in layers]
@@ -104,7 +109,7 @@ class ActivationCost:
         return coefs[1] / max(self.layers, 1)
 
 
-def kept_bytes(forward: Callable[[], object]) -> tuple[int, object]:
+def kept_bytes(forward: Callable[[], torch.Tensor]) -> tuple[int, torch.Tensor]:
     """``(bytes, output)``: the bytes the autograd graph of ``forward()`` keeps for backward (each
     storage once, parameters left out), and ``forward``'s output (keep it alive as long as the graph is
     needed)."""
@@ -147,7 +152,7 @@ def _fit(lengths: Sequence[int], sizes: Sequence[float]) -> tuple[float, float, 
 def measure_activation_cost(
     forward: Callable[[int], torch.Tensor],
     modules: Iterable[torch.nn.Module],
-    layers: Sequence[torch.nn.Module],
+    layers: Sequence[GradientCheckpointingLayer],
     with_checkpointing: bool,
     n_layers: int,
     lengths: Sequence[int] = PROBE_LENGTHS,
@@ -164,7 +169,7 @@ def measure_activation_cost(
         sizes = []
         for n in lengths:
             with checkpointing(layers, on):
-                size, out = kept_bytes(lambda n=n: forward(n))
+                size, out = kept_bytes(functools.partial(forward, n))
                 sizes.append(size)
                 (out * 0).backward()
             del out

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
 from .activations import ActivationCost, checkpointing
+
+if TYPE_CHECKING:
+    from transformers.modeling_layers import GradientCheckpointingLayer
 
 SAFETY = 0.85
 """The share of the free memory activations may take: the rest is for what the measurement does not
@@ -97,13 +101,15 @@ class MemoryPlan:
 
     def __init__(
         self,
-        mode: str,
+        mode: str | bool,
         cost: ActivationCost | None,
         device: torch.device,
         budget_gb: float | None,
-        layers: list[torch.nn.Module],
+        layers: list[GradientCheckpointingLayer],
         trained: Iterable[torch.nn.Module],
     ):
+        if isinstance(mode, bool):  # TRL's form
+            mode = "on" if mode else "off"
         self.mode, self.cost, self.device, self.budget_gb, self.layers = mode, cost, device, budget_gb, layers
         self.params = [p for m in trained for p in m.parameters() if p.requires_grad]
         self.optimizer = None
@@ -114,10 +120,8 @@ class MemoryPlan:
     def pending(self) -> float:
         """Bytes the training state will still take: each trainable parameter's gradient until it has
         one, AdamW's two moments until the optimizer holds them."""
-        state = self.optimizer.state if self.optimizer is not None else {}
-        return float(
-            sum(state_bytes(p) * ((p.grad is None) + 2 * (not state.get(p))) for p in self.params if p is not None)
-        )
+        state: dict = self.optimizer.state if self.optimizer is not None else {}
+        return float(sum(state_bytes(p) * (int(p.grad is None) + 2 * int(not state.get(p))) for p in self.params))
 
     def free(self) -> float:
         """The bytes activations may use now: ``free_bytes`` less ``pending``."""

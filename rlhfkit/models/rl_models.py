@@ -220,7 +220,7 @@ class RLModels:
         ids = (torch.arange(n, device=self.device) % max(vocab - 1, 1)).unsqueeze(0)
         ones = torch.ones_like(ids)
         row = _ProbeRow(ids, ones, ones[:, 1:])
-        logprobs, values, _, _ = self._forward(row, with_values=self.args.use_critic, with_entropy=True)
+        logprobs, values, _, _ = self._forward(row, with_values=bool(self.args.use_critic), with_entropy=True)
         return logprobs.sum() + (values.sum() if values is not None else 0)
 
     def token_budget(self, rollout: RolloutBatch) -> int | None:

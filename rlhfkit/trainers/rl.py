@@ -116,7 +116,8 @@ class RLTrainer:
         )
         if not distributed.is_generator():  # the activation policy; a row that cannot fit is refused now
             longest = max((len(p) for p in self.sampler.prompt_ids), default=0) + args.max_new_tokens
-            self.models.plan_memory().check_row(longest, "prompt + completion")
+            self.memory = self.models.plan_memory()
+            self.memory.check_row(longest, "prompt + completion")
         self.run.open(
             model,
             {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, self.eval_rows)},
@@ -154,7 +155,7 @@ class RLTrainer:
         )
         if counters is not None:
             self._restore(counters)
-        self.models.memory.optimizer = self.run.optimizer  # its moments count once they exist
+        self.memory.optimizer = self.run.optimizer  # its moments count once they exist
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
@@ -266,7 +267,7 @@ class RLTrainer:
                 "perf/skipped_steps": float(self.run.guard.skipped),
                 **{f"perf/time_{k}": v for k, v in timings.items()},
                 "perf/tokens_per_s": float(tokens) / max(sum(timings.values()), 1e-9),
-                **self.models.memory.metrics(),
+                **self.memory.metrics(),
             }
         )
         row = self.run.log(self.step, metrics)

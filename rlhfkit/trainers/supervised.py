@@ -33,6 +33,8 @@ class SupervisedTrainer:
     holds (``run/lifecycle.py``), the same object the RL trainer holds."""
 
     main_metric = "loss"
+    device: torch.device  # set by the subclass once its model is placed
+    memory: MemoryPlan  # the activation policy (_plan_memory)
 
     def _check_run(self, callbacks=None) -> None:
         """Before anything loads: the ``Run`` (device, ``resume_from='latest'``, the run

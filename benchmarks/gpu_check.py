@@ -17,7 +17,8 @@ with a run directory, so the step timeline (``trace.json``) and the plots are wr
 - ``lora``: GRPO with a LoRA adapter (r 16, attention projections) on the bf16 base;
 - ``quantized``: GRPO sampling from an fp8 copy of the policy (``rollout_precision='fp8'``, torchao;
   int8 on the CPU), with the ``rollout/*`` mismatch metrics; ``compiled``: GRPO with
-  ``hf_decode='static'`` (transformers' static cache, compiled with CUDA graphs on CUDA); ``decode``:
+  ``hf_decode='static'`` (transformers' static cache, compiled with CUDA graphs on CUDA) on bf16
+  weights, on float32 weights under bf16 autocast, and that with LoRA (``variants``); ``decode``:
   decode tokens/s of the HF engine's variants (``DECODE_VARIANTS``: generate, loop, static, bf16 and
   fp8 copies on CUDA; int8 and bf16 copies on the CPU) side by side, with each copy's log-prob gap;
 - ``fsdp``: GRPO with FSDP2 over a process group of one process (NCCL on CUDA, gloo on the CPU),
@@ -153,12 +154,7 @@ def check_ppo(ctx):
 
 
 def check_lora(ctx):
-    from peft import LoraConfig
-
-    lora = LoraConfig(
-        r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
-    )
-    return ctx.measure(rl_trainer(ctx, "grpo", peft_config=lora), "reward/mean")
+    return ctx.measure(rl_trainer(ctx, "grpo", peft_config=gpu_rl.lora_config()), "reward/mean")
 
 
 def check_fsdp(ctx):

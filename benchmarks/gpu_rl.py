@@ -4,10 +4,12 @@ compiled (static-cache) decode, and the HF engine's decode variants side by side
 
 from __future__ import annotations
 
+import gc
 import math
 import string
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -71,9 +73,53 @@ def check_quantized(ctx):
     return result
 
 
+def lora_config():
+    """The LoRA adapter of the LoRA checks: r 16 on the attention projections."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"
+    )
+
+
+# The compiled check's runs: name -> (weights' dtype, RLConfig.autocast, LoRA adapter); the first gives its numbers.
+COMPILED_VARIANTS = {
+    "bf16": (torch.bfloat16, None, False),
+    "fp32_autocast_bf16": (torch.float32, "bfloat16", False),
+    "lora_fp32_autocast_bf16": (torch.float32, "bfloat16", True),
+}
+
+
 def check_compiled(ctx):
-    """GRPO with the static-cache decode (``hf_decode='static'``: compiled with CUDA graphs on CUDA)."""
-    return ctx.measure(rl_trainer(ctx, "grpo", hf_decode="static"), "reward/mean")
+    """GRPO with the static-cache decode (``hf_decode='static'``: compiled with CUDA graphs on CUDA)
+    for each of ``COMPILED_VARIANTS``: bfloat16 weights (the check's numbers), float32 weights
+    under bfloat16 autocast (``autocast: bfloat16``, TRL's ``bf16=True``: float32 keys, bfloat16
+    values; transformers < 5.24 allocate a static layer's values in its keys' dtype, which failed
+    before ``HFEngine._static_cache`` allocated the cache itself), and that with a LoRA adapter.
+    Each run's ``ok``, ``step_s`` and ``tokens_per_s`` (or its error) under ``variants``, in a run
+    directory and a torch.compile state of its own; any failed run fails the check, after all ran."""
+    base, variants, first = ctx.out_dir, {}, None
+    for name, (dtype, autocast, lora) in COMPILED_VARIANTS.items():
+        torch._dynamo.reset()  # each run compiles afresh (its warm-up step, left out of the times)
+        ctx.out_dir = f"{base}-{name}" if base else None
+        options = {"autocast": autocast} if autocast else {}
+        try:
+            trainer = rl_trainer(ctx, "grpo", dtype, lora_config() if lora else None, hf_decode="static", **options)
+            result = ctx.measure(trainer, "reward/mean")
+        except Exception as e:  # noqa: BLE001 — named in the report, the other runs go on
+            traceback.print_exc()
+            variants[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"[:1000]}
+            continue
+        finally:
+            trainer = None
+            gc.collect()
+        first = first or result
+        variants[name] = {"ok": True, "step_s": result["step_s"], "tokens_per_s": result.get("tokens_per_s")}
+    ctx.out_dir = base
+    failed = [name for name, v in variants.items() if not v["ok"]]
+    if failed:
+        raise RuntimeError(f"hf_decode='static' failed for {', '.join(failed)}: {variants}")
+    return {**first, "variants": variants}
 
 
 def check_decode(ctx):
@@ -81,8 +127,10 @@ def check_decode(ctx):
     ``rollout_precision``) on the check's model in float32, the GRPO check's rows (prompts x group,
     ``new_tokens`` each), one warm-up call (it compiles ``static``), then ``ctx.steps - 1`` timed calls
     per variant, alternated, with the same seeds. Per variant: ``tokens_per_s``, ``speedup`` over
-    ``generate``, and for a quantized copy ``logprob_gap`` (mean |its log-prob - the float32 model's|
-    per sampled token). A variant that fails is reported with its error; the others go on."""
+    ``generate``, for a quantized copy ``logprob_gap`` (mean |its log-prob - the float32 model's|
+    per sampled token), and for another decode of the float32 model ``rows_differ``: the share of
+    rows whose completion differs from ``generate``'s (0: token-exact on this device). A variant
+    that fails is reported with its error; the others go on."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from decode import engine, logprob_gap  # benchmarks/decode.py
 
@@ -94,7 +142,7 @@ def check_decode(ctx):
     prompts = tokenize_prompts([{"prompt": text(i, w["prompt"])} for i in range(w["prompts"])], ctx.tokenizer, None)
     sampling = SamplingParams(max_new_tokens=w["new_tokens"], temperature=1.0)
     sync = torch.cuda.synchronize if ctx.device.type == "cuda" else (lambda: None)
-    engines, errors, seconds, gaps, tokens = {}, {}, {}, {}, {}
+    engines, errors, seconds, gaps, tokens, last = {}, {}, {}, {}, {}, {}
     for variant in DECODE_VARIANTS[ctx.device.type]:
         try:
             engines[variant] = engine(variant, model, ctx.tokenizer, share_prompt=True)
@@ -112,13 +160,15 @@ def check_decode(ctx):
                 del engines[variant]
                 continue
             sync()
+            last[variant] = out  # every round samples with the same seeds
             if rep:  # round 0 warms up (and compiles)
                 seconds[variant] = seconds.get(variant, 0.0) + time.perf_counter() - start
                 tokens[variant] = tokens.get(variant, 0) + int(out.response_mask.sum())
                 if ":" in variant:
                     gaps[variant] = logprob_gap(model, out)
     speed = {v: round(tokens[v] / seconds[v], 1) for v in seconds}
-    base = speed.get(DECODE_VARIANTS[ctx.device.type][0])
+    baseline = DECODE_VARIANTS[ctx.device.type][0]
+    base = speed.get(baseline)
     if not base:
         raise RuntimeError(f"the baseline decode failed: {errors}")
     if any(not math.isfinite(g) for g in gaps.values()):
@@ -130,7 +180,20 @@ def check_decode(ctx):
         "decode_tokens_per_s": speed,
         "speedup": {v: round(x / base, 3) for v, x in speed.items()},
         "logprob_gap": {v: round(g, 5) for v, g in gaps.items()},
+        "rows_differ": {v: rows_differ(r, last[baseline]) for v, r in last.items() if ":" not in v and v != baseline},
         "errors": errors,
         "rows": len(prompts) * w["group"],
         "new_tokens": w["new_tokens"],
     }
+
+
+def rows_differ(a, b) -> float:
+    """The share of rows whose completion (its tokens up to its EOS) differs between rollouts ``a``
+    and ``b`` of the same prompts and seeds."""
+    width = max(a.response_ids.shape[1], b.response_ids.shape[1])
+
+    def completions(r):
+        ids = r.response_ids.masked_fill(r.response_mask == 0, -1)
+        return torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=-1)
+
+    return round(float((completions(a) != completions(b)).any(-1).float().mean()), 4)

@@ -113,6 +113,9 @@ def test_gpu_check_runs_every_check_on_the_cpu():
     for name, check in report["checks"].items():
         assert check["ok"] and check["step_s"] > 0 and check["tokens_per_s"] > 0 and check["steps_timed"] == 2, name
     assert set(report["checks"]["grpo"]["phases_s"]) >= {"generate", "reward", "logprobs", "update"}
+    compiled = report["checks"]["compiled"]["variants"]  # hf_decode='static': bf16 weights, fp32 under autocast, LoRA
+    assert list(compiled) == ["bf16", "fp32_autocast_bf16", "lora_fp32_autocast_bf16"]
+    assert all(v["ok"] and v["tokens_per_s"] > 0 for v in compiled.values())
     quantized = report["checks"]["quantized"]  # int8 on the CPU: a sampling copy that differs, measured
     assert quantized["rollout_precision"] == "int8" and quantized["mismatch"]["rollout/logprob_diff_mean"] > 0
     decode = report["checks"]["decode"]  # every CPU variant decoded; the quantized copies' gaps measured
@@ -121,6 +124,7 @@ def test_gpu_check_runs_every_check_on_the_cpu():
         and not decode["errors"]
     )
     assert 0 < decode["logprob_gap"]["loop:int8"] < 1
+    assert decode["rows_differ"] == {"loop": 0.0}  # float32 on the CPU: the loop samples generate's tokens
 
 
 def test_gpu_check_names_a_failed_check_and_exits_1(monkeypatch, capsys):

@@ -69,8 +69,10 @@ class HFOptions:
     the step it ends (when rows draw from their own seeds, or greedily), so later steps compute only the rows still
     running; the same tokens as 'generate' for the same seeds, greedy generate's own. 'generate': transformers'
     generate. 'static': generate with transformers' StaticCache, whose decode step transformers compiles with CUDA
-    graphs on a GPU (about 3x the decode speed of the others on an H200, measured) but which rounds differently, so a
-    token now and then differs from the other two; slower on a CPU."""
+    graphs on a GPU (about 3x the decode speed of the others on an H200, measured); also under autocast over float32
+    weights and with LoRA. On a CPU in float32 it samples the other two's tokens (measured); in bfloat16 / float16
+    (weights or autocast) its attention over the whole preallocated cache rounds differently, so a token now and then
+    differs, and on a GPU its compiled kernels do too; slower on a CPU."""
     rollout_precision: str | None = None
     """Quantized rollouts (HF engine, ROLLOUT_PRECISIONS): the completions are sampled from a copy of the policy held at
     a lower precision, refreshed from the trained weights after every optimizer step (as vLLM's weight sync): 'bfloat16'

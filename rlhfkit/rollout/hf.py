@@ -14,7 +14,7 @@ from ..models import efficiency
 from ..models.loading import eos_token_ids
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
-from .decode import decode
+from .decode import decode, decode_cache, growing_layer
 
 DEFAULT_DECODE = "loop"
 
@@ -26,10 +26,13 @@ class HFEngine:
     ``generate``; on a CPU a bfloat16 / float16 model attends by matmuls in its decode steps,
     ``rollout.decode.decode_attention``) —, "generate" (``model.generate`` with the sampler as its logits processor), or
     "static" (``generate`` with transformers' ``StaticCache``: on a GPU transformers compiles the
-    decode step, CUDA graphs included, ~3x the decode speed of "generate" on an H200; not
-    token-exact — attention over the whole preallocated buffer and compiled kernels round
-    differently, so now and then a token differs from "generate"'s —, and slower on a CPU).
-    ``benchmarks/decode.py`` measures them.
+    decode step, CUDA graphs included, ~3x the decode speed of "generate" on an H200; slower on a
+    CPU; under autocast too, ``_static_cache``). On a CPU in float32 "static" samples the same
+    tokens as "generate" and "loop" for the same seeds (measured); in bfloat16 / float16, weights
+    or autocast, its attention over the whole preallocated buffer rounds differently (a buffer of
+    the exact length gives "generate"'s logits bit for bit), so now and then a token differs (on a
+    CPU under bfloat16 autocast, 4–9% of 48-token rows sampled at temperature 1); on a GPU its
+    compiled kernels round differently too. ``benchmarks/decode.py`` measures them.
 
     ``n`` completions per prompt are produced by repeating each prompt ``n`` times, so rows
     ``g*n .. g*n+n-1`` share prompt ``g``. With ``share_prompt`` each prompt is encoded once and its
@@ -146,7 +149,7 @@ class HFEngine:
         try:
             cache = self._prompt_cache(prompt_ids, prompt_mask, n)
             if self.decode == "static":
-                cache = self._static_cache(cache, prompt_ids.shape[1] + sampling.max_new_tokens)
+                cache = self._static_cache(cache, ids, prompt_ids.shape[1] + sampling.max_new_tokens)
             with _neutral_model_defaults(self.model):
                 # Decoding picks the token the sampler drew: ``generate`` runs greedy over its output.
                 config = self.generation_config(replace(sampling, greedy=True))
@@ -208,33 +211,81 @@ class HFEngine:
         efficiency.add_computed(computed)
         efficiency.add_needed("generate", efficiency.needed(prompt_mask.sum(-1), response_mask.sum(-1)))
 
-    def _static_cache(self, prompt_cache, length: int):
-        """transformers' ``StaticCache`` of ``length`` columns (``generate`` compiles its decode step
-        for it on GPUs: ``torch.compile`` with CUDA graphs), holding ``prompt_cache``'s columns
-        when there is one (its buffers are allocated at the first update, with the batch's rows)."""
+    def _static_cache(self, prompt_cache, ids: torch.Tensor, length: int):
+        """transformers' ``StaticCache`` of ``length`` columns for the rows of ``ids`` (``generate``
+        compiles its decode step for it on GPUs: ``torch.compile`` with CUDA graphs), holding
+        ``prompt_cache``'s columns when there is one.
+
+        Each layer holds its keys and its values in the dtype the model writes them in, which under
+        autocast over float32 weights (``autocast: bfloat16``) differ: the values are the value
+        projection's bfloat16, the keys float32 (RoPE's float32 cos / sin promote them).
+        transformers >= 5.24 allocates a layer's buffers so at its first update; earlier releases
+        (5.17–5.23 at least) allocate the values in the keys' dtype, and writing bfloat16 values
+        into float32 buffers failed (``index_copy_(): self and source expected to have the same
+        dtype``). With those (``_static_values_take_key_dtype``) the layers are allocated here
+        before any update (``_allocate_static``)."""
         from transformers import StaticCache
 
         cache = StaticCache(config=self.model.config, max_cache_len=length)
+        if _static_values_take_key_dtype():
+            self._allocate_static(cache, ids, prompt_cache)
         if prompt_cache is not None:
-            for i, layer in enumerate(prompt_cache.layers):
-                cache.layers[i].update(layer.keys, layer.values)
+            for layer, prompt in zip(cache.layers, prompt_cache.layers):
+                layer.update(prompt.keys, prompt.values)
         return cache
+
+    def _allocate_static(self, cache, ids: torch.Tensor, prompt_cache) -> None:
+        """Allocate ``cache``'s full-attention layers for the rows of ``ids``, keys and values each
+        in the dtype (and with the heads and head size) the model writes them in: those of
+        ``prompt_cache`` (a ``decode_cache``, whose layers keep both dtypes), or without one, of one
+        token of the first row run through a ``decode_cache`` under the caller's autocast (a model
+        call the efficiency counters leave out). Layers of other kinds (sliding windows) are
+        allocated by transformers at their first update, the values in the keys' dtype."""
+        if prompt_cache is None:
+            prompt_cache = decode_cache(self.model, capacity=1)
+            self.model(input_ids=ids[:1, -1:], use_cache=True, logits_to_keep=1, **with_cache(prompt_cache))
+        growing, rows = growing_layer(), ids.shape[0]
+        for layer, seen in zip(cache.layers, prompt_cache.layers):
+            if not isinstance(seen, growing) or not seen.length:
+                continue
+            k, v = seen.keys, seen.values
+            layer.lazy_initialization(
+                k.new_empty((rows, k.shape[1], 0, k.shape[-1])), v.new_empty((rows, v.shape[1], 0, v.shape[-1]))
+            )
+            if layer.values.dtype != v.dtype:  # the values' own buffer (transformers < 5.24 gave them the keys' dtype)
+                layer.values = torch.zeros_like(layer.values, dtype=v.dtype)
+                torch._dynamo.mark_static_address(layer.values)  # as transformers marks its buffers, for CUDA graphs
 
     def _prompt_cache(self, ids: torch.Tensor, mask: torch.Tensor, n: int):
         """The cache of every prompt token but the last, computed once per prompt and repeated ``n``
-        times; None (generate encodes the repeated prompts itself) when there is nothing to share."""
+        times; None (generate encodes the repeated prompts itself) when there is nothing to share.
+        For ``decode="static"`` a ``decode_cache`` (``_static_cache`` copies it): its layers hold the
+        keys and the values each in its own dtype, whatever transformers' release."""
         if not self.share_prompt or n < 2 or int(mask[:, :-1].sum(-1).min()) < 1:
             return None
+        own = with_cache(decode_cache(self.model, capacity=ids.shape[1] - 1)) if self.decode == "static" else {}
         out = self.model(
             input_ids=ids[:, :-1],
             attention_mask=mask[:, :-1],
             position_ids=position_ids_from_mask(mask[:, :-1]),
             use_cache=True,
             logits_to_keep=1,
+            **own,
         )
         cache = output_cache(out)
         cache.batch_repeat_interleave(n)
         return cache
+
+
+def _static_values_take_key_dtype() -> bool:
+    """Whether transformers' ``StaticLayer`` allocates its values in its keys' dtype (releases
+    before 5.24): then a model writing keys and values in different dtypes (autocast over float32
+    weights) cannot fill it lazily, and ``HFEngine._static_cache`` allocates its layers itself."""
+    from transformers.cache_utils import StaticLayer
+
+    layer = StaticLayer(max_cache_len=1)
+    layer.lazy_initialization(torch.zeros(1, 1, 0, 1), torch.zeros(1, 1, 0, 1, dtype=torch.bfloat16))
+    return layer.values is not None and layer.values.dtype != torch.bfloat16
 
 
 class TokenSampler:

@@ -247,3 +247,16 @@ def test_decode_benchmark_alternates_the_decode_modes_on_a_tiny_model():
     for r in results:
         assert r["rows"] == 16 and set(r["tokens_per_s"]) == {"generate", "loop", "static"}
         assert all(v > 0 for v in r["tokens_per_s"].values()) and r["speedup"]["generate"] == 1.0
+
+
+def test_activation_cost_benchmark_gives_the_hand_computed_checkpointed_cost_per_layer(capsys):
+    """With every layer checkpointed a layer keeps its float32 input, 4 x hidden bytes a token (64 here)."""
+    from benchmarks import activation_cost
+
+    activation_cost.main(["--shape", "tiny", "--vocab", "512", "--layers", "1,3", "--plan-layers", "10"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_per_token_per_layer"]["on"] == 4 * 64
+    assert out["bytes_per_token_per_layer"]["off"] > 10 * 4 * 64
+    plan = out["plan"]
+    per_token_on = 10 * 4 * 64 + out["bytes_per_token_outside_layers"]["on"] + out["bytes_per_token_per_layer"]["off"]
+    assert plan["activations_on_gb"] == pytest.approx(per_token_on * 8 * 8192 / 1e9)

@@ -11,6 +11,7 @@ False (``auto`` then fails, named). ``--memory-budget-gb``: on CUDA both sides' 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -211,6 +212,59 @@ def prepare(a):
     return torch.cuda.memory_allocated, fraction
 
 
+class SavedActivations:
+    """The bytes of the tensors autograd keeps for backward, live and at their peak, while its hooks are
+    installed (``counting``): each storage once while any saved reference to it lives, parameters left
+    out. The same count on both sides and on any device (the CPU's peak RSS is too coarse for a layer's
+    share: it holds model loading's transients); inside a non-reentrant checkpoint the layer's own
+    saves are the checkpoint's, so with checkpointing it counts what is kept between forward and
+    backward — the layers' inputs —, not one layer's recompute."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+        self.refs: dict[int, list[int]] = {}
+
+    def pack(self, t):
+        import torch
+
+        if isinstance(t, torch.nn.Parameter):
+            return t
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        entry = self.refs.get(key)
+        if entry is None:
+            self.refs[key] = [1, storage.nbytes()]
+            self.live += storage.nbytes()
+            self.peak = max(self.peak, self.live)
+        else:
+            entry[0] += 1
+        return _Held(self, key, t)
+
+    def release(self, key: int) -> None:
+        entry = self.refs[key]
+        entry[0] -= 1
+        if not entry[0]:
+            self.live -= entry[1]
+            del self.refs[key]
+
+    def counting(self):
+        import torch
+
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda h: h.tensor if isinstance(h, _Held) else h)
+
+
+class _Held:
+    """A saved tensor as the graph holds it; released from the count when the graph drops it."""
+
+    __slots__ = ("meter", "key", "tensor")
+
+    def __init__(self, meter: SavedActivations, key: int, tensor):
+        self.meter, self.key, self.tensor = meter, key, tensor
+
+    def __del__(self):
+        self.meter.release(self.key)
+
+
 def child(a) -> None:
     import torch
 
@@ -221,7 +275,9 @@ def child(a) -> None:
     torch.manual_seed(0)
     trainer, model, configured, passed = (build_trl if a.child == "trl" else build_rlhfkit)(a, timer)
     loaded = now()
-    history = trainer.train()
+    meter = SavedActivations()
+    with meter.counting() if not cuda else contextlib.nullcontext():  # CUDA: the allocator's own numbers
+        history = trainer.train()
     peak = torch.cuda.max_memory_allocated() if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     params, state = state_bytes(model)
     used, frac = checkpointed(a.child, model, history)
@@ -251,6 +307,7 @@ def child(a) -> None:
         "loaded_gb": loaded / 1e9,
         "floor_gb": floor / 1e9,
         "above_floor_gb": (peak - floor) / 1e9,
+        **({} if cuda else {"activations_gb": meter.peak / 1e9}),
         "mb_per_1k_tokens": (peak - floor) / 1e6 / tokens * 1000,
     }
     if a.part == "rl":

@@ -9,10 +9,13 @@ one was set); a side's label is ``trl``, ``rlhfkit`` or ``rlhfkit[key=value ...]
 
 **Per layer** (``per_layer``): for each side and part, L, dtype and checkpointing measured at two or more
 depths, between the shallowest (a) and the deepest (b):
-``mb_per_layer_per_1k_tokens`` = ((peak - floor)(b) - (peak - floor)(a)) x 1000 / (b - a) / (tokens / 1000),
-each (peak - floor) the median over rounds. The floor holds the parameters' share (weights, gradients, AdamW's
+``mb_per_layer_per_1k_tokens`` = (A(b) - A(a)) x 1000 / (b - a) / (tokens / 1000), each A the median over
+rounds of the activation memory: on the CPU ``activations_gb``, the peak of what autograd kept for backward
+(``scale_child.SavedActivations``, the same count on both sides; the peak RSS is too coarse for one layer's
+share), on CUDA (peak - floor). The floor holds the parameters' share (weights, gradients, AdamW's
 moments, 16 bytes per float32 parameter), which grows with depth, so the difference is what one more layer
-adds beyond its parameters: its activations (and its share of the KV cache, allocator slack). Likewise
+adds beyond its parameters: its activations (and its share of the KV cache, allocator slack). ``measure``
+names which was used. Likewise
 ``step_s_per_layer`` = (step_s(b) - step_s(a)) / (b - a). A side whose model checkpointed at one depth and
 not at the other (``auto``) is marked ``mixed``: its slope mixes two settings.
 """
@@ -56,6 +59,8 @@ def medians(ok: list[dict]) -> dict:
     out = {}
     for k, runs in groups.items():
         out[k] = {m: statistics.median(r[m] for r in runs) for m in METRICS}
+        if all("activations_gb" in r for r in runs):  # the CPU's count of what autograd kept (scale_child)
+            out[k]["activations_gb"] = statistics.median(r["activations_gb"] for r in runs)
         out[k]["ckpt"] = "/".join(sorted({used(r) for r in runs}))
         out[k]["tokens"] = runs[0]["tokens"]
     return out
@@ -74,7 +79,8 @@ def per_layer(results: list[dict]) -> list[dict]:
             continue
         a, b = min(ds), max(ds)
         lo, hi = med[(ck, a, side)], med[(ck, b, side)]
-        tokens, rise_gb = hi["tokens"], hi["above_floor_gb"] - lo["above_floor_gb"]  # the parameters: in the floors
+        measure = "activations_gb" if "activations_gb" in lo and "activations_gb" in hi else "above_floor_gb"
+        tokens, rise_gb = hi["tokens"], hi[measure] - lo[measure]  # the parameters: in the floors
         out.append(
             {
                 "part": ck[0],
@@ -85,6 +91,7 @@ def per_layer(results: list[dict]) -> list[dict]:
                 "depths": [a, b],
                 "tokens": tokens,
                 "ckpt": lo["ckpt"] if lo["ckpt"] == hi["ckpt"] else "mixed",
+                "measure": "kept for backward" if measure == "activations_gb" else "peak - floor",
                 "mb_per_layer_per_1k_tokens": rise_gb * 1000 / (b - a) / (tokens / 1000),
                 "step_s_per_layer": (hi["step_s"] - lo["step_s"]) / (b - a),
                 "step_s_deepest": hi["step_s"],
@@ -136,8 +143,9 @@ def layer_table(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = [
-        "Activation memory per layer per 1k tokens: the slope of (peak - floor) between the depths, the floor holding "
-        "the parameters' share (ratios: rlhfkit / TRL; the step-time ratio at the deepest depth):",
+        "Activation memory per layer per 1k tokens: the slope between the depths of what autograd kept for backward "
+        "(CPU) or of peak - floor (CUDA), the floor holding the parameters' share (ratios: rlhfkit / TRL; the "
+        "step-time ratio at the deepest depth):",
         "",
         "| part | L | dtype | checkpointing | depths | side | MB/layer/1k: TRL | side | ratio "
         "| step s/layer: TRL | side | step time ratio |",

@@ -198,8 +198,9 @@ def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
 
 def test_scale_benchmark_reports_the_activation_memory_per_layer_from_two_depths(tmp_path):
     """``--depths 1,2`` (seconds): each configuration at both depths, and the per-layer table's number is
-    ((peak - floor) at 2 layers - (peak - floor) at 1 layer) / 1 layer / (tokens / 1000), in MB; checkpointing
-    'on' reaches the model, the budget is recorded (on the CPU it caps nothing)."""
+    (what autograd kept for backward at 2 layers - at 1 layer) / 1 layer / (tokens / 1000), in MB (the CPU's
+    count: ``activations_gb``); checkpointing 'on' reaches the model, the budget is recorded (on the CPU it caps
+    nothing)."""
     rows, stdout = run_scale(
         tmp_path, "--part", "rl", "--depths", "1,2", "--checkpointing", "on", "--memory-budget-gb", "24"
     )
@@ -210,7 +211,8 @@ def test_scale_benchmark_reports_the_activation_memory_per_layer_from_two_depths
     assert rows[1]["params"] > rows[0]["params"] and rows[1]["floor_gb"] > rows[0]["floor_gb"]
     assert all(r["memory_budget_gb"] == 24 and r["memory_fraction"] is None for r in rows)
     [layered] = json.loads(next(x for x in stdout.splitlines() if x.startswith('{"per_layer"')))["per_layer"]
-    expected = (rows[1]["above_floor_gb"] - rows[0]["above_floor_gb"]) * 1000 / (2 - 1) / (64 / 1000)
+    expected = (rows[1]["activations_gb"] - rows[0]["activations_gb"]) * 1000 / (2 - 1) / (64 / 1000)
+    assert expected > 0 and layered["measure"] == "kept for backward"  # a layer more keeps its input
     assert layered["depths"] == [1, 2] and layered["tokens"] == 64 and layered["ckpt"] == "on"
     assert layered["mb_per_layer_per_1k_tokens"] == pytest.approx(expected, rel=1e-9, abs=1e-9)
     assert layered["step_s_per_layer"] == pytest.approx(rows[1]["step_s"] - rows[0]["step_s"])

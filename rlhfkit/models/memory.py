@@ -7,7 +7,7 @@ backward, AdamW's two moments before the first step). On CUDA: the driver's free
 torch's caching allocator holds unused (a colocated vLLM engine's share is not free), capped by
 ``torch.cuda.set_per_process_memory_fraction`` and ``memory_budget_gb``, minus what is allocated. On a
 CPU: the kernel's ``MemAvailable`` (and a cgroup's ``memory.max``, in a container) plus the process's
-resident set, capped by ``memory_budget_gb``, minus the resident set. Other devices report nothing to
+anonymous resident memory (``resident_bytes``), capped by ``memory_budget_gb``, minus that memory. Other devices report nothing to
 plan with: only ``memory_budget_gb`` bounds them, and without it ``auto`` does not checkpoint.
 
 **The policy** (``MemoryPlan``). ``off``: never checkpoint; ``on``: checkpoint every decoder layer in
@@ -61,8 +61,15 @@ def _cgroup_free() -> float:
 
 
 def resident_bytes() -> float:
-    """This process's resident set (``/proc/self/statm``); 0 where there is none to read."""
+    """This process's anonymous resident memory (``RssAnon`` of ``/proc/self/status``: what it allocated;
+    pages of files it maps, a loaded safetensors file among them, are the page cache's, and ``MemAvailable``
+    counts them as free), or its whole resident set where that line is missing; 0 where there is none to
+    read."""
     try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return float(line.split()[1]) * 1024
         with open("/proc/self/statm") as f:
             return float(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):

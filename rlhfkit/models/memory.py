@@ -15,10 +15,10 @@ every pass with gradient; ``auto``: per micro-batch, checkpoint when the measure
 (``activations.ActivationCost``) of that micro-batch without checkpointing would not fit in
 ``SAFETY`` of the free memory, so a run that fits keeps its speed. Under ``auto`` the micro-batches'
 token budget is also capped to what fits with checkpointing (``token_budget``), and a single row that
-cannot fit even then is refused before the first step (``check_row``). Under several processes each
-decides its own passes: transformers checkpoints a layer's ``forward`` inside FSDP2's hooks, so a
-recompute runs on the parameters backward already gathered and adds no collective (one process
-checkpointing a pass that another does not is tested: ``tests/distributed/test_distributed.py``)."""
+cannot fit even then is refused before the first step (``check_row``). Under several processes a pass
+checkpoints on every process when it would not fit on one: transformers before 5.24 checkpoint a layer's
+``__call__``, FSDP2's hooks inside, so the recompute gathers the layer's parameters again — a collective
+every process must run (5.24 checkpoints ``forward`` inside the hooks, where it would not matter)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .. import distributed
 from .activations import ActivationCost, checkpointing
 
 if TYPE_CHECKING:
@@ -136,12 +137,12 @@ class MemoryPlan:
 
     def checkpoints(self, rows: int, width: int) -> bool:
         """Whether a pass with gradient over ``rows`` rows of ``width`` tokens checkpoints: the mode,
-        or under 'auto' whether its activations without checkpointing would not fit. Each process
-        decides for itself (module docstring)."""
+        or under 'auto' whether its activations without checkpointing would not fit — on any process
+        (module docstring): every process calls this for each of its passes with gradient."""
         if self.mode != "auto" or self.cost is None or not self.layers:
             return self.mode == "on"
         need = self.cost.peak(rows, width, False) if rows else 0.0
-        return bool(need > SAFETY * self.free())
+        return bool(distributed.reduce_max(int(need > SAFETY * self.free())))
 
     def pass_context(self, rows: int, width: int):
         """The context of one pass with gradient: its layers checkpointed or not (``checkpoints``)."""

@@ -106,8 +106,8 @@ CASES = {
         algorithm="grpo", prompts_per_step=4, loss_agg="token-mean", max_tokens_per_micro_batch=60
     ),
     # activation checkpointing (issue 50): every pass recomputed under FSDP2's and DDP's backward; and 'auto'
-    # with the free memory of a 52-token pass (worker.py): processes whose micro-batches differ decide each
-    # pass for themselves (one recomputes a pass the other keeps: no collective is added)
+    # with the free memory of a 52-token pass (worker.py): processes whose micro-batches differ agree on each
+    # pass (on transformers < 5.24 a recompute inside FSDP2's hooks gathers the parameters: a collective)
     "ppo-checkpointing-on": dict(
         algorithm="ppo", prompts_per_step=8, mini_batch_size=4, micro_batch_size=2, gradient_checkpointing="on"
     ),
@@ -171,17 +171,17 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(one_up
         assert (two[name] - one[name]).norm() <= 1e-5 * one[name].norm(), name
 
 
-def test_auto_checkpointing_mixes_passes_and_two_processes_may_decide_differently(one_updates):
+def test_auto_checkpointing_mixes_passes_and_two_processes_agree_on_each(one_updates):
     """The 'auto' case did mix (worker.py prints each process's checkpointed share per parallelism), and
-    under at least one parallelism the two processes checkpointed different shares of their passes — a
-    pass one recomputes and the other does not needs no collective — yet the weights above are equal."""
+    the two processes checkpointed the same passes although their micro-batches differ (without the
+    agreement their shares differ: measured), so the equivalence above covers agreed passes."""
     shares: dict = {}  # (nproc, rank) -> the share of each case in turn
     for nproc in (1, 2):
         for rank, share in re.findall(r"checkpointed_frac\[(\d+)\]=([0-9.]+)\n", one_updates["stderr", nproc]):
             shares.setdefault((nproc, int(rank)), []).append(float(share))
     assert set(shares) == {(1, 0), (2, 0), (2, 1)} and all(len(v) == len(PARALLELISMS) for v in shares.values())
-    assert all(0 < f < 1 for f in shares[1, 0]), shares
-    assert shares[2, 0] != shares[2, 1], shares
+    assert all(0 < f < 1 for f in shares[1, 0] + shares[2, 0]), shares
+    assert shares[2, 0] == shares[2, 1], shares
 
 
 # The short 2-process runs of this file's tests: (command, config), each writing to <root>/<name>.

@@ -7,8 +7,9 @@ backward, AdamW's two moments before the first step). On CUDA: the driver's free
 torch's caching allocator holds unused (a colocated vLLM engine's share is not free), capped by
 ``torch.cuda.set_per_process_memory_fraction`` and ``memory_budget_gb``, minus what is allocated. On a
 CPU: the kernel's ``MemAvailable`` (and a cgroup's ``memory.max``, in a container) plus the process's
-anonymous resident memory (``resident_bytes``), capped by ``memory_budget_gb``, minus that memory. Other devices report nothing to
-plan with: only ``memory_budget_gb`` bounds them, and without it ``auto`` does not checkpoint.
+anonymous resident memory (``resident_bytes``), capped by ``memory_budget_gb``, minus that memory. Other
+devices report nothing to plan with: only ``memory_budget_gb`` bounds them, and without it ``auto`` does
+not checkpoint.
 
 **The policy** (``MemoryPlan``). ``off``: never checkpoint; ``on``: checkpoint every decoder layer in
 every pass with gradient; ``auto``: per micro-batch, checkpoint when the measured activations

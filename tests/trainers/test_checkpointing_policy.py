@@ -49,6 +49,33 @@ def test_every_mode_trains_the_same_weights_and_auto_checkpoints_only_what_would
         torch.testing.assert_close(c, a, atol=1e-6, rtol=1e-5)
 
 
+def test_a_lora_policy_trains_the_same_adapter_checkpointed_or_not():
+    from peft import LoraConfig
+
+    from rlhfkit import RLTrainer
+
+    from .test_rl_options import PROMPTS, varied_reward
+
+    adapters = {}
+    for mode in ("off", "on"):
+        tok = char_tokenizer()
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        args = RLConfig(
+            algorithm="grpo", learning_rate=3e-3, max_new_tokens=6, max_steps=2, log_every=0, seed=0,
+            prompts_per_step=2, kl_coef=0.1, gradient_checkpointing=mode,
+        )  # fmt: skip
+        trainer = RLTrainer(
+            tiny_causal_lm(tok, seed=0), [varied_reward], args, train_dataset=PROMPTS, processing_class=tok,
+            peft_config=lora,
+        )  # fmt: skip
+        history = trainer.train()
+        assert [h["perf/checkpointed_frac"] for h in history] == [float(mode == "on")] * 2
+        adapters[mode] = [p.detach().clone() for _, p in trained_params(trainer)]
+    assert len(adapters["on"]) == 8  # 2 layers x (q, v) x (A, B): the adapter alone trains
+    for a, b in zip(adapters["off"], adapters["on"]):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
 def test_auto_with_room_to_spare_never_checkpoints():
     _, metrics = updated("auto", max_tokens_per_micro_batch=60)
     assert metrics["perf/checkpointed_frac"] == 0.0

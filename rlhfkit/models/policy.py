@@ -225,14 +225,14 @@ def _forward_packed(
 
 
 def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad, support) -> ResponseForward:
-    if temperature != 1.0:
-        logits = logits / temperature
-    logprobs = selective_logprobs(logits, targets)
+    """The model's own logits (the unstreamed head) read as the streamed head reads them: divided by
+    the temperature in float32, chunk by chunk (``algorithms.logprobs``), never in the logits' dtype."""
+    logprobs = selective_logprobs(logits, targets, temperature=temperature)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits)
-    kept = log_kept_mass(logits.detach(), targets, *support) if support is not None else None
+            entropy = entropy_from_logits(logits, temperature=temperature)
+    kept = log_kept_mass(logits.detach(), targets, *support, temperature=temperature) if support is not None else None
     return ResponseForward(logprobs, entropy, hidden, kept)
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlhfkit.algorithms import entropy_from_logits, selective_logprobs
+from rlhfkit.algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 from rlhfkit.algorithms.logprobs import DEFAULT_CHUNK_ELEMENTS, _row_chunks
 
 B, T, V = 3, 5, 11
@@ -240,7 +240,6 @@ def test_non_contiguous_logits_slice():
 
 # ----------------------------------------------------------------------------- log_kept_mass
 
-from rlhfkit.algorithms import log_kept_mass  # noqa: E402
 
 # Probabilities 0.5, 0.3, 0.15, 0.05 over a vocabulary of four.
 _P = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -293,3 +292,31 @@ def test_log_kept_mass_rejects_bad_arguments():
         log_kept_mass(_logits(), _tokens(), top_p=0.0)
     with pytest.raises(ValueError, match="tokens must have shape"):
         log_kept_mass(_logits(), _tokens()[:, :2], top_k=2)
+
+
+# ---------------------------------------------------------------- the temperature, applied in float32
+@pytest.mark.parametrize("chunk", [TINY_CHUNK, DEFAULT_CHUNK_ELEMENTS])
+def test_the_temperature_divides_float32_logits_as_a_sampler_does(chunk):
+    """bfloat16 logits at τ = 0.7: log-probs, entropy and kept mass are those of float32 logits / τ (what
+    transformers' warpers and vLLM sample from), not of bfloat16 logits / τ rounded to bfloat16 again."""
+    logits, tokens, tau = _logits(dtype=torch.bfloat16, scale=8.0), _tokens(), 0.7
+    scaled = logits.float() / tau
+    got = selective_logprobs(logits, tokens, chunk, temperature=tau)
+    torch.testing.assert_close(got, naive_logprobs(scaled, tokens), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(entropy_from_logits(logits, chunk, temperature=tau), naive_entropy(scaled))
+    torch.testing.assert_close(
+        log_kept_mass(logits, tokens, 3, 0.9, chunk, temperature=tau), log_kept_mass(scaled, tokens, 3, 0.9, chunk)
+    )
+    rounded = selective_logprobs(logits / tau, tokens, chunk)  # the old order: divided in bfloat16
+    assert (rounded - got).abs().max() > 1e-2
+
+
+def test_the_temperature_gradients_match_the_numerical_jacobian():
+    """As ``test_gradcheck_with_float32_tolerances``: the chunks are float32 whatever the input."""
+    x = _logits(10, dtype=torch.float64, shape=(2, 3, 5), scale=1.0).requires_grad_()
+    tok = _tokens(10, shape=(2, 3), vocab=5)
+    kw = dict(eps=1e-3, atol=1e-3, rtol=1e-2)
+    assert torch.autograd.gradcheck(lambda z: selective_logprobs(z, tok, 7, temperature=0.7).double(), (x,), **kw)
+    assert torch.autograd.gradcheck(lambda z: entropy_from_logits(z, 7, temperature=1.3).double(), (x,), **kw)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        selective_logprobs(x, tok, temperature=0.0)

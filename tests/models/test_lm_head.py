@@ -281,3 +281,28 @@ def test_no_tokens_by_vocabulary_tensor_forward_or_backward(mode):
         assert watch.largest >= B * T * V  # the detector sees the logits the model's own head makes
     else:
         assert watch.largest <= max(1 << 24, weight) < B * T * V
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16-weights", "fp32-under-bf16-autocast"])
+def test_the_unstreamed_head_reads_the_logits_as_the_sampler_draws_from_them(autocast):
+    """``lm_head='full'`` (the path of every model the streamed head refuses), bfloat16 logits, τ = 0.7,
+    top-k 5: the trainer's log-prob of the truncated distribution is the sampler's own arithmetic (float32
+    logits / τ, then the truncation) to float rounding; dividing the bfloat16 logits first was not."""
+    model = _llama(dtype=torch.float32 if autocast else torch.bfloat16, hidden=64)
+    set_lm_head(model, "full")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (4, 12), generator=g)
+    mask, T, tau = torch.ones_like(ids), 8, 0.7
+    context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.no_grad()
+    with context, torch.no_grad():
+        out = forward_response(model, ids, mask, T, tau, support=(5, 1.0))
+        logits = model(input_ids=ids).logits[:, -T - 1 : -1]
+    assert logits.dtype == torch.bfloat16
+    targets = ids[:, -T:]
+    z = logits.float() / tau
+    sampler = z.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1) - log_kept_mass(z, targets, 5)
+    trainer = out.logprobs - out.log_kept_mass
+    assert (trainer - sampler).abs().max() < 1e-5
+    rounded = logits / tau  # the old order: the division in bfloat16
+    old = selective_logprobs(rounded, targets) - log_kept_mass(rounded, targets, 5)
+    assert (old - sampler).abs().max() > 1e-3

@@ -29,18 +29,29 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / scale).round().clamp(-QMAX, QMAX).to(torch.int8), scale
 
 
+def _conv1d_class():
+    """transformers' ``Conv1D`` (GPT-2's projections: a linear map holding its weight as (in, out))."""
+    from transformers.pytorch_utils import Conv1D
+
+    return Conv1D
+
+
 class Int8Linear(torch.nn.Module):
-    """A ``Linear`` with int8 weights (per output channel) and per-token dynamic int8 activations
+    """A ``Linear`` — or transformers' ``Conv1D``, the same map with its weight stored transposed (GPT-2,
+    GPT-J's ancestors) — with int8 weights (per output channel) and per-token dynamic int8 activations
     (module docstring). Output in the input's dtype."""
 
     weight_t: torch.Tensor
     weight_scale: torch.Tensor
     bias: torch.Tensor | None
 
-    def __init__(self, linear: torch.nn.Linear):
+    def __init__(self, linear: torch.nn.Module):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight, scale = quantize_rows(linear.weight.detach())
+        weight = linear.weight.detach()
+        if not isinstance(linear, torch.nn.Linear):  # Conv1D: y = x W + b with W (in, out)
+            weight = weight.t()
+        self.out_features, self.in_features = weight.shape
+        weight, scale = quantize_rows(weight)
         self.register_buffer("weight_t", weight.t().contiguous())  # (in, out): the right operand of _int_mm
         self.register_buffer("weight_scale", scale.reshape(1, -1))
         bias = linear.bias.detach().float().clone() if linear.bias is not None else None
@@ -59,9 +70,19 @@ class Int8Linear(torch.nn.Module):
 
 
 def to_int8(model: torch.nn.Module, skip: torch.nn.Module | None = None) -> torch.nn.Module:
-    """``model`` with every ``Linear`` but ``skip`` (the LM head) replaced by ``Int8Linear``, in place."""
+    """``model`` with every ``Linear`` and transformers ``Conv1D`` but ``skip`` (the LM head) replaced by
+    ``Int8Linear``, in place. A model with none to replace is refused in one line: an "int8" copy that
+    quantizes nothing would sample in full precision under the int8 name."""
+    kinds = (torch.nn.Linear, _conv1d_class())
+    replaced = 0
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
-            if isinstance(child, torch.nn.Linear) and child is not skip:
+            if isinstance(child, kinds) and child is not skip:
                 setattr(module, child_name, Int8Linear(child))
+                replaced += 1
+    if not replaced:
+        raise ValueError(
+            f"rollout_precision='int8': {type(model).__name__} has no torch.nn.Linear or transformers Conv1D layer "
+            "besides its LM head to quantize; use rollout_precision='bfloat16' or None"
+        )
     return model

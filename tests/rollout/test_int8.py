@@ -6,7 +6,7 @@ as without it — and the quantized model stays close to the float one."""
 import pytest
 import torch
 
-from rlhfkit.rollout.int8 import Int8Linear, quantize_rows
+from rlhfkit.rollout.int8 import Int8Linear, quantize_rows, to_int8
 from rlhfkit.rollout.quantized import quantize
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
@@ -51,3 +51,35 @@ def test_the_int8_copy_keeps_the_head_and_stays_close_to_the_model():
         q = copy(ids).logits.log_softmax(-1)
     kl = (q.exp() * (q - p)).sum(-1).mean()
     assert kl < 1e-3
+
+
+def test_a_gpt2_copy_quantizes_its_conv1d_projections_and_stays_close():
+    """GPT-2's projections are transformers' Conv1D (weight (in, out)): each becomes an Int8Linear (4 a layer:
+    c_attn, attn.c_proj, c_fc, mlp.c_proj) computing the same map; the copy samples from nearly the model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.pytorch_utils import Conv1D
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=61, n_embd=32, n_layer=2, n_head=4, n_positions=64)).eval()
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.transformer.modules())
+    conv = model.transformer.h[0].mlp.c_fc
+    x = torch.randn(2, 5, 32)
+    torch.testing.assert_close(Int8Linear(conv)(x), conv(x), atol=0.05, rtol=0.05)
+    copy = quantize(model, "int8")
+    assert sum(isinstance(m, Int8Linear) for m in copy.modules()) == 8
+    assert not any(isinstance(m, Conv1D) for m in copy.modules())
+    ids = torch.randint(0, 61, (3, 12))
+    with torch.no_grad():
+        p = model(ids).logits.log_softmax(-1)
+        q = copy(ids).logits.log_softmax(-1)
+    assert (q.exp() * (q - p)).sum(-1).mean() < 1e-3
+
+
+def test_a_model_with_nothing_to_quantize_is_refused_in_one_line():
+    class Lookup(torch.nn.Module):  # an embedding and nothing else
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+
+    with pytest.raises(ValueError, match=r"^rollout_precision='int8': Lookup has no torch.nn.Linear or transformers"):
+        to_int8(Lookup())

@@ -232,7 +232,10 @@ def _response_outputs(logits, targets, hidden, temperature, with_entropy, entrop
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits, temperature=temperature)
-    kept = log_kept_mass(logits.detach(), targets, *support, temperature=temperature) if support is not None else None
+    kept = None
+    if support is not None:
+        top_k, top_p = support
+        kept = log_kept_mass(logits.detach(), targets, top_k, top_p, temperature=temperature)
     return ResponseForward(logprobs, entropy, hidden, kept)
 
 

@@ -47,15 +47,17 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Module):
         super().__init__()
-        weight = linear.weight.detach()
+        weight = linear.weight
+        assert isinstance(weight, torch.Tensor), type(weight)
+        weight = weight.detach()
         if not isinstance(linear, torch.nn.Linear):  # Conv1D: y = x W + b with W (in, out)
             weight = weight.t()
         self.out_features, self.in_features = weight.shape
         weight, scale = quantize_rows(weight)
         self.register_buffer("weight_t", weight.t().contiguous())  # (in, out): the right operand of _int_mm
         self.register_buffer("weight_scale", scale.reshape(1, -1))
-        bias = linear.bias.detach().float().clone() if linear.bias is not None else None
-        self.register_buffer("bias", bias)
+        bias = linear.bias
+        self.register_buffer("bias", bias.detach().float().clone() if isinstance(bias, torch.Tensor) else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .. import distributed
 from ..agents.agent import model_name
@@ -19,6 +20,8 @@ class TRLTrainerMixin:
     config_class = None
     suffix = ""
     loss_key = "policy/loss"  # the logged loss train() averages into TrainOutput.training_loss
+    trl_args: Any  # the TRL-shaped config (trl_config)
+    summary: dict | None = None  # transformers.Trainer's end-of-training row, once train() has run
 
     def translate(
         self, model, args, train_dataset, eval_dataset, reward_processing_classes=None, optimizers=(None, None)
@@ -65,6 +68,9 @@ class TRLTrainerMixin:
         state = TrainerState(global_step=self.optimizer_steps_done(), max_steps=self.optimizer_steps_total())
         table, per_row = self.trl_metrics(), self.optimizer_steps_per_row()
         state.log_history = [with_trl_names(row, table, per_row) for row in getattr(self, "history", [])]
+        summary = getattr(self, "summary", None)
+        if summary is not None:  # transformers.Trainer's last row, after the run
+            state.log_history.append(dict(summary))
         return state
 
     def trl_metrics(self) -> dict:
@@ -85,7 +91,13 @@ class TRLTrainerMixin:
 
     def train(self, resume_from_checkpoint=None):
         """The run; returns TRL's (``transformers.TrainOutput``): ``global_step`` (optimizer steps),
-        ``training_loss`` (the mean of the logged losses, ``loss_key``) and ``metrics`` (the last row)."""
+        ``training_loss`` (the mean of the logged losses, ``loss_key``) and ``metrics`` (the last row,
+        with the summary). The summary — ``transformers.Trainer``'s end-of-training row: ``train_runtime``,
+        ``train_samples_per_second`` and ``train_steps_per_second`` (its total batch: per-device batch x
+        gradient accumulation x processes, per optimizer step), ``train_loss``, ``epoch``, ``step`` — is
+        also ``state.log_history``'s last row, as TRL's tests read it (``total_flos`` is not counted)."""
+        import time
+
         from transformers.trainer_utils import TrainOutput
 
         if resume_from_checkpoint not in (None, self.trl_args.resume_from_checkpoint):  # scripts pass the config's
@@ -94,10 +106,26 @@ class TRLTrainerMixin:
                 f"set resume_from_checkpoint in the {self.config_class.__name__} (a checkpoint directory "
                 "or 'latest')"
             )
+        self.summary = None
+        start = time.perf_counter()
         self.history = super().train()
+        runtime = max(time.perf_counter() - start, 1e-9)
         losses = [r[self.loss_key] for r in self.history if self.loss_key in r]
-        metrics = dict(self.history[-1]) if self.history else {}
-        return TrainOutput(self.optimizer_steps_done(), sum(losses) / len(losses) if losses else 0.0, metrics)
+        loss = sum(losses) / len(losses) if losses else 0.0
+        steps = self.optimizer_steps_done()
+        a = self.trl_args
+        batch = a.per_device_train_batch_size * a.gradient_accumulation_steps * distributed.planned_world()
+        last = self.state.log_history[-1] if self.history else {}
+        self.summary = {
+            "train_runtime": round(runtime, 4),
+            "train_samples_per_second": round(steps * batch / runtime, 3),
+            "train_steps_per_second": round(steps / runtime, 3),
+            "train_loss": loss,
+            **({"epoch": last["epoch"]} if "epoch" in last else {}),
+            "step": steps,
+        }
+        metrics = {**(dict(self.history[-1]) if self.history else {}), **self.summary}
+        return TrainOutput(steps, loss, metrics)
 
     def save_model(self, output_dir=None):
         """The policy as a ``from_pretrained`` directory: ``output_dir``, else the config's."""

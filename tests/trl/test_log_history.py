@@ -1,5 +1,8 @@
-"""TRL code reads ``trainer.state.log_history`` by TRL's metric names (``log_history[-1]["reward"]``);
-the drop-in's rows carry them beside rlhfkit's (rlhfkit/trl/metrics.py), with TRL's ``step``."""
+"""TRL code reads ``trainer.state.log_history`` by TRL's metric names (``log_history[-1]["reward"]`` during
+training, ``log_history[-1]["train_loss"]`` after it: TRL's end-of-run summary row); the drop-in's rows
+carry them beside rlhfkit's (rlhfkit/trl/metrics.py), with TRL's ``step``."""
+
+import math
 
 import pytest
 
@@ -48,8 +51,14 @@ def test_grpo_log_history_has_trls_names_beside_rlhfkits(model_dir, tmp_path):
         args=args,
         train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]],
     )
-    trainer.train()
-    last, ours = trainer.state.log_history[-1], trainer.history[-1]
+    output = trainer.train()
+    last, ours = trainer.state.log_history[-2], trainer.history[-1]  # [-1]: the end-of-training summary
+    summary = trainer.state.log_history[-1]
+    assert summary["step"] == trainer.state.global_step == 4 and summary["train_runtime"] > 0
+    losses = [row["policy/loss"] for row in trainer.history]
+    assert summary["train_loss"] == output.training_loss == output.metrics["train_loss"] == sum(losses) / len(losses)
+    assert summary["train_steps_per_second"] == pytest.approx(4 / summary["train_runtime"], rel=1e-2)
+    assert summary["train_samples_per_second"] == pytest.approx(4 * summary["train_steps_per_second"], rel=1e-2)
     assert last["reward"] == ours["reward/mean"] and last["reward_std"] == ours["reward/std"]
     assert last["rewards/reward_len/mean"] == ours["reward/reward_len_mean"]
     assert last["loss"] == ours["policy/loss"] and last["grad_norm"] == ours["perf/grad_norm"]
@@ -60,7 +69,7 @@ def test_grpo_log_history_has_trls_names_beside_rlhfkits(model_dir, tmp_path):
     assert "kl" not in last  # TRL logs kl only with beta > 0
     assert last["reward/mean"] == ours["reward/mean"]  # rlhfkit's names stay
     assert last["step"] == trainer.state.global_step == 4 and ours["step"] == 2
-    assert [r["step"] for r in trainer.state.log_history] == [2, 4]
+    assert [r["step"] for r in trainer.state.log_history] == [2, 4, 4]  # the steps' rows, then the summary
 
 
 def test_grpo_table_follows_the_config():
@@ -122,10 +131,12 @@ def test_supervised_log_history_has_trls_names(config_class, trainer_class, data
     )
     trainer = trainer_class(model=model_dir, args=args, train_dataset=data, eval_dataset=data if evaluates else None)
     trainer.train()
-    last, ours = trainer.state.log_history[-1], trainer.history[-1]
+    last, ours = trainer.state.log_history[-2], trainer.history[-1]  # [-1]: the end-of-training summary
     for trl, rlhfkit in names.items():
         assert last[trl] == ours[rlhfkit], trl
     assert last["step"] == trainer.state.global_step == 1
+    summary = trainer.state.log_history[-1]  # what TRL's training tests read first
+    assert summary["step"] == 1 and summary["epoch"] == last["epoch"] and math.isfinite(summary["train_loss"])
 
 
 class RecordsLikeTRL:

@@ -225,6 +225,12 @@ class GRPOTrainer(TRLTrainerMixin, RLTrainer):
         # Reward functions' trainer_state counts optimizer steps, as TRL's self.state does.
         self.sampler.state_steps_per_step = self.trl_args.optimizer_steps_per_generation
 
+    @property
+    def model(self):
+        """TRL's ``trainer.model``: the policy being trained (a ``peft`` model with LoRA), the very
+        module the optimizer steps, so a snapshot of its parameters sees every update."""
+        return self.models.policy
+
 
 class RLOOTrainer(GRPOTrainer):
     """TRL's ``RLOOTrainer`` on rlhfkit's RL loop (``args``: an ``RLOOConfig``)."""

@@ -285,3 +285,20 @@ def test_reward_functions_see_trls_global_step_in_optimizer_steps(model_dir, tmp
     )
     GRPOTrainer(model_dir, reward, config, [{"prompt": p} for p in ["abc", "hello"]]).train()
     assert seen == [(0, 4), (2, 4)]
+
+
+def test_a_trl_training_test_body_runs_unchanged(model_dir, tmp_path):
+    """The shape of TRL's own GRPO training tests: snapshot ``trainer.model``'s parameters, train, read
+    ``log_history[-1]["train_loss"]``, check every parameter moved (``trainer.model.get_parameter``)."""
+    dataset = [{"prompt": p} for p in ["abc", "hello", "xyz", "qq", "go", "hi"]]
+    training_args = GRPOConfig(
+        output_dir=str(tmp_path), learning_rate=0.1, per_device_train_batch_size=3, num_generations=3,
+        max_completion_length=8, max_steps=2, **CPU,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=reward_len, args=training_args, train_dataset=dataset)
+    previous_trainable_params = {n: param.clone() for n, param in trainer.model.named_parameters()}
+    trainer.train()
+    assert trainer.state.log_history[-1]["train_loss"] is not None
+    for n, param in previous_trainable_params.items():
+        new_param = trainer.model.get_parameter(n)
+        assert not torch.equal(param, new_param), f"Parameter {n} has not changed."

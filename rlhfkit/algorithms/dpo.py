@@ -14,6 +14,20 @@ reference's — every loss below is a function of ``β h`` or a length-normalise
   ``h̄`` uses log-probs divided by the completion lengths (as TRL computes IPO).
 - ``simpo``: SimPO (Meng et al. 2024, arXiv:2405.14734, eq. 6), reference-free and
   length-normalised: ``-log σ(β c/|c| - β r/|r| - γ)``.
+- ``robust``: robust DPO (Chowdhury et al. 2024, arXiv:2403.00409, eq. 7), unbiased under labels
+  flipped with probability ε (``label_smoothing``): ``((1-ε) ℓ(h) - ε ℓ(-h)) / (1 - 2ε)``,
+  ``ℓ(h) = -log σ(β h)``.
+
+With ``c̃ = c - c_ref`` and ``r̃ = r - r_ref`` (each completion's own log-ratio), losses that score the
+two completions apart rather than only their difference:
+
+- ``nca_pair``: NCA (Chen et al. 2024, arXiv:2402.05369, eq. 12 for K = 2):
+  ``-log σ(β c̃) - ½ log σ(-β c̃) - ½ log σ(-β r̃)``.
+- ``sppo_hard``: SPPO (Wu et al. 2024, arXiv:2405.00675, eq. 4.7) with the hard win probability (1
+  for the chosen, 0 for the rejected): ``(c̃ - 1/(2β))² + (r̃ + 1/(2β))²``.
+- ``apo_zero``, ``apo_down``: anchored preference optimisation (D'Oosterlinck et al. 2024,
+  arXiv:2408.06266, eqs. 5–6): ``1 - σ(β c̃) + σ(β r̃)`` (raise the chosen, lower the rejected)
+  and ``σ(β c̃) + 1 - σ(β (c̃ - r̃))`` (lower both, the rejected more).
 
 The implicit rewards (TRL's ``rewards/chosen`` and ``rewards/rejected``) are ``β (c - c_ref)`` and
 ``β (r - r_ref)`` — on the length-normalised log-probs for ``ipo`` — and ``β c/|c|``, ``β r/|r|``
@@ -70,6 +84,35 @@ def _hinge(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=
 @DPO_LOSS_TYPES.register("simpo", reference=False, length_normalised=True, smoothing=False)
 def _simpo(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=0.5):
     return -F.logsigmoid(beta * chosen - beta * rejected - simpo_gamma)
+
+
+@DPO_LOSS_TYPES.register("robust", reference=True, length_normalised=False, smoothing=True)
+def _robust(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    h = _margin(chosen, rejected, ref_chosen, ref_rejected)
+    eps = label_smoothing
+    return (-(1 - eps) * F.logsigmoid(beta * h) + eps * F.logsigmoid(-beta * h)) / (1 - 2 * eps)
+
+
+@DPO_LOSS_TYPES.register("nca_pair", reference=True, length_normalised=False, smoothing=False)
+def _nca_pair(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    c, r = beta * (chosen - ref_chosen), beta * (rejected - ref_rejected)
+    return -F.logsigmoid(c) - 0.5 * F.logsigmoid(-c) - 0.5 * F.logsigmoid(-r)
+
+
+@DPO_LOSS_TYPES.register("sppo_hard", reference=True, length_normalised=False, smoothing=False)
+def _sppo_hard(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    return (chosen - ref_chosen - 0.5 / beta) ** 2 + (rejected - ref_rejected + 0.5 / beta) ** 2
+
+
+@DPO_LOSS_TYPES.register("apo_zero", reference=True, length_normalised=False, smoothing=False)
+def _apo_zero(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    return 1 - torch.sigmoid(beta * (chosen - ref_chosen)) + torch.sigmoid(beta * (rejected - ref_rejected))
+
+
+@DPO_LOSS_TYPES.register("apo_down", reference=True, length_normalised=False, smoothing=False)
+def _apo_down(chosen, rejected, ref_chosen, ref_rejected, *, beta, label_smoothing=0.0, simpo_gamma=None):
+    h = _margin(chosen, rejected, ref_chosen, ref_rejected)
+    return torch.sigmoid(beta * (chosen - ref_chosen)) + 1 - torch.sigmoid(beta * h)
 
 
 def dpo_loss(

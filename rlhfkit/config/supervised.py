@@ -144,11 +144,12 @@ class DPOConfig(TrainConfig):
     """β: the strength of the implicit KL leash to the reference (DPO, hinge), IPO's τ (the target margin is 1/(2β)), or
     SimPO's reward scale."""
     loss_type: str = "sigmoid"
-    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), ipo, hinge (SLiC) or simpo (reference-free,
-    length-normalised); see algorithms/dpo.py."""
+    """sigmoid (DPO; with label_smoothing > 0 conservative DPO), ipo, hinge (SLiC), simpo (reference-free,
+    length-normalised), robust (robust DPO), nca_pair (NCA), sppo_hard (SPPO), apo_zero or apo_down (APO); the
+    formulas and papers: algorithms/dpo.py."""
     label_smoothing: float = 0.0
-    """sigmoid only: the assumed probability ε that a label is flipped (conservative DPO, Mitchell 2023); 0 is plain
-    DPO."""
+    """sigmoid and robust only: the assumed probability ε that a label is flipped (conservative DPO, Mitchell 2023;
+    robust DPO, Chowdhury et al. 2024); 0 is plain DPO."""
     simpo_gamma: float = 0.5
     """simpo only: the target reward margin γ of SimPO (Meng et al. 2024)."""
     precompute_ref_logprobs: bool = False
@@ -164,9 +165,10 @@ class DPOConfig(TrainConfig):
             [
                 (self.loss_type in DPO_LOSSES, "loss_type", f"one of {', '.join(DPO_LOSSES)}"),
                 (
-                    self.label_smoothing == 0 or self.loss_type == "sigmoid",
+                    self.label_smoothing == 0
+                    or (self.loss_type in DPO_LOSSES and DPO_LOSSES.traits(self.loss_type)["smoothing"]),
                     "label_smoothing",
-                    "0 unless loss_type is 'sigmoid' (it is conservative DPO's flip rate)",
+                    "0 unless loss_type is 'sigmoid' or 'robust' (the rate of flipped labels they assume)",
                 ),
             ],
         )

@@ -24,7 +24,9 @@ from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
 # TRL's loss_type -> rlhfkit's (algorithms/dpo.py): the same per-pair loss of the same log-probs.
 # TRL's 'sigmoid' ignores label_smoothing (its 'robust' uses it), so rlhfkit's conservative DPO is never on.
-LOSS_TYPES = {"sigmoid": "sigmoid", "hinge": "hinge", "ipo": "ipo"}
+LOSS_TYPES = {
+    name: name for name in ("sigmoid", "hinge", "ipo", "robust", "nca_pair", "sppo_hard", "apo_zero", "apo_down")
+}
 
 
 @dataclass
@@ -96,7 +98,7 @@ class DPOConfig(SupervisedArguments):
         fields.update(
             loss_type=LOSS_TYPES[loss],
             beta=self.beta,
-            label_smoothing=0.0,
+            label_smoothing=self.label_smoothing if loss == "robust" else 0.0,  # TRL's robust reads it, only
             precompute_ref_logprobs=self.precompute_ref_log_probs,
         )
         return NativeDPOConfig(**fields)

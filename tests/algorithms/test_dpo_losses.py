@@ -139,7 +139,10 @@ def test_wider_inputs_keep_their_precision():
         (dict(loss_type="kto"), "loss_type must be one of sigmoid, ipo, hinge, simpo"),
         (dict(beta=0.0), "beta must be > 0"),
         (dict(label_smoothing=0.5), r"label_smoothing must be in \[0, 0.5\)"),
-        (dict(label_smoothing=0.1, loss_type="hinge"), "label_smoothing applies to loss_type='sigmoid' only"),
+        (
+            dict(label_smoothing=0.1, loss_type="hinge"),
+            "label_smoothing applies to loss_type='sigmoid' or loss_type='robust' only",
+        ),
         (dict(ref=False), "needs ref_chosen_logps and ref_rejected_logps"),
         (dict(loss_type="simpo", lengths=True), "reference-free"),
         (dict(loss_type="ipo"), "needs chosen_lengths and rejected_lengths"),
@@ -172,5 +175,53 @@ def test_traits_decide_the_arguments_each_loss_needs(loss_type):
     else:  # the lengths change nothing
         assert torch.equal(dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type)[0], losses)
     if not traits["smoothing"]:
-        with pytest.raises(ValueError, match="label_smoothing applies to loss_type='sigmoid' only"):
+        with pytest.raises(
+            ValueError, match="label_smoothing applies to loss_type='sigmoid' or loss_type='robust' only"
+        ):
             dpo_loss(t(-1), t(-2), *refs, loss_type=loss_type, label_smoothing=0.1, **lengths)
+
+
+# ---------------------------------------------------------------- robust DPO, NCA, SPPO (hard), APO
+# One pair by hand: c = -1, r = -3, c_ref = -2, r_ref = -2, β = 0.5: c̃ = 1, r̃ = -1, h = 2, β h = 1.
+PAIR = dict(
+    chosen_logps=torch.tensor([-1.0]),
+    rejected_logps=torch.tensor([-3.0]),
+    ref_chosen_logps=torch.tensor([-2.0]),
+    ref_rejected_logps=torch.tensor([-2.0]),
+    beta=0.5,
+)
+
+
+def _ls(x):  # log σ(x)
+    return -math.log1p(math.exp(-x))
+
+
+def _s(x):  # σ(x)
+    return 1 / (1 + math.exp(-x))
+
+
+@pytest.mark.parametrize(
+    "loss_type,expected",
+    [
+        ("nca_pair", -_ls(0.5) - 0.5 * _ls(-0.5) - 0.5 * _ls(0.5)),  # β c̃ = 0.5, β r̃ = -0.5
+        ("sppo_hard", (1 - 1.0) ** 2 + (-1 + 1.0) ** 2),  # 1/(2β) = 1: exactly at SPPO's targets, 0
+        ("apo_zero", 1 - _s(0.5) + _s(-0.5)),
+        ("apo_down", _s(0.5) + 1 - _s(1.0)),
+        ("robust", -_ls(1.0)),  # ε = 0: plain DPO
+    ],
+)
+def test_the_paired_losses_by_hand(loss_type, expected):
+    losses, chosen_r, rejected_r = dpo_loss(**PAIR, loss_type=loss_type)
+    assert losses.item() == pytest.approx(expected, abs=1e-6)
+    assert chosen_r.item() == pytest.approx(0.5) and rejected_r.item() == pytest.approx(-0.5)  # β c̃, β r̃
+
+
+def test_robust_dpo_is_unbiased_under_flipped_labels():
+    """Chowdhury et al.: with labels flipped at rate ε, the expected robust loss is the clean DPO loss —
+    (1-ε) L_robust(h) + ε L_robust(-h) = -log σ(β h), by hand at ε = 0.2."""
+    eps, flipped = 0.2, {**PAIR, "chosen_logps": PAIR["rejected_logps"], "rejected_logps": PAIR["chosen_logps"]}
+    flipped.update(ref_chosen_logps=PAIR["ref_rejected_logps"], ref_rejected_logps=PAIR["ref_chosen_logps"])
+    clean = dpo_loss(**PAIR, loss_type="robust", label_smoothing=eps)[0]
+    noisy = dpo_loss(**flipped, loss_type="robust", label_smoothing=eps)[0]
+    assert ((1 - eps) * clean + eps * noisy).item() == pytest.approx(-_ls(1.0), abs=1e-6)
+    assert clean.item() == pytest.approx((-(0.8) * _ls(1.0) + 0.2 * _ls(-1.0)) / 0.6, abs=1e-6)

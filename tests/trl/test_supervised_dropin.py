@@ -329,7 +329,7 @@ def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
         (SFTConfig, "use_liger_kernel", True, "Liger"),
         (SFTConfig, "model_init_kwargs", {"dtype": "auto"}, "'dtype'"),
         (SFTConfig, "model_init_kwargs", {"quantization_config": {}}, "'dtype'"),
-        (DPOConfig, "loss_type", "robust", "'sigmoid', 'hinge', 'ipo'"),
+        (DPOConfig, "loss_type", "bco_pair", "'sigmoid', 'hinge', 'ipo', 'robust'"),
         (DPOConfig, "loss_type", ["sigmoid", "sft"], "one loss"),
         (DPOConfig, "loss_weights", [1.0], "only its default"),
         (DPOConfig, "f_divergence_type", "js_divergence", "only its default"),

@@ -141,6 +141,21 @@ def test_dpo_ipo(model_dir, tmp_path):
     _check(start_weights(model_dir), theirs, ours)
 
 
+@pytest.mark.parametrize(
+    "loss_type,extra",
+    [("robust", dict(label_smoothing=0.1)), ("nca_pair", {}), ("sppo_hard", {}), ("apo_zero", {}), ("apo_down", {})],
+)
+def test_dpo_paired_losses(model_dir, tmp_path, loss_type, extra):
+    """TRL's robust DPO (with its label smoothing), NCA, hard SPPO and APO, one micro-step of 8 pairs:
+    rlhfkit's formulas (algorithms/dpo.py) give TRL's loss and step to TRL's weights."""
+    kwargs = dict(per_device_train_batch_size=8, beta=0.1, loss_type=loss_type, **extra)
+    trl_trainer, our_trainer = _steps("DPO", model_dir, PAIRS, kwargs, tmp_path)
+    _check(start_weights(model_dir), weights(trl_trainer.model), weights(our_trainer.model))
+    # one AdamW step from the same weights moves by about lr x sign(gradient): the loss itself tells formulas apart
+    theirs, ours = trl_trainer.state.log_history[0]["loss"], our_trainer.state.log_history[0]["loss"]
+    assert ours == pytest.approx(theirs, rel=1e-3, abs=1e-4), (theirs, ours)
+
+
 def test_dpo_truncation(model_dir, tmp_path):
     """``max_length=6`` over prompts of 2 to 8 tokens: TRL keeps each sequence's first 6 tokens (a
     completion loses its end and its EOS) and drops the 3 pairs whose prompt fills them; the step

@@ -106,10 +106,18 @@ class ScalarModel(torch.nn.Module):
         else:
             archs = AutoConfig.from_pretrained(path).architectures or []
         if any(a.endswith("ForSequenceClassification") for a in archs):
-            seq = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, num_labels=1)
+            seq, info = AutoModelForSequenceClassification.from_pretrained(
+                path, dtype=dtype, num_labels=1, output_loading_info=True
+            )
             found = _sequence_head(seq)
             if found is None:
                 raise ValueError(f"{path}: sequence-classification model without a linear 'score' or 'classifier' head")
+            untrained = sorted(k for k in info.get("missing_keys", ()) if k.split(".")[0] == found[0])
+            if untrained:  # transformers would score with a freshly initialised head: noise, not a reward
+                raise ValueError(
+                    f"{path}: its weights hold no trained {found[0]!r} head ({', '.join(untrained)} missing), so "
+                    "it would score with a randomly initialised one; give a trained reward model's directory"
+                )
             head = found[1]
             config = seq.config
             if getattr(config, SHIFT_KEY, None) is not None:  # saved by rlhfkit: rebuild the exact head

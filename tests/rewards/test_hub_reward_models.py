@@ -60,3 +60,21 @@ def test_an_uncached_hub_reward_model_offline_is_one_line(offline):  # noqa: F81
 def test_an_unknown_plain_name_is_still_an_unknown_reward_function():
     with pytest.raises(ValueError, match="unknown reward function 'no_such_reward'"):
         build_rewards(["no_such_reward"], None, char_tokenizer())
+
+
+def test_a_reward_model_whose_weights_lack_the_scoring_head_is_refused(tmp_path):
+    """A sequence classifier saved without ``score.weight`` (a causal LM's weights under a classifier's
+    config): transformers would make a fresh head up; rlhfkit refuses the directory in one line."""
+    from safetensors.torch import load_file, save_file
+
+    snapshot, tok = cache_model(tmp_path, REPO)
+    weights = load_file(snapshot / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("score.")}, snapshot / "model.safetensors")
+    for source in (
+        lambda: ScalarModel.from_pretrained(str(snapshot)),
+        lambda: build_rewards([str(snapshot)], None, tok),
+    ):
+        with pytest.raises(ValueError) as err:
+            source()
+        message = str(err.value)
+        assert "\n" not in message and "no trained 'score' head (score.weight missing)" in message, message

@@ -30,8 +30,11 @@ def oracle_score(prompt: str, completion: str) -> float:
 
 
 def oracle_reward(prompts, completions, **columns) -> list[float]:
-    """``oracle_score`` in TRL's reward-function shape (the "human" of the quickstart)."""
-    return [oracle_score(p, c) for p, c in zip(prompts, completions)]
+    """``oracle_score`` in TRL's reward-function shape (the "human" of the quickstart): prompts and
+    completions as text, or as chat messages (the prompt's last message, the completion's assistant turn)."""
+    from ..data.encode import completion_text
+
+    return [oracle_score(completion_text(p), completion_text(c)) for p, c in zip(prompts, completions)]
 
 
 def make_prompts(n: int, seed: int, min_len: int = 3, max_len: int = 6) -> list[str]:

@@ -196,6 +196,8 @@ def load_checkpoint(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     path = Path(path)
+    if not path.exists():
+        raise ValueError(f"resume_from={str(path)!r} does not exist")
     if not (path / STATE_FILE).exists():
         raise ValueError(f"resume_from={str(path)!r} is not a checkpoint directory (no {STATE_FILE})")
     if not (path / DCP_DIR).is_dir():

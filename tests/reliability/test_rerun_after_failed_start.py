@@ -46,7 +46,7 @@ def test_the_cli_reruns_into_the_directory_of_a_failed_start(tmp_path, monkeypat
     ]
     capsys.readouterr()
     assert main([*rl, "reward_funcs=[shift_oracle]", "resume_from=no/such/checkpoint-3"]) == 2
-    assert "is not a checkpoint directory" in capsys.readouterr().err
+    assert "resume_from='no/such/checkpoint-3' does not exist" in capsys.readouterr().err
     assert (tmp_path / "run" / "config.yaml").is_file()  # it failed after the directory was created
     assert main([*rl, "reward_funcs=[my_rewards:broken]"]) == 2  # no --overwrite needed; fails at step 1
     assert "scoring service is down" in capsys.readouterr().err
@@ -61,7 +61,7 @@ def test_python_reruns_into_the_directory_of_a_failed_start(tmp_path):
     run = tmp_path / "run"
     sft = lambda **overrides: sft_trainer(tok, run, **overrides)  # noqa: E731
 
-    with pytest.raises(ValueError, match="is not a checkpoint directory"):
+    with pytest.raises(ValueError, match="nowhere' does not exist"):
         sft(resume_from=str(tmp_path / "nowhere"))
     assert (run / MARKER).is_file() and (run / "config.yaml").is_file()
     sft().train()  # no overwrite needed
@@ -89,7 +89,7 @@ def test_a_failed_start_beside_a_users_file_still_needs_overwrite_and_keeps_the_
     run = tmp_path / "run"
     sft = lambda **overrides: sft_trainer(tok, run, **overrides)  # noqa: E731
 
-    with pytest.raises(ValueError, match="is not a checkpoint directory"):
+    with pytest.raises(ValueError, match="nowhere' does not exist"):
         sft(resume_from=str(tmp_path / "nowhere"))
     (run / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="already exists and is not empty"):

@@ -9,6 +9,7 @@ import torch
 
 from .. import distributed
 from ..agents.agent import episode_lengths, reward_inputs, scored
+from ..data.encode import warn_once
 from ..rewards import RewardFunctions
 from ..rollout import Rollout, decode_completions
 from .advantages import ScoreShaping, shape_scores
@@ -53,6 +54,11 @@ def score(
     lengths = rollout.response_mask.sum(-1)
     if episodes is not None:
         valid, lengths = valid & scored(episodes).to(valid.device), episode_lengths(episodes).to(lengths.device)
+    if not bool(distributed.reduce_sum(valid.sum()) > 0):  # a run whose rewards never score trains nothing
+        warn_once(
+            f"no reward source scored any of the {int(distributed.reduce_sum(torch.tensor(len(valid))))} "
+            "completions of this step (every reward function returned None): they train nothing"
+        )
     scores, score_metrics = shape_scores(
         out.scores.to(rollout.has_eos.device),
         valid,

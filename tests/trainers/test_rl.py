@@ -177,6 +177,18 @@ def test_samples_no_function_scores_are_masked_out():
     assert not exp.mask[1::2].any() and exp.mask[0::2].any()
 
 
+def test_a_step_no_reward_function_scores_says_so_in_one_line(capsys):
+    def never(prompts, completions, **kwargs):
+        return [None] * len(completions)
+
+    tok = char_tokenizer()
+    args = RLConfig(algorithm="grpo", max_new_tokens=4, max_steps=1, prompts_per_step=2, log_every=0)
+    RLTrainer(tiny_causal_lm(tok), [never], args, train_dataset=PROMPTS, processing_class=tok).train()
+    lines = [x for x in capsys.readouterr().err.splitlines() if "no reward source scored" in x]
+    assert lines == ["warning: no reward source scored any of the 8 completions of this step (every reward function "
+                     "returned None): they train nothing"]  # fmt: skip
+
+
 def test_unscored_samples_stay_in_the_loss_with_advantage_zero_under_unscored_in_loss():
     """TRL's rule (the drop-in's): an unscored row keeps its tokens in the loss, its advantage is 0."""
 

@@ -146,14 +146,20 @@ def _run_rl(job):
     )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, whose errors are one line on stderr (exit status 2) without the usage block before them;
+    ``--help`` still prints the usage. Subcommands' parsers are of this class too (argparse's default)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from .config.rollout import AgentConfig
 
     # allow_abbrev=False everywhere: no option is ever taken from a prefix (`--over` is not
     # --overwrite); main refuses an unknown one in one line with a suggestion (_unknown_options).
-    parser = argparse.ArgumentParser(
-        prog="rlhfkit", description="RL post-training of language models.", allow_abbrev=False
-    )
+    parser = _OneLineParser(prog="rlhfkit", description="RL post-training of language models.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser(
         "quickstart", allow_abbrev=False, help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU"

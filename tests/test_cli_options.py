@@ -95,3 +95,19 @@ def test_a_prefix_of_overwrite_leaves_a_run_directory_byte_for_byte(
     assert main(["rl", "--config", str(recipe), *flags, "output_dir=runA"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert _snapshot(tmp_path / "runA") == before
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["eval", "--model", "m"], "the following arguments are required: --dataset"),
+        (["eval", "--model", "m", "--dataset", "d", "--samples", "abc"], "invalid int value: 'abc'"),
+        (["nosuch"], "invalid choice: 'nosuch'"),
+        (["rl", "--config"], "argument --config: expected one argument"),
+    ],
+)
+def test_a_command_line_argparse_refuses_is_one_line_without_the_usage_block(argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err and "usage:" not in err, err

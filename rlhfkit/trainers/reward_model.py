@@ -113,10 +113,10 @@ class RewardModelTrainer(SupervisedTrainer):
         if center_rows is None:  # default: every training completion, chosen and rejected
             self.center_ids = [ids for p in self.train_pairs for ids in (p.chosen, p.rejected)]
         else:
-            self.center_ids = [
-                encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length).input_ids
-                for r in center_rows
-            ]
+            encoded = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length) for r in center_rows]
+            self.center_ids = [e.input_ids for e in encoded]
+            cut = sum(e.cut for e in encoded)  # as the training pairs' cut rows are said
+            note_cut("center_dataset", cut, len(encoded), "rows", args.max_length, "their prompt's start first")
         seed_everything(args.seed)  # the same initial head on every process
         model = self._load_model(model)
         if model.head.bias is not None:

@@ -300,3 +300,13 @@ def test_pairs_that_do_not_fit_are_dropped_with_a_warning():
 def test_config_fields_are_checked(field, value):
     with pytest.raises(ValueError, match=rf"config field '{field}' must be"):
         RewardModelConfig(**{field: value})
+
+
+def test_a_centre_row_longer_than_max_length_is_said_to_be_cut(capsys):
+    center = [{"prompt": "abc", "completion": "x" * 5000}, {"prompt": "ab", "completion": "cd"}]
+    trainer(max_steps=1, max_length=64, center_dataset=center)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning: center_dataset")]
+    assert lines == [
+        "warning: center_dataset: 1 of 2 rows are longer than max_length=64 tokens and were cut "
+        "(their prompt's start first); raise max_length to keep them whole"
+    ]

@@ -102,7 +102,8 @@ class ScalarModel(torch.nn.Module):
             backbone = AutoModel.from_pretrained(path, dtype=dtype)
             head = torch.nn.Linear(meta["hidden_size"], 1, bias=meta.get("bias", True))
             head.load_state_dict(load_file(str(path / HEAD_FILE)))
-            return cls(backbone, head.to(dtype), offset=meta.get("offset", 0.0))
+            offset = _number(meta.get("offset", 0.0), path / META_FILE, "offset")
+            return cls(backbone, head.to(dtype), offset=offset)
         else:
             archs = AutoConfig.from_pretrained(path).architectures or []
         if any(a.endswith("ForSequenceClassification") for a in archs):
@@ -128,7 +129,8 @@ class ScalarModel(torch.nn.Module):
                     if bias is not None:
                         exact.bias.fill_(float(bias))
                 head = exact
-            return cls(seq.base_model, head, offset=getattr(config, OFFSET_KEY, None) or 0.0)
+            offset = _number(getattr(config, OFFSET_KEY, None) or 0.0, Path(str(path)) / "config.json", OFFSET_KEY)
+            return cls(seq.base_model, head, offset=offset)
         return cls(AutoModel.from_pretrained(path, dtype=dtype))
 
     def save_pretrained(self, path, tokenizer=None) -> None:
@@ -248,6 +250,16 @@ class ScalarModel(torch.nn.Module):
         last = last_token_index(attention_mask)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         return self.head(hidden[rows, last]).squeeze(-1).float() - self.offset
+
+
+def _number(value, file: Path, key: str) -> float:
+    """``value`` as a float, or one line naming ``file`` and ``key`` (a reward model's saved score offset)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{file}: {key!r} must be a number (the saved score offset), got {value!r}") from None
 
 
 def _sequence_head(seq):

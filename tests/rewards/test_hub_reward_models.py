@@ -78,3 +78,17 @@ def test_a_reward_model_whose_weights_lack_the_scoring_head_is_refused(tmp_path)
             source()
         message = str(err.value)
         assert "\n" not in message and "no trained 'score' head (score.weight missing)" in message, message
+
+
+def test_a_saved_score_offset_that_is_no_number_names_its_file_and_key(tmp_path):
+    import json
+
+    snapshot, _ = cache_model(tmp_path, REPO)
+    config = json.loads((snapshot / "config.json").read_text())
+    (snapshot / "config.json").write_text(json.dumps({**config, "rlhfkit_score_offset": "abc"}))
+    with pytest.raises(ValueError) as err:
+        ScalarModel.from_pretrained(str(snapshot))
+    assert (
+        str(err.value)
+        == f"{snapshot / 'config.json'}: 'rlhfkit_score_offset' must be a number (the saved score offset), got 'abc'"
+    )

@@ -49,6 +49,14 @@ def checkpointable_layers(model: torch.nn.Module) -> list[GradientCheckpointingL
     ]
 
 
+def probe_ids(model: torch.nn.Module, n: int, device=None) -> torch.Tensor:
+    """(1, n) token ids for a probe pass: 0, 1, 2, ... below the vocabulary size of ``model`` (or of the
+    first config among its modules: a wrapped backbone's)."""
+    sizes = (getattr(getattr(m, "config", None), "vocab_size", None) for m in model.modules())
+    vocab = next((v for v in sizes if isinstance(v, int)), 2)
+    return (torch.arange(n, device=device) % max(vocab - 1, 1)).unsqueeze(0)
+
+
 def decoder_layer_count(model: torch.nn.Module) -> int:
     """The decoder layers of ``model`` (its first config's ``num_hidden_layers``, a wrapped
     backbone's too); 1 when none says."""

@@ -18,7 +18,7 @@ import torch
 
 from .. import distributed
 from ..config.parts import ConfigFields, takes
-from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost
+from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost, probe_ids
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import export_causal_lm, unsharded_template
@@ -216,8 +216,7 @@ class RLModels:
     def _probe(self, n: int) -> torch.Tensor:
         """The update's forward pass on one synthetic row of ``n`` tokens (a one-token prompt): a scalar
         of its outputs, for ``measure_activation_cost``."""
-        vocab = getattr(_base_causal_lm(self.policy).config, "vocab_size", 2)
-        ids = (torch.arange(n, device=self.device) % max(vocab - 1, 1)).unsqueeze(0)
+        ids = probe_ids(self.policy, n, self.device)
         ones = torch.ones_like(ids)
         row = _ProbeRow(ids, ones, ones[:, 1:])
         logprobs, values, _, _ = self._forward(row, with_values=bool(self.args.use_critic), with_entropy=True)

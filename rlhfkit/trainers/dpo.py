@@ -41,6 +41,7 @@ from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
 from ..models import forward_response, freeze, load_causal_lm, load_tokenizer, set_lm_head
+from ..models.activations import probe_ids
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
 from ..run.metrics import to_floats
@@ -191,7 +192,7 @@ class DPOTrainer(SupervisedTrainer):
 
     def _probe(self, n: int) -> torch.Tensor:
         """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
-        ids = (torch.arange(n, device=self.device) % max(getattr(self.model.config, "vocab_size", 2) - 1, 1))[None]
+        ids = probe_ids(self.model, n, self.device)
         with self._autocast():
             return forward_response(self.train_model, ids, torch.ones_like(ids), n - 1).logprobs.sum()
 
@@ -233,7 +234,7 @@ class DPOTrainer(SupervisedTrainer):
             last = stop or self.step == self.total_steps
             if self.eval_pairs is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics.update(self.evaluate())
-            self.run.log(self.step, {**metrics, **self.memory.metrics()})
+            self._log_step(self.step, metrics)
             self._step_done()
             if stop:
                 break

@@ -40,6 +40,7 @@ from ..data.padding import pad
 from ..data.preferences import load_completions, load_preference_dataset
 from ..files import writing
 from ..models import ScalarModel, load_tokenizer
+from ..models.activations import probe_ids
 from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..models.sources import resolve_model_dir
 from ..run.metrics import to_floats
@@ -187,8 +188,7 @@ class RewardModelTrainer(SupervisedTrainer):
 
     def _probe(self, n: int) -> torch.Tensor:
         """The score of one synthetic row of ``n`` tokens, with gradient (the memory probe)."""
-        vocab = getattr(getattr(self.model.backbone, "config", None), "vocab_size", 2)
-        ids = (torch.arange(n, device=self.device) % max(vocab - 1, 1))[None]
+        ids = probe_ids(self.model, n, self.device)
         with self._autocast():
             return self.scorer(ids, torch.ones_like(ids)).sum()
 
@@ -220,7 +220,7 @@ class RewardModelTrainer(SupervisedTrainer):
                 metrics.update(self.evaluate())
             if last and self.args.center:
                 metrics["rm/offset"] = self.center()
-            self.run.log(step, {**metrics, **self.memory.metrics()})
+            self._log_step(step, metrics)
             self._step_done()
             if stop:
                 break

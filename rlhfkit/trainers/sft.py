@@ -30,6 +30,7 @@ from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.S
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
+from ..models.activations import probe_ids
 from ..models.lm_head import set_lm_head, streamable, streamed_forward
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
@@ -147,7 +148,7 @@ class SFTTrainer(SupervisedTrainer):
             last = stop or self.step == self.total_steps
             if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
                 metrics["eval/loss"] = self.evaluate()
-            self.run.log(self.step, {**metrics, **self.memory.metrics()})
+            self._log_step(self.step, metrics)
             self._step_done()
             if stop:
                 break
@@ -186,7 +187,7 @@ class SFTTrainer(SupervisedTrainer):
 
     def _probe(self, n: int) -> torch.Tensor:
         """The training loss of one synthetic row of ``n`` tokens, all completion (the memory probe)."""
-        ids = (torch.arange(n) % max(getattr(self.model.config, "vocab_size", 2) - 1, 1)).unsqueeze(0)
+        ids = probe_ids(self.model, n)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(n)[None]}
         return self.loss_sum({**batch, "labels": ids})[0]
 

@@ -130,6 +130,10 @@ class SupervisedTrainer:
         self.memory = MemoryPlan(mode, cost, self.device, self.args.memory_budget_gb, layers, [model])
         self.memory.check_row(longest, "row")
 
+    def _log_step(self, step: int, metrics: dict) -> None:
+        """A training step's row (``Run.log``), with the memory plan's (``perf/checkpointed_frac``)."""
+        self.run.log(step, {**metrics, **self.memory.metrics()})
+
     def _memory_pass(self, rows: int, width: int):
         """The context of a forward pass over ``rows`` rows of ``width`` tokens: with gradient, its
         layers checkpointed or not as the memory plan says; without, nothing."""

@@ -38,3 +38,8 @@ def engine_threads():
     with one thread in each of `make`'s two pytest-xdist workers (two threads each would make four
     on two cores)."""
     torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+
+
+# TRL's own test files (tests/trl_upstream/upstream) run only through their harness, with its own pytest.ini
+# (make test-trl): never in rlhfkit's suite.
+collect_ignore = ["trl_upstream"]

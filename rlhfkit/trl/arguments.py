@@ -134,7 +134,8 @@ ADVICE = {
     "load_best_model_at_end": "evaluate the checkpoints with rlhfkit eval and pick one",
     "neftune_noise_alpha": "no NEFTune noise",
     "auto_find_batch_size": "set per_device_train_batch_size",
-    "gradient_checkpointing_kwargs": "gradient_checkpointing=True checkpoints every transformer block",
+    "gradient_checkpointing_kwargs": "{'use_reentrant': True | False} only (rlhfkit recomputes each block "
+    "non-reentrantly either way: the same gradients)",
     "lr_scheduler_kwargs": "lr_scheduler_type 'linear', 'cosine' or 'constant'",
     "model_init_kwargs": "model_init_kwargs={'dtype': ...} only (float32, bfloat16, float16)",
     "vllm_mode": "vllm_mode='colocate'; for generation on separate processes use rollout_workers (RLConfig)",
@@ -168,6 +169,8 @@ def refuse_unsupported(config, handled: frozenset) -> None:
         if field.name in handled or field.name in TRANSLATED or field.name in NO_EFFECT:
             continue
         value, default = getattr(config, field.name), field_default(field)
+        if field.name == "gradient_checkpointing_kwargs" and set(value or {}) <= {"use_reentrant"}:
+            continue  # how the recompute is wired, not what it computes (the gradients are the same)
         if value != default and not (value is None and default is None):
             instead = f"; instead: {ADVICE[field.name]}" if field.name in ADVICE else ""
             raise ValueError(

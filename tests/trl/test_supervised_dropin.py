@@ -343,6 +343,7 @@ def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
         (RewardConfig, "label_smoothing_factor", 0.1, "default"),
         (RewardConfig, "lr_scheduler_type", "cosine_with_restarts", "'linear'"),
         (RewardConfig, "save_strategy", "epoch", "'steps'"),
+        (SFTConfig, "gradient_checkpointing_kwargs", {"use_reentrant": True, "preserve_rng_state": False}, "only"),
     ],
 )
 def test_an_unsupported_field_is_refused_in_one_line_naming_it(cls, field, value, says):
@@ -350,6 +351,14 @@ def test_an_unsupported_field_is_refused_in_one_line_naming_it(cls, field, value
         cls(output_dir="out", **{**CPU, field: value}).to_rlhfkit(n_rows=8)
     message = str(err.value)
     assert "\n" not in message and repr(field) in message and says in message
+
+
+@pytest.mark.parametrize("cls", [SFTConfig, DPOConfig, RewardConfig])
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_use_reentrant_is_accepted_as_trls_tests_pass_it(cls, reentrant):
+    """How the recompute is wired changes no gradient: TRL's tests pass {'use_reentrant': ...} either way."""
+    config = cls(output_dir="out", **CPU, gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    assert config.to_rlhfkit(n_rows=8) is not None
 
 
 @pytest.mark.parametrize(

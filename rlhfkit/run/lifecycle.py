@@ -42,6 +42,7 @@ from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
 from . import trace
 from .callbacks import Callbacks
+from .collapse import CollapseWatch
 from .checkpoint import NEWEST, load_checkpoint, prune_checkpoints, save_checkpoint
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
@@ -68,6 +69,8 @@ class Run:
         self.optimizer = self.scheduler = self.guard = self.logger = None
         self.total_steps, self.modules, self.base_model = 0, {}, None
         self.step_start = None  # perf_counter() at step_begin: the step's event in the timeline
+        self.collapse = CollapseWatch(args.learning_rate)  # a zero gradient for good says so (collapse.py)
+        self.last_grad_norm: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- start
     def open(self, model, datasets: dict, **sources) -> None:
@@ -146,12 +149,15 @@ class Run:
         metrics (``perf/lr``: the rate this update used)."""
         with trace.span("optimizer_step"):
             grad_norm, lr = optimizer_step(self.optimizer, self.scheduler, self.args.max_grad_norm, self.guard, loss)
+        self.last_grad_norm = grad_norm
         return {"perf/lr": lr, "perf/grad_norm": grad_norm, "perf/skipped_steps": float(self.guard.skipped)}
 
     def log(self, step: int, metrics: dict) -> dict:
         """One row of ``metrics.jsonl`` (rank 0 writes it, every process gets it back as floats);
-        the callbacks' ``on_evaluate`` and ``on_log``."""
+        the callbacks' ``on_evaluate`` and ``on_log``; a collapse said once (``collapse.py``)."""
         row = self.logger.log(step, metrics, self.total_steps)
+        grad_norm = None if self.last_grad_norm is None else float(self.last_grad_norm)
+        self.collapse.observe(step, grad_norm, row)
         if self.callbacks:
             self.callbacks.logged(row)
         return row
@@ -218,6 +224,7 @@ class Run:
             with trace.span("save_final"):
                 save_final(Path(self.args.output_dir) / "final")
             finish_run(self.out_dir)
+        self.collapse.summary()
         record_end(self.out_dir)  # run.json: the end time and duration of this session
         self.logger.close()
         self.callbacks.fire("on_train_end")

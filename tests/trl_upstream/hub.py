@@ -75,16 +75,23 @@ def qwen2_vocab_file(cache: Path) -> Path:
     return target
 
 
-def qwen_tokenizer(vocab_file: Path, added: list[tuple[str, bool]], template: str):
-    """Qwen's tokenizer from the GGUF vocabulary: base BPE ids 0..151642, then ``added`` in order."""
-    from tokenizers import Tokenizer
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+def qwen_base(vocab_file: Path) -> dict:
+    """The ``tokenizers`` spec of Qwen2's byte-level BPE from the GGUF vocabulary: ids 0..151642, no added tokens."""
+    from transformers import AutoTokenizer
 
     gguf = AutoTokenizer.from_pretrained(str(vocab_file.parent), gguf_file=vocab_file.name)
     spec = json.loads(gguf.backend_tokenizer.to_str())
-    base = len(spec["model"]["vocab"]) - sum(1 for _ in spec["added_tokens"])
     spec["model"]["vocab"] = {t: i for t, i in spec["model"]["vocab"].items() if i < 151643}
-    assert base >= 151643 - 1 and len(spec["model"]["vocab"]) == 151643, "not Qwen2's vocabulary"
+    assert len(spec["model"]["vocab"]) == 151643 and len(spec["model"]["merges"]) == 151387, "not Qwen2's vocabulary"
+    return spec
+
+
+def qwen_tokenizer(base: dict, added: list[tuple[str, bool]], template: str):
+    """Qwen's tokenizer: the base BPE ids 0..151642, then ``added`` in order, eos ``<|im_end|>``, pad ``<|endoftext|>``."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    spec = dict(base)
     spec["added_tokens"] = [
         {"id": 151643 + k, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": special}
@@ -150,13 +157,14 @@ def build_hub(hub_cache: Path, downloads: Path) -> Path:
     from transformers import GenerationConfig
 
     templates = Path(trl.__file__).parent / "chat_templates"
-    vocab = qwen2_vocab_file(downloads)
+    base = None
     for name, (_, added, template, _, _) in MODELS.items():
         repo = hub_cache / f"models--{ORG}--{name}"
         snapshot = repo / "snapshots" / COMMIT
         if (snapshot / "config.json").exists():
             continue
-        tokenizer = qwen_tokenizer(vocab, added, (templates / template).read_text())
+        base = base or qwen_base(qwen2_vocab_file(downloads))
+        tokenizer = qwen_tokenizer(base, added, (templates / template).read_text())
         model = build_model(name, tokenizer)
         snapshot.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(snapshot)

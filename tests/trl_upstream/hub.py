@@ -87,7 +87,8 @@ def qwen_base(vocab_file: Path) -> dict:
 
 
 def qwen_tokenizer(base: dict, added: list[tuple[str, bool]], template: str):
-    """Qwen's tokenizer: the base BPE ids 0..151642, then ``added`` in order, eos ``<|im_end|>``, pad ``<|endoftext|>``."""
+    """Qwen's tokenizer: the base BPE ids 0..151642, then ``added`` in order; eos ``<|im_end|>``, pad
+    ``<|endoftext|>``."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 

@@ -29,9 +29,9 @@ def build_datasets(root: Path) -> Path:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
 
-        def save(self, repo, config_name="default", **_):
+        def save(self, repo, config_name="default", _name=name, **_):
             for split, rows in self.items():
-                path = root / name / config_name / f"{split}.parquet"
+                path = root / _name / config_name / f"{split}.parquet"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 rows.to_parquet(str(path))
 

@@ -54,7 +54,6 @@ def _mark_use(cls):
 
 def _offline_load_dataset():
     import datasets
-
     from hub_data import data_files
 
     real = datasets.load_dataset
@@ -135,6 +134,13 @@ def _drop_in_configs_use_cpu(request, monkeypatch):
                 _original(self)
 
             monkeypatch.setattr(cls, "__post_init__", __post_init__)
+
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_directory(tmp_path, monkeypatch):
+    """Tests that build a config without ``output_dir`` write TRL's default (``<model>-SFT`` …) into the
+    working directory: it is each test's own temporary directory, never the repository."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -38,6 +38,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("trl-upstream")
     group.addoption("--against", choices=["trl", "rlhfkit"], default="trl", help="whose classes the tests use")
     group.addoption("--outcomes", default=None, help="write each test's outcome here (JSON)")
+    group.addoption("--resume", action="store_true", help="skip the tests FILE.partial already records")
 
 
 def _mark_use(cls):
@@ -177,6 +178,32 @@ def pytest_runtest_logreport(report):
         entry[1] = entry[1] or swapped
         if report.failed and entry[0] == "passed":
             entry[0] = "error"
+        path = config.getoption("outcomes")
+        if path and not hasattr(config, "workerinput"):  # each finished test at once: a long run can resume
+            with open(f"{path}.partial", "a") as partial:
+                partial.write(json.dumps({report.nodeid: entry}) + "\n")
+
+
+def _partial(config) -> dict[str, list]:
+    """The outcomes an interrupted run with the same ``--outcomes`` recorded (its ``.partial`` file)."""
+    path = Path(f"{config.getoption('outcomes')}.partial")
+    done: dict[str, list] = {}
+    if config.getoption("outcomes") and path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                done.update(json.loads(line))
+    return done
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``--resume``: the tests an interrupted run already recorded are not run again."""
+    if not config.getoption("resume"):
+        return
+    done = _partial(config)
+    config._trl_outcomes.update(done)
+    kept = [item for item in items if item.nodeid not in done]
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+    items[:] = kept
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -187,4 +214,5 @@ def pytest_sessionstart(session):
 def pytest_sessionfinish(session):
     path = session.config.getoption("outcomes")
     if path and not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist) writes
-        Path(path).write_text(json.dumps(dict(sorted(session.config._trl_outcomes.items())), indent=0) + "\n")
+        outcomes = {**_partial(session.config), **session.config._trl_outcomes}
+        Path(path).write_text(json.dumps(dict(sorted(outcomes.items())), indent=0) + "\n")

@@ -16,7 +16,8 @@ from .advantages import (
     rloo_advantages,
     whiten,
 )
-from .dpo import DPO_LOSS_TYPES, dpo_loss
+from .dpo import DPO_LOSS_TYPES, F_DIVERGENCES, dpo_loss
+from .dpo_terms import ld_logps, wpo_weights
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
 from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
@@ -45,7 +46,10 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "DPO_LOSS_TYPES",
+    "F_DIVERGENCES",
     "dpo_loss",
+    "ld_logps",
+    "wpo_weights",
     "AdaptiveKLController",
     "FixedKLController",
     "KL_ESTIMATORS",

@@ -94,9 +94,9 @@ def checkpoint_policy(path):
     model = load_causal_lm(job.model, job.dtype)
     peft = lora_config(job)
     if peft is not None:
-        from peft import get_peft_model
+        from .models.lora import apply_lora
 
-        model = get_peft_model(model, peft)
+        model = apply_lora(model, peft)
     load_module_weights(path, name, model)  # the sharded format of any process count, or an older one
     if peft is not None:
         model = model.merge_and_unload()

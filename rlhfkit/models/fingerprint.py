@@ -20,14 +20,18 @@ _TOLERANCE = 1e-9  # relative: float64 sums in another order (another number of 
 
 def model_fingerprint(modules: dict[str, torch.nn.Module]) -> dict:
     """``{"layout": <hash of names, shapes, dtypes>, "sums": [Σ|w|, Σw²], "source": <where it was loaded
-    from, or "">}`` of the parameters of ``modules`` (name -> module)."""
+    from, or "">, "parts": {name: {"lora": <has LoRA adapters>}}}`` of the parameters of ``modules``
+    (name -> module). ``parts`` lets a refusal say what differs: another set of trained modules (a
+    GRPO checkpoint resumed as PPO, which trains a critic too) or LoRA adapters on one side only."""
     from .. import distributed
 
     layout = hashlib.sha256()
     local, sharded = torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
     source = ""
+    parts: dict[str, dict] = {}
     for prefix, module in modules.items():
         source = source or _origin(module)
+        parts[prefix] = {"lora": any("lora_" in name for name, _ in module.named_parameters())}
         for name, p in module.named_parameters():
             layout.update(f"{prefix}.{name}:{tuple(p.shape)}:{p.dtype};".encode())
             is_sharded = hasattr(p, "to_local")
@@ -35,7 +39,7 @@ def model_fingerprint(modules: dict[str, torch.nn.Module]) -> dict:
             (sharded if is_sharded else local).add_(_sums(part.detach()))
     if distributed.role_active():
         sharded = torch.tensor(distributed.sum_floats(sharded.tolist()), dtype=torch.float64)
-    return {"layout": layout.hexdigest()[:16], "sums": (local + sharded).tolist(), "source": source}
+    return {"layout": layout.hexdigest()[:16], "sums": (local + sharded).tolist(), "source": source, "parts": parts}
 
 
 def _sums(x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +69,9 @@ def fingerprint_change(saved: dict, now: dict) -> str | None:
     )
     if same_layout and same_values:
         return None
+    parts = _parts_change(saved.get("parts"), now.get("parts"))
+    if parts:
+        return parts
     what = "its weights have other values" if same_layout else "its weights have other names, shapes or dtypes"
     was, now_from = saved.get("source") or "", now.get("source") or ""
     story = (
@@ -73,3 +80,23 @@ def fingerprint_change(saved: dict, now: dict) -> str | None:
         else f"this run's model{f' {now_from!r}' if now_from else ''} is not the base model it was trained from"
     )
     return f"{story} ({what}); resume with the model the run started from (its config.yaml names it) or start a new run"
+
+
+def _parts_change(saved: dict | None, now: dict | None) -> str | None:
+    """What differs in the trained modules themselves (None: the same, or a checkpoint from before
+    ``parts`` was recorded): another set of them, or LoRA adapters on one side only."""
+    if not saved or not now:
+        return None
+    if set(saved) != set(now):
+        return (
+            f"it trained {' + '.join(saved)} and this run trains {' + '.join(now)}: it was saved by another "
+            "algorithm or setup (PPO trains a critic beside the policy); resume it with the config it was saved with"
+        )
+    for name in saved:
+        if bool(saved[name].get("lora")) != bool(now[name].get("lora")):
+            was, is_now = ("with", "without") if saved[name].get("lora") else ("without", "with")
+            return (
+                f"its {name} was trained {was} LoRA adapters and this run's {name} is {is_now} them; resume "
+                "with the lora_r it was saved with (its config.yaml names it)"
+            )
+    return None

@@ -29,14 +29,19 @@ def apply_lora(model: torch.nn.Module, peft_config, task_type: str | None = "CAU
     """``peft.get_peft_model`` with ``peft_config`` (its ``task_type`` set to ``task_type`` when it
     has none; ``task_type=None``: always none — a plain ``PeftModel`` whose forward is the model's
     own, for a backbone such as a reward model's). A target module the model lacks is one clear
-    line, not peft's traceback."""
+    line, not peft's traceback; transformers' deprecation of ``is_gradient_checkpointing``, which peft
+    reads, is not printed (it is no concern of the user's, and it landed around error lines)."""
+    import warnings
+
     from peft import get_peft_model
 
     if task_type is None or getattr(peft_config, "task_type", None) is None:
         peft_config = copy.copy(peft_config)
         peft_config.task_type = task_type
     try:
-        return get_peft_model(model, peft_config)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            return get_peft_model(model, peft_config)
     except ValueError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ValueError(f"peft_config does not fit the model {type(model).__name__}: {first}") from None

@@ -21,7 +21,7 @@ from ..config.parts import ConfigFields, takes
 from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost, probe_ids
 from .heads import ScalarModel
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
-from .lora import export_causal_lm, unsharded_template
+from .lora import apply_lora, export_causal_lm, unsharded_template
 from .memory import MemoryPlan
 from .micro_batches import padded_tokens, row_spans, split_rows, token_budget
 from .segments import forward_rollout, rollout_values
@@ -342,9 +342,7 @@ def build_models(model, processing_class, args: ModelLoading, peft_config=None, 
     if distributed.is_generator():  # generates from the trainers' (merged) weights: no adapter, no critic
         return RLModels(freeze(disable_dropout(policy)).eval(), tokenizer, args, generation_only=True)
     if peft_config is not None:
-        from peft import get_peft_model
-
-        policy = disable_dropout(get_peft_model(policy, peft_config))
+        policy = disable_dropout(apply_lora(policy, peft_config, task_type=getattr(peft_config, "task_type", None)))
     if args.gradient_checkpointing != "off":  # installed; whether a pass uses it is RLModels.memory's call
         enable_activation_checkpointing(policy)
         if peft_config is not None:

@@ -42,8 +42,8 @@ from ..models.fingerprint import model_fingerprint
 from ..models.loading import check_finite_weights
 from . import trace
 from .callbacks import Callbacks
-from .collapse import CollapseWatch
 from .checkpoint import NEWEST, load_checkpoint, prune_checkpoints, save_checkpoint
+from .collapse import CollapseWatch
 from .directory import check_run_dir, finish_run, latest_checkpoint
 from .metrics import MetricsLogger
 from .record import open_run, record_end

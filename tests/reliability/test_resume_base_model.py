@@ -2,6 +2,8 @@
 checkpoint records a fingerprint of the model its run started from (``models.fingerprint``), and
 the same base model still resumes."""
 
+import warnings
+
 import pytest
 
 from rlhfkit.cli import main
@@ -62,3 +64,30 @@ def test_rl_refuses_to_resume_onto_another_base_model_in_one_line(tmp_path, monk
         "run's model 'sft/final' is another base model"
     ), err
     assert main([*rl, "model=d/model", "output_dir=c", "resume_from=a/checkpoint-1"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ("algorithm=ppo", "it trained policy and this run trains policy + critic: it was saved by another algorithm"),
+        (
+            "lora_r=4",
+            "its policy was trained without LoRA adapters and this run's policy is with them; resume with the lora_r",
+        ),
+    ],
+)
+def test_resuming_with_another_algorithm_or_lora_names_what_differs(tmp_path, monkeypatch, capsys, change, says):
+    """Not 'this run's model is not the base model' (issue 51): the checkpoint's trained modules are named,
+    and nothing else is printed around the line (peft's deprecation warning was)."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "d"]) == 0
+    rl = ["rl", "model=d/model", "train_dataset=d/prompts.jsonl", "reward_funcs=[shift_oracle]", "max_new_tokens=4",
+          "prompts_per_step=2", "max_steps=1", "save_steps=1", "--quiet"]  # fmt: skip
+    assert main([*rl, "output_dir=a"]) == 0
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:  # what the terminal would show around the line
+        warnings.simplefilter("always")
+        assert main([*rl, "output_dir=b", "resume_from=a/checkpoint-1", change]) == 2
+    assert not [str(w.message) for w in caught if "checkpointing" in str(w.message)]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rlhfkit rl: error: resume_from='a/checkpoint-1': " + says), err

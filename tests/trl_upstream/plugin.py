@@ -9,8 +9,9 @@ unchanged. It:
   the real function, which fails offline, as it would for TRL);
 - with ``--against rlhfkit``, binds the names ``trl.GRPOTrainer``, ``trl.SFTConfig``, … to
   ``rlhfkit.trl``'s classes before any test file imports them (TRL's helpers stay TRL's);
-- records each test's outcome and whether it used a swapped class (built a config or trainer of the five
-  trainers rlhfkit replaces) into ``--outcomes FILE`` (JSON), which ``report.py`` compares.
+- records each test's outcome, whether it used a swapped class (built a config or trainer of the five
+  trainers rlhfkit replaces), the one-line reason of a failure and the call's seconds into ``--outcomes FILE``
+  (JSON), which ``report.py`` compares.
 """
 
 from __future__ import annotations
@@ -172,9 +173,9 @@ def pytest_runtest_logreport(report):
         outcome = "skipped" if report.skipped else report.outcome
         if hasattr(report, "wasxfail"):
             outcome = "xpassed" if report.passed else "xfailed"
-        outcomes[report.nodeid] = [outcome, swapped, _reason(report)]
+        outcomes[report.nodeid] = [outcome, swapped, _reason(report), round(report.duration, 2)]
     elif report.when == "teardown":
-        entry = outcomes.setdefault(report.nodeid, ["error", swapped, _reason(report)])
+        entry = outcomes.setdefault(report.nodeid, ["error", swapped, _reason(report), 0.0])
         entry[1] = entry[1] or swapped
         if report.failed and entry[0] == "passed":
             entry[0] = "error"

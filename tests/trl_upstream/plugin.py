@@ -110,6 +110,9 @@ def pytest_configure(config):
     for name in SWAPPED:
         _mark_use(getattr(trl, name))
     config._trl_outcomes = {}
+    partial = Path(f"{config.getoption('outcomes')}.partial")
+    if config.getoption("outcomes") and not config.getoption("resume") and not hasattr(config, "workerinput"):
+        partial.unlink(missing_ok=True)  # a fresh run records afresh
 
 
 @pytest.fixture(autouse=True)

@@ -88,6 +88,11 @@ RANGES: dict[str, str] = {
     "beta": "> 0",
     "label_smoothing": "[0, 0.5)",
     "simpo_gamma": "finite",
+    "discopop_tau": "> 0",
+    "f_alpha_divergence_coef": "finite",
+    "ld_alpha": "[0, 1] or None",
+    "ref_model_mixup_alpha": "(0, 1]",
+    "ref_model_sync_steps": "[1, 1e9]",
     # command-line sources
     "lora_r": "[0, 1e5]",
     "lora_alpha": "(0, 1e6]",

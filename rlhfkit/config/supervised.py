@@ -143,32 +143,61 @@ class DPOConfig(TrainConfig):
     beta: float = 0.1
     """β: the strength of the implicit KL leash to the reference (DPO, hinge), IPO's τ (the target margin is 1/(2β)), or
     SimPO's reward scale."""
-    loss_type: str = "sigmoid"
+    loss_type: str | tuple[str, ...] = "sigmoid"
     """sigmoid (DPO; with label_smoothing > 0 conservative DPO), ipo, hinge (SLiC), simpo (reference-free,
-    length-normalised), robust (robust DPO), nca_pair (NCA), sppo_hard (SPPO), apo_zero or apo_down (APO); the
-    formulas and papers: algorithms/dpo.py."""
+    length-normalised), robust (robust DPO), nca_pair (NCA), sppo_hard (SPPO), apo_zero or apo_down (APO), bco_pair
+    (BCO), exo_pair (EXO), discopop (DiscoPOP), aot or aot_unpaired (AOT), sigmoid_norm (length-normalised DPO), sft
+    (the chosen completions' NLL); or several, summed with loss_weights (MPO: sigmoid, bco_pair, sft). The formulas and
+    papers: algorithms/dpo.py."""
+    loss_weights: tuple[float, ...] | None = None
+    """One weight per loss_type when it names several (None: 1 each)."""
     label_smoothing: float = 0.0
-    """sigmoid and robust only: the assumed probability ε that a label is flipped (conservative DPO, Mitchell 2023;
-    robust DPO, Chowdhury et al. 2024); 0 is plain DPO."""
+    """sigmoid, robust, exo_pair, aot and aot_unpaired only (each listed loss that takes it): the assumed probability ε
+    that a label is flipped (conservative DPO, Mitchell 2023; robust DPO, Chowdhury et al. 2024; AOT), EXO's label
+    smoothing (> 0; 1e-3 in its paper); 0 is plain DPO."""
     simpo_gamma: float = 0.5
     """simpo only: the target reward margin γ of SimPO (Meng et al. 2024)."""
+    discopop_tau: float = 0.05
+    """discopop only: the temperature τ of DiscoPOP's log-ratio modulation (Lu et al. 2024)."""
+    f_divergence_type: str = "reverse_kl"
+    """The divergence to the reference the margin losses regularise with (f-DPO, Wang et al. 2023): reverse_kl (DPO),
+    forward_kl, js_divergence or alpha_divergence; not with the losses that score the completions apart."""
+    f_alpha_divergence_coef: float = 0.5
+    """alpha_divergence only: its α (TRL's convention)."""
+    ld_alpha: float | None = None
+    """LD-DPO (Liu et al. 2024): weight in [0, 1] of the tokens of the longer completion past the shorter one's length
+    in its log-prob (both policy and reference); None: 1, plain DPO."""
     precompute_ref_logprobs: bool = False
     """Score every training pair under the reference once, before training, and free the reference: no second model in
     memory during training (the same loss: the reference is frozen)."""
+    sync_ref_model: bool = False
+    """TR-DPO (Gorbatovski et al. 2024): every ref_model_sync_steps optimizer steps the reference becomes
+    ref_model_mixup_alpha x policy + (1 - ref_model_mixup_alpha) x reference. Not with a LoRA policy (its reference is
+    the base model) nor precompute_ref_logprobs."""
+    ref_model_mixup_alpha: float = 0.6
+    """sync_ref_model only: α, the policy's share of the new reference."""
+    ref_model_sync_steps: int = 512
+    """sync_ref_model only: τ, optimizer steps between two syncs."""
 
     def __post_init__(self):
-        from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES  # torch only when a DPO config is built
+        from ..algorithms.dpo import check_loss_settings  # torch only when a DPO config is built
 
+        for name in ("loss_type", "loss_weights"):  # a list from YAML or TRL: a tuple
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         super().__post_init__()
+        try:
+            check_loss_settings(self.loss_type, self.loss_weights, self.label_smoothing, self.f_divergence_type)
+        except ValueError as e:
+            raise ValueError(f"DPOConfig: {e}") from None
         check_fields(
             self,
             [
-                (self.loss_type in DPO_LOSSES, "loss_type", f"one of {', '.join(DPO_LOSSES)}"),
                 (
-                    self.label_smoothing == 0
-                    or (self.loss_type in DPO_LOSSES and DPO_LOSSES.traits(self.loss_type)["smoothing"]),
-                    "label_smoothing",
-                    "0 unless loss_type is 'sigmoid' or 'robust' (the rate of flipped labels they assume)",
+                    not (self.sync_ref_model and self.precompute_ref_logprobs),
+                    "sync_ref_model",
+                    "False with precompute_ref_logprobs=True (a reference that changes cannot be scored once)",
                 ),
             ],
         )

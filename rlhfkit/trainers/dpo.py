@@ -10,10 +10,12 @@ policy π_θ and the frozen reference π_ref, the summed log-probability of each
 as one packed row (``models.forward_response`` with ``prompt_index``, ``models.packing``: the prompt
 once, both completions after it without padding, as in the RL loop), on any number of processes.
 
-The reference is, in this order: ``ref_model`` when given; the adapter-disabled base when the
-policy is a LoRA model (no second copy); else a frozen copy of the initial policy. With
-``precompute_ref_logprobs`` its log-probs of every pair are computed once before training and the
-reference is freed. SimPO needs no reference at all.
+The reference (``dpo_reference.py``) is, in this order: ``ref_model`` when given; the
+adapter-disabled base when the policy is a LoRA model (no second copy); else a frozen copy of the
+initial policy. With ``precompute_ref_logprobs`` its log-probs of every pair are computed once
+before training; with ``sync_ref_model`` it follows the policy (TR-DPO). SimPO and SFT need no
+reference at all. ``ld_alpha`` (LD-DPO) weighs each sequence's tokens past its pair's shorter
+completion in both models' log-probs (``algorithms.ld_logps``).
 
 Metrics (TRL's names): ``rewards/chosen`` and ``rewards/rejected`` (the implicit rewards
 ``β (log π(y|x) - log π_ref(y|x))``, means over the step's pairs), ``rewards/accuracies`` (the
@@ -25,9 +27,7 @@ gradients), so N processes take the step one process takes; metrics are global.
 
 from __future__ import annotations
 
-import copy
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -35,17 +35,19 @@ import torch
 
 from .. import distributed
 from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES
-from ..algorithms import dpo_loss
+from ..algorithms import dpo_loss, ld_logps
+from ..algorithms.dpo import needs_reference
 from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.DPOConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
-from ..models import forward_response, freeze, load_causal_lm, load_tokenizer, set_lm_head
+from ..models import forward_response, load_causal_lm, load_tokenizer, set_lm_head
 from ..models.activations import probe_ids
 from ..models.loading import disable_dropout
-from ..models.lora import apply_lora, export_causal_lm, is_peft, unsharded_template
+from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..run.metrics import to_floats
 from ..run.training import seed_everything
+from .dpo_reference import DPOReference
 from .supervised import SupervisedTrainer
 
 
@@ -56,7 +58,7 @@ class PreferencePair:
     rejected: list[int]
 
 
-class DPOTrainer(SupervisedTrainer):
+class DPOTrainer(DPOReference, SupervisedTrainer):
     """``DPOTrainer(model, DPOConfig(...), train_dataset=pairs, eval_dataset=None, processing_class=None,
     ref_model=None, peft_config=None).train()``
 
@@ -86,9 +88,12 @@ class DPOTrainer(SupervisedTrainer):
         if train_dataset is None:
             raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
         is_path = self._check_model(model, processing_class)
-        self.needs_reference = args.loss_type != "simpo"
-        if not self.needs_reference and (ref_model is not None or args.precompute_ref_logprobs):
-            raise ValueError("loss_type='simpo' is reference-free: drop ref_model and precompute_ref_logprobs")
+        self.needs_reference = needs_reference(args.loss_type)
+        if not self.needs_reference and (ref_model is not None or args.precompute_ref_logprobs or args.sync_ref_model):
+            raise ValueError(
+                f"loss_type={args.loss_type!r} is reference-free: drop ref_model, precompute_ref_logprobs and "
+                "sync_ref_model"
+            )
         world = distributed.planned_world()
         if args.batch_size % world:
             raise ValueError(
@@ -112,11 +117,7 @@ class DPOTrainer(SupervisedTrainer):
         device = distributed.setup(args.device)
         self.model = policy.to(device)
         self.device = next(self.model.parameters()).device
-        self.reference = None
-        if self.needs_reference and (ref_model is not None or not is_peft(self.model)):
-            source = ref_model if ref_model is not None else copy.deepcopy(self.model)
-            dtype = args.dtype if isinstance(ref_model, (str, os.PathLike)) else None
-            self.reference = freeze(load_causal_lm(source, dtype)).to(self.device)
+        self._build_reference(ref_model)
         for m in (self.model, self.reference):  # before sharding: the head's probe runs on each process alone
             if m is not None:
                 set_lm_head(m, args.lm_head)
@@ -127,11 +128,8 @@ class DPOTrainer(SupervisedTrainer):
             distributed.shard(self.reference, "fsdp")
         self.train_model.train()
         self._plan_memory(self.model, self._probe, args.max_length)
-        self.ref_logps = self.eval_ref_logps = None
         if self.needs_reference and args.precompute_ref_logprobs:
-            self.ref_logps = self._precompute(self.train_pairs)
-            self.eval_ref_logps = self._precompute(self.eval_pairs) if self.eval_pairs is not None else None
-            self.reference = None  # no longer needed: its memory is freed
+            self._reference_table(self.train_pairs + (self.eval_pairs or []) + self._pairs_to_precompute())
         if distributed.role_size() > 1:
             seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         self._open_run(
@@ -145,6 +143,12 @@ class DPOTrainer(SupervisedTrainer):
         self._start_training(
             args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
         )
+        self._policy_is_initial = self.step == 0  # a resumed policy is no longer the reference
+
+    def _pairs_to_precompute(self) -> list[PreferencePair]:
+        """Pairs besides the training and evaluation sets that ``precompute_ref_logprobs`` scores
+        before training (a subclass's further evaluation sets)."""
+        return []
 
     # ---------------------------------------------------------------- data
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
@@ -188,7 +192,13 @@ class DPOTrainer(SupervisedTrainer):
         # a pair's two completions packed after its prompt: one pass (models.packing)
         with self._autocast(), self._memory_pass(*ids.shape):
             out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index)
-        return (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
+        alpha = self.args.ld_alpha
+        logps = (
+            (out.logprobs * completion_mask).sum(-1)
+            if alpha is None
+            else ld_logps(out.logprobs, completion_mask, alpha)
+        )
+        return logps, completion_mask.sum(-1)
 
     def _probe(self, n: int) -> torch.Tensor:
         """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
@@ -196,39 +206,16 @@ class DPOTrainer(SupervisedTrainer):
         with self._autocast():
             return forward_response(self.train_model, ids, torch.ones_like(ids), n - 1).logprobs.sum()
 
-    @torch.no_grad()
-    def _reference_logps(self, pairs: list[PreferencePair]) -> torch.Tensor:
-        if self.reference is not None:
-            return self._logps(self.reference, pairs)[0]
-        with self.model.disable_adapter():  # LoRA: the base model is the reference
-            return self._logps(self.train_model, pairs)[0]
-
-    def _precompute(self, pairs: list[PreferencePair]) -> torch.Tensor:
-        """Reference log-probs (2, len(pairs)) of every pair: each process scores its slice, the
-        slices are summed over processes (every process runs as many passes: stand-ins)."""
-        world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
-        lo, hi = n * rank // world, n * (rank + 1) // world
-        size = max(1, self.args.batch_size // world)
-        starts = list(range(lo, hi, size))
-        out = torch.zeros(2, n, dtype=torch.float64)
-        was_training = self.model.training
-        self.train_model.eval()
-        for k in range(distributed.reduce_max(len(starts))):
-            chunk = pairs[starts[k] : min(starts[k] + size, hi)] if k < len(starts) else pairs[:1]
-            logps = self._reference_logps(chunk).double().cpu().view(2, -1)
-            if k < len(starts):
-                out[:, starts[k] : starts[k] + len(chunk)] = logps
-        self.train_model.train(was_training)
-        return torch.tensor(distributed.sum_floats(out.flatten().tolist()), dtype=torch.float64).view(2, n)
-
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:
         """Train; returns one dict of metrics per step (as in metrics.jsonl)."""
         args = self.args
+        self._reference_begin()
         while self.step < self.total_steps:
             self.run.step_begin()
             self.step += 1
             metrics = self._step(self._batch(self.step))
+            self._reference_step()
             metrics["dpo/epoch"] = self.step / self.steps_per_epoch
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
             last = stop or self.step == self.total_steps
@@ -242,18 +229,11 @@ class DPOTrainer(SupervisedTrainer):
             self.run.log(0, self.evaluate())
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
-    def _loss(self, model, pairs: list[PreferencePair], indices: list[int] | None, ref_table):
-        """``dpo_loss`` of ``pairs``; the reference log-probs come from ``ref_table`` at ``indices``
-        (precomputed) or from the reference now."""
+    def _loss(self, model, pairs: list[PreferencePair]):
+        """``dpo_loss`` of ``pairs``; the reference log-probs from its table (precomputed) or now."""
         logps, lengths = self._logps(model, pairs)
         n = len(pairs)
-        ref = None
-        if self.needs_reference:
-            ref = (
-                ref_table[:, indices].to(self.device, torch.float32).flatten()
-                if ref_table is not None
-                else self._reference_logps(pairs)
-            )
+        ref = self._reference_of(pairs) if self.needs_reference else None
         a = self.args
         losses, chosen_r, rejected_r = dpo_loss(
             logps[:n],
@@ -262,8 +242,12 @@ class DPOTrainer(SupervisedTrainer):
             None if ref is None else ref[n:],
             beta=a.beta,
             loss_type=a.loss_type,
+            loss_weights=a.loss_weights,
             label_smoothing=a.label_smoothing,
             simpo_gamma=a.simpo_gamma,
+            discopop_tau=a.discopop_tau,
+            f_divergence_type=a.f_divergence_type,
+            f_alpha_divergence_coef=a.f_alpha_divergence_coef,
             chosen_lengths=lengths[:n],
             rejected_lengths=lengths[n:],
         )
@@ -281,7 +265,7 @@ class DPOTrainer(SupervisedTrainer):
         for k, chunk in enumerate(chunks):
             used = chunk or indices[:1]
             with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
-                out = self._loss(self.train_model, [self.train_pairs[i] for i in used], used, self.ref_logps)
+                out = self._loss(self.train_model, [self.train_pairs[i] for i in used])
                 (out[0].sum() * (world / n if chunk else 0.0)).backward()  # its share of the global mean, x N
             if chunk or not parts and k == len(chunks) - 1:  # a process without pairs: the stand-in, counted 0
                 parts.append(out)
@@ -295,6 +279,8 @@ class DPOTrainer(SupervisedTrainer):
         """Loss and reward metrics over ``eval_dataset`` as ``eval/loss``, ``eval/rewards/accuracies``, ..."""
         if self.eval_pairs is None:
             raise ValueError("evaluate() needs an eval_dataset")
+        if self.needs_reference and self.args.precompute_ref_logprobs:
+            self._reference_table(self.eval_pairs)  # pairs given after the trainer was built (none otherwise)
         self.train_model.eval()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_pairs)
         lo, hi = n * rank // world, n * (rank + 1) // world
@@ -303,7 +289,7 @@ class DPOTrainer(SupervisedTrainer):
         parts = []
         for k in range(distributed.reduce_max(len(starts))):  # as many passes on every process
             idx = list(range(starts[k], min(starts[k] + size, hi))) if k < len(starts) else [0]
-            out = self._loss(self.train_model, [self.eval_pairs[i] for i in idx], idx, self.eval_ref_logps)
+            out = self._loss(self.train_model, [self.eval_pairs[i] for i in idx])
             if k < len(starts):
                 parts.append(out)
         self.train_model.train()
@@ -318,7 +304,11 @@ class DPOTrainer(SupervisedTrainer):
 
     # ---------------------------------------------------------------- saving
     def _trained_modules(self) -> dict[str, torch.nn.Module]:
-        return {"model": self.model}
+        return {"model": self.model, **self._reference_modules()}
+
+    def _param_groups(self) -> list | None:
+        """The optimizer trains the policy alone (a synced reference is checkpointed, not trained)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def save_model(self, path) -> None:
         """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA: merged, or

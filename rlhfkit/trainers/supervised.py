@@ -49,7 +49,7 @@ class SupervisedTrainer:
     def _start_training(self, total_steps: int) -> None:
         """Optimizer, schedule, guard, resume and logger (``Run.start``) over the trained modules."""
         self.total_steps, self.step = total_steps, 0
-        counters = self.run.start(self._trained_modules(), total_steps)
+        counters = self.run.start(self._trained_modules(), total_steps, param_groups=self._param_groups())
         if counters is not None:
             self._restore(counters)
         self.memory.optimizer = self.run.optimizer  # its moments count once they exist
@@ -146,6 +146,10 @@ class SupervisedTrainer:
     def _trained_modules(self) -> dict[str, torch.nn.Module]:
         """The modules whose trainable parameters the optimizer updates and checkpoints hold."""
         raise NotImplementedError
+
+    def _param_groups(self) -> list | None:
+        """AdamW's parameters (None: every trainable parameter of ``_trained_modules``)."""
+        return None
 
     def _counters(self) -> dict:
         """The loop's position, saved last in a checkpoint (``trainer_state.json``)."""

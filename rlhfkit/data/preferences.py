@@ -8,6 +8,10 @@ finite number — how much better ``chosen`` is, for the margin loss of Llama 2
 (arXiv:2307.09288, eq. 2); null means no margin for that row. Every other column is kept.
 A row without ``prompt`` whose ``chosen`` and ``rejected`` start alike (TRL's implicit-prompt
 format: two conversations, or two texts) has that shared start as its prompt (``with_prompt``).
+A chat completion may hold the assistant's tool calls before its reply: such a message's
+``content`` may be null. A row with ``chosen_ids`` and ``rejected_ids`` (TRL's tokenised preference
+rows; ``prompt_ids`` too for DPO) is already tokenised (``is_tokenized``): non-empty lists of token
+ids, used as they are.
 
 Sources and error messages are those of ``prompts.load_prompt_dataset``: ``datasets.Dataset``,
 lists of dicts, ``.jsonl`` / ``.json`` / ``.parquet`` files; a ``ValueError`` names the source, the
@@ -64,10 +68,20 @@ def with_prompt(row: Any) -> Any:
     return {**row, "prompt": chosen[:n], "chosen": chosen[n:], "rejected": rejected[n:]} if n else row
 
 
+TOKENIZED_FIELDS = ("chosen_ids", "rejected_ids")
+
+
+def is_tokenized(row: Any) -> bool:
+    """Whether ``row`` is a tokenised preference row (``chosen_ids`` and ``rejected_ids``)."""
+    return isinstance(row, dict) and all(field in row for field in TOKENIZED_FIELDS)
+
+
 def preference_row_problem(row: Any) -> str | None:
     """What is wrong with one preference row (naming the field), or ``None``."""
     if not isinstance(row, dict):
         return f"expected an object (dict), got {type_name(row)}"
+    if is_tokenized(row):
+        return _tokenized_problem(row)
     for field in PREFERENCE_FIELDS:
         if field not in row:
             present = ", ".join(map(repr, row)) or "none"
@@ -84,11 +98,30 @@ def preference_row_problem(row: Any) -> str | None:
     if texts["chosen"] == texts["rejected"]:
         same = short_repr(texts["chosen"])
         return f"fields 'chosen' and 'rejected' are the same completion {same}: the pair teaches nothing"
+    return _margin_problem(row)
+
+
+def _margin_problem(row: dict) -> str | None:
     if row.get("margin") is not None:  # null: no margin for this row (a column with gaps)
         margin = row["margin"]
         if isinstance(margin, bool) or not isinstance(margin, numbers.Real) or not math.isfinite(margin):
             return f"field 'margin': expected a finite number, got {type_name(margin)} {short_repr(margin)}"
     return None
+
+
+def _tokenized_problem(row: dict) -> str | None:
+    """What is wrong with a tokenised row: each of its id fields a list of ints, the two sides non-empty."""
+    for field in ("prompt_ids", *TOKENIZED_FIELDS):
+        if field not in row:
+            continue
+        ids = row[field]
+        if not isinstance(ids, (list, tuple)) or not all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ids
+        ):
+            return f"field {field!r}: expected a list of token ids, got {type_name(ids)} {short_repr(ids)}"
+        if field != "prompt_ids" and not ids:
+            return f"field {field!r}: the completion is an empty list of token ids"
+    return _margin_problem(row)
 
 
 def _completion(value: Any) -> tuple[str, str | None]:
@@ -100,7 +133,7 @@ def _completion(value: Any) -> tuple[str, str | None]:
     if not value:
         return "", "the completion is an empty list of chat messages"
     for i, msg in enumerate(value):
-        problem = message_problem(msg)
+        problem = message_problem(msg) if i == len(value) - 1 or not _tool_calls_only(msg) else None
         if problem:
             return "", f"message {i} (0-based): {problem}"
     last = value[-1]
@@ -109,6 +142,17 @@ def _completion(value: Any) -> tuple[str, str | None]:
     if not last["content"].strip():
         return "", "the assistant's message is empty (or whitespace-only)"
     return last["content"], None
+
+
+def _tool_calls_only(msg: Any) -> bool:
+    """An assistant message holding tool calls and no text (``content`` null or absent): the
+    chat template renders its calls."""
+    return (
+        isinstance(msg, dict)
+        and msg.get("role") == "assistant"
+        and bool(msg.get("tool_calls"))
+        and msg.get("content") is None
+    )
 
 
 def load_completions(source: Any, name: str = "center_dataset") -> list[dict]:

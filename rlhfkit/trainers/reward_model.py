@@ -37,7 +37,7 @@ from ..algorithms import bradley_terry_loss
 from ..config.supervised import RewardModelConfig  # re-exported: rlhfkit.trainers.reward_model.RewardModelConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
-from ..data.preferences import load_completions, load_preference_dataset
+from ..data.preferences import is_tokenized, load_completions, load_preference_dataset
 from ..files import writing
 from ..models import ScalarModel, load_tokenizer
 from ..models.activations import probe_ids
@@ -54,6 +54,12 @@ class Pair:
     chosen: list[int]
     rejected: list[int]
     margin: float | None  # None: the row had no margin column
+
+
+def tokenized_pair(row: dict) -> Pair:
+    """A tokenised preference row (``chosen_ids``, ``rejected_ids``, optional ``margin``) as it is."""
+    margin = float(row["margin"]) if row.get("margin") is not None else None
+    return Pair(list(row["chosen_ids"]), list(row["rejected_ids"]), margin)
 
 
 class RewardModelTrainer(SupervisedTrainer):
@@ -129,20 +135,21 @@ class RewardModelTrainer(SupervisedTrainer):
             model.backbone = apply_lora(model.backbone, peft_config, task_type=None)
         self._checkpoint_activations(model.backbone, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
-        self.model = model.to(distributed.setup(args.device))
-        self.device = next(self.model.parameters()).device
+        # ``scalar_model`` is what this trainer reads; ``model`` is the same object for users (the TRL
+        # drop-in shows its Hugging Face model there, whose modules the scalar model shares).
+        self.scalar_model = self.model = model.to(distributed.setup(args.device))
+        self.device = next(self.scalar_model.parameters()).device
         # Every forward pass goes through ``scorer`` (``model.score`` as a module's forward): FSDP2
-        # shards it in place (its parameters become DTensors) and DDP wraps it. ``self.model`` is
-        # the ScalarModel inside.
-        scorer = Scorer(self.model)
+        # shards it in place (its parameters become DTensors) and DDP wraps it.
+        scorer = Scorer(self.scalar_model)
         # LoRA under torchrun with FSDP2: the main process merges from an unsharded copy at save time.
         self._template = (
             copy.deepcopy(scorer).cpu()
-            if is_peft(self.model.backbone) and distributed.role_active() and distributed.is_main()
+            if is_peft(self.scalar_model.backbone) and distributed.role_active() and distributed.is_main()
             else None
         )
         self.scorer = distributed.shard(scorer, args.parallelism)
-        self._plan_memory(self.model, self._probe, args.max_length)
+        self._plan_memory(self.scalar_model, self._probe, args.max_length)
         self._open_run(
             model,
             {
@@ -166,9 +173,17 @@ class RewardModelTrainer(SupervisedTrainer):
     # ---------------------------------------------------------------- data
     def _encode_pairs(self, rows: list[dict], name: str) -> list[Pair]:
         """Tokenise (prompt + completion + EOS) for both sides; drop pairs whose completion is cut (a
-        warning), say how many kept pairs lost their prompt's start and how many hold unknown tokens."""
+        warning), say how many kept pairs lost their prompt's start and how many hold unknown tokens.
+        A tokenised row (``chosen_ids``, ``rejected_ids``) is taken as it is, dropped when a side is
+        longer than ``max_length``."""
         pairs, dropped, cut = [], 0, 0
         for i, row in enumerate(rows):
+            if is_tokenized(row):
+                fits = max(len(row["chosen_ids"]), len(row["rejected_ids"])) <= self.args.max_length
+                if fits:
+                    pairs.append(tokenized_pair(row))
+                dropped += not fits
+                continue
             try:
                 chosen, rejected = (
                     encode_pair(row["prompt"], row[k], self.tokenizer, self.args.max_length)
@@ -188,7 +203,7 @@ class RewardModelTrainer(SupervisedTrainer):
 
     def _probe(self, n: int) -> torch.Tensor:
         """The score of one synthetic row of ``n`` tokens, with gradient (the memory probe)."""
-        ids = probe_ids(self.model, n, self.device)
+        ids = probe_ids(self.scalar_model, n, self.device)
         with self._autocast():
             return self.scorer(ids, torch.ones_like(ids)).sum()
 
@@ -308,22 +323,22 @@ class RewardModelTrainer(SupervisedTrainer):
             if i < len(chunks):
                 total += scores.double().sum().item()
         total, count = distributed.sum_floats([total, len(mine)])
-        offset = float(self.model.offset) + total / count
-        self.model.set_offset(offset)  # the same number on every process
+        offset = float(self.scalar_model.offset) + total / count
+        self.scalar_model.set_offset(offset)  # the same number on every process
         return offset
 
     def save_model(self, path) -> None:
         """The reward model as an HF ``<Arch>ForSequenceClassification`` directory with one label
         (``ScalarModel.save_pretrained``; the centring offset in its config) and its tokenizer.
         Under torchrun every process must call this: FSDP2 shards are gathered, rank 0 writes."""
-        model = self.model
+        model = self.scalar_model
         if distributed.role_size() > 1 and self.args.parallelism == "fsdp":
             state = distributed.full_state_dict(self.scorer)  # a collective; keys "model.<name>"
             if self._template is not None:
                 self._template.load_state_dict(state)
                 model = self._template.model
             else:
-                model = unsharded_copy(self.model, state) if distributed.is_main() else None
+                model = unsharded_copy(self.scalar_model, state) if distributed.is_main() else None
         if distributed.is_main():
             with writing(path):  # a full disk: one line naming the directory
                 if is_peft(model.backbone) and self.args.save_adapter:  # the adapter, head and offset beside it
@@ -341,11 +356,11 @@ class RewardModelTrainer(SupervisedTrainer):
         return {"model": distributed.unwrap(self.scorer)}
 
     def _counters(self) -> dict:  # the offset is no weight: a run resumed after its centring keeps it
-        return {**super()._counters(), "offset": float(self.model.offset)}
+        return {**super()._counters(), "offset": float(self.scalar_model.offset)}
 
     def _restore(self, counters: dict) -> None:
         super()._restore(counters)
-        self.model.set_offset(float(counters.get("offset", 0.0)))
+        self.scalar_model.set_offset(float(counters.get("offset", 0.0)))
 
 
 __all__ = ["RewardModelConfig", "RewardModelTrainer"]

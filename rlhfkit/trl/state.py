@@ -66,12 +66,18 @@ class TRLTrainerMixin:
         from transformers import TrainerState
 
         state = TrainerState(global_step=self.optimizer_steps_done(), max_steps=self.optimizer_steps_total())
-        table, per_row = self.trl_metrics(), self.optimizer_steps_per_row()
-        state.log_history = [with_trl_names(row, table, per_row) for row in getattr(self, "history", [])]
-        summary = getattr(self, "summary", None)
-        if summary is not None:  # transformers.Trainer's last row, after the run
-            state.log_history.append(dict(summary))
+        state.log_history = self.trl_log_history()
         return state
+
+    def trl_log_history(self) -> list[dict]:
+        """``state.log_history``: each logged rlhfkit row with TRL's names (``metrics.py``), then
+        the summary after the run (the supervised drop-ins lay their rows out as TRL's Trainer does:
+        ``supervised.py``)."""
+        table, per_row = self.trl_metrics(), self.optimizer_steps_per_row()
+        rows = [with_trl_names(row, table, per_row) for row in getattr(self, "history", [])]
+        if self.summary is not None:  # transformers.Trainer's last row, after the run
+            rows.append(dict(self.summary))
+        return rows
 
     def trl_metrics(self) -> dict:
         """TRL's metric name -> rlhfkit's, for ``log_history`` (``metrics.py``)."""
@@ -115,7 +121,7 @@ class TRLTrainerMixin:
         steps = self.optimizer_steps_done()
         a = self.trl_args
         batch = a.per_device_train_batch_size * a.gradient_accumulation_steps * distributed.planned_world()
-        last = self.state.log_history[-1] if self.history else {}
+        last = with_trl_names(self.history[-1], self.trl_metrics()) if self.history else {}
         self.summary = {
             "train_runtime": round(runtime, 4),
             "train_samples_per_second": round(steps * batch / runtime, 3),

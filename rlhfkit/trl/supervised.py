@@ -24,12 +24,20 @@ from transformers import TrainingArguments
 from .. import distributed
 from ..agents.agent import model_name
 from ..data.encode import Encoded, encode_pair
+from ..data.preferences import load_preference_dataset
+from ..data.sft import load_sft_dataset
 from ..models import load_tokenizer
+from ..trainers.dpo import DPOTrainer as NativeDPOTrainer
+from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import as_steps, common, model_dtype, refuse_unsupported
+from .data_forms import eval_label, eval_sets, is_iterable_dataset, stream_rows, trl_view
+from .evaluation import TRLEvaluation
+from .log_rows import TRLLogRows
 from .output_dir import claim_output_dir
 from .state import TRLTrainerMixin
 
 NO_LIMIT = 10**7  # TRL's max_length=None (no truncation): rlhfkit's largest max_length
+TAGS = {"SFT": "sft", "DPO": "dpo", "Reward": "reward-trainer"}  # TRL's model tags beside "trl" (_tag_names)
 
 
 @dataclass
@@ -133,27 +141,115 @@ def trl_encode(prompt, completion, tokenizer) -> Encoded:
     return Encoded(ids, n, False, False)
 
 
-class SupervisedTRLTrainer(TRLTrainerMixin):
+class SupervisedTRLTrainer(TRLLogRows, TRLEvaluation, TRLTrainerMixin):
     """TRL's trainer interface (``TRLTrainerMixin``) on a supervised trainer: optimizer steps are
-    its steps; ``native`` turns TRL's arguments into the rlhfkit config and tokenizer."""
+    its steps; ``native`` turns TRL's arguments into the rlhfkit config and tokenizer. What TRL's
+    trainers show besides: ``processing_class``; ``train_dataset`` / ``eval_dataset`` as TRL's
+    prepared datasets (``data_forms.py``); ``evaluate`` and ``compute_metrics``
+    (``evaluation.py``); ``state.log_history`` laid out as TRL's (``log_rows.py``); the model
+    tagged with TRL's ``model_tags`` (``trl`` and the trainer's)."""
+
+    trl_model = None  # the model TRL's trainer.model is, when it is not the rlhfkit trainer's own (reward.py)
 
     def native(self, model, args, train_dataset, eval_dataset, n_rows, optimizers, refused: dict):
-        """``(rlhfkit config, eval_dataset or None)``; ``refused``: TRL arguments rlhfkit has no
-        counterpart for, by name (each must be None)."""
+        """``(rlhfkit config, None)``; ``refused``: TRL arguments by name, each refused unless None
+        (``compute_metrics`` and ``preprocess_logits_for_metrics`` are taken). The datasets in
+        TRL's forms (``data_forms.py``) are read here, before any model loads; the evaluation sets
+        stay with the drop-in, which evaluates them as TRL does (``log_rows.py``)."""
+        self.trl_compute_metrics = refused.pop("compute_metrics", None)
+        self.trl_preprocess_logits = refused.pop("preprocess_logits_for_metrics", None)
         for name, value in refused.items():
             if value is not None:
                 raise ValueError(f"{type(self).__name__}: {name}=... is not supported by rlhfkit")
         args = self.trl_config(model, args, optimizers)
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
-        if isinstance(eval_dataset, dict):
+        if train_dataset is None:  # TRL's message first
             raise ValueError(
-                f"{type(self).__name__}: eval_dataset as a dict of datasets is not supported by rlhfkit: "
-                "pass one dataset"
+                "`train_dataset` is required (a datasets.Dataset or IterableDataset, a list of dicts or a data "
+                "file path)"
             )
-        native = args.to_rlhfkit(n_rows(train_dataset), distributed.planned_world())
+        world, limit = distributed.planned_world(), None
+        if is_iterable_dataset(train_dataset):  # a stream: the rows max_steps takes
+            if args.max_steps <= 0:
+                raise ValueError(
+                    f"{type(self).__name__}: train_dataset is a datasets.IterableDataset, whose length is unknown: "
+                    f"set max_steps in the {self.config_class.__name__} (TRL requires it too)"
+                )
+            limit = args.max_steps * args.rows_per_step(world)
+        train = self.trl_source(train_dataset, "train_dataset", limit)
+        evals = {
+            n: self.trl_load(self.trl_source(d, eval_label(n)), eval_label(n))
+            for n, d in eval_sets(eval_dataset).items()
+        }
+        if args.eval_strategy != "no" and not evals:  # transformers' check
+            raise ValueError(
+                f"You have set `args.eval_strategy` to {args.eval_strategy!s} but you didn't pass an `eval_dataset` "
+                "to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
+            )
+        native = args.to_rlhfkit(n_rows(train), world)
         claim_output_dir(type(self).__name__, native.output_dir, native.resume_from)
-        return native, eval_dataset if args.eval_strategy != "no" else None
+        self._trl_inputs = train, evals
+        return native, None
+
+    def __init__(self, model, args, train_dataset=None, eval_dataset=None, **kwargs):
+        """The rlhfkit trainer, built on the datasets ``native`` read (the arguments are the
+        drop-in's own call), then TRL's evaluation sets tokenised and the model tagged."""
+        train, evals = self._trl_inputs
+        super().__init__(model, args, train, None, **kwargs)
+        if self.trl_model is not None:
+            self.model = self.trl_model
+        self.trl_eval_sets = {n: self.trl_encode(rows, eval_label(n)) for n, rows in evals.items()}
+        self.trl_rows, self._trl_window, self._trl_views = [], [], {}
+        add_tags = getattr(self.model, "add_model_tags", None)
+        if add_tags is not None:
+            add_tags(["trl", TAGS[self.suffix]])
+
+    # ---------------------------------------------------------------- TRL's attributes
+    @property
+    def processing_class(self):
+        """TRL's ``trainer.processing_class``: the tokenizer."""
+        return self.tokenizer
+
+    @property
+    def train_dataset(self):
+        """TRL's prepared training set (``data_forms.trl_view``), built on first use."""
+        if "train" not in self._trl_views:
+            items = self.units if isinstance(self, NativeSFTTrainer) else self.train_pairs
+            self._trl_views["train"] = trl_view(items, packed=bool(getattr(self.args, "packing", False)))
+        return self._trl_views["train"]
+
+    @property
+    def eval_dataset(self):
+        """TRL's prepared evaluation set(s): None, one dataset, or a dict of them by name."""
+        if not self.trl_eval_sets:
+            return None
+        if "eval" not in self._trl_views:
+            self._trl_views["eval"] = {n: trl_view(items) for n, items in self.trl_eval_sets.items()}
+        views = self._trl_views["eval"]
+        return views[None] if None in views else dict(views)
+
+    # ---------------------------------------------------------------- each rlhfkit trainer's data
+    @property
+    def trl_eval_attr(self) -> str:
+        """The rlhfkit trainer's attribute holding its tokenised evaluation set."""
+        return "eval_examples" if isinstance(self, NativeSFTTrainer) else "eval_pairs"
+
+    def trl_source(self, dataset, name: str, limit: int | None = None):
+        """``dataset`` as rlhfkit's loaders read it: a stream's rows (``data_forms.stream_rows``)."""
+        return stream_rows(dataset, limit)
+
+    def trl_load(self, dataset, name: str) -> list[dict]:
+        """The rlhfkit trainer's loader: rows read and checked, before any model loads."""
+        return (load_sft_dataset if isinstance(self, NativeSFTTrainer) else load_preference_dataset)(dataset, name)
+
+    def trl_encode(self, rows: list[dict], name: str) -> list:
+        """The rlhfkit trainer's tokenisation of loaded rows (each drop-in's TRL rules)."""
+        if isinstance(self, NativeSFTTrainer):
+            return self._encode_rows(rows, name)
+        return (self._encode if isinstance(self, NativeDPOTrainer) else self._encode_pairs)(rows, name)
+
+    def trl_prepare_eval(self, dataset, name: str) -> list:
+        """A dataset given to ``evaluate`` read and tokenised as the trainer's own evaluation sets."""
+        return self.trl_encode(self.trl_load(self.trl_source(dataset, name), name), name)
 
     @staticmethod
     def trl_tokenizer(model, processing_class, eos_token=None, pad_token=None, chat_template_path=None):

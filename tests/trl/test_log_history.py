@@ -131,11 +131,15 @@ def test_supervised_log_history_has_trls_names(config_class, trainer_class, data
     )
     trainer = trainer_class(model=model_dir, args=args, train_dataset=data, eval_dataset=data if evaluates else None)
     trainer.train()
-    last, ours = trainer.state.log_history[-2], trainer.history[-1]  # [-1]: the end-of-training summary
+    # TRL's layout: the step's training row, its evaluation row, the end-of-training summary
+    rows, ours = trainer.state.log_history, trainer.history[-1]
+    last, evaluation = (rows[-3], rows[-2]) if evaluates else (rows[-2], None)
     for trl, rlhfkit in names.items():
-        assert last[trl] == ours[rlhfkit], trl
-    assert last["step"] == trainer.state.global_step == 1
-    summary = trainer.state.log_history[-1]  # what TRL's training tests read first
+        assert (evaluation if trl.startswith("eval_") else last)[trl] == ours[rlhfkit], trl
+    assert last["step"] == trainer.state.global_step == 1 and "eval_loss" not in last
+    if evaluates:
+        assert evaluation["step"] == 1 and evaluation["eval_runtime"] > 0 and "loss" not in evaluation
+    summary = rows[-1]  # what TRL's training tests read first
     assert summary["step"] == 1 and summary["epoch"] == last["epoch"] and math.isfinite(summary["train_loss"])
 
 

@@ -366,7 +366,7 @@ def test_use_reentrant_is_accepted_as_trls_tests_pass_it(cls, reentrant):
     [
         (SFTTrainer, "data_collator", object()),
         (SFTTrainer, "compute_loss_func", len),
-        (DPOTrainer, "compute_metrics", len),
+        (DPOTrainer, "quantization_config", {}),
         (RewardTrainer, "quantization_config", {}),
         (RewardTrainer, "optimizers", (object(), None)),
     ],

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rlhfkit.algorithms import bradley_terry_loss
+from rlhfkit.trainers.reward_model import Pair
 from rlhfkit.trl import RewardConfig, RewardTrainer
 
 from .test_supervised_dropin import CPU, PREFS, STORIES
@@ -28,11 +29,12 @@ def test_the_reward_trainer_adds_the_centring_term(models, tmp_path):
         output_dir=str(tmp_path / "o"), center_rewards_coefficient=0.5, max_steps=1, eval_strategy="steps", **CPU
     )
     trainer = RewardTrainer(models["chat"], args=config, train_dataset=PREFS, eval_dataset=PREFS)
+    pairs = [Pair(row["chosen_ids"], row["rejected_ids"], None) for row in trainer.eval_dataset]
     with torch.no_grad():
-        chosen, rejected, _ = trainer._score_pairs(trainer.eval_pairs)
+        chosen, rejected, _ = trainer._score_pairs(pairs)
     plain, _ = bradley_terry_loss(chosen, rejected)
     centre = 0.5 * ((chosen + rejected) ** 2).mean().item()
-    assert trainer.evaluate()["eval/loss"] == pytest.approx(plain.item() + centre)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(plain.item() + centre)
 
 
 def _trained(kind, model, tmp_path, name, **fields):

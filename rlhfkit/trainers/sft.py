@@ -35,6 +35,7 @@ from ..models.lm_head import set_lm_head, streamable, streamed_forward
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.packing import packable_model
+from ..models.prompt_learning import is_prompt_learning, prefix_in_cache, virtual_positions
 from ..models.sources import resolve_model_dir
 from ..run.training import epoch_order, seed_everything
 from .supervised import SupervisedTrainer
@@ -68,7 +69,7 @@ class SFTTrainer(SupervisedTrainer):
         peft_config=None,
         callbacks=None,
     ):
-        self.args = args = args or SFTConfig()
+        self.args = args = _prompt_learning_args(args or SFTConfig(), model if peft_config is None else peft_config)
         if train_dataset is None:
             raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
         is_path = self._check_model(model, processing_class)
@@ -209,15 +210,16 @@ class SFTTrainer(SupervisedTrainer):
             inputs.update(attention_mask=None, position_ids=None)
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
+        skip = virtual_positions(self.model)  # prompt tuning's virtual tokens come first in the output
         with self._autocast(), self._memory_pass(*batch["input_ids"].shape):
             if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
                 _, (logprobs, _, _) = streamed_forward(
-                    self.train_model, lambda h: h[:, :-1][keep], targets[keep], **inputs
+                    self.train_model, lambda h: h[:, skip:-1][keep], targets[keep], **inputs
                 )
                 return -logprobs.sum(), int(keep.sum())
             logits = self.train_model(**inputs).logits
         # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.
-        loss = F.cross_entropy(logits[:, :-1][keep].float(), targets[keep], reduction="sum")
+        loss = F.cross_entropy(logits[:, skip:-1][keep].float(), targets[keep], reduction="sum")
         return loss, int(keep.sum())
 
     @torch.no_grad()
@@ -281,9 +283,34 @@ class SFTTrainer(SupervisedTrainer):
 
     def save_model(self, path) -> None:
         """Model and tokenizer as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA:
-        merged, or the adapter alone with ``save_adapter``). Under torchrun every process must call
+        merged, or the adapter alone with ``save_adapter``; a prompt-learning adapter, which nothing
+        merges, always alone: ``models.prompt_learning``). Under torchrun every process must call
         this: the full weights are gathered, rank 0 writes."""
-        export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
+        adapter = self.args.save_adapter or is_prompt_learning(self.model)
+        export_causal_lm(self.model, path, self.tokenizer, adapter, self._template)
+
+
+def _prompt_learning_args(args: SFTConfig, adapter) -> SFTConfig:
+    """``args`` for a prompt-learning ``adapter`` (a peft config or a peft model; anything else:
+    ``args`` as they are, ``models.prompt_learning``): packing refused (the virtual tokens come once
+    a row, and peft drops the position ids that separate packed examples); with prefix tuning,
+    activation checkpointing refused when 'on' and off under 'auto' (a recomputed layer runs without
+    the key-value cache that holds the prefix)."""
+    if not is_prompt_learning(adapter):
+        return args
+    if args.packing:
+        raise ValueError(
+            "packing=True is not supported with a prompt-learning adapter (prompt tuning, P-tuning, prefix "
+            "tuning): its virtual tokens come once a row, not once a packed example; set packing=False"
+        )
+    if prefix_in_cache(adapter) and args.gradient_checkpointing != "off":
+        if args.gradient_checkpointing == "on":
+            raise ValueError(
+                "gradient_checkpointing is not supported with prefix tuning: a recomputed layer runs without the "
+                "key-value cache that holds the prefix; turn gradient_checkpointing off"
+            )
+        return args.replace(gradient_checkpointing="off")
+    return args
 
 
 def _end_ids(model, tokenizer) -> tuple[int, ...]:

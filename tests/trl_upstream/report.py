@@ -7,7 +7,8 @@ The comparison counts the tests TRL passes offline that build a swapped class (`
 of those, the share the drop-in passes, by file. With ``--expect FILE`` (one test id a line, the tests the
 drop-in is known to pass) it exits 1 when any of them did not pass in this run, naming each: a drop-in that
 used to pass one of TRL's tests and stops is a regression. A test in the drop-in's outcomes that is not in
-TRL's record (a new upstream test) is reported, never counted.
+TRL's record (a new upstream test) is reported, never counted. ``--pick SECONDS`` prints CI's subset
+(``ci_tests.txt``): breadth first over the test functions the drop-in passes, within a time budget.
 """
 
 from __future__ import annotations
@@ -42,14 +43,41 @@ def table(trl: dict[str, list], dropin: dict[str, list]) -> list[tuple[str, int,
     return [(name, *counts) for name, counts in sorted(rows.items())]  # type: ignore[misc]
 
 
+def pick(trl: dict[str, list], dropin: dict[str, list], seconds: float) -> list[str]:
+    """CI's subset: tests in scope that the drop-in passed, breadth first — the cheapest parametrization of
+    each test function, then the next cheapest of each, … — while their drop-in seconds add up to at most
+    ``seconds`` (the call's time recorded in ``dropin``)."""
+    passed = [t for t in sorted(in_scope(trl)) if dropin.get(t, ["missing"])[0] == "passed"]
+    by_function: dict[str, list[str]] = collections.defaultdict(list)
+    for test in passed:
+        by_function[test.split("[")[0]].append(test)
+    queues = [
+        sorted(tests, key=lambda t: (dropin[t][3] if len(dropin[t]) > 3 else 0.0, t)) for tests in by_function.values()
+    ]
+    chosen: list[str] = []
+    spent, rank = 0.0, 0
+    while any(rank < len(q) for q in queues):
+        for queue in sorted((q for q in queues if rank < len(q)), key=lambda q: dropin[q[rank]][3]):
+            cost = dropin[queue[rank]][3]
+            if spent + cost <= seconds:
+                chosen.append(queue[rank])
+                spent += cost
+        rank += 1
+    return sorted(chosen)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trl", required=True, help="TRL's recorded outcomes (JSON from plugin.py)")
     parser.add_argument("--dropin", required=True, help="this run's outcomes with --against rlhfkit")
     parser.add_argument("--expect", help="the tests the drop-in must pass (one id a line)")
     parser.add_argument("--failures", action="store_true", help="list each in-scope test the drop-in failed")
+    parser.add_argument("--pick", type=float, metavar="SECONDS", help="print CI's subset within this many seconds")
     args = parser.parse_args(argv)
     trl, dropin = load(args.trl), load(args.dropin)
+    if args.pick is not None:
+        print("\n".join(pick(trl, dropin, args.pick)))
+        return 0
 
     print(f"{'test file':<26} {'collected':>9} {'TRL passes':>10} {'in scope':>8} {'ran':>5} {'drop-in passes':>14}")
     total = [0, 0, 0, 0, 0]

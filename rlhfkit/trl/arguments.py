@@ -140,7 +140,7 @@ ADVICE = {
     "model_init_kwargs": "model_init_kwargs={'dtype': ...} only (float32, bfloat16, float16)",
     "vllm_mode": "vllm_mode='colocate'; for generation on separate processes use rollout_workers (RLConfig)",
     "vllm_tensor_parallel_size": "1 (each training process runs its own engine)",
-    "sync_ref_model": "a fixed reference (TR-DPO style syncing is not implemented)",
+    "sync_ref_model": "a fixed reference (TR-DPO syncing is in the DPO trainer only)",
 }
 
 # transformers' schedules (rlhfkit's hf_*: warmup factor s/w, the first update at learning rate 0);

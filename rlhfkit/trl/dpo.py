@@ -3,14 +3,16 @@
 The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fields, defaults and
 checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``DPOConfig``, with the batch
 arithmetic of ``supervised.py`` (``per_device_train_batch_size`` pairs per process per micro-step).
-TRL's ``loss_type`` names rlhfkit computes alike (``algorithms/dpo.py``) are ``LOSS_TYPES``; one
-loss at a time (TRL's lists of several, weighted by ``loss_weights``, are refused). The data are
+Every TRL ``loss_type`` is a formula of rlhfkit's algorithm core (``algorithms/dpo.py``), one or a
+list weighted by ``loss_weights``; so are ``f_divergence_type``, ``ld_alpha`` and TR-DPO's
+``sync_ref_model`` (``trainers/dpo_reference.py``). The data are
 TRL's too (``_encode``): text rows are tokenised as TRL tokenises them (``supervised.trl_encode``:
 the tokenizer's special tokens, no second EOS), and ``max_length`` truncates as TRL's ``keep_start``.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from ..config.supervised import DPOConfig as NativeDPOConfig
@@ -19,14 +21,31 @@ from ..data.preferences import load_preference_dataset
 from ..trainers.dpo import DPOTrainer as NativeDPOTrainer
 from ..trainers.dpo import PreferencePair
 from .callbacks import trl_callbacks
+from .data_forms import eval_label, eval_sets, is_iterable_dataset
 from .metrics import DPO_METRICS
 from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
 
-# TRL's loss_type -> rlhfkit's (algorithms/dpo.py): the same per-pair loss of the same log-probs.
-# TRL's 'sigmoid' ignores label_smoothing (its 'robust' uses it), so rlhfkit's conservative DPO is never on.
-LOSS_TYPES = {
-    name: name for name in ("sigmoid", "hinge", "ipo", "robust", "nca_pair", "sppo_hard", "apo_zero", "apo_down")
-}
+# TRL 1.16's loss_type names, each rlhfkit's of the same name (algorithms/dpo.py): the same per-pair loss of
+# the same log-probs. TRL's 'sigmoid' ignores label_smoothing (rlhfkit's reads it: conservative DPO), so
+# the drop-in gives it none; the others that read it (robust, exo_pair, aot, aot_unpaired) read it alike.
+LOSS_TYPES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+)
+SMOOTHED = ("robust", "exo_pair", "aot", "aot_unpaired")  # TRL's losses that read label_smoothing
 
 
 @dataclass
@@ -62,8 +81,16 @@ class DPOConfig(SupervisedArguments):
         "precompute_ref_log_probs",
         "precompute_ref_batch_size",
         "loss_type",
+        "loss_weights",
         "label_smoothing",
         "beta",
+        "discopop_tau",
+        "f_divergence_type",
+        "f_alpha_divergence_coef",
+        "ld_alpha",
+        "sync_ref_model",
+        "ref_model_mixup_alpha",
+        "ref_model_sync_steps",
     }
 
     def __post_init__(self):
@@ -75,10 +102,17 @@ class DPOConfig(SupervisedArguments):
                 f"Got {len(self.loss_weights)} weights for {len(self.loss_type)} loss types."
             )
         super().__post_init__()
-        if len(self.loss_type) != 1 or self.loss_type[0] not in LOSS_TYPES:
+        unknown = [name for name in self.loss_type if name not in LOSS_TYPES]
+        if unknown or not self.loss_type:
             raise ValueError(
-                f"DPOConfig field 'loss_type'={self.loss_type!r} is not supported by rlhfkit: one of "
-                f"{', '.join(map(repr, LOSS_TYPES))} (one loss; rlhfkit's own DPOConfig also has 'simpo')"
+                f"DPOConfig field 'loss_type'={self.loss_type!r} is not supported by rlhfkit: one or several of "
+                f"{', '.join(map(repr, LOSS_TYPES))} (rlhfkit's own DPOConfig also has 'simpo')"
+            )
+        if self.label_smoothing and "sigmoid" in self.loss_type and set(self.loss_type) & set(SMOOTHED):
+            raise ValueError(
+                f"DPOConfig field 'label_smoothing'={self.label_smoothing} with loss_type={self.loss_type!r} is not "
+                "supported by rlhfkit: TRL's 'sigmoid' ignores it while the others read it, and rlhfkit's sigmoid "
+                "reads it (conservative DPO); use 'robust' in place of 'sigmoid' for a smoothed DPO term"
             )
         if not self.disable_dropout:
             raise ValueError(
@@ -88,18 +122,26 @@ class DPOConfig(SupervisedArguments):
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> NativeDPOConfig:
         """The rlhfkit ``DPOConfig`` of this config for ``n_rows`` pairs on ``world`` processes."""
-        (loss,) = self.loss_type
-        if self.label_smoothing and loss == "sigmoid":
+        smoothed = bool(set(self.loss_type) & set(SMOOTHED))
+        if self.label_smoothing and not smoothed:
             warn_once(
-                f"DPOConfig: label_smoothing={self.label_smoothing} has no effect with loss_type 'sigmoid' in "
-                "TRL 1.16 (its 'robust' loss reads it), nor here"
+                f"DPOConfig: label_smoothing={self.label_smoothing} has no effect with loss_type "
+                f"{self.loss_type!r} in TRL 1.16 (its 'robust', 'exo_pair' and 'aot' losses read it), nor here"
             )
         fields = self.supervised_fields(n_rows, world)
         fields.update(
-            loss_type=LOSS_TYPES[loss],
+            loss_type=tuple(self.loss_type) if len(self.loss_type) > 1 else self.loss_type[0],
+            loss_weights=None if self.loss_weights is None else tuple(self.loss_weights),
             beta=self.beta,
-            label_smoothing=self.label_smoothing if loss == "robust" else 0.0,  # TRL's robust reads it, only
+            label_smoothing=self.label_smoothing if smoothed else 0.0,  # TRL's sigmoid ignores it
+            discopop_tau=self.discopop_tau,
+            f_divergence_type=self.f_divergence_type,
+            f_alpha_divergence_coef=self.f_alpha_divergence_coef,
+            ld_alpha=self.ld_alpha,
             precompute_ref_logprobs=self.precompute_ref_log_probs,
+            sync_ref_model=self.sync_ref_model,
+            ref_model_mixup_alpha=self.ref_model_mixup_alpha,
+            ref_model_sync_steps=self.ref_model_sync_steps,
         )
         return NativeDPOConfig(**fields)
 
@@ -109,10 +151,14 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
     processing_class, compute_metrics, callbacks, optimizers, quantization_config, peft_config)`` on
     rlhfkit's DPO trainer. ``args``: a ``DPOConfig`` (default: TRL's, writing to ``<model name>-DPO``);
     ``ref_model``: None is a frozen copy of the initial model (with ``peft_config``: the model with
-    its adapter off), as in TRL."""
+    its adapter off; with ``precompute_ref_log_probs``: the model itself before its first update), as
+    in TRL; ``trainer.ref_model`` is the reference model kept (None when there is none)."""
 
     config_class, suffix, loss_key = DPOConfig, "DPO", "dpo/loss"
     trl_table = DPO_METRICS
+    # TRL's flag for a Mixture-of-Experts load-balancing loss added to the DPO loss: rlhfkit adds none
+    # (docs/guides/trl.md), so it is False for every model.
+    aux_loss_enabled = False
 
     def __init__(
         self,
@@ -132,6 +178,9 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         refused = dict(
             data_collator=data_collator, compute_metrics=compute_metrics, quantization_config=quantization_config
         )
+        if getattr(args, "precompute_ref_log_probs", False):
+            for dataset in (train_dataset, *eval_sets(eval_dataset).values()):
+                _no_stream_to_precompute(dataset)
         native, eval_dataset = self.native(
             model, args, train_dataset, eval_dataset, lambda d: len(load_preference_dataset(d)), optimizers, refused
         )
@@ -146,6 +195,37 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
             peft_config=peft_config,
             callbacks=trl_callbacks(callbacks, self),
         )
+
+    @property
+    def ref_model(self):
+        """TRL's ``trainer.ref_model``: the reference model (None under LoRA, where the base model
+        with its adapter off is the reference, and with ``precompute_ref_log_probs`` and no
+        ``ref_model``, where the model before its first update scored the pairs)."""
+        return self.reference
+
+    def _pairs_to_precompute(self) -> list[PreferencePair]:
+        """With ``precompute_ref_log_probs``, TRL scores its evaluation sets at init too: the pairs of
+        each (tokenised again once the trainer is built, where their warnings are said)."""
+        evals = getattr(self, "_trl_inputs", (None, {}))[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return [p for name, rows in evals.items() for p in self._encode(rows, eval_label(name))]
+
+    def trl_prepare_eval(self, dataset, name: str) -> list:
+        """A dataset given to ``evaluate``: TRL's refusals with ``precompute_ref_log_probs`` (a stream;
+        the reference gone once training has started, the policy having been it), then read as
+        the trainer's own evaluation sets."""
+        if self.args.precompute_ref_logprobs and self.needs_reference:
+            _no_stream_to_precompute(dataset)
+            if not self._reference_available():
+                raise ValueError(  # TRL's message
+                    "Cannot compute reference log-probs for a dataset passed to `evaluate()` after training has "
+                    "started, because `precompute_ref_log_probs=True` and no `ref_model` was provided (full "
+                    "fine-tuning). In this setup the reference model is not kept in memory, so it is only "
+                    "available before training. Provide this dataset as `eval_dataset` at initialization, pass an "
+                    "explicit `ref_model`, or set `precompute_ref_log_probs=False`."
+                )
+        return super().trl_prepare_eval(dataset, name)
 
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
         """TRL's tokens (``trl_encode``) and truncation (``truncation_mode="keep_start"``), not
@@ -170,3 +250,14 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         note_cut(name, cut, len(pairs), "pairs", limit, "a completion's end, TRL's keep_start")
         note_unknown(name, [(p.prompt, p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
         return self.trl_kept_pairs(pairs, len(rows) - len(pairs), len(rows), name, limit, "whose prompt fills")
+
+
+def _no_stream_to_precompute(dataset) -> None:
+    """TRL caches reference log-probs by row index, which a stream (``datasets.IterableDataset``,
+    also inside a dict of evaluation sets) does not have; its message."""
+    streams = eval_sets(dataset).values() if isinstance(dataset, dict) else (dataset,)
+    if any(is_iterable_dataset(d) for d in streams):
+        raise ValueError(
+            "`precompute_ref_log_probs=True` is not supported with IterableDataset. Please use a map-style "
+            "Dataset or set `precompute_ref_log_probs=False`."
+        )

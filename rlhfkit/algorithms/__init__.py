@@ -3,8 +3,9 @@
 Every formula of rlhfkit lives here once: advantages, KL estimators and controllers, policy losses
 (PPO's clip with GSPO's sequence-level ratio, CISPO, plain policy gradient; one interface,
 ``LossInputs`` -> ``LossOutputs``) and the value loss, loss
-aggregation, the DPO-family preference losses, reward shaping and DAPO's sample filters, the
-rollout importance-sampling correction, and lean per-token log-probs / entropies.
+aggregation, the DPO-family preference losses, SFT's per-token losses (NLL, DFT), reward shaping
+and DAPO's sample filters, the rollout importance-sampling correction, and lean per-token
+log-probs / entropies.
 """
 
 from ._checks import masked_mean, masked_sum, masked_var
@@ -33,6 +34,7 @@ from .policy_losses import (
 )
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, Registry, sequence_rewards
 from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
+from .sft_losses import SFT_LOSS_TYPES, sft_token_loss
 from .shaping import (
     apply_missing_eos_penalty,
     group_has_variance,
@@ -43,6 +45,8 @@ from .shaping import (
 )
 
 __all__ = [
+    "SFT_LOSS_TYPES",
+    "sft_token_loss",
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "DPO_LOSS_TYPES",

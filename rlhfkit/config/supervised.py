@@ -102,6 +102,9 @@ class SFTConfig(TrainConfig):
     assistant_only_loss: bool = True
     """Train on the assistant turns of 'messages' rows only (False: on every token of the conversation: system, user and
     tool turns too). TRL's field of that name defaults to False; rlhfkit's to True."""
+    loss_type: str = "nll"
+    """The per-token loss (algorithms/sft_losses.py): 'nll' (cross-entropy) or 'dft' (Dynamic Fine-Tuning, Wu et al.
+    2025, arXiv:2508.05629: each token's cross-entropy weighted by its probability, held constant)."""
     chat_template: str | None = None
     """The chat template that renders 'messages' rows (and is saved with the model in final/): 'chatml_tools' (shipped:
     ChatML with tool calls, Hermes/Qwen2.5 form, for ChatML models whose own template has no tools, e.g. SmolLM2), a
@@ -109,6 +112,12 @@ class SFTConfig(TrainConfig):
     rows (several assistant turns, tool calls) are rendered once with a prefix-preserving template; with one that
     rewrites history (Qwen3's <think> handling) each assistant turn is trained after the template's rendering of the
     conversation before it (several examples per conversation)."""
+
+    def __post_init__(self):
+        from ..algorithms.sft_losses import SFT_LOSS_TYPES  # torch only when an SFT config is built
+
+        super().__post_init__()
+        check_fields(self, [(self.loss_type in SFT_LOSS_TYPES, "loss_type", f"one of {', '.join(SFT_LOSS_TYPES)}")])
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ positions ``C`` (labels ≠ -100, after the shift: logits at ``t`` predict ``lab
 i.e. the mean over every completion token of the step, however the tokens fall into micro-batches
 (each micro-batch backpropagates its token *sum* divided by the step's token count, so
 accumulation gives the same gradient as one large batch — the fix of the 2024 gradient-accumulation
-bug in transformers/TRL). Prompt tokens and padding never contribute.
+bug in transformers/TRL). Prompt tokens and padding never contribute. ``loss_type="dft"`` weights
+each token's term by its probability, held constant (Dynamic Fine-Tuning: ``algorithms.sft_losses``).
 
 Under torchrun (docs/architecture.md, "Scale-out") every process walks the same seeded data order and takes
 the r-th slice of each step's ``batch_size * grad_accumulation`` units; ``|C|`` is all-reduced, and
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import distributed
+from ..algorithms.sft_losses import sft_token_loss
 from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
@@ -193,7 +195,8 @@ class SFTTrainer(SupervisedTrainer):
         return self.loss_sum({**batch, "labels": ids})[0]
 
     def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
-        """(Σ cross-entropy over the batch's completion tokens, their count); logits in float32.
+        """(Σ per-token loss over the batch's completion tokens, their count); logits in float32. The
+        loss is ``args.loss_type``'s (``algorithms.sft_token_loss``: the cross-entropy for 'nll').
 
         ``packed``: call the model with ``attention_mask=None`` and the position ids, from which
         transformers builds a block-diagonal causal mask (one block per packed example)."""
@@ -211,20 +214,21 @@ class SFTTrainer(SupervisedTrainer):
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         skip = virtual_positions(self.model)  # prompt tuning's virtual tokens come first in the output
+        logprobs = None
         with self._autocast(), self._memory_pass(*batch["input_ids"].shape):
             if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
                 _, (logprobs, _, _) = streamed_forward(
                     self.train_model, lambda h: h[:, skip:-1][keep], targets[keep], **inputs
                 )
-                return -logprobs.sum(), int(keep.sum())
-            logits = self.train_model(**inputs).logits
-        # Only completion positions reach the (N, vocab) float32 cast: no full (B, L, V) copy.
-        loss = F.cross_entropy(logits[:, skip:-1][keep].float(), targets[keep], reduction="sum")
-        return loss, int(keep.sum())
+            else:
+                logits = self.train_model(**inputs).logits
+        if logprobs is None:  # only completion positions reach the (N, vocab) float32 cast: no (B, L, V) copy
+            logprobs = -F.cross_entropy(logits[:, skip:-1][keep].float(), targets[keep], reduction="none")
+        return sft_token_loss(logprobs, self.args.loss_type).sum(), int(keep.sum())
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean cross-entropy over every completion token of the eval set (one example per row,
+        """Mean per-token loss (``loss_type``'s) over every completion token of the eval set (one example per row,
         right-padded: exact for any model), in eval mode; training mode is restored after.
 
         Under torchrun each process scores its slice of the eval set and the sums are all-reduced;

@@ -73,7 +73,7 @@ class SFTConfig(SupervisedArguments):
             )
             self.loss_type = "nll"
         super().__post_init__()
-        check_choice(self, "loss_type", ("nll",))
+        check_choice(self, "loss_type", ("nll", "dft"))
         check_choice(self, "packing_strategy", ("bfd",))
         if self.packing and self.max_length is None:
             raise ValueError("When packing is enabled, `max_length` can't be `None`.")  # TRL's own check
@@ -94,6 +94,7 @@ class SFTConfig(SupervisedArguments):
             # TRL: None is True for prompt/completion rows; assistant masks also leave the prompt untrained
             completion_only_loss=self.completion_only_loss is not False or self.assistant_only_loss,
             assistant_only_loss=self.assistant_only_loss,
+            loss_type=self.loss_type,
         )
         return NativeSFTConfig(**fields)
 

@@ -16,6 +16,9 @@ ROW = {"prompt": "2+2=", "chosen": "4", "rejected": "5"}
 USER = [{"role": "user", "content": "hi"}]
 
 
+TOOL_CALL = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+
+
 def reply(text):
     return [{"role": "assistant", "content": text}]
 
@@ -52,6 +55,19 @@ def test_null_margin_means_no_margin():
     assert load_preference_dataset([dict(ROW, margin=None)])[0]["margin"] is None
 
 
+def test_tokenised_rows_and_tool_calls_before_the_reply_are_rows():
+    """TRL's tokenised rows (``chosen_ids`` / ``rejected_ids``, DPO's ``prompt_ids``) and a completion
+    whose assistant calls a tool (content null) before its reply."""
+    tokenised = [
+        {"chosen_ids": [1, 2], "rejected_ids": [3], "margin": 0.5},
+        {"prompt_ids": [], "chosen_ids": [4], "rejected_ids": [5]},
+    ]
+    assert load_preference_dataset(tokenised) == tokenised
+    turns = [TOOL_CALL, {"role": "tool", "content": "1"}]
+    row = {"prompt": USER, "chosen": turns + reply("one"), "rejected": turns + reply("two")}
+    assert load_preference_dataset([row]) == [row]
+
+
 # ---------------------------------------------------------------- errors: row and field named
 
 
@@ -79,6 +95,11 @@ def test_null_margin_means_no_margin():
         (dict(ROW, margin=True), r"field 'margin': expected a finite number, got bool"),
         (dict(ROW, margin=math.nan), r"field 'margin': expected a finite number, got float nan"),
         ([1, 2], r"row index 1 \(0-based\): expected an object \(dict\), got list"),
+        ({"chosen_ids": [1, "2"], "rejected_ids": [3]}, r"field 'chosen_ids': expected a list of token ids"),
+        ({"chosen_ids": [1], "rejected_ids": []}, r"field 'rejected_ids': the completion is an empty list of token"),
+        ({"chosen_ids": [1], "rejected_ids": [2], "prompt_ids": "x"}, r"field 'prompt_ids': expected a list"),
+        ({"chosen_ids": [1], "rejected_ids": [2], "margin": "m"}, r"field 'margin': expected a finite number"),
+        (dict(ROW, chosen=[TOOL_CALL]), r"field 'chosen': message 0 \(0-based\): 'content' must be a string"),
     ],
 )
 def test_bad_rows_name_row_and_field(row, message):

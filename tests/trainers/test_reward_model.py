@@ -286,6 +286,19 @@ def test_pairs_that_do_not_fit_are_dropped_with_a_warning():
         trainer(rows, max_length=4, max_steps=0)
 
 
+def test_tokenised_pairs_train_as_they_are_and_long_ones_are_dropped():
+    tok = char_tokenizer()
+    rows = [
+        {"chosen_ids": tok(r["prompt"] + r["chosen"])["input_ids"], "rejected_ids": [5, 6]} for r in oracle_pairs(4, 0)
+    ]
+    rows.append({"chosen_ids": list(range(3, 30)), "rejected_ids": [3], "margin": 1.0})
+    with pytest.warns(UserWarning, match=r"train_dataset: dropped 1 of 5 pairs"):
+        t = trainer(rows, tok=tok, max_length=16, max_steps=2)
+    assert [p.chosen for p in t.train_pairs] == [r["chosen_ids"] for r in rows[:4]]
+    assert all(p.rejected == [5, 6] and p.margin is None for p in t.train_pairs)
+    assert len(t.train()) == 2
+
+
 @pytest.mark.parametrize(
     "field,value",
     [

@@ -13,7 +13,9 @@ Row formats (TRL's "prompt-completion" and "conversational" formats):
   (optional, JSON schemas) reaching the chat template's ``tools=``;
 * ``{"text": T}`` (TRL's "language modeling" format; read only when the row has no prompt,
   completion or messages): every token of ``T`` + EOS is trained; longer than ``max_length``, its
-  end is cut (TRL's ``keep_start``).
+  end is cut (TRL's ``keep_start``);
+* ``{"input_ids": [...]}`` with optional ``labels``, ``assistant_masks``, ``completion_mask``
+  (a tokenised row, TRL's column names; read as tokens whatever else it holds): ``sft_tokens``.
 
 ``completion_only=False`` also trains the prompt's tokens of prompt/completion rows,
 ``assistant_only=False`` every token of a ``messages`` row (TRL's ``completion_only_loss`` and
@@ -35,6 +37,7 @@ import torch
 from .encode import Encoded, encode_pair, note_cut, note_unknown, split_messages
 from .padding import pad
 from .prompts import load_checked_rows, prompt_problem, short_repr, type_name
+from .sft_tokens import encode_tokens, tokens_problem
 from .sft_turns import (
     TurnsEncoded,
     check_template,
@@ -67,6 +70,8 @@ def load_sft_dataset(source: Any, name: str = "train_dataset") -> list[dict]:
 
 def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
     """(field, what is wrong with it) for a malformed SFT row, or ``(None, None)``."""
+    if "input_ids" in row:  # tokenised: read as tokens whatever else it holds (sft_tokens)
+        return tokens_problem(row)
     has_pair, has_messages = "prompt" in row or "completion" in row, "messages" in row
     if "text" in row and not has_pair and not has_messages:
         text = row["text"]
@@ -85,7 +90,7 @@ def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
         if field not in row:
             return None, (
                 f"missing field {field!r} (an SFT row needs 'prompt' and 'completion', "
-                f"'messages', or 'text'; fields present: {present})"
+                f"'messages', 'text' or 'input_ids'; fields present: {present})"
             )
     problem = prompt_problem(row["prompt"])
     if problem:
@@ -121,19 +126,22 @@ def encode_sft_rows(
     policy: the prompt loses its start first, then the completion its end and its EOS), or, for a
     multi-turn row (``sft_turns.is_multi_turn``), ``encode_conversation_rows`` (every assistant turn
     trained: one example, or several when the chat template rewrites history; the template checked
-    first by ``sft_turns.check_template``), or for a ``text``
-    row ``encode_text``. ``completion_only`` / ``assistant_only`` False: every token of a
+    first by ``sft_turns.check_template``), for a ``text`` row ``encode_text``, for a tokenised row
+    ``sft_tokens.encode_tokens``. ``completion_only`` / ``assistant_only`` False: every token of a
     prompt/completion / ``messages`` row is trained (see the module docstring). ``end_ids``: the
     model's end ids (``models.loading.eos_token_ids(tokenizer, model)``): a multi-turn row's
     assistant turns end at the first of them (``sft_turns``); None: the tokenizer's EOS alone.
     An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
     One warning line each says how many rows were cut and how many hold unknown tokens."""
-    turns = {i for i, row in enumerate(rows) if "messages" in row and is_multi_turn(row)}
+    turns = {i for i, row in enumerate(rows) if "messages" in row and "input_ids" not in row and is_multi_turn(row)}
     if turns:
         check_template([rows[i] for i in sorted(turns)], tokenizer)
     out = []
     for i, row in enumerate(rows):
         try:
+            if "input_ids" in row:
+                out.append(encode_tokens(row, max_length, completion_only))
+                continue
             if i in turns:  # one example, or one per run of turns when the template rewrites history
                 out += encode_conversation_rows(
                     row["messages"], tokenizer, max_length, row.get("tools") or None, assistant_only, end_ids

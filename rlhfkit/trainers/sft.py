@@ -32,6 +32,7 @@ from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.S
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack
+from ..data.sft_tokens import check_token_ids
 from ..models.activations import probe_ids
 from ..models.lm_head import set_lm_head, streamable, streamed_forward
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
@@ -97,6 +98,9 @@ class SFTTrainer(SupervisedTrainer):
         self.units = pack(train, args.max_length) if args.packing else [[e] for e in train]
         seed_everything(args.seed)  # the same initial weights on every process
         model = _load_model(model, args.dtype) if is_path else model
+        vocab = model.get_input_embeddings().num_embeddings  # a tokenised row's ids must be the model's
+        for name, examples in (("train_dataset", train), ("eval_dataset", self.eval_examples or [])):
+            check_token_ids(examples, vocab, name)
         if peft_config is not None:
             model = apply_lora(model, peft_config)
         self._checkpoint_activations(model, peft_config is not None)

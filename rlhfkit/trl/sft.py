@@ -167,13 +167,14 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
         if all(_is_text_row(row) for row in rows):
             whole = [_trl_text_row(row, tok, a.completion_only_loss) for row in rows]
             note_unknown(name, [e.input_ids for e in whole], tok)
-        else:
+        else:  # TRL's completion_only_loss=None applies a tokenised row's completion_mask to none
+            tokenised = "input_ids" in rows[0] and self.trl_args.completion_only_loss is None
             whole = encode_sft_rows(
                 rows,
                 tok,
                 None,
                 name,
-                completion_only=a.completion_only_loss,
+                completion_only=a.completion_only_loss and not tokenised,
                 assistant_only=a.assistant_only_loss,
                 end_ids=self.end_ids,
             )
@@ -197,8 +198,8 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
 
 
 def _is_text_row(row: dict) -> bool:
-    """A ``{"text"}`` row, or a prompt-completion row of two texts (no chat messages)."""
-    if "messages" in row:
+    """A ``{"text"}`` row, or a prompt-completion row of two texts (no chat messages, no tokens)."""
+    if "messages" in row or "input_ids" in row:
         return False
     return "prompt" not in row or isinstance(row["prompt"], str) and isinstance(row["completion"], str)
 

@@ -119,9 +119,14 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
             tokenizer = load_tokenizer(model, "model")
         self.trl_model, self._trl_template = seq, None
         if seq is not None:
-            _mirror_tokens(seq, tokenizer)
-            if is_peft(seq) and native.gradient_checkpointing != "off":  # frozen embeddings pass gradients on
-                classifier_parts(seq)[0].enable_input_require_grads()
+            _mirror_tokens(seq, tokenizer, eos=a.eos_token is not None)
+            backbone = classifier_parts(seq)[0]
+            if (
+                is_peft(seq)
+                and native.gradient_checkpointing != "off"
+                and hasattr(backbone, "enable_input_require_grads")
+            ):
+                backbone.enable_input_require_grads()  # frozen embeddings pass gradients on
             if is_peft(seq) and distributed.planned_world() > 1 and distributed.launch_rank() == 0:
                 self._trl_template = copy.deepcopy(seq).cpu()  # merged from here at save time (FSDP2)
         super().__init__(
@@ -172,7 +177,7 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
 
     def _trl_ids(self, row: dict) -> tuple[list[int], list[int]]:
         """The chosen and rejected token ids of a text or chat row, as TRL tokenises them."""
-        if not isinstance(row["chosen"], list):
+        if not (isinstance(row["prompt"], list) and isinstance(row["chosen"], list)):  # text (rlhfkit: or mixed)
             return tuple(trl_encode(row["prompt"], row[k], self.tokenizer).input_ids for k in ("chosen", "rejected"))
         tools = row.get("tools")
         try:
@@ -230,8 +235,10 @@ def _column_names(dataset) -> set[str]:
     return set(names) if isinstance(names, (list, tuple)) else set()
 
 
-def _mirror_tokens(seq, tokenizer) -> None:
-    """The tokenizer's pad and EOS ids on the classifier's config, as TRL sets them (transformers'
-    pooling finds each row's last token by the pad id)."""
+def _mirror_tokens(seq, tokenizer, eos: bool) -> None:
+    """The tokenizer's pad id (and with ``eos``, the ``eos_token`` the config set: its id) on the
+    classifier's config, as TRL sets them (transformers' pooling finds a row's last token by the pad id)."""
     config = seq.config.get_text_config()
-    config.pad_token_id, config.eos_token_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    if eos:
+        config.eos_token_id = tokenizer.eos_token_id

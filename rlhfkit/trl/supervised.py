@@ -195,6 +195,7 @@ class SupervisedTRLTrainer(TRLLogRows, TRLEvaluation, TRLTrainerMixin):
         drop-in's own call), then TRL's evaluation sets tokenised and the model tagged."""
         train, evals = self._trl_inputs
         super().__init__(model, args, train, None, **kwargs)
+        del self._trl_inputs  # the rows are tokenised now
         if self.trl_model is not None:
             self.model = self.trl_model
         self.trl_eval_sets = {n: self.trl_encode(rows, eval_label(n)) for n, rows in evals.items()}

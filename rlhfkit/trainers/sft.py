@@ -37,6 +37,7 @@ from ..models.activations import probe_ids
 from ..models.lm_head import set_lm_head, streamable, streamed_forward
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
+from ..models.master_weights import back_to_float16, float32_masters
 from ..models.packing import packable_model
 from ..models.prompt_learning import is_prompt_learning, prefix_in_cache, virtual_positions
 from ..models.sources import resolve_model_dir
@@ -103,6 +104,7 @@ class SFTTrainer(SupervisedTrainer):
             check_token_ids(examples, vocab, name)
         if peft_config is not None:
             model = apply_lora(model, peft_config)
+        self._float16 = float32_masters(model)  # float16 weights train as float32 masters (models.master_weights)
         self._checkpoint_activations(model, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
@@ -161,6 +163,7 @@ class SFTTrainer(SupervisedTrainer):
                 break
         if self.total_steps == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
             self.run.log(0, {"eval/loss": self.evaluate()})
+        back_to_float16(self._float16)  # the model leaves the run in the dtype it came in
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _train_step(self, units: list[list[Encoded]]) -> dict:

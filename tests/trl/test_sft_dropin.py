@@ -19,7 +19,7 @@ def test_trls_loss_types_are_rlhfkits(loss_type, tmp_path):
 def _sft(models, tmp_path, rows, **fields):
     from rlhfkit.trl import SFTTrainer
 
-    args = SFTConfig(output_dir=str(tmp_path / "out"), max_steps=1, learning_rate=1e-3, **{**CPU, **fields})
+    args = SFTConfig(output_dir=str(tmp_path / "out"), **{"max_steps": 1, "learning_rate": 1e-3, **CPU, **fields})
     return SFTTrainer(models["plain"], args=args, train_dataset=rows)
 
 
@@ -51,3 +51,21 @@ def test_tokenised_rows_left_untrained_by_max_length_are_dropped_as_trl_does(mod
 def test_token_ids_outside_the_models_vocabulary_are_one_line(models, tmp_path):
     with pytest.raises(ValueError, match=r"^train_dataset: example 0 \(0-based\) holds token id 999999, outside"):
         _sft(models, tmp_path, [{"input_ids": [1, 999999]}])
+
+
+def test_a_float16_model_trains_as_trls_test_trains_it(models, tmp_path):
+    # TRL's test_train_model_dtype: float16 weights, learning_rate=0.1; TRL 1.16 itself ends with every weight NaN
+    import torch
+
+    trainer = _sft(
+        models,
+        tmp_path,
+        [{"text": "once upon a time"}] * 8,
+        max_steps=3,
+        learning_rate=0.1,
+        model_init_kwargs={"dtype": torch.float16},
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    for name, param in trainer.model.named_parameters():
+        assert param.dtype == torch.float16 and torch.isfinite(param).all() and not torch.equal(param, before[name])

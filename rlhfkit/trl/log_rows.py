@@ -8,7 +8,8 @@
   the previous training row, as TRL averages them; ``grad_norm``, ``learning_rate`` and ``epoch`` of
   the step itself — beside rlhfkit's names with the step's own values;
 - an evaluation row per evaluation set after it, at each evaluation step (every ``eval_steps``,
-  with ``eval_strategy="steps"``; ``evaluation.py`` has its keys), and one per ``evaluate()`` call;
+  with ``eval_strategy="steps"``; ``evaluation.py`` has its keys), before the first step with
+  ``eval_on_start``, and one per ``evaluate()`` call;
 - the end-of-training summary (``state.py``) last.
 
 Every step's row of rlhfkit's names stays in ``trainer.history`` and ``metrics.jsonl``, the
@@ -76,8 +77,11 @@ class TRLLogRows:
         return [dict(row) for row in self.trl_rows]
 
     def train(self, resume_from_checkpoint=None):
-        """TRL's ``train`` (``state.py``), the summary appended to the rows."""
+        """TRL's ``train`` (``state.py``): the evaluation sets first with ``eval_on_start``, the
+        summary appended to the rows."""
         self._trl_window = []
+        if self.trl_args.eval_on_start and self.trl_eval_sets:
+            self.evaluate()
         out = super().train(resume_from_checkpoint)
         self.trl_rows.append(dict(self.summary))
         return out

@@ -125,6 +125,14 @@ def test_training_logs_as_trls_trainer(models, tmp_path):
     assert trainer.evaluate("b")["eval_loss"] == pytest.approx(log[5]["eval_b_loss"])  # the weights did not move
 
 
+def test_eval_on_start_evaluates_before_the_first_step(models, tmp_path):
+    trainer = build("SFT", models["plain"], tmp_path, eval_dataset=SFT_ROWS, eval_on_start=True, logging_steps=5)
+    trainer.train()
+    first, summary = trainer.state.log_history
+    assert first["step"] == 0 and "epoch" not in first and math.isfinite(first["eval_loss"])
+    assert "train_loss" in summary
+
+
 def test_compute_metrics_gets_trls_eval_prediction(models, tmp_path):
     seen = []
 

@@ -241,6 +241,36 @@ class Sampler:
         self.engine.sleep()
         return result["metrics"]
 
+    def sample_rows(
+        self,
+        rows: list[dict],
+        prompt_ids: list[list[int]],
+        group_size: int,
+        sampling: SamplingParams,
+        seed_key: tuple,
+        version: int,
+    ) -> Batch:
+        """Phases 2–3 on ``rows`` outside the train order (a held-out set sampled as training samples,
+        TRL's evaluation): ``group_size`` completions of each prompt (``prompt_ids``; agent episodes
+        with tools) drawn with ``sampling`` and per-prompt seeds fixed by ``seed_key`` (ints), by
+        the policy of ``version``, scored and shaped as training scores them. Its ``rows`` are
+        ``0 .. len(rows) - 1``; no samples are logged."""
+        seeds = [sampling_seed(self.config.seed, *seed_key, i) for i in range(len(rows))]
+        with engine_ready(self.engine, self.models, version, {}):
+            if self.agent is None:
+                rollout, episodes = self.engine.generate(prompt_ids, group_size, sampling, seed=seeds), None
+            else:
+                episodes = self.agent.start(rows, range(len(rows)), group_size)
+                rollout, episodes = self.agent.run(
+                    self.engine, episodes, sampling, row_seeds(seeds, len(rows), group_size), version
+                )
+        self.engine.sleep()
+        state = self.training_state(self.steps_done)
+        out = score.score(rows, rollout, self.rewards, self.tokenizer, group_size, self.shaping, episodes, state)
+        if episodes is not None:
+            out[2].update(agent_metrics(episodes))
+        return Batch(list(range(len(rows))), rollout, out[0], out[1], out[2])
+
     def _score(self, rows: list[int], rollout: Rollout, episodes: list | None, state: TrainingState):
         data = [self.rows[i] for i in rows]
         out = score.score(

@@ -48,7 +48,9 @@ def score(
     ``rewards/functions.py``."""
     data = [row for row in rows for _ in range(group_size)]
     out, completions = reward_call(rewards, data, rollout, tokenizer, episodes, trainer_state)
-    metrics = {f"reward/{name}_mean": distributed.global_nanmean(v) for name, v in out.per_function.items()}
+    metrics = {}
+    for name, v in out.per_function.items():
+        metrics[f"reward/{name}_mean"], metrics[f"reward/{name}_std"] = nan_mean_std(v)
     metrics.update(logged_metrics(out.metrics))
     valid = out.valid.to(rollout.has_eos.device)
     lengths = rollout.response_mask.sum(-1)
@@ -88,6 +90,18 @@ def reward_call(
         completions, columns["environments"] = reward_inputs(episodes)
         ids = [e.completion_ids for e in episodes]  # a rewritten history: the conversation as last seen
     return rewards(prompts, completions, columns, ids, trainer_state), completions
+
+
+def nan_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and the unbiased standard deviation of the numbers of ``x`` (NaN: unscored, left out)
+    over every process of the role; NaN where nothing (the std: fewer than two) is a number."""
+    ok = ~torch.isnan(x)
+    xs = torch.where(ok, x, 0.0).double()
+    total = distributed.reduce_sum(torch.stack([xs.sum(), ok.sum().double(), xs.square().sum()]))
+    n = total[1]
+    mean = total[0] / n if bool(n > 0) else torch.tensor(float("nan"), dtype=torch.float64)
+    var = (total[2] - n * mean.square()) / (n - 1) if bool(n > 1) else torch.tensor(float("nan"), dtype=torch.float64)
+    return mean.float(), var.clamp(min=0).sqrt().float()
 
 
 def completions_in(prompts: list, texts: list[str]) -> list:

@@ -109,6 +109,9 @@ def update(
     none of whose rows has a gradient still runs one zero-weight pass, so the optimizer steps on
     zero gradients (AdamW's moments and weight decay move, as they would after running the rows).
 
+    ``policy/total_loss`` is the whole loss each optimizer step minimised (the policy loss, the KL and
+    value terms, minus the entropy bonus; TRL's logged ``loss``), averaged over the optimizer steps.
+
     ``kl_coef``: β of this step; ``step``: RL steps done (it seeds the minibatch order,
     ``minibatch_generator``); ``optimizer_step``: clips, steps and zeroes the gradients, returning
     ``{"perf/grad_norm": ...}`` (the trainer's, on its run's optimizer). The loss of each
@@ -157,6 +160,8 @@ def update(
                         micro_steps=micro_steps if real else 0,
                     )
                     loss_value.backward()
+                # the optimizer step's whole loss (policy, KL, entropy, value terms; a filler adds 0)
+                sums["policy/total_loss"] = sums.get("policy/total_loss", 0) + loss_value.detach() / world
                 token_share = exp.mask[rows].sum() / tokens.clamp(min=1) if real else torch.zeros(())
                 for k, v in m.items():
                     if k.endswith("_max"):  # a maximum over micro-batches, minibatches and processes
@@ -168,7 +173,7 @@ def update(
             n_steps, n_ran = n_steps + 1, n_ran + ran
     out = {}
     for k, v in sums.items():  # the losses and grad norm: per optimizer step; the rest: per minibatch that ran rows
-        if k.endswith("/loss") or k == "perf/grad_norm":
+        if k.endswith("/loss") or k in ("perf/grad_norm", "policy/total_loss"):
             out[k] = distributed.reduce_sum(v) / n_steps
         elif k.endswith("_max"):
             v = distributed.reduce_tensor_max(v)

@@ -14,8 +14,9 @@ as TRL does, replacing only rlhfkit's own run files (``output_dir.py``).
 """
 
 from .dpo import DPOConfig, DPOTrainer
-from .grpo import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+from .grpo import GRPOConfig, RLOOConfig
 from .reward import RewardConfig, RewardTrainer
+from .rl_trainers import GRPOTrainer, RLOOTrainer
 from .sft import SFTConfig, SFTTrainer
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""TRL 1.16's ``GRPOConfig`` / ``RLOOConfig`` and their trainers, on rlhfkit's one RL loop.
+"""TRL 1.16's ``GRPOConfig`` / ``RLOOConfig`` (their trainers: ``rl_trainers.py``), on rlhfkit's one RL loop.
 
 The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fields, TRL's defaults
 and checks); ``to_rlhfkit`` is the one table that maps it to an ``RLConfig``. The batch arithmetic
@@ -20,11 +20,8 @@ from dataclasses import dataclass
 
 from ..config import RLConfig
 from ..data.encode import warn_once
-from ..trainers.rl import RLTrainer
 from .arguments import check_choice
-from .callbacks import trl_callbacks
 from .generation import GenerationArguments
-from .state import TRLTrainerMixin
 
 # TRL's loss_type -> (rlhfkit's policy_loss, loss_agg). "grpo": each sequence's token mean, averaged;
 # "dapo": the mean over every token of the optimizer step; "dr_grpo": token sums over a constant
@@ -181,58 +178,3 @@ class RLOOConfig(GenerationArguments):
             reward_clip=None if self.reward_clip_range is None else self.reward_clip_range[1],
         )
         return RLConfig(**fields)
-
-
-class GRPOTrainer(TRLTrainerMixin, RLTrainer):
-    """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-    reward_processing_classes, callbacks, optimizers, peft_config, tools, environment_factory)``
-    on rlhfkit's RL loop. ``args``: a ``GRPOConfig`` (default: TRL's, writing to
-    ``<model name>-GRPO``)."""
-
-    config_class, suffix = GRPOConfig, "GRPO"
-
-    def __init__(
-        self,
-        model,
-        reward_funcs,
-        args=None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        reward_processing_classes=None,
-        callbacks=None,
-        optimizers=(None, None),
-        peft_config=None,
-        tools=None,
-        environment_factory=None,
-    ):
-        native, eval_dataset, weights = self.translate(
-            model, args, train_dataset, eval_dataset, reward_processing_classes, optimizers
-        )
-        super().__init__(
-            model,
-            reward_funcs,
-            native,
-            train_dataset,
-            processing_class=processing_class,
-            reward_weights=weights,
-            peft_config=peft_config,
-            eval_dataset=eval_dataset,
-            tools=tools,
-            environment_factory=environment_factory,
-            callbacks=trl_callbacks(callbacks, self),
-        )
-        # Reward functions' trainer_state counts optimizer steps, as TRL's self.state does.
-        self.sampler.state_steps_per_step = self.trl_args.optimizer_steps_per_generation
-
-    @property
-    def model(self):
-        """TRL's ``trainer.model``: the policy being trained (a ``peft`` model with LoRA), the very
-        module the optimizer steps, so a snapshot of its parameters sees every update."""
-        return self.models.policy
-
-
-class RLOOTrainer(GRPOTrainer):
-    """TRL's ``RLOOTrainer`` on rlhfkit's RL loop (``args``: an ``RLOOConfig``)."""
-
-    config_class, suffix = RLOOConfig, "RLOO"

@@ -1,10 +1,11 @@
 """TRL 1.16's metric names beside rlhfkit's in ``trainer.state.log_history``: one table per trainer,
 TRL's name -> rlhfkit's, for the metrics rlhfkit computes alike (no value is made up: a TRL metric
 without an rlhfkit equivalent — ``num_tokens``, ``frac_reward_zero_std``, ``mean_token_accuracy``,
-``completions/min_length``, the reward functions' ``/std`` ... — is absent, as is TRL's end-of-run
-summary row). Each row keeps rlhfkit's names (``metrics.jsonl``'s) and gains TRL's; its ``step`` is
-TRL's, the optimizer steps taken (``trainer.state.global_step``), which for GRPO and RLOO is
-rlhfkit's RL step times the optimizer steps per generation (``trainer.history`` keeps rlhfkit's).
+``completions/min_length`` ... — is absent). Each row keeps rlhfkit's names (``metrics.jsonl``'s) and
+gains TRL's; its ``step`` is TRL's, the optimizer steps taken (``trainer.state.global_step``), which for
+GRPO and RLOO is rlhfkit's RL step times the optimizer steps per generation (``trainer.history`` keeps
+rlhfkit's). Which rows ``log_history`` holds, and the end-of-run summary: ``rl_rows.py`` (GRPO, RLOO)
+and ``log_rows.py`` (SFT, DPO, reward).
 
 Sources of TRL's names: ``trl/trainer/{grpo,rloo,sft,dpo,reward}_trainer.py`` (``_metrics`` and
 ``log``) and ``transformers.Trainer``'s ``loss``, ``grad_norm``, ``learning_rate``, ``epoch``;
@@ -13,10 +14,11 @@ TRL's evaluation rows prefix ``eval_``.
 
 from __future__ import annotations
 
-# GRPOConfig / RLOOConfig runs (rlhfkit's RL loop). "loss" is TRL's total loss: rlhfkit's policy/loss
-# equals it only without a KL or entropy term in the loss (``GRPO_METRICS`` leaves it out otherwise).
+# GRPOConfig / RLOOConfig runs (rlhfkit's RL loop). "loss" is TRL's total loss (the policy loss, beta x KL,
+# minus the entropy bonus): rlhfkit's policy/total_loss; TRL logs the policy loss alone as "policy_loss"
+# when the entropy bonus is on.
 RL_METRICS = {
-    "loss": "policy/loss",
+    "loss": "policy/total_loss",
     "grad_norm": "perf/grad_norm",
     "learning_rate": "perf/lr",
     "completions/mean_length": "rollout/response_length_mean",
@@ -76,8 +78,8 @@ REWARD_METRICS = {
 def rl_metrics(config, reward_names) -> dict:
     """The table of a ``GRPOConfig`` / ``RLOOConfig`` run: ``RL_METRICS``, GRPO's ``GRPO_ONLY``
     (``kl`` only with ``beta > 0``, the clip region not for ``cispo``, whose clipping TRL logs as
-    ``cispo_clip_ratio``), ``loss`` only where rlhfkit's policy loss is TRL's whole loss, and
-    ``rewards/<function>/mean`` for each reward function (``reward_names``)."""
+    ``cispo_clip_ratio``), ``policy_loss`` with an entropy bonus (as TRL logs it), and
+    ``rewards/<function>/mean`` and ``/std`` for each reward function (``reward_names``)."""
     table = dict(RL_METRICS)
     grpo = hasattr(config, "loss_type")
     if grpo:
@@ -86,9 +88,10 @@ def rl_metrics(config, reward_names) -> dict:
             del table["kl"]
         if config.loss_type == "cispo":
             del table["clip_ratio/region_mean"]
-    if grpo and (config.beta or config.entropy_coef):
-        del table["loss"]  # TRL's loss adds beta x KL and subtracts the entropy bonus; policy/loss has neither
-    table.update({f"rewards/{name}/mean": f"reward/{name}_mean" for name in reward_names})
+    if grpo and (config.entropy_coef or config.use_adaptive_entropy):
+        table["policy_loss"] = "policy/loss"
+    for name in reward_names:
+        table.update({f"rewards/{name}/mean": f"reward/{name}_mean", f"rewards/{name}/std": f"reward/{name}_std"})
     return table
 
 

@@ -55,13 +55,13 @@ def test_grpo_log_history_has_trls_names_beside_rlhfkits(model_dir, tmp_path):
     last, ours = trainer.state.log_history[-2], trainer.history[-1]  # [-1]: the end-of-training summary
     summary = trainer.state.log_history[-1]
     assert summary["step"] == trainer.state.global_step == 4 and summary["train_runtime"] > 0
-    losses = [row["policy/loss"] for row in trainer.history]
+    losses = [row["policy/total_loss"] for row in trainer.history]  # TRL's train_loss: the whole loss
     assert summary["train_loss"] == output.training_loss == output.metrics["train_loss"] == sum(losses) / len(losses)
     assert summary["train_steps_per_second"] == pytest.approx(4 / summary["train_runtime"], rel=1e-2)
     assert summary["train_samples_per_second"] == pytest.approx(4 * summary["train_steps_per_second"], rel=1e-2)
     assert last["reward"] == ours["reward/mean"] and last["reward_std"] == ours["reward/std"]
     assert last["rewards/reward_len/mean"] == ours["reward/reward_len_mean"]
-    assert last["loss"] == ours["policy/loss"] and last["grad_norm"] == ours["perf/grad_norm"]
+    assert last["loss"] == ours["policy/total_loss"] and last["grad_norm"] == ours["perf/grad_norm"]
     assert last["learning_rate"] == ours["perf/lr"] and last["entropy"] == ours["policy/entropy"]
     assert last["completions/mean_length"] == ours["rollout/response_length_mean"]
     assert last["completions/clipped_ratio"] == ours["rollout/truncated_frac"]
@@ -75,10 +75,12 @@ def test_grpo_log_history_has_trls_names_beside_rlhfkits(model_dir, tmp_path):
 def test_grpo_table_follows_the_config():
     base = dict(output_dir="out", **CPU)
     plain = rl_metrics(GRPOConfig(**base), ["f"])
-    assert "kl" not in plain and plain["loss"] == "policy/loss" and plain["rewards/f/mean"] == "reward/f_mean"
+    assert "kl" not in plain and plain["loss"] == "policy/total_loss" and plain["rewards/f/mean"] == "reward/f_mean"
+    assert plain["rewards/f/std"] == "reward/f_std" and "policy_loss" not in plain
     with_kl = rl_metrics(GRPOConfig(beta=0.1, use_bias_correction_kl=False, **base), [])
-    assert with_kl["kl"] == "kl/k3" and "loss" not in with_kl  # TRL's loss then holds beta x KL
-    assert "loss" not in rl_metrics(GRPOConfig(entropy_coef=0.01, **base), [])
+    assert with_kl["kl"] == "kl/k3" and with_kl["loss"] == "policy/total_loss"  # TRL's loss holds beta x KL
+    # with the entropy bonus TRL logs the policy loss alone as policy_loss, the whole loss as loss
+    assert rl_metrics(GRPOConfig(entropy_coef=0.01, **base), [])["policy_loss"] == "policy/loss"
     assert "clip_ratio/region_mean" not in rl_metrics(GRPOConfig(loss_type="cispo", **base), [])
 
 

@@ -12,18 +12,17 @@ tokenised as TRL tokenises them, and ``max_length`` truncating as TRL's ``keep_s
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config.supervised import SFTConfig as NativeSFTConfig
 from ..data.encode import Encoded, note_cut, note_unknown
-from ..data.prompts import labelled_rows
 from ..data.sft import encode_sft_rows, load_sft_dataset
-from ..data.sft_turns import TurnsEncoded
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import check_choice
 from .callbacks import trl_callbacks
 from .metrics import SFT_METRICS
-from .supervised import SupervisedArguments, SupervisedTRLTrainer, trl_encode
+from .sft_data import check_prepared, check_transform, is_text_row, keep_start, trains, trl_rows, trl_text_row
+from .supervised import SupervisedArguments, SupervisedTRLTrainer
 
 
 @dataclass
@@ -50,6 +49,8 @@ class SFTConfig(SupervisedArguments):
     # TRL's fields to_rlhfkit translates or the trainer applies; padding_free and eval_packing change
     # no number (rlhfkit packs with position ids; its eval loss is exact unpacked). Any other: default only.
     HANDLED = SupervisedArguments.HANDLED | {
+        "router_aux_loss_coef",
+        "dataset_kwargs",
         "chat_template_path",
         "dataset_text_field",
         "eos_token",
@@ -77,6 +78,17 @@ class SFTConfig(SupervisedArguments):
         check_choice(self, "packing_strategy", ("bfd",))
         if self.packing and self.max_length is None:
             raise ValueError("When packing is enabled, `max_length` can't be `None`.")  # TRL's own check
+        kwargs = self.dataset_kwargs
+        if kwargs is not None and not (isinstance(kwargs, dict) and set(kwargs) <= {"skip_prepare_dataset"}):
+            raise ValueError(
+                f"SFTConfig field 'dataset_kwargs'={kwargs!r} is not supported by rlhfkit: only "
+                "{'skip_prepare_dataset': True | False}"
+            )
+
+    @property
+    def skip_prepare_dataset(self) -> bool:
+        """TRL's ``dataset_kwargs={"skip_prepare_dataset": True}``: the rows are trainer-ready."""
+        return bool((self.dataset_kwargs or {}).get("skip_prepare_dataset", False))
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> NativeSFTConfig:
         """The rlhfkit ``SFTConfig`` of this config for ``n_rows`` training rows on ``world``
@@ -135,13 +147,16 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
             quantization_config=quantization_config,
         )
         args = self.trl_config(model, args, optimizers)
-        field = args.dataset_text_field
-        train_dataset, eval_dataset = (
-            _as_text_rows(d, field, formatting_func, name) if d is not None else None
-            for d, name in ((train_dataset, "train_dataset"), (eval_dataset, "eval_dataset"))
-        )
+        self.trl_formatting_func = formatting_func
+        if args.padding_free and not args.packing and args.max_length is not None:  # TRL's check
+            raise ValueError(
+                "When `padding_free=True` without packing, `max_length` is not enforced. Either enable packing "
+                "(e.g., `packing=True, packing_strategy='bfd'`), provide already truncated inputs, or set "
+                "`max_length=None`."
+            )
+        self.aux_loss_enabled = moe_aux_loss(model, args.router_aux_loss_coef)
         native, eval_dataset = self.native(
-            model, args, train_dataset, eval_dataset, lambda d: len(load_sft_dataset(d)), optimizers, refused
+            model, args, train_dataset, eval_dataset, lambda rows: len(load_sft_dataset(rows)), optimizers, refused
         )
         tokenizer = self.trl_tokenizer(model, processing_class, args.eos_token, args.pad_token, args.chat_template_path)
         super().__init__(
@@ -154,6 +169,14 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
             callbacks=trl_callbacks(callbacks, self),
         )
 
+    def trl_source(self, dataset, name: str, limit: int | None = None):
+        """The dataset's rows in the forms rlhfkit's loader reads (``sft_data.trl_rows``: a
+        ``formatting_func``, ``dataset_text_field``, ``conversations``), for training, evaluation
+        and ``evaluate(eval_dataset=...)`` alike."""
+        a = self.trl_args
+        check_transform(dataset, a.skip_prepare_dataset)
+        return trl_rows(super().trl_source(dataset, name, limit), a.dataset_text_field, self.trl_formatting_func, name)
+
     def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
         """TRL's tokens and truncation, not rlhfkit's. Text rows and text prompt-completion rows are
         tokenised as TRL tokenises them (``trl_encode``: the tokenizer's special tokens, no second
@@ -164,8 +187,11 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
         ``max_length``) is dropped, as TRL drops it."""
         a, tok = self.args, self.tokenizer
         limit = a.max_length
-        if all(_is_text_row(row) for row in rows):
-            whole = [_trl_text_row(row, tok, a.completion_only_loss) for row in rows]
+        if self.trl_args.skip_prepare_dataset:  # trainer-ready rows: neither truncated nor filtered
+            check_prepared(rows, "train" if name == "train_dataset" else "eval")
+            return encode_sft_rows(rows, tok, None, name)
+        if all(is_text_row(row) for row in rows):
+            whole = [trl_text_row(row, tok, a.completion_only_loss) for row in rows]
             note_unknown(name, [e.input_ids for e in whole], tok)
         else:  # TRL's completion_only_loss=None applies a tokenised row's completion_mask to none
             tokenised = "input_ids" in rows[0] and self.trl_args.completion_only_loss is None
@@ -178,11 +204,11 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
                 assistant_only=a.assistant_only_loss,
                 end_ids=self.end_ids,
             )
-        out = [_keep_start(e, limit) for e in whole]
+        out = [keep_start(e, limit) for e in whole]
         note_cut(name, sum(e.cut for e in out), len(out), "rows", limit, "their end, TRL's keep_start")
         if a.packing:  # TRL's packing truncates and drops nothing
             return out
-        kept = [e for e in out if _trains(e)]
+        kept = [e for e in out if trains(e)]
         if not kept:
             raise ValueError(
                 f"{name}: every row's prompt fills max_length={limit} tokens, leaving nothing to train "
@@ -197,45 +223,33 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
         return kept
 
 
-def _is_text_row(row: dict) -> bool:
-    """A ``{"text"}`` row, or a prompt-completion row of two texts (no chat messages, no tokens)."""
-    if "messages" in row or "input_ids" in row:
-        return False
-    return "prompt" not in row or isinstance(row["prompt"], str) and isinstance(row["completion"], str)
+def moe_aux_loss(model, coef: float | None) -> bool:
+    """TRL's ``aux_loss_enabled`` for ``model`` (a path or a model object): a Mixture-of-Experts model
+    (its config has ``output_router_logits``) whose router load-balancing loss TRL adds,
+    ``router_aux_loss_coef`` (None: the model config's) times it. rlhfkit adds none: such a model is
+    refused unless ``router_aux_loss_coef=0.0``, so False; a coefficient for a model without a router
+    is TRL's error. A model whose config cannot be read before it loads is not checked."""
+    config = getattr(model, "config", None)
+    if config is None:
+        from transformers import AutoConfig
 
-
-def _trl_text_row(row: dict, tokenizer, completion_only: bool) -> Encoded:
-    """A text row as TRL tokenises it: every token trained, or for a prompt-completion row only
-    the completion's (``completion_only``)."""
-    if "prompt" in row:
-        e = trl_encode(row["prompt"], row["completion"], tokenizer)
-        return e if completion_only else replace(e, prompt_len=0)
-    return replace(trl_encode("", row["text"], tokenizer), prompt_len=0)
-
-
-def _keep_start(e: Encoded, limit: int) -> Encoded:
-    """``e``'s first ``limit`` tokens (TRL's ``keep_start``)."""
-    if len(e.input_ids) <= limit:
-        return e
-    cut = dict(input_ids=e.input_ids[:limit], prompt_len=min(e.prompt_len, limit), truncated=True, cut=True)
-    return replace(e, **cut, mask=e.mask[:limit]) if isinstance(e, TurnsEncoded) else replace(e, **cut)
-
-
-def _trains(e: Encoded) -> bool:
-    """Whether ``e`` has a trained token (TRL's test: a label that is not -100)."""
-    return any(e.mask) if isinstance(e, TurnsEncoded) else e.prompt_len < len(e.input_ids)
-
-
-def _as_text_rows(dataset, field: str, formatting_func, name: str):
-    """TRL's language-modeling rows as rlhfkit's ``{"text"}`` rows: ``formatting_func(row)`` of
-    every row, or the ``field`` column of rows without a prompt or messages when it is not 'text'.
-    Any other dataset as it is (rlhfkit reads it)."""
-    if formatting_func is None and field == "text":
-        return dataset
-    rows = [row for _, row in labelled_rows(dataset, name)[1]]
-    if formatting_func is not None:
-        return [{"text": formatting_func(row)} for row in rows]
-    return [
-        {"text": row[field]} if field in row and not {"prompt", "completion", "messages"} & set(row) else row
-        for row in rows
-    ]
+        try:
+            config = AutoConfig.from_pretrained(str(model))
+        except (OSError, ValueError, KeyError):
+            return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    moe = hasattr(text, "output_router_logits")
+    name = type(model).__name__ if hasattr(model, "config") else (getattr(config, "architectures", None) or ["it"])[0]
+    if coef and not moe:  # TRL's message
+        raise ValueError(
+            f"`router_aux_loss_coef` is set to {coef} but {name} is not a Mixture-of-Experts model that returns "
+            "its router logits, so there is no auxiliary loss to weight."
+        )
+    coef = getattr(text, "router_aux_loss_coef", 0.0) if coef is None else coef
+    if moe and coef:
+        raise ValueError(
+            f"SFTConfig field 'router_aux_loss_coef'={coef!r} is not supported by rlhfkit: the model is a "
+            "Mixture-of-Experts model whose router load-balancing loss TRL adds by default, and rlhfkit does not; "
+            "set router_aux_loss_coef=0.0 to train without it"
+        )
+    return False

@@ -6,7 +6,7 @@ import pytest
 
 from rlhfkit.trl import SFTConfig
 
-from .test_supervised_dropin import CPU
+from .test_supervised_dropin import CPU, STORIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -16,11 +16,12 @@ def test_trls_loss_types_are_rlhfkits(loss_type, tmp_path):
     assert SFTConfig(output_dir=str(tmp_path), loss_type=loss_type, **CPU).to_rlhfkit(8).loss_type == loss_type
 
 
-def _sft(models, tmp_path, rows, **fields):
+def _sft(models, tmp_path, rows, processing_class=None, **fields):
     from rlhfkit.trl import SFTTrainer
 
     args = SFTConfig(output_dir=str(tmp_path / "out"), **{"max_steps": 1, "learning_rate": 1e-3, **CPU, **fields})
-    return SFTTrainer(models["plain"], args=args, train_dataset=rows)
+    model = models["plain" if processing_class is None else "chat"]
+    return SFTTrainer(model, args=args, train_dataset=rows, processing_class=processing_class)
 
 
 def _trained(trainer) -> list[list[int]]:
@@ -69,3 +70,77 @@ def test_a_float16_model_trains_as_trls_test_trains_it(models, tmp_path):
     trainer.train()
     for name, param in trainer.model.named_parameters():
         assert param.dtype == torch.float16 and torch.isfinite(param).all() and not torch.equal(param, before[name])
+
+
+def test_conversations_of_from_value_messages_train_as_messages_rows(models, tmp_path):
+    from rlhfkit.tasks.tiny import chatml_tokenizer
+
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    tok = chatml_tokenizer()
+    rows = [{"conversations": [{"from": m["role"], "value": m["content"]} for m in chat["messages"]]}]
+    as_messages = _sft(models, tmp_path, [chat] * 2, processing_class=tok)
+    as_conversations = _sft(models, tmp_path, rows * 2, processing_class=tok)
+    assert [u[0] for u in as_conversations.units] == [u[0] for u in as_messages.units]
+
+
+def test_trls_padding_free_check(models, tmp_path):
+    with pytest.raises(ValueError, match=r"^When `padding_free=True` without packing, `max_length` is not enforced"):
+        _sft(models, tmp_path, STORIES, padding_free=True)
+    assert _sft(models, tmp_path, STORIES, padding_free=True, max_length=None).units
+
+
+def test_a_dataset_with_a_transform_is_refused_with_trls_message(models, tmp_path):
+    from datasets import Dataset
+
+    dataset = Dataset.from_list(STORIES).with_transform(lambda batch: batch)
+    with pytest.raises(ValueError, match=r"Dataset\.with_transform\(\).*skip_prepare_dataset.*trainer-ready"):
+        _sft(models, tmp_path, dataset)
+
+
+def test_skip_prepare_dataset_takes_trainer_ready_rows_as_they_are(models, tmp_path):
+    ready = [{"input_ids": [5, 6, 7, 8, 9], "labels": [-100, -100, 7, 8, 9]}] * 2
+    trainer = _sft(models, tmp_path, ready, max_length=3, dataset_kwargs={"skip_prepare_dataset": True})
+    assert [u[0].input_ids for u in trainer.units] == [[5, 6, 7, 8, 9]] * 2  # neither truncated nor filtered
+    assert _trained(trainer) == [[0, 0, 1, 1, 1]] * 2
+    masks_only = [{"input_ids": [1, 2, 3], "assistant_masks": [0, 1, 1]}] * 2
+    with pytest.raises(ValueError, match=r"^The train dataset has mask columns but no 'labels'.*Add a 'labels' column"):
+        _sft(models, tmp_path, masks_only, dataset_kwargs={"skip_prepare_dataset": True})
+    with pytest.raises(ValueError, match=r"^train dataset row index 0 \(0-based\) has no 'input_ids'"):
+        _sft(models, tmp_path, STORIES, dataset_kwargs={"skip_prepare_dataset": True})
+
+
+def test_a_mixture_of_experts_model_needs_router_aux_loss_coef_zero(tmp_path):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    from rlhfkit.tasks.tiny import char_tokenizer
+    from rlhfkit.trl import SFTTrainer
+
+    tok = char_tokenizer()
+    config = Qwen2MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=16,
+        moe_intermediate_size=8,
+        shared_expert_intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=2,
+        num_experts_per_tok=1,
+        router_aux_loss_coef=0.01,
+    )
+    moe = Qwen2MoeForCausalLM(config)
+
+    def build(**fields):
+        args = SFTConfig(output_dir=str(tmp_path / "o"), max_steps=1, **{**CPU, **fields})
+        return SFTTrainer(moe, args=args, train_dataset=STORIES, processing_class=tok)
+
+    with pytest.raises(ValueError, match=r"^SFTConfig field 'router_aux_loss_coef'=0.01 is not supported by rlhfkit"):
+        build()
+    assert build(router_aux_loss_coef=0.0).aux_loss_enabled is False
+
+
+def test_a_router_coefficient_for_a_dense_model_is_trls_error(models, tmp_path):
+    with pytest.raises(ValueError, match=r"^`router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a"):
+        _sft(models, tmp_path, STORIES, router_aux_loss_coef=0.5)
+    assert _sft(models, tmp_path, STORIES).aux_loss_enabled is False

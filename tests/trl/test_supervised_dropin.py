@@ -321,8 +321,8 @@ def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
     "cls, field, value, says",
     [
         (SFTConfig, "packing_strategy", "wrapped", "'bfd'"),
-        (SFTConfig, "loss_type", "dft", "'nll'"),
-        (SFTConfig, "dataset_kwargs", {"skip_prepare_dataset": True}, "only its default"),
+        (SFTConfig, "loss_type", "mse", "'nll', 'dft'"),
+        (SFTConfig, "dataset_kwargs", {"add_special_tokens": False}, "skip_prepare_dataset"),
         (SFTConfig, "shuffle_dataset", True, "only its default"),
         (SFTConfig, "truncation_mode", "keep_end", "default"),
         (SFTConfig, "activation_offloading", True, "only its default"),

@@ -12,11 +12,12 @@ the tokenizer's special tokens, no second EOS), and ``max_length`` truncates as 
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass, field
 
 from ..config.supervised import DPOConfig as NativeDPOConfig
-from ..data.encode import note_cut, note_unknown, warn_once
+from ..data.encode import Encoded, note_cut, note_unknown, warn_once
 from ..data.preferences import load_preference_dataset
 from ..trainers.dpo import DPOTrainer as NativeDPOTrainer
 from ..trainers.dpo import PreferencePair
@@ -228,7 +229,7 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         return super().trl_prepare_eval(dataset, name)
 
     def _encode(self, rows: list[dict], name: str) -> list[PreferencePair]:
-        """TRL's tokens (``trl_encode``) and truncation (``truncation_mode="keep_start"``), not
+        """TRL's tokens (``_trl_ids``) and truncation (``truncation_mode="keep_start"``), not
         rlhfkit's (which cuts a long prompt's start and drops a pair whose completion does not fit):
         each sequence, prompt + completion + EOS, keeps its first ``max_length`` tokens, so a long
         completion loses its end and its EOS; a pair whose prompt alone fills ``max_length`` is
@@ -236,7 +237,7 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         pairs, cut, limit = [], 0, self.args.max_length
         for i, row in enumerate(rows):
             try:
-                chosen, rejected = (trl_encode(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
+                chosen, rejected = self._trl_ids(row)
             except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
                 raise ValueError(f"{name}: pair {i} (0-based): {e}") from None
             shared = min(chosen.prompt_len, rejected.prompt_len)  # TRL's: where either completion starts
@@ -250,6 +251,31 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         note_cut(name, cut, len(pairs), "pairs", limit, "a completion's end, TRL's keep_start")
         note_unknown(name, [(p.prompt, p.chosen, p.rejected) for p in pairs], self.tokenizer, "pairs")
         return self.trl_kept_pairs(pairs, len(rows) - len(pairs), len(rows), name, limit, "whose prompt fills")
+
+    def _trl_ids(self, row: dict) -> tuple[Encoded, Encoded]:
+        """Prompt + chosen and prompt + rejected as TRL 1.16's DPO tokenises them, each with the
+        length of its common prefix with the prompt's tokens. Text: ``trl_encode``. Chat messages:
+        the prompt through the chat template with the generation prompt, and the whole conversation
+        (prompt, then completion) without, each with the row's ``tools`` (a list or its JSON) and
+        ``chat_template_kwargs`` — no EOS added (the template ends the turn)."""
+        if not isinstance(row["prompt"], list):
+            return tuple(trl_encode(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
+        tools = row.get("tools")
+        try:
+            tools = json.loads(tools) if isinstance(tools, str) else tools
+        except json.JSONDecodeError as e:
+            raise ValueError(f"field 'tools': invalid JSON: {e.msg}") from None
+        kwargs = {"tools": tools, **(row.get("chat_template_kwargs") or {})}
+        tokens = lambda messages, **more: list(  # noqa: E731
+            self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs, **more)["input_ids"]
+        )
+        prompt = tokens(list(row["prompt"]), add_generation_prompt=True)
+        out = []
+        for k in ("chosen", "rejected"):
+            ids = tokens(list(row["prompt"]) + list(row[k]))
+            n = next((j for j, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))
+            out.append(Encoded(ids, n, False, False))
+        return tuple(out)
 
 
 def _no_stream_to_precompute(dataset) -> None:

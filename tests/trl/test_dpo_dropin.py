@@ -118,3 +118,60 @@ def test_precompute_scores_evaluation_sets_before_training_and_refuses_new_ones_
     assert t.evaluate()["eval_loss"] > 0  # scored at init: the reference's log-probs of before training
     with pytest.raises(ValueError, match="Cannot compute reference log-probs for a dataset passed to"):
         t.evaluate(eval_dataset=Dataset.from_list(HELD_OUT[4:]))
+
+
+USER = lambda q: {"role": "user", "content": q}  # noqa: E731
+BOT = lambda a: {"role": "assistant", "content": a}  # noqa: E731
+
+
+def _decoded(t, pair):
+    return [t.processing_class.decode(ids) for ids in (pair.prompt, pair.chosen, pair.rejected)]
+
+
+def test_chat_rows_are_tokenised_as_trls_dpo_tokenises_them(models, tmp_path):
+    """The prompt through the chat template with the generation prompt; each completion is the rest
+    of the whole conversation's rendering — the turn's end and the newline after it, no EOS added —
+    with the row's tools and chat_template_kwargs (rlhfkit's own rendering stopped at <|im_end|> and
+    dropped the tool calls of a multi-turn completion)."""
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "rev", "arguments": {}}}]}
+    tool = {"type": "function", "function": {"name": "rev", "description": "reverse", "parameters": {}}}
+    rows = [
+        {"prompt": [USER("2+2?")], "chosen": [BOT("4")], "rejected": [BOT("5")], "tools": None},
+        {
+            "prompt": [USER("rev ab")],
+            "chosen": [call, {"role": "tool", "content": "ba"}, BOT("ba")],
+            "rejected": [BOT("ab")],
+            "tools": [tool],
+        },
+    ]
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, **CPU)
+    t = DPOTrainer(models["chat"], args=args, train_dataset=Dataset.from_list(rows))
+    prompt, chosen, rejected = _decoded(t, t.train_pairs[0])
+    assert prompt.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert (chosen, rejected) == ("4<|im_end|>\n", "5<|im_end|>\n")
+    prompt, chosen, rejected = _decoded(t, t.train_pairs[1])
+    assert "<tools>" in prompt and '"name": "rev"' in prompt  # the row's tools in the system turn
+    assert chosen == (  # the whole completion: the call, the tool's answer, the final turn
+        '<tool_call>\n{"name": "rev", "arguments": {}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>tool\n<tool_response>\nba\n</tool_response><|im_end|>\n<|im_start|>assistant\nba<|im_end|>\n"
+    )
+    assert rejected == "ab<|im_end|>\n"
+
+
+def test_chat_template_kwargs_reach_the_template(models, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(models["chat"])
+    tok.chat_template = (
+        "{%- for m in messages -%}{{ '<|im_start|>' + (m.role.upper() if shout and m.role == 'user' else m.role) + '\\n' + m.content"
+        " + '<|im_end|>\\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}"
+        "{%- endif -%}"
+    )
+    rows = [{"prompt": [USER("hi")], "chosen": [BOT("yo")], "rejected": [BOT("no")], "chat_template_kwargs": {}}]
+    rows = [rows[0] | {"chat_template_kwargs": {"shout": s}} for s in (False, True)]
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, **CPU)
+    t = DPOTrainer(models["chat"], args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    assert [_decoded(t, p)[0] for p in t.train_pairs] == [
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+        "<|im_start|>USER\nhi<|im_end|>\n<|im_start|>assistant\n",
+    ]

@@ -14,6 +14,8 @@ from .base import DEVICE_KINDS, DTYPES, LM_HEADS, PARALLELISMS, SCHEDULERS, Opti
 from .checks import check_fields, check_ranges, check_run_fields
 from .rl import AUTOCAST_DTYPES
 
+PACKING_STRATEGIES = ("next_fit", "wrapped")
+
 
 @dataclass(frozen=True)
 class TrainConfig(RunBase, OptimBase):
@@ -96,6 +98,10 @@ class SFTConfig(TrainConfig):
     packing: bool = False
     """Pack examples into rows of max_length tokens; position ids restart at 0 per example (see
     data.sft.collate_groups)."""
+    packing_strategy: str = "next_fit"
+    """How packing fills rows: 'next_fit' (examples whole and in order, a new row when the next does not fit; each
+    attends to itself only) or 'wrapped' (TRL's: every example's tokens one after another, cut every max_length tokens;
+    an example may be split, and a row is one sequence, attending across examples)."""
     completion_only_loss: bool = True
     """Train on the completion of 'prompt'/'completion' rows only (False: on the prompt's tokens too), as TRL's field of
     that name (whose None means True for such rows)."""
@@ -117,7 +123,13 @@ class SFTConfig(TrainConfig):
         from ..algorithms.sft_losses import SFT_LOSS_TYPES  # torch only when an SFT config is built
 
         super().__post_init__()
-        check_fields(self, [(self.loss_type in SFT_LOSS_TYPES, "loss_type", f"one of {', '.join(SFT_LOSS_TYPES)}")])
+        check_fields(
+            self,
+            [
+                (self.loss_type in SFT_LOSS_TYPES, "loss_type", f"one of {', '.join(SFT_LOSS_TYPES)}"),
+                (self.packing_strategy in PACKING_STRATEGIES, "packing_strategy", "'next_fit' or 'wrapped'"),
+            ],
+        )
 
 
 @dataclass(frozen=True)

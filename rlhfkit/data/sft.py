@@ -198,6 +198,29 @@ def pack(encoded: list[Encoded], max_length: int) -> list[list[Encoded]]:
     return groups
 
 
+def pack_wrapped(encoded: list[Encoded], max_length: int) -> list[list[Encoded]]:
+    """TRL's "wrapped" packing: the examples' tokens one after another, cut every ``max_length``
+    tokens (the last row may be shorter). An example may be split across rows, and each row is one
+    sequence (positions from 0, attending across the examples in it): a token is trained where it is
+    trained in its example (``trained_flags``), an example's first token too, from the one before it."""
+    ids = [t for e in encoded for t in e.input_ids]
+    flags = [f for e in encoded for f in trained_flags(e)]
+    rows = []
+    for s in range(0, len(ids), max_length):
+        chunk, mask = ids[s : s + max_length], tuple(flags[s : s + max_length])
+        first = next((j for j, m in enumerate(mask) if m), len(chunk))
+        rows.append([TurnsEncoded(chunk, first, False, False, mask=mask)])
+    return rows
+
+
+def trained_flags(e: Encoded) -> list[int]:
+    """1 for each token of ``e`` its labels train, its first token included where it is a completion
+    token (``example_labels`` leaves the first out: nothing in the example predicts it)."""
+    if isinstance(e, TurnsEncoded):
+        return list(e.mask)
+    return [0] * e.prompt_len + [1] * (len(e.input_ids) - e.prompt_len)
+
+
 def collate(encoded: list[Encoded], pad_id: int, packing: bool = False, max_length: int | None = None) -> dict:
     """A batch: ``input_ids``, ``attention_mask``, ``labels``, ``position_ids``, all (B, L) long.
 
@@ -266,5 +289,7 @@ __all__ = [
     "example_labels",
     "load_sft_dataset",
     "pack",
+    "pack_wrapped",
     "sft_row_problem",
+    "trained_flags",
 ]

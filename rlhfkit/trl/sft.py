@@ -75,7 +75,7 @@ class SFTConfig(SupervisedArguments):
             self.loss_type = "nll"
         super().__post_init__()
         check_choice(self, "loss_type", ("nll", "dft"))
-        check_choice(self, "packing_strategy", ("bfd",))
+        check_choice(self, "packing_strategy", ("bfd", "wrapped"))
         if self.packing and self.max_length is None:
             raise ValueError("When packing is enabled, `max_length` can't be `None`.")  # TRL's own check
         kwargs = self.dataset_kwargs
@@ -107,6 +107,7 @@ class SFTConfig(SupervisedArguments):
             completion_only_loss=self.completion_only_loss is not False or self.assistant_only_loss,
             assistant_only_loss=self.assistant_only_loss,
             loss_type=self.loss_type,
+            packing_strategy="wrapped" if self.packing_strategy == "wrapped" else "next_fit",
         )
         return NativeSFTConfig(**fields)
 
@@ -204,6 +205,8 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
                 assistant_only=a.assistant_only_loss,
                 end_ids=self.end_ids,
             )
+        if a.packing and a.packing_strategy == "wrapped" and name == "train_dataset":
+            return whole  # TRL's wrapped packing cuts the examples into rows whole: nothing truncated
         out = [keep_start(e, limit) for e in whole]
         note_cut(name, sum(e.cut for e in out), len(out), "rows", limit, "their end, TRL's keep_start")
         if a.packing:  # TRL's packing truncates and drops nothing

@@ -144,3 +144,11 @@ def test_a_router_coefficient_for_a_dense_model_is_trls_error(models, tmp_path):
     with pytest.raises(ValueError, match=r"^`router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a"):
         _sft(models, tmp_path, STORIES, router_aux_loss_coef=0.5)
     assert _sft(models, tmp_path, STORIES).aux_loss_enabled is False
+
+
+def test_wrapped_packing_is_rlhfkits_wrapped_packing(models, tmp_path):
+    trainer = _sft(models, tmp_path, STORIES, packing=True, packing_strategy="wrapped", max_length=10)
+    assert trainer.args.packing_strategy == "wrapped"
+    lengths = [len(u[0].input_ids) for u in trainer.units]
+    assert all(n == 10 for n in lengths[:-1]) and sum(lengths) > 10 * len(STORIES) // 2  # whole, cut into rows
+    assert SFTConfig(output_dir=str(tmp_path), packing=True, **CPU).to_rlhfkit(8).packing_strategy == "next_fit"

@@ -320,7 +320,7 @@ def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
 @pytest.mark.parametrize(
     "cls, field, value, says",
     [
-        (SFTConfig, "packing_strategy", "wrapped", "'bfd'"),
+        (SFTConfig, "packing_strategy", "bfd_split", "'bfd', 'wrapped'"),
         (SFTConfig, "loss_type", "mse", "'nll', 'dft'"),
         (SFTConfig, "dataset_kwargs", {"add_special_tokens": False}, "skip_prepare_dataset"),
         (SFTConfig, "shuffle_dataset", True, "only its default"),

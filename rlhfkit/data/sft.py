@@ -4,7 +4,8 @@
 Row formats (TRL's "prompt-completion" and "conversational" formats):
 
 * ``{"prompt": P, "completion": C}`` — each a non-empty string or a list of chat messages
-  (``C`` as messages: exactly one assistant message);
+  (``C`` as messages: one assistant message, or several starting and ending with the assistant's,
+  a conversation's continuation: ``sft_turns.encode_completion_turns``);
 * ``{"messages": [..., {"role": "assistant", "content": C}]}`` — the conversation before the last
   assistant turn is the prompt, that turn is the completion (``split_messages``);
 * ``{"messages": [...], "tools": [...]}`` with several assistant turns, tool calls
@@ -41,10 +42,12 @@ from .sft_tokens import encode_tokens, tokens_problem
 from .sft_turns import (
     TurnsEncoded,
     check_template,
+    encode_completion_turns,
     encode_conversation_rows,
     is_multi_turn,
     messages_problem,
     tools_problem,
+    turn_problem,
 )
 
 IGNORE_INDEX = -100  # label of positions without a loss (torch.nn.functional.cross_entropy's default)
@@ -101,6 +104,18 @@ def sft_row_problem(row: dict) -> tuple[str | None, str | None]:
 def _completion_problem(completion: Any) -> str | None:
     if isinstance(completion, str):
         return None if completion.strip() else "the completion is an empty (or whitespace-only) string"
+    if is_completion_turns(completion):  # several messages: a conversation's continuation
+        for i, msg in enumerate(completion):
+            problem = turn_problem(msg)
+            if problem:
+                return f"message {i} (0-based): {problem}"
+        roles = [m["role"] for m in completion]
+        ok = roles[0] == "assistant" and roles[-1] == "assistant"
+        return (
+            None
+            if ok
+            else f"a chat completion of several messages must start and end with the assistant's, got roles {roles}"
+        )
     problem = prompt_problem(completion)
     if problem:
         return problem.replace("the prompt", "the completion")
@@ -108,6 +123,13 @@ def _completion_problem(completion: Any) -> str | None:
         roles = [m["role"] for m in completion]
         return f"a chat completion must be exactly one assistant message, got roles {roles}"
     return None if completion[0]["content"].strip() else "the assistant message's content is empty"
+
+
+def is_completion_turns(completion: Any) -> bool:
+    """Whether a chat completion holds several messages or tool calls (``sft_turns.encode_completion_turns``)."""
+    return isinstance(completion, (list, tuple)) and (
+        len(completion) > 1 or any(isinstance(m, dict) and m.get("tool_calls") for m in completion)
+    )
 
 
 # ---------------------------------------------------------------- tokenising
@@ -134,13 +156,24 @@ def encode_sft_rows(
     An encoding error (e.g. chat messages but no chat template) names the row's 0-based index.
     One warning line each says how many rows were cut and how many hold unknown tokens."""
     turns = {i for i, row in enumerate(rows) if "messages" in row and "input_ids" not in row and is_multi_turn(row)}
-    if turns:
-        check_template([rows[i] for i in sorted(turns)], tokenizer)
+    several = [
+        {"messages": [*r["prompt"], *r["completion"]], "tools": r.get("tools")}
+        for r in rows
+        if "prompt" in r and "input_ids" not in r and is_completion_turns(r["completion"])
+    ]
+    if turns or several:
+        check_template([rows[i] for i in sorted(turns)] + several, tokenizer)
     out = []
     for i, row in enumerate(rows):
         try:
             if "input_ids" in row:
                 out.append(encode_tokens(row, max_length, completion_only))
+                continue
+            if "prompt" in row and is_completion_turns(row["completion"]):
+                out += encode_completion_turns(
+                    row["prompt"], row["completion"], tokenizer, max_length, row.get("tools") or None,
+                    completion_only, assistant_only, end_ids,
+                )  # fmt: skip
                 continue
             if i in turns:  # one example, or one per run of turns when the template rewrites history
                 out += encode_conversation_rows(

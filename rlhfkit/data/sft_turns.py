@@ -169,11 +169,19 @@ def check_template(rows: list[dict], tokenizer) -> None:
 
 
 def encode_conversation(
-    messages: list[dict], tokenizer, max_length: int | None = None, tools: list | None = None, end_ids=None
+    messages: list[dict],
+    tokenizer,
+    max_length: int | None = None,
+    tools: list | None = None,
+    end_ids=None,
+    first_trained: int = 0,
 ) -> TurnsEncoded:
     """One conversation, every assistant turn trained (the module docstring has the rules;
-    ``end_ids``: the model's end ids)."""
+    ``end_ids``: the model's end ids); ``first_trained``: only the assistant turns from this message
+    index on (a prompt-completion row's completion)."""
     text, spans = assistant_spans(tokenizer, messages, tools, end_ids=end_ids)
+    turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+    spans = [span for k, span in zip(turns, spans) if k >= first_trained]
     try:
         encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError:
@@ -199,33 +207,40 @@ def encode_conversation_rows(
     tools: list | None = None,
     assistant_only: bool = True,
     end_ids=None,
+    first_trained: int = 0,
 ) -> list[TurnsEncoded]:
     """The examples of one conversation: ``encode_conversation`` (one example) when the template
     renders it prefix-preservingly, else ``encode_turn_by_turn`` (see the module docstring).
     ``assistant_only=False``: every token trained — of the one example, or, for a template that
     rewrites history, of the conversation's final rendering (one example). ``end_ids``: the
-    model's end ids (see the module docstring)."""
+    model's end ids (see the module docstring); ``first_trained``: with ``assistant_only``, only the
+    assistant turns from this message index on."""
     try:
-        enc = encode_conversation(messages, tokenizer, max_length, tools, end_ids)
+        enc = encode_conversation(messages, tokenizer, max_length, tools, end_ids, first_trained)
         return [enc if assistant_only else replace(enc, prompt_len=0, mask=(1,) * len(enc.input_ids))]
     except NotPrefixPreserving:
         if assistant_only:
-            return encode_turn_by_turn(messages, tokenizer, max_length, tools, end_ids)
+            return encode_turn_by_turn(messages, tokenizer, max_length, tools, end_ids, first_trained)
     ids = tokenizer(render(tokenizer, messages, tools), add_special_tokens=False)["input_ids"]
     return [_truncate(ids, [1] * len(ids), max_length)]
 
 
 def encode_turn_by_turn(
-    messages: list[dict], tokenizer, max_length: int | None = None, tools: list | None = None, end_ids=None
+    messages: list[dict],
+    tokenizer,
+    max_length: int | None = None,
+    tools: list | None = None,
+    end_ids=None,
+    first_trained: int = 0,
 ) -> list[TurnsEncoded]:
     """Every assistant turn trained after the template's rendering of the conversation before it
     plus the generation prompt (untrained), as the template renders the turn last (trained, to
     its first end text (``end_ids``: the model's end ids), or its end with the EOS id added for the
     last turn); consecutive turns share an example while each turn's context extends it (see the
-    module docstring)."""
+    module docstring; ``first_trained``: only the assistant turns from this message index on)."""
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     ends, examples, ids, mask = end_texts(tokenizer, end_ids), [], [], []
-    turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant"]
+    turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant" and k >= first_trained]
     for k in turns:
         prompt = render(tokenizer, messages[:k], tools, generation=True)
         upto = render(tokenizer, messages[: k + 1], tools)
@@ -248,6 +263,34 @@ def encode_turn_by_turn(
     return examples + [_truncate(ids, mask, max_length)]
 
 
+def encode_completion_turns(
+    prompt: list[dict],
+    completion: list[dict],
+    tokenizer,
+    max_length: int | None = None,
+    tools: list | None = None,
+    completion_only: bool = True,
+    assistant_only: bool = True,
+    end_ids=None,
+) -> list[TurnsEncoded]:
+    """A prompt-completion row whose completion holds several messages (an assistant turn, a user
+    or tool message, another assistant turn, ...), rendered as one conversation. Trained: with
+    ``assistant_only``, its assistant turns (``encode_conversation_rows``), those of the completion
+    only with ``completion_only``; without, every token of the conversation, or with
+    ``completion_only`` every token after the prompt's rendering with the generation prompt (where
+    the two renderings' tokens part, as TRL finds the completion)."""
+    messages = list(prompt) + list(completion)
+    if assistant_only:
+        first = len(prompt) if completion_only else 0
+        return encode_conversation_rows(messages, tokenizer, max_length, tools, True, end_ids, first)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    ids, start = encode(render(tokenizer, messages, tools)), 0
+    if completion_only:
+        before = encode(render(tokenizer, prompt, tools, generation=True))
+        start = next((j for j, (a, b) in enumerate(zip(before, ids)) if a != b), min(len(before), len(ids)))
+    return [_truncate(ids, [0] * start + [1] * (len(ids) - start), max_length)]
+
+
 def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsEncoded:
     """``encode_pair``'s policy: the untrained start loses tokens first (down to one), then the end."""
     over, truncated = max_length is not None and len(ids) > max_length, False
@@ -265,6 +308,7 @@ def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsE
 __all__ = [
     "TurnsEncoded",
     "check_template",
+    "encode_completion_turns",
     "encode_conversation",
     "encode_conversation_rows",
     "encode_turn_by_turn",

@@ -1,7 +1,7 @@
 """The algorithm core: pure tensor math (torch and the standard library only).
 
 Every formula of rlhfkit lives here once: advantages, KL estimators and controllers, policy losses
-(PPO's clip with GSPO's sequence-level ratio, CISPO, plain policy gradient; one interface,
+(PPO's clip with GSPO's sequence-level ratio, CISPO, SAPO, VESPO, plain policy gradient; one interface,
 ``LossInputs`` -> ``LossOutputs``) and the value loss, loss
 aggregation, the DPO-family preference losses, SFT's per-token losses (NLL, DFT), reward shaping
 and DAPO's sample filters, the rollout importance-sampling correction, and lean per-token
@@ -13,6 +13,7 @@ from .advantages import (
     broadcast_sequence_advantages,
     gae,
     group_advantages,
+    group_batch_std_advantages,
     reinforce_advantages,
     rloo_advantages,
     whiten,
@@ -31,6 +32,8 @@ from .policy_losses import (
     importance_ratio,
     pg_loss,
     ppo_policy_loss,
+    sapo_policy_loss,
+    vespo_policy_loss,
 )
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, Registry, sequence_rewards
 from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
@@ -75,6 +78,7 @@ __all__ = [
     "loss_hyperparameters",
     "gae",
     "group_advantages",
+    "group_batch_std_advantages",
     "group_has_variance",
     "importance_ratio",
     "kl_penalty",
@@ -87,6 +91,8 @@ __all__ = [
     "linear_logprobs",
     "pg_loss",
     "ppo_policy_loss",
+    "sapo_policy_loss",
+    "vespo_policy_loss",
     "reinforce_advantages",
     "rloo_advantages",
     "rollout_is_weights",

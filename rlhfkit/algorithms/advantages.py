@@ -81,6 +81,30 @@ def group_advantages(
     return torch.where(n >= 2, centred, zero).reshape(-1)
 
 
+def group_batch_std_advantages(
+    scores: torch.Tensor, group_size: int, eps: float = 1e-6, valid: torch.Tensor | None = None, reduce=None
+) -> torch.Tensor:
+    """Group-centred advantages scaled by the *batch's* reward std (Liu et al. 2025, "Part I: Tricks or
+    Traps? A Deep Dive into RL for LLM Reasoning", arXiv:2508.08221, §4.1, the "group mean, batch
+    std" normalisation of their Lite PPO; TRL's ``scale_rewards="batch"``):
+
+    ``A_i = (r_i - mean_g) / (std_batch + eps)``, ``std_batch`` the unbiased std of every valid
+    reward of the batch — over every process's rows with ``reduce`` (``distributed.reduce_sum``).
+
+    Like ``group_advantages``, invalid rows and the rows of a group with fewer than 2 valid samples
+    get 0. Args: ``scores`` (B,), B divisible by ``group_size`` ≥ 2. Returns: (B,).
+    """
+    centred = group_advantages(scores, group_size, scale="none", valid=valid)
+    ok = torch.ones_like(scores, dtype=torch.bool) if valid is None else check_mask(valid, scores.shape, "valid")
+    total = torch.stack([masked_sum(scores, ok), ok.sum().to(scores.dtype)])
+    total = total if reduce is None else reduce(total)
+    mean = total[0] / total[1].clamp(min=1)
+    squares = masked_sum((scores - mean).square(), ok)
+    squares = squares if reduce is None else reduce(squares)
+    std = (squares / (total[1] - 1).clamp(min=1)).sqrt()
+    return centred / (std + eps)
+
+
 def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740).
 

@@ -27,7 +27,14 @@ import functools
 from collections.abc import Callable
 
 from .loss_interface import Hyperparameter, LossInputs, LossOutputs, resolve_hyperparameters
-from .policy_losses import IMPORTANCE_SAMPLING_LEVELS, cispo_policy_loss, pg_loss, ppo_policy_loss
+from .policy_losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    cispo_policy_loss,
+    pg_loss,
+    ppo_policy_loss,
+    sapo_policy_loss,
+    vespo_policy_loss,
+)
 from .registry import Registry
 
 
@@ -227,6 +234,59 @@ def _cispo(inputs: LossInputs, *, clip_high) -> LossOutputs:
         *_tensors(inputs),
         clip_high=clip_high,
         importance_sampling_level=inputs.importance_sampling_level,
+        **_aggregation(inputs),
+    )
+    return LossOutputs(loss, metrics)
+
+
+@POLICY_LOSSES.register(
+    "sapo",
+    importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS,
+    zero_at_zero_advantage=True,
+    hyperparameters=(
+        Hyperparameter("temperature_pos", 1.0, "the gate's temperature where the advantage is > 0", "> 0"),
+        Hyperparameter("temperature_neg", 1.05, "the gate's temperature where the advantage is <= 0", "> 0"),
+    ),
+)
+def _sapo(inputs: LossInputs, *, temperature_pos, temperature_neg) -> LossOutputs:
+    """SAPO's soft gate (``sapo_policy_loss``), by default per sequence (``seq-mean-token-mean``);
+    TRL's ``sapo_temperature_pos`` / ``sapo_temperature_neg``."""
+    loss, metrics = sapo_policy_loss(
+        *_tensors(inputs),
+        temperature_pos=temperature_pos,
+        temperature_neg=temperature_neg,
+        importance_sampling_level=inputs.importance_sampling_level,
+        **_aggregation(inputs),
+    )
+    return LossOutputs(loss, metrics)
+
+
+@POLICY_LOSSES.register(
+    "vespo",
+    importance_sampling_levels=("token",),
+    zero_at_zero_advantage=True,
+    hyperparameters=(
+        Hyperparameter("k_pos", 2.0, "the weight's power where the advantage is >= 0", ">= 0"),
+        Hyperparameter("lambda_pos", 3.0, "the weight's decay where the advantage is >= 0", "> 0"),
+        Hyperparameter("k_neg", 3.0, "the weight's power where the advantage is < 0", ">= 0"),
+        Hyperparameter("lambda_neg", 2.0, "the weight's decay where the advantage is < 0", "> 0"),
+    ),
+)
+def _vespo(inputs: LossInputs, *, k_pos, lambda_pos, k_neg, lambda_neg) -> LossOutputs:
+    """VESPO's Gamma-weighted sequence ratio (``vespo_policy_loss``), by default over every token of
+    the batch (``token-mean``). It builds its own sequence ratio (a product over the row), so
+    ``importance_sampling_level`` can only be "token"; TRL's ``vespo_k_pos`` ... ``vespo_lambda_neg``."""
+    if inputs.importance_sampling_level != "token":
+        raise ValueError(
+            "policy loss 'vespo' weighs each row by its own sequence ratio: importance_sampling_level must be "
+            f"'token', got {inputs.importance_sampling_level!r}"
+        )
+    loss, metrics = vespo_policy_loss(
+        *_tensors(inputs),
+        k_pos=k_pos,
+        lambda_pos=lambda_pos,
+        k_neg=k_neg,
+        lambda_neg=lambda_neg,
         **_aggregation(inputs),
     )
     return LossOutputs(loss, metrics)

@@ -12,7 +12,13 @@ import torch
 from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum, masked_var
 from .logprobs import entropy_from_logits  # noqa: F401  (re-exported: the entropy bonus lives with the losses)
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "micro-batch-token-mean",
+)
 
 
 def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", horizon: int | None = None):
@@ -25,13 +31,17 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
       where a sequence's log-probability is the sum of its tokens'.
     - ``seq-mean-token-sum-norm``: ``Σ(l·m) / (B · horizon)`` with a constant ``horizon``
       (Dr.GRPO, arXiv:2503.20783; defaults to T), free of any length bias.
+    - ``micro-batch-token-mean``: ``token-mean`` of the one micro-batch given; the update then
+      weighs every micro-batch of an optimizer step alike (``rl/update.py``), so each token weighs
+      ``1 / (tokens of its micro-batch x micro-batches)`` — TRL's ``loss_type="bnpo"``, whose
+      normaliser is the local batch's token count.
 
     Rows without any unmasked token count for nothing: they are left out of the "mean over rows"
     and of ``B``, so adding them never changes the result, and an all-zero mask gives 0, not NaN.
     """
     check_tensor("loss_mat", loss_mat, ndim=2)
     m = check_mask(mask, loss_mat.shape, "mask")
-    if mode == "token-mean":
+    if mode in ("token-mean", "micro-batch-token-mean"):
         return masked_mean(loss_mat, m)
     row_tokens = m.sum(dim=1)
     n_rows = (row_tokens > 0).sum().clamp(min=1).to(loss_mat.dtype)

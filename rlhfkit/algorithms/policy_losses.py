@@ -1,6 +1,6 @@
 """Policy losses: PPO's clipped surrogate (asymmetric and dual clipping; token- or sequence-level
-importance ratios, the latter GSPO), CISPO's clipped importance-sampling weight, and the plain
-policy gradient.
+importance ratios, the latter GSPO), CISPO's clipped importance-sampling weight, SAPO's soft gate,
+VESPO's Gamma-weighted sequence ratio, and the plain policy gradient.
 
 All losses are negated objectives (for gradient descent) and return ``(loss, metrics)`` where
 ``metrics`` holds detached 0-d tensors (no ``.item()``; the caller decides when to synchronise).
@@ -8,6 +8,8 @@ A metric whose name ends in ``_max`` is a maximum (the trainer reduces it with `
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -162,6 +164,109 @@ def cispo_policy_loss(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
+def sapo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
+    agg: str = "seq-mean-token-mean",
+    horizon: int | None = None,
+    weights: torch.Tensor | None = None,
+    importance_sampling_level: str = "token",
+):
+    """SAPO, Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv:2511.20347, eq. 5), negated:
+
+    ``loss_t = -(4 / τ) σ(τ (ρ_t - 1)) A_t``, ``τ = temperature_pos`` where ``A_t > 0``, else
+    ``temperature_neg``:
+
+    a smooth gate in place of PPO's hard clip. Its gradient ``4 σ(1 - σ) ∇ρ_t A_t`` is the policy
+    gradient at ``ρ = 1`` (the gate's slope there is 1) and fades as ``ρ`` leaves 1, the faster the
+    larger ``τ`` — negative advantages get the larger ``τ`` by default (the paper's asymmetry) —
+    instead of dropping to 0 at the clip edge. The paper's objective is averaged per sequence,
+    ``agg="seq-mean-token-mean"`` (TRL's ``loss_type="sapo"``). ``importance_sampling_level`` and
+    ``weights`` (the rollout correction's, multiplying each ``loss_t``) as in ``ppo_policy_loss``.
+
+    Returns ``(loss, metrics)``: ``policy/sapo_gate_mean`` (the gate ``(4 / τ) σ(τ (ρ - 1))``,
+    1 on policy) and the ratio metrics of ``ppo_policy_loss``.
+    """
+    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    if temperature_pos <= 0 or temperature_neg <= 0:
+        raise ValueError(f"SAPO temperatures must be > 0, got {temperature_pos}, {temperature_neg}")
+    ratio = importance_ratio(logprobs, old_logprobs, mask, importance_sampling_level)
+    tau = torch.where(advantages > 0, _scalar(temperature_pos, ratio), _scalar(temperature_neg, ratio))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    loss = aggregate(_weighted(-gate * advantages, weights, mask), mask, agg, horizon)
+    with torch.no_grad():
+        metrics = {
+            "policy/sapo_gate_mean": masked_mean(gate, mask),
+            **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+VESPO_LOG_FLOOR = math.log(1e-8)  # the sequence weight's floor (TRL's and the paper's code: log(1e-8))
+
+
+def vespo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    agg: str = "token-mean",
+    horizon: int | None = None,
+    weights: torch.Tensor | None = None,
+):
+    """VESPO, Variational Sequence-level Soft Policy Optimization (arXiv:2602.10693), negated:
+
+    ``loss_t = -sg(φ(w_i)) A_t log π(y_t)``, ``φ(w) = e^λ w^k e^{-λ w}`` (a Gamma-shaped weight,
+    ``φ(1) = 1``), ``w_i = Π_t ρ_{i,t}`` the row's *sequence* importance ratio (a product, not
+    GSPO's geometric mean), ``(k, λ) = (k_pos, lambda_pos)`` where ``A_t >= 0``, else
+    ``(k_neg, lambda_neg)``:
+
+    a REINFORCE loss whose weight falls off smoothly on both sides of the behaviour policy — as
+    ``w^k`` for ``w → 0`` and as ``e^{-λ w}`` for large ``w`` — rather than being clipped. On
+    policy (``w = 1``) it is the policy gradient. Computed in log space as TRL 1.16 does
+    (``GRPOTrainer.get_gamma_weights``): each token's log-ratio clamped to ±20, their masked sum
+    clamped to ``[log 1e-8, 20]``; a non-finite ``φ`` is 0. ``weights`` (B, T), the rollout
+    correction's token weights (``π_old / π_sampler``), are folded into ``w`` as their log-sum
+    (clamped alike) instead of multiplying the loss: ``w`` is then the ratio to the sampler. Its
+    normaliser is the batch's token count, ``agg="token-mean"`` (TRL's ``loss_type="vespo"``).
+
+    Returns ``(loss, metrics)``: ``policy/vespo_phi_mean`` (``φ`` averaged over the rows with a
+    token), ``policy/approx_kl`` and ``policy/approx_kl_k3``.
+    """
+    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    with torch.no_grad():
+        log_ratio = torch.where(mask, (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), zero)
+        seq = log_ratio.sum(-1, keepdim=True)
+        if weights is not None:
+            check_same_shape(weights=weights, logprobs=logprobs)
+            log_w = torch.log(weights.detach().clamp(min=1e-30)).clamp(VESPO_LOG_FLOOR, MAX_LOG_RATIO)
+            seq = seq + torch.where(mask, log_w, zero).sum(-1, keepdim=True)
+        log_w = seq.clamp(VESPO_LOG_FLOOR, MAX_LOG_RATIO)
+        nonneg = advantages >= 0
+        k = torch.where(nonneg, _scalar(k_pos, logprobs), _scalar(k_neg, logprobs))
+        lam = torch.where(nonneg, _scalar(lambda_pos, logprobs), _scalar(lambda_neg, logprobs)).clamp(min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    loss = aggregate(-phi * advantages * logprobs, mask, agg, horizon)
+    with torch.no_grad():
+        rows = mask.any(-1)
+        phi_row = torch.where(mask, phi.expand_as(mask), zero).sum(-1) / mask.sum(-1).clamp(min=1)
+        metrics = {
+            "policy/vespo_phi_mean": phi_row[rows].mean() if bool(rows.any()) else zero,
+            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
+            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
 def pg_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -199,6 +304,11 @@ def _ratio_metrics(logprobs, old_logprobs, ratio, mask) -> dict:
         "policy/ratio_mean": masked_mean(ratio, mask),
         "policy/ratio_max": torch.where(mask, ratio, zero).max() if ratio.numel() else zero,
     }
+
+
+def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-d tensor of ``like``'s dtype and device (a knob, exact in float64)."""
+    return torch.tensor(value, dtype=like.dtype, device=like.device)
 
 
 def _weighted(loss_mat: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:

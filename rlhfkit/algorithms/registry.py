@@ -174,12 +174,15 @@ def _gae(token_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, 
     return adv.gae(token_rewards, values, response_mask, gamma, lam)
 
 
-# Groups never span processes, so the group estimators need no reduce; the batch mean does.
+# Groups never span processes, so the group estimators need no reduce; the batch mean and std do.
 ADVANTAGE_ESTIMATORS.register("group", needs_groups=True, **_SEQUENCE)(
     _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="std", eps=eps, valid=valid))
 )
 ADVANTAGE_ESTIMATORS.register("group_no_std", needs_groups=True, **_SEQUENCE)(
     _bandit(lambda r, g, valid, reduce, eps: adv.group_advantages(r, g, scale="none", valid=valid))
+)
+ADVANTAGE_ESTIMATORS.register("group_batch_std", needs_groups=True, **_SEQUENCE)(
+    _bandit(lambda r, g, valid, reduce, eps: adv.group_batch_std_advantages(r, g, eps=eps, valid=valid, reduce=reduce))
 )
 ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True, **_SEQUENCE)(
     _bandit(lambda r, g, valid, reduce, eps: adv.rloo_advantages(r, g, valid=valid))

@@ -149,12 +149,16 @@ class AlgorithmConfig:
     defaults to None takes the preset's value unless you set it: a value you set always wins, also when
     `replace(algorithm=...)` switches presets."""
     advantage_estimator: str | None = None
-    """Name in ADVANTAGE_ESTIMATORS: gae, group, group_no_std, rloo, reinforce, reinforce_plus_plus."""
+    """Name in ADVANTAGE_ESTIMATORS: gae, group, group_no_std, group_batch_std (the group mean, the batch's std), rloo,
+    reinforce, reinforce_plus_plus."""
     policy_loss: str | None = None
-    """Name in POLICY_LOSSES: ppo_clip (clipped surrogate), vanilla (plain policy gradient) or cispo (policy gradient
-    weighted by the detached ratio capped at 1 + clip_high: MiniMax-M1's CISPO)."""
+    """Name in POLICY_LOSSES: ppo_clip (clipped surrogate), vanilla (plain policy gradient), cispo (policy gradient
+    weighted by the detached ratio capped at 1 + clip_high: MiniMax-M1's CISPO), sapo (a soft sigmoid gate in place of
+    the clip; loss_options temperature_pos, temperature_neg) or vespo (policy gradient weighted by a Gamma function of
+    the sequence ratio; loss_options k_pos, lambda_pos, k_neg, lambda_neg)."""
     loss_agg: str | None = None
-    """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm."""
+    """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, or
+    micro-batch-token-mean (each micro-batch's token mean, the micro-batches of a step weighed alike: TRL's bnpo)."""
     loss_horizon: int | None = None
     """Constant divisor for seq-mean-token-sum-norm (Dr.GRPO); None: max_new_tokens."""
     use_critic: bool | None = None

@@ -73,6 +73,8 @@ def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -
     critic (the value loss), an entropy bonus, or β·KL in the loss."""
     if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0:
         return None
+    if args.loss_agg == "micro-batch-token-mean":  # a row left out would change its micro-batch's normaliser
+        return None
     if not POLICY_LOSSES.traits(args.policy_loss)["zero_at_zero_advantage"]:
         return None
     if exp.ref_logprobs is not None and not args.kl_in_reward and kl_coef != 0:
@@ -136,6 +138,8 @@ def update(
             tokens = distributed.reduce_sum(exp.mask[mb_rows].sum())  # the per-token metrics' denominator
             ran = bool(tokens > 0)
             chunks = split(mb_rows)
+            if args.loss_agg == "micro-batch-token-mean":  # every micro-batch of the step alike
+                weight = distributed.reduce_sum(torch.tensor(float(len(chunks)))).clamp(min=1)
             if len(mb_rows):
                 efficiency.add_needed("update", efficiency.needed_tokens(exp.rollout, mb_rows))
             n_micro = max(distributed.reduce_max(len(chunks)), 1)
@@ -223,10 +227,13 @@ def group_by_prompt(exp: Experience, rows: torch.Tensor, *, share_prompt: bool) 
 
 
 def loss_weights(mask: torch.Tensor, loss_agg: str, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """The share of a micro-batch in its minibatch's loss: tokens for ``loss_agg`` token-mean, else
-    rows — ``rows`` (B,) bool when given (``Experience.counted_rows``), else those with a token."""
+    """The share of a micro-batch in its minibatch's loss: tokens for ``loss_agg`` token-mean, 1 for
+    micro-batch-token-mean (``update`` divides by the step's micro-batches), else rows — ``rows``
+    (B,) bool when given (``Experience.counted_rows``), else those with a token."""
     if loss_agg == "token-mean":
         return mask.sum().float()
+    if loss_agg == "micro-batch-token-mean":
+        return torch.ones(())
     return (rows if rows is not None else mask.sum(-1) > 0).sum().float()
 
 

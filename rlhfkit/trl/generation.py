@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from transformers import TrainingArguments
 
 from .. import distributed
-from .arguments import check_choice, common, model_dtype, refuse_unsupported
+from .arguments import check_choice, common, model_dtype, refuse_unsupported, trl_fields
 
 
 @dataclass
@@ -77,6 +79,7 @@ class GenerationArguments(TrainingArguments):
         {
             "model_init_kwargs",
             "num_generations",
+            "num_generations_eval",
             "max_completion_length",
             "shuffle_dataset",
             "generation_batch_size",
@@ -104,7 +107,10 @@ class GenerationArguments(TrainingArguments):
     )
 
     def __post_init__(self):
-        refuse_unsupported(self, self.HANDLED)
+        # TrainingArguments' own fields now (its __post_init__ acts on them: DeepSpeed, FSDP, ...); TRL's
+        # fields and Liger's when the trainer is built (check_supported), with the values as given here
+        refuse_unsupported(self, self.HANDLED | self.checked_late())
+        self._given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         self.bf16 = not self.fp16 if self.bf16 is None else self.bf16  # TRL's base_config rule
         with warnings.catch_warnings():  # TRL's own default: transformers 5 calls the field deprecated
             warnings.filterwarnings("ignore", message="`gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -130,11 +136,34 @@ class GenerationArguments(TrainingArguments):
                 f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
                 f"num_generations ({self.num_generations})."
             )
+        if self.do_eval and self.eval_strategy != "no":  # TRL's rule: an evaluation batch holds whole groups
+            group = self.num_generations_eval or self.num_generations
+            if (self.per_device_eval_batch_size * world) % group:
+                raise ValueError(
+                    f"The global eval batch size ({self.per_device_eval_batch_size} * {world}) must be divisible by "
+                    f"the number of generations used for evaluation ({group})."
+                )
         if self.num_generations < 2:
             raise ValueError(
                 "GRPO requires at least 2 generations per prompt to calculate the advantages. You "
                 f"provided {self.num_generations}, which is less than the minimum required."
             )
+
+    @classmethod
+    def checked_late(cls) -> frozenset:
+        """The fields refused when the trainer is built rather than in ``__post_init__``: TRL's own
+        (TRL refuses a trainer's settings there too) and Liger's switches."""
+        return trl_fields(cls) | {"use_liger_kernel", "liger_kernel_config"}
+
+    def check_supported(self) -> None:
+        """rlhfkit's refusals, each one line naming the field: a TRL field rlhfkit does not support
+        off its default (``refuse_unsupported``), and the settings of supported fields it cannot run.
+        Called when the trainer is built (``_rl_fields``), as TRL refuses a trainer's settings there;
+        TRL's own checks stay in ``__post_init__``."""
+        given = copy.copy(self)
+        for name, value in getattr(self, "_given", {}).items():
+            object.__setattr__(given, name, value)
+        refuse_unsupported(given, self.HANDLED | ({f.name for f in dataclasses.fields(self)} - self.checked_late()))
         if self.steps_per_generation % self.gradient_accumulation_steps:
             raise ValueError(
                 f"{type(self).__name__}: steps_per_generation ({self.steps_per_generation}) must be a "
@@ -184,7 +213,9 @@ class GenerationArguments(TrainingArguments):
         return steps // per
 
     def _rl_fields(self, n_rows: int, world: int) -> dict:
-        """The fields GRPO and RLOO translate alike (the batch arithmetic of the module docstring)."""
+        """The fields GRPO and RLOO translate alike (the batch arithmetic of the module docstring),
+        after rlhfkit's refusals (``check_supported``)."""
+        self.check_supported()
         steps = self.generations(n_rows)
         per_gen = self.optimizer_steps_per_generation
         to_rl = lambda n: max(1, int(n) // per_gen) if n else 0  # noqa: E731  (optimizer steps -> generations)

@@ -24,15 +24,22 @@ from .arguments import check_choice
 from .generation import GenerationArguments
 
 # TRL's loss_type -> (rlhfkit's policy_loss, loss_agg). "grpo": each sequence's token mean, averaged;
-# "dapo": the mean over every token of the optimizer step; "dr_grpo": token sums over a constant
-# (max_completion_length); "cispo": the capped, detached ratio with the dapo normaliser.
+# "bnpo": each micro-batch's token mean, averaged; "dapo": the mean over every token of the optimizer
+# step; "dr_grpo": token sums over a constant (max_completion_length); "luspo": each sequence's token
+# sum, averaged (a sequence ratio weighs its sequence by its length); "cispo": the capped, detached ratio
+# and "vespo": the Gamma-weighted sequence ratio, both with the dapo normaliser; "sapo": the soft gate
+# per sequence as "grpo".
 LOSS_TYPES = {
     "grpo": ("ppo_clip", "seq-mean-token-mean"),
+    "bnpo": ("ppo_clip", "micro-batch-token-mean"),
     "dapo": ("ppo_clip", "token-mean"),
     "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"),
+    "luspo": ("ppo_clip", "seq-mean-token-sum"),
     "cispo": ("cispo", "token-mean"),
+    "sapo": ("sapo", "seq-mean-token-mean"),
+    "vespo": ("vespo", "token-mean"),
 }
-SCALE_REWARDS = {"group": "group", "none": "group_no_std"}
+SCALE_REWARDS = {"group": "group", "batch": "group_batch_std", "none": "group_no_std"}
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -73,6 +80,13 @@ class GRPOConfig(GenerationArguments):
 
     HANDLED = GenerationArguments.HANDLED | {
         "beta",
+        "delta",
+        "sapo_temperature_neg",
+        "sapo_temperature_pos",
+        "vespo_k_pos",
+        "vespo_lambda_pos",
+        "vespo_k_neg",
+        "vespo_lambda_neg",
         "importance_sampling_level",
         "scale_rewards",
         "loss_type",
@@ -88,6 +102,9 @@ class GRPOConfig(GenerationArguments):
     def __post_init__(self):
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
         super().__post_init__()
+
+    def check_supported(self) -> None:
+        super().check_supported()
         check_choice(self, "loss_type", tuple(LOSS_TYPES))
         check_choice(self, "scale_rewards", tuple(SCALE_REWARDS))
         check_choice(self, "importance_sampling_level", ("token", "sequence"))
@@ -99,14 +116,33 @@ class GRPOConfig(GenerationArguments):
                 f"'vllm_importance_sampling_clip_max'={high!r} are not supported by rlhfkit: a cap above 1 "
                 "(or None) and a floor in [0, cap) (or None)"
             )
+        if self.loss_type == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
+            if self.vllm_importance_sampling_mode not in ("token_truncate", "token_mask"):  # TRL's rule
+                raise ValueError(
+                    "VESPO loss requires `vllm_importance_sampling_mode` to be either 'token_truncate' or "
+                    f"'token_mask'. Got: {self.vllm_importance_sampling_mode}."
+                )
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         """The ``RLConfig`` of this config for a dataset of ``n_rows`` prompts on ``world`` processes."""
+        fields = self._rl_fields(n_rows, world)  # rlhfkit's refusals first
         policy_loss, loss_agg = LOSS_TYPES[self.loss_type]
-        fields = self._rl_fields(n_rows, world)
+        loss_options, level = {}, self.importance_sampling_level
         if self.loss_type == "cispo":  # TRL caps the ratio at epsilon_high itself; rlhfkit at 1 + clip_high
             fields["clip_high"] -= 1.0  # (TRL's default epsilon_high 0.2 caps it at 0.2: -0.8 here, as TRL runs it)
             del fields["clip_low"]  # CISPO has no lower bound (TRL's cispo ignores epsilon; rlhfkit refuses it set)
+        elif self.loss_type in ("sapo", "vespo"):  # no clip: TRL's sapo and vespo read no epsilon
+            del fields["clip_low"], fields["clip_high"]
+            if self.loss_type == "sapo":
+                loss_options = {
+                    "temperature_pos": self.sapo_temperature_pos,
+                    "temperature_neg": self.sapo_temperature_neg,
+                }
+            else:  # VESPO builds its own sequence ratio whatever the level (TRL warns of a level other than token)
+                loss_options = {k: getattr(self, f"vespo_{k}") for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}
+                level = "token"
+        if self.delta is not None:
+            fields["dual_clip"] = self._two_sided_clip(fields.get("clip_high"))
         iterations = self.max_tool_calling_iterations
         if self.beta and self.use_bias_correction_kl:
             warn_once(
@@ -126,7 +162,8 @@ class GRPOConfig(GenerationArguments):
             kl_in_reward=False,
             whiten_advantages=False,
             advantage_epsilon=1e-4,  # TRL's (rewards - mean) / (std + 1e-4)
-            importance_sampling_level=self.importance_sampling_level,
+            importance_sampling_level=level,
+            loss_options=loss_options,
             dynamic_sampling=False,
             entropy_coef=self.entropy_coef,
             entropy_agg="micro-batch-token-mean",
@@ -139,6 +176,23 @@ class GRPOConfig(GenerationArguments):
             rollout_is_zero_masked=True,
         )
         return RLConfig(**fields)
+
+    def _two_sided_clip(self, clip_high: float | None) -> float:
+        """``delta`` (INTELLECT-2's two-sided clip, arXiv:2505.07291: the ratio of a token's unclipped
+        term capped at ``delta``) as rlhfkit's ``dual_clip``: with ``delta >= 1 + epsilon_high`` both
+        bound a negative advantage's loss at ``delta x |A|`` and leave the rest as PPO's (the same loss
+        and gradient); a smaller one, or a loss without PPO's clip, is refused in one line."""
+        if LOSS_TYPES[self.loss_type][0] != "ppo_clip":
+            raise ValueError(
+                f"GRPOConfig field 'delta'={self.delta!r} is not supported by rlhfkit with loss_type="
+                f"{self.loss_type!r} (TRL applies it to the clipped losses only: grpo, bnpo, dapo, dr_grpo, luspo)"
+            )
+        if not self.delta >= 1.0 + clip_high:
+            raise ValueError(
+                f"GRPOConfig field 'delta'={self.delta!r} is not supported by rlhfkit below 1 + epsilon_high "
+                f"({1.0 + clip_high:g}), where it would cap the clipped term too (TRL recommends delta > 1 + epsilon)"
+            )
+        return float(self.delta)
 
 
 @dataclass
@@ -153,8 +207,8 @@ class RLOOConfig(GenerationArguments):
 
     HANDLED = GenerationArguments.HANDLED | {"beta", "reward_clip_range"}
 
-    def __post_init__(self):
-        super().__post_init__()
+    def check_supported(self) -> None:
+        super().check_supported()
         if self.num_iterations != 1:
             raise ValueError(
                 "RLOOConfig field 'num_iterations' must be 1 in rlhfkit: TRL's RLOO clips a sequence-level "

@@ -77,17 +77,20 @@ REWARD_METRICS = {
 
 def rl_metrics(config, reward_names) -> dict:
     """The table of a ``GRPOConfig`` / ``RLOOConfig`` run: ``RL_METRICS``, GRPO's ``GRPO_ONLY``
-    (``kl`` only with ``beta > 0``, the clip region not for ``cispo``, whose clipping TRL logs as
-    ``cispo_clip_ratio``), ``policy_loss`` with an entropy bonus (as TRL logs it), and
-    ``rewards/<function>/mean`` and ``/std`` for each reward function (``reward_names``)."""
+    (``kl`` only with ``beta > 0``, the clip region only for the clipped losses — ``cispo``'s clipping
+    TRL logs as ``cispo_clip_ratio``, not computed here —, VESPO's weight), ``policy_loss`` with an
+    entropy bonus (as TRL logs it), and ``rewards/<function>/mean`` and ``/std`` for each reward
+    function (``reward_names``)."""
     table = dict(RL_METRICS)
     grpo = hasattr(config, "loss_type")
     if grpo:
         table.update(GRPO_ONLY)
         if not config.beta:
             del table["kl"]
-        if config.loss_type == "cispo":
+        if config.loss_type in ("cispo", "sapo", "vespo"):  # TRL logs its clip region for the clipped losses only
             del table["clip_ratio/region_mean"]
+        if config.loss_type == "vespo":
+            table["vespo/phi_seq_mean"] = "policy/vespo_phi_mean"
     if grpo and (config.entropy_coef or config.use_adaptive_entropy):
         table["policy_loss"] = "policy/loss"
     for name in reward_names:

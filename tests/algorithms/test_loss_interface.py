@@ -20,6 +20,8 @@ def test_the_built_in_losses_declare_their_knobs_under_the_config_names():
         "ppo_clip": [("clip_low", 0.2, True), ("clip_high", 0.2, True), ("dual_clip", None, True)],
         "vanilla": [],
         "cispo": [("clip_high", 4.0, True)],
+        "sapo": [("temperature_pos", 1.0, False), ("temperature_neg", 1.05, False)],
+        "vespo": [("k_pos", 2.0, False), ("lambda_pos", 3.0, False), ("k_neg", 3.0, False), ("lambda_neg", 2.0, False)],
     }
     assert all(h.doc for n in POLICY_LOSSES for h in POLICY_LOSSES.hyperparameters(n))
 

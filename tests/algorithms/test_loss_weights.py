@@ -17,6 +17,8 @@ from rlhfkit.algorithms import (
     pg_loss,
     ppo_policy_loss,
     rollout_is_weights,
+    sapo_policy_loss,
+    vespo_policy_loss,
 )
 
 from .test_rollout_is import F64, MASK, NAN, OLD, ROLLOUT, C, L, t
@@ -145,7 +147,12 @@ def test_weights_shape_is_checked(fn):
 @pytest.mark.parametrize("name", POLICY_LOSSES.names())
 def test_registry_entries_forward_the_weights(name):
     logprobs, old, adv, mask, w = _random_policy_batch(seed=5)
-    direct = {"ppo_clip": ppo_policy_loss, "cispo": cispo_policy_loss}.get(name, pg_loss)
+    direct = {
+        "ppo_clip": ppo_policy_loss,
+        "cispo": cispo_policy_loss,
+        "sapo": sapo_policy_loss,
+        "vespo": vespo_policy_loss,  # its weights join the sequence ratio instead of multiplying the loss
+    }.get(name, pg_loss)
     direct_kw = {"ppo_clip": dict(clip_low=0.2, clip_high=0.2), "cispo": dict(clip_high=0.2)}.get(name, {})
     got = POLICY_LOSSES.get(name)(LossInputs(logprobs, old, adv, mask, "token-mean", weights=w), **direct_kw).loss
     want, _ = direct(logprobs, old, adv, mask, agg="token-mean", weights=w, **direct_kw)

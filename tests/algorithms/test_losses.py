@@ -300,6 +300,7 @@ AGG_EXPECTED = {
     "seq-mean-token-mean": (3 / 2 + 18 / 3) / 2,  # 3.75
     "seq-mean-token-sum": (3 + 18) / 2,  # 10.5
     "seq-mean-token-sum-norm": 21 / (2 * 4),  # horizon defaults to T = 4
+    "micro-batch-token-mean": 21 / 5,  # one micro-batch: its token mean (the update weighs micro-batches alike)
 }
 
 
@@ -310,7 +311,7 @@ def test_aggregate_by_hand(mode):
     assert out.item() == pytest.approx(AGG_EXPECTED[mode])
 
 
-def test_aggregate_modes_are_the_four_of_the_contract():
+def test_aggregate_modes_are_the_five_of_the_contract():
     assert set(AGGREGATIONS) == set(AGG_EXPECTED)
 
 

@@ -307,7 +307,7 @@ def aggregate_loop(loss, mask, mode, horizon):
     rows = [(s, n) for s, n in rows if n > 0]
     if not rows:
         return 0.0
-    if mode == "token-mean":
+    if mode in ("token-mean", "micro-batch-token-mean"):
         return sum(s for s, _ in rows) / sum(n for _, n in rows)
     if mode == "seq-mean-token-mean":
         return sum(s / n for s, n in rows) / len(rows)

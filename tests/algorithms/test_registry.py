@@ -23,8 +23,8 @@ from rlhfkit.algorithms import (
 )
 
 F64 = torch.float64
-ADV_NAMES = ["gae", "group", "group_no_std", "reinforce", "reinforce_plus_plus", "rloo"]
-LOSS_NAMES = ["cispo", "ppo_clip", "vanilla"]
+ADV_NAMES = ["gae", "group", "group_batch_std", "group_no_std", "reinforce", "reinforce_plus_plus", "rloo"]
+LOSS_NAMES = ["cispo", "ppo_clip", "sapo", "vanilla", "vespo"]
 KL_NAMES = ["abs", "k1", "k2", "k3"]
 
 
@@ -43,7 +43,7 @@ def test_get_unknown_name_lists_valid_names_and_suggests():
         ADVANTAGE_ESTIMATORS.get("rlooo")
     msg = str(err.value)
     assert "unknown advantage estimator 'rlooo'" in msg
-    assert "valid: gae, group, group_no_std, reinforce, reinforce_plus_plus, rloo." in msg
+    assert "valid: gae, group, group_batch_std, group_no_std, reinforce, reinforce_plus_plus, rloo." in msg
     assert "Did you mean 'rloo'" in msg
     with pytest.raises(ValueError, match=r"Did you mean 'ppo_clip'\?"):
         POLICY_LOSSES.get("ppo-clip")
@@ -55,7 +55,7 @@ def test_get_unknown_name_without_close_match_has_no_hint():
     with pytest.raises(ValueError) as err:
         POLICY_LOSSES.get("zzzzzzzz")
     assert "Did you mean" not in str(err.value)
-    assert "valid: cispo, ppo_clip, vanilla." in str(err.value)
+    assert "valid: cispo, ppo_clip, sapo, vanilla, vespo." in str(err.value)
 
 
 def test_registering_twice_raises():
@@ -212,7 +212,9 @@ def test_every_policy_loss_runs_with_shared_signature(name):
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     knobs = {"clip_low": 0.2, "clip_high": 0.28, "dual_clip": 3.0}
     declared = {h.name for h in POLICY_LOSSES.hyperparameters(name)}
-    out = POLICY_LOSSES.get(name)(LossInputs(lp, old, adv, mask, "token-mean"), **{k: knobs[k] for k in declared})
+    out = POLICY_LOSSES.get(name)(
+        LossInputs(lp, old, adv, mask, "token-mean"), **{k: knobs[k] for k in declared & set(knobs)}
+    )
     loss, metrics = out.loss, out.metrics
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert "policy/approx_kl" in metrics

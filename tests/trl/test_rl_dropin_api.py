@@ -77,7 +77,10 @@ def test_the_eval_loss_is_the_training_loss_at_the_sampling_policy(model_dir, tm
 
 
 def test_a_run_evaluates_every_eval_steps_and_logs_trls_rows(model_dir, tmp_path):
-    args = config(tmp_path, max_steps=4, logging_steps=2, eval_strategy="steps", eval_steps=2, eval_on_start=True)
+    args = config(
+        tmp_path, max_steps=4, logging_steps=2, eval_strategy="steps", eval_steps=2, eval_on_start=True,
+        per_device_eval_batch_size=3,  # TRL's rule: whole groups of num_generations
+    )  # fmt: skip
     trainer = GRPOTrainer(model_dir, reward_len, args, rows(), eval_dataset={"a": rows(["ab"]), "b": rows(["cd"])})
     trainer.train()
     history = trainer.state.log_history

@@ -1,0 +1,118 @@
+"""SAPO's soft gate, VESPO's Gamma-weighted sequence ratio and the group-mean / batch-std advantages
+(TRL 1.16's loss_type "sapo" and "vespo", scale_rewards="batch"), by hand."""
+
+import math
+
+import pytest
+import torch
+
+from rlhfkit.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    LossInputs,
+    group_batch_std_advantages,
+    sapo_policy_loss,
+    vespo_policy_loss,
+)
+
+F64 = torch.float64
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_by_hand():
+    """One row, ratios 1.5 and 0.8, advantages +1 and -1: loss_t = -(4/τ) σ(τ(ρ-1)) A_t, averaged
+    over the row (seq-mean-token-mean); τ = 1 for A > 0, 1.05 otherwise."""
+    old = torch.tensor([[-1.0, -2.0]], dtype=F64)
+    logprobs = (old + torch.log(torch.tensor([[1.5, 0.8]], dtype=F64))).requires_grad_()
+    adv = torch.tensor([[1.0, -1.0]], dtype=F64)
+    loss, metrics = sapo_policy_loss(logprobs, old, adv, torch.ones(1, 2))
+    gate = [4 / 1.0 * sigmoid(1.0 * 0.5), 4 / 1.05 * sigmoid(1.05 * -0.2)]
+    assert loss.item() == pytest.approx((-gate[0] * 1 + gate[1] * 1) / 2, abs=1e-12)
+    assert metrics["policy/sapo_gate_mean"].item() == pytest.approx(sum(gate) / 2, abs=1e-12)
+    loss.backward()  # d/dlogp of -(4/τ)σ(τ(ρ-1))A = -4σ(1-σ)ρA, halved by the row's mean
+    s0, s1 = sigmoid(0.5), sigmoid(-0.21)
+    expected = [-4 * s0 * (1 - s0) * 1.5 * 1 / 2, -4 * s1 * (1 - s1) * 0.8 * -1 / 2]
+    torch.testing.assert_close(logprobs.grad, torch.tensor([expected], dtype=F64))
+
+
+def test_sapo_on_policy_is_the_policy_gradient():
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 4, generator=g, dtype=F64)
+    logprobs, adv, mask = old.clone().requires_grad_(), torch.randn(3, 4, generator=g, dtype=F64), torch.ones(3, 4)
+    sapo_policy_loss(logprobs, old, adv, mask, agg="token-mean")[0].backward()
+    torch.testing.assert_close(logprobs.grad, -adv / 12)  # the gate's slope at ρ = 1 is 1 for any τ
+
+
+def test_vespo_by_hand():
+    """Row 0 (A = +1): log-ratios 0.1 + 0.2, w = e^0.3, φ = e^3 w^2 e^{-3w}; row 1 (A = -0.5): log-ratio
+    -0.4 on its one token, φ = e^2 w^3 e^{-2w}. loss = -Σ φ A log π / tokens, φ a constant."""
+    old = torch.tensor([[-1.0, -1.5], [-0.7, -9.0]], dtype=F64)
+    logprobs = (old + torch.tensor([[0.1, 0.2], [-0.4, 5.0]], dtype=F64)).requires_grad_()
+    adv = torch.tensor([1.0, -0.5], dtype=F64)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, metrics = vespo_policy_loss(logprobs, old, adv, mask)
+    w0, w1 = math.exp(0.3), math.exp(-0.4)
+    phi0, phi1 = math.exp(3) * w0**2 * math.exp(-3 * w0), math.exp(2) * w1**3 * math.exp(-2 * w1)
+    lp = logprobs.detach()
+    expected = -(phi0 * 1.0 * (lp[0, 0] + lp[0, 1]) + phi1 * -0.5 * lp[1, 0]) / 3
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
+    assert metrics["policy/vespo_phi_mean"].item() == pytest.approx((phi0 + phi1) / 2, abs=1e-12)
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-phi0 / 3, -phi0 / 3], [0.5 * phi1 / 3, 0.0]], dtype=F64))
+
+
+def test_vespo_folds_the_rollout_weights_into_the_sequence_ratio():
+    """A token weight π_old / π_sampler of e^0.5 moves w by e^0.5: the same loss as that log-ratio."""
+    old = torch.tensor([[-1.0, -1.0]], dtype=F64)
+    logprobs, adv, mask = old + torch.tensor([[0.1, 0.0]], dtype=F64), torch.tensor([1.0], dtype=F64), torch.ones(1, 2)
+    weights = torch.tensor([[1.0, math.exp(0.5)]], dtype=F64)
+    folded = vespo_policy_loss(logprobs, old, adv, mask, weights=weights)[1]["policy/vespo_phi_mean"]
+    shifted = vespo_policy_loss(logprobs + torch.tensor([[0.0, 0.5]], dtype=F64), old, adv, mask)
+    assert folded.item() == pytest.approx(shifted[1]["policy/vespo_phi_mean"].item(), abs=1e-12)
+
+
+def test_vespo_on_policy_is_the_policy_gradient_and_refuses_a_sequence_level():
+    old = -torch.rand(2, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
+    logprobs, adv = old.clone().requires_grad_(), torch.tensor([0.7, -1.2], dtype=F64)
+    vespo_policy_loss(logprobs, old, adv, torch.ones(2, 3))[0].backward()  # φ(1) = e^λ e^{-λ} = 1
+    torch.testing.assert_close(logprobs.grad, -adv[:, None].expand(2, 3) / 6)
+    with pytest.raises(ValueError, match="importance_sampling_level must be 'token'"):
+        POLICY_LOSSES.get("vespo")(
+            LossInputs(logprobs, old, adv, torch.ones(2, 3), importance_sampling_level="sequence")
+        )
+
+
+def test_group_mean_batch_std_by_hand():
+    """Groups (1, 2) and (3, 6): centred by their means 1.5 and 4.5, divided by the batch's unbiased
+    std of (1, 2, 3, 6) = sqrt(14 / 3)."""
+    scores = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=F64)
+    std = math.sqrt(14 / 3)
+    got = group_batch_std_advantages(scores, 2, eps=1e-4)
+    torch.testing.assert_close(got, torch.tensor([-0.5, 0.5, -1.5, 1.5], dtype=F64) / (std + 1e-4))
+    # a reduce over processes: two halves of the batch give the whole batch's std
+    halves = [torch.tensor([1.0, 2.0], dtype=F64), torch.tensor([3.0, 6.0], dtype=F64)]
+
+    def reduce_with(other):
+        return lambda t: t + other(t)
+
+    parts = []
+    for mine, theirs in (halves, halves[::-1]):
+
+        def other(t, theirs=theirs):  # the other process's statistics of the same quantity
+            if t.dim() == 1:  # [sum, count]
+                return torch.stack([theirs.sum(), torch.tensor(2.0, dtype=F64)])
+            return ((theirs - 3.0) ** 2).sum()  # squares about the global mean 3
+
+        parts.append(group_batch_std_advantages(mine, 2, eps=1e-4, reduce=reduce_with(other)))
+    torch.testing.assert_close(torch.cat(parts), got)
+
+
+def test_the_batch_std_estimator_is_registered_with_groups():
+    assert ADVANTAGE_ESTIMATORS.traits("group_batch_std")["needs_groups"]
+    rewards = torch.zeros(4, 3, dtype=F64)
+    rewards[:, -1] = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=F64)
+    adv, _ = ADVANTAGE_ESTIMATORS.get("group_batch_std")(rewards, torch.ones(4, 3), group_size=2, eps=1e-4)
+    torch.testing.assert_close(adv[:, 0], group_batch_std_advantages(rewards[:, -1], 2, eps=1e-4))

@@ -231,6 +231,14 @@ def pack(encoded: list[Encoded], max_length: int) -> list[list[Encoded]]:
     return groups
 
 
+def training_units(encoded: list[Encoded], packing: bool, strategy: str, max_length: int) -> list[list[Encoded]]:
+    """The rows a batch is made of: one example each, or packed rows of ``max_length`` tokens by
+    ``strategy`` ('next_fit': ``pack``; 'wrapped': ``pack_wrapped``)."""
+    if not packing:
+        return [[e] for e in encoded]
+    return (pack_wrapped if strategy == "wrapped" else pack)(encoded, max_length)
+
+
 def pack_wrapped(encoded: list[Encoded], max_length: int) -> list[list[Encoded]]:
     """TRL's "wrapped" packing: the examples' tokens one after another, cut every ``max_length``
     tokens (the last row may be shorter). An example may be split across rows, and each row is one
@@ -325,4 +333,5 @@ __all__ = [
     "pack_wrapped",
     "sft_row_problem",
     "trained_flags",
+    "training_units",
 ]

@@ -31,7 +31,7 @@ from ..algorithms.sft_losses import sft_token_loss
 from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
-from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, pack, pack_wrapped
+from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, training_units
 from ..data.sft_tokens import check_token_ids
 from ..models.activations import probe_ids
 from ..models.lm_head import set_lm_head, streamable, streamed_forward
@@ -96,7 +96,7 @@ class SFTTrainer(SupervisedTrainer):
         train = self._encode_rows(train_rows, "train_dataset")
         self.eval_examples = self._encode_rows(eval_rows, "eval_dataset") if eval_rows is not None else None
         # A training unit is one row of a batch: one example, or one packed row of max_length.
-        self.units = _units(train, args)
+        self.units = training_units(train, args.packing, args.packing_strategy, args.max_length)
         seed_everything(args.seed)  # the same initial weights on every process
         model = _load_model(model, args.dtype) if is_path else model
         vocab = model.get_input_embeddings().num_embeddings  # a tokenised row's ids must be the model's
@@ -301,13 +301,6 @@ class SFTTrainer(SupervisedTrainer):
         this: the full weights are gathered, rank 0 writes."""
         adapter = self.args.save_adapter or is_prompt_learning(self.model)
         export_causal_lm(self.model, path, self.tokenizer, adapter, self._template)
-
-
-def _units(examples: list[Encoded], args: SFTConfig) -> list[list[Encoded]]:
-    """The training units: one example each, or packed rows (``packing_strategy``)."""
-    if not args.packing:
-        return [[e] for e in examples]
-    return (pack_wrapped if args.packing_strategy == "wrapped" else pack)(examples, args.max_length)
 
 
 def _prompt_learning_args(args: SFTConfig, adapter) -> SFTConfig:

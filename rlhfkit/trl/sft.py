@@ -16,12 +16,21 @@ from dataclasses import dataclass
 
 from ..config.supervised import SFTConfig as NativeSFTConfig
 from ..data.encode import Encoded, note_cut, note_unknown
-from ..data.sft import encode_sft_rows, load_sft_dataset
+from ..data.sft import encode_sft_rows, load_sft_dataset, training_units
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
 from .arguments import check_choice
 from .callbacks import trl_callbacks
 from .metrics import SFT_METRICS
-from .sft_data import check_prepared, check_transform, is_text_row, keep_start, trains, trl_rows, trl_text_row
+from .sft_data import (
+    check_prepared,
+    check_transform,
+    is_text_row,
+    keep_start,
+    sft_view,
+    trains,
+    trl_rows,
+    trl_text_row,
+)
 from .supervised import SupervisedArguments, SupervisedTRLTrainer
 
 
@@ -169,6 +178,33 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
             peft_config=peft_config,
             callbacks=trl_callbacks(callbacks, self),
         )
+
+    @property
+    def train_dataset(self):
+        """TRL's prepared training set (``sft_data.sft_view``): the training units, with
+        ``seq_lengths`` when packed example by example (TRL's bfd; its wrapped rows have none)."""
+        if "train" not in self._trl_views:
+            a = self.args
+            self._trl_views["train"] = sft_view(self.units, a.packing and a.packing_strategy != "wrapped")
+        return self._trl_views["train"]
+
+    @property
+    def eval_dataset(self):
+        """TRL's prepared evaluation set(s), packed as TRL packs them with ``eval_packing`` (None: as
+        ``packing``); rlhfkit evaluates each example whole, with the same loss."""
+        if not self.trl_eval_sets:
+            return None
+        if "eval" not in self._trl_views:
+            a, packed = self.args, self.args.packing and self.trl_args.eval_packing is not False
+            self._trl_views["eval"] = {
+                n: sft_view(
+                    training_units(items, packed, a.packing_strategy, a.max_length),
+                    packed and a.packing_strategy != "wrapped",
+                )
+                for n, items in self.trl_eval_sets.items()
+            }
+        views = self._trl_views["eval"]
+        return views[None] if None in views else dict(views)
 
     def trl_source(self, dataset, name: str, limit: int | None = None):
         """The dataset's rows in the forms rlhfkit's loader reads (``sft_data.trl_rows``: a

@@ -13,7 +13,10 @@ rlhfkit's SFT loader, and TRL's rules for their tokens (``trl/trainer/sft_traine
   (``input_ids``, ``labels``), and are neither truncated nor filtered; mask columns without
   ``labels`` are refused with TRL's message;
 - text rows are tokenised as TRL tokenises them (``trl_text_row``), and ``max_length`` keeps each
-  example's first tokens (``keep_start``; TRL's ``truncation_mode="keep_start"``).
+  example's first tokens (``keep_start``; TRL's ``truncation_mode="keep_start"``);
+- ``trainer.train_dataset`` / ``eval_dataset`` are TRL's prepared datasets (``sft_view``): ``input_ids``
+  and ``labels`` (the token, or -100 where it is not trained), and ``seq_lengths`` for rows packed
+  example by example.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import replace
 
 from ..data.encode import Encoded
 from ..data.prompts import labelled_rows
+from ..data.sft import IGNORE_INDEX, trained_flags
 from ..data.sft_turns import TurnsEncoded
 from .supervised import trl_encode
 
@@ -134,3 +138,19 @@ def keep_start(e: Encoded, limit: int) -> Encoded:
 def trains(e: Encoded) -> bool:
     """Whether ``e`` has a trained token (TRL's test: a label that is not -100)."""
     return any(e.mask) if isinstance(e, TurnsEncoded) else e.prompt_len < len(e.input_ids)
+
+
+def sft_view(units: list[list[Encoded]], seq_lengths: bool):
+    """A ``datasets.Dataset`` of TRL's prepared SFT rows for rlhfkit's training units (one example
+    each, or packed): ``input_ids``, ``labels``, and with ``seq_lengths`` each example's length."""
+    from datasets import Dataset
+
+    columns = {
+        "input_ids": [[t for e in unit for t in e.input_ids] for unit in units],
+        "labels": [
+            [t if f else IGNORE_INDEX for e in unit for t, f in zip(e.input_ids, trained_flags(e))] for unit in units
+        ],
+    }
+    if seq_lengths:
+        columns["seq_lengths"] = [[len(e.input_ids) for e in unit] for unit in units]
+    return Dataset.from_dict(columns)

@@ -152,3 +152,39 @@ def test_wrapped_packing_is_rlhfkits_wrapped_packing(models, tmp_path):
     lengths = [len(u[0].input_ids) for u in trainer.units]
     assert all(n == 10 for n in lengths[:-1]) and sum(lengths) > 10 * len(STORIES) // 2  # whole, cut into rows
     assert SFTConfig(output_dir=str(tmp_path), packing=True, **CPU).to_rlhfkit(8).packing_strategy == "next_fit"
+
+
+def test_the_prepared_datasets_are_trls_input_ids_and_labels(models, tmp_path):
+    pair = {"prompt": "abc ", "completion": "xyz"}
+    trainer = _sft(models, tmp_path, [pair, *STORIES[:2]])
+    view = trainer.train_dataset
+    assert view.column_names == ["input_ids", "labels"]
+    for ids, labels in zip(view["input_ids"], view["labels"]):
+        assert len(ids) == len(labels) and all(label in (-100, t) for t, label in zip(ids, labels))
+    assert sorted(sum(label == -100 for label in labels) for labels in view["labels"]) == [0, 0, 4]  # the prompt
+
+
+@pytest.mark.parametrize(
+    "strategy, eval_packing, train_lengths, eval_lengths",
+    [("bfd", None, True, True), ("bfd", False, True, False), ("wrapped", None, False, False)],
+)
+def test_packed_prepared_datasets_are_trls(strategy, eval_packing, train_lengths, eval_lengths, models, tmp_path):
+    from rlhfkit.trl import SFTTrainer
+
+    args = SFTConfig(
+        output_dir=str(tmp_path / "o"),
+        packing=True,
+        packing_strategy=strategy,
+        max_length=100,
+        eval_packing=eval_packing,
+        max_steps=1,
+        **CPU,
+    )
+    trainer = SFTTrainer(models["plain"], args=args, train_dataset=STORIES, eval_dataset=STORIES)
+    train, evals = trainer.train_dataset, trainer.eval_dataset
+    assert ("seq_lengths" in train.column_names) == train_lengths
+    assert ("seq_lengths" in evals.column_names) == eval_lengths
+    assert len(train) < len(STORIES) and (len(evals) < len(STORIES)) == (eval_packing is not False)
+    if train_lengths:  # every example whole in one row (TRL's bfd: seq_lengths add up to the row)
+        assert sum(len(x) for x in train["seq_lengths"]) == len(STORIES)
+        assert [sum(x) for x in train["seq_lengths"]] == [len(ids) for ids in train["input_ids"]]

@@ -127,6 +127,7 @@ class DPOReference:
                     out[:, starts[k] : starts[k] + len(chunk)] = logps
         finally:
             self.train_model.train(was_training)
+            distributed.reshard(self.train_model)  # FSDP2: the optimizer and checkpoints hold the shards
         out = torch.tensor(distributed.sum_floats(out.flatten().tolist()), dtype=torch.float64).view(2, n)
         self._ref_table.update({pair_key(p): (out[0, i].item(), out[1, i].item()) for i, p in enumerate(todo)})
 
@@ -150,5 +151,10 @@ class DPOReference:
         args = self.args
         if args.sync_ref_model and self.step % args.ref_model_sync_steps == 0:
             alpha = args.ref_model_mixup_alpha
+            for m in (
+                self.model,
+                self.reference,
+            ):  # FSDP2: each parameter its shard again (a pass leaves the root's gathered)
+                distributed.reshard(m)
             for ref, p in zip(self.reference.parameters(), self.model.parameters(), strict=True):
                 ref.mul_(1 - alpha).add_(p.detach().to(ref.dtype), alpha=alpha)

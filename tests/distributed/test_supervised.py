@@ -134,10 +134,12 @@ def rm_spec(model: str, run_dir: Path, parallelism: str) -> dict:
     return dict(trainer="rm", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
 
 
-def dpo_spec(model: str, run_dir: Path, lora: bool) -> dict:
+def dpo_spec(model: str, run_dir: Path, lora: bool, reference: str = "synced") -> dict:
     # 9 pairs, batch 8: the second step leaves one process a single pair and the other none (a
-    # stand-in of weight 0). full: the reference (a frozen copy) is sharded too. lora: the reference
-    # is the adapter-disabled base, precomputed by slices; final/ is merged from rank 0's copy.
+    # stand-in of weight 0). full: the reference (a frozen copy) is sharded too, and synced toward
+    # the policy after step 1 (TR-DPO: the sharded weights mixed shard by shard), or precomputed by
+    # the policy itself before its first update. lora: the reference is the adapter-disabled base,
+    # precomputed by slices; final/ is merged from rank 0's copy.
     args = dict(
         learning_rate=1e-3,
         batch_size=8,
@@ -146,7 +148,9 @@ def dpo_spec(model: str, run_dir: Path, lora: bool) -> dict:
         seed=0,
         max_length=64,
         beta=0.5,
-        precompute_ref_logprobs=lora,
+        precompute_ref_logprobs=lora or reference == "precomputed",
+        sync_ref_model=not lora and reference == "synced",
+        ref_model_sync_steps=1,
         output_dir=str(run_dir),
     )
     spec = dict(trainer="dpo", model=model, args=args, train=RM_ROWS, eval=RM_EVAL)
@@ -168,6 +172,7 @@ SPECS = {
     "rm-fsdp": lambda m, d: rm_spec(m, d, "fsdp"),
     "rm-ddp": lambda m, d: rm_spec(m, d, "ddp"),
     "dpo-full": lambda m, d: dpo_spec(m, d, False),
+    "dpo-full-precomputed": lambda m, d: dpo_spec(m, d, False, "precomputed"),
     "dpo-lora-precomputed": lambda m, d: dpo_spec(m, d, True),
     "run-directory": run_directory_spec,
 }
@@ -220,9 +225,9 @@ def test_reward_model_steps_and_final_are_the_same_on_one_and_two_processes(runs
     assert files(out / "one" / "run") == files(out / "two" / "run")
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-precomputed"])
-def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(runs, lora):
-    out = runs / ("dpo-lora-precomputed" if lora else "dpo-full")
+@pytest.mark.parametrize("variant", ["full", "full-precomputed", "lora-precomputed"])
+def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(runs, variant):
+    out = runs / f"dpo-{variant}"
     assert_same_metrics(history(out / "one", 1), history(out / "two", 2))
     assert {"dpo/loss", "rewards/accuracies", "rewards/margins", "eval/loss", "eval/rewards/chosen"} <= set(
         history(out / "one", 1)[-1]

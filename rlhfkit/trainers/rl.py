@@ -99,7 +99,7 @@ class RLTrainer:
         args.check_processes(distributed.planned_world())
         # The run lifecycle; nothing is written before everything has loaded.
         self.run = lifecycle.Run(args, callbacks=callbacks)
-        self.args = args = self.run.args
+        self.config = args = self.run.args
         self.out_dir = self.run.out_dir
         training.seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
         self.models = build_models(model, processing_class, part(ModelLoading, args), peft_config, ref_model)
@@ -136,10 +136,19 @@ class RLTrainer:
         if self.generator is None:
             self._start_update_side()
 
+    @property
+    def args(self) -> RLConfig:
+        """The run's ``RLConfig`` (``config``), under ``transformers.Trainer``'s name."""
+        return self.config
+
+    @args.setter
+    def args(self, value: RLConfig) -> None:
+        self.config = value
+
     def _start_update_side(self) -> None:
         """β, the loop's step, the optimizer and schedule (``Run.start``), and a resumed
         run's counters: what a training process holds besides its Sampler."""
-        args = self.args
+        args = self.config
         self.kl_ctl = (
             AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon)
             if args.adaptive_kl
@@ -168,7 +177,7 @@ class RLTrainer:
             with trace.span("evaluate", step=0):
                 metrics = self.evaluate()
             self.run.log(0, metrics)
-        while self.step < self.args.max_steps:
+        while self.step < self.config.max_steps:
             timings: dict[str, float] = {}
             self.run.step_begin()
             counters = efficiency.Counters()  # this step's: the model calls of its passes add to them
@@ -176,7 +185,7 @@ class RLTrainer:
                 with efficiency.counting("generate"):
                     batch = self.sampler.batch(self.step, self.weights_version, timings)  # 1, 2, 3
                 if batch.samples is not None:  # some steps' samples, for the report
-                    write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.args.num_logged_samples)
+                    write_samples(self.out_dir, self.step + 1, *batch.samples, limit=self.config.num_logged_samples)
                 metrics = batch.metrics
                 with training.timer(timings, "logprobs"):
                     exp = self.make_experience(batch.rollout, batch.scores, batch.valid, metrics)  # 4, 5
@@ -204,7 +213,7 @@ class RLTrainer:
         token rewards and advantages, with this step's β."""
         return experience.make_experience(
             self.models,
-            part(experience.ExperienceMaking, self.args),
+            part(experience.ExperienceMaking, self.config),
             rollout,
             scores,
             valid,
@@ -216,7 +225,12 @@ class RLTrainer:
         """Phase 6 (``rl.update.update``): K passes of minibatch updates, each closed by
         ``optimizer_step``; returns the update's metrics."""
         return update.update(
-            self.models, part(update.MinibatchUpdate, self.args), exp, self.kl_ctl.value, self.step, self.optimizer_step
+            self.models,
+            part(update.MinibatchUpdate, self.config),
+            exp,
+            self.kl_ctl.value,
+            self.step,
+            self.optimizer_step,
         )
 
     def optimizer_step(self) -> dict:
@@ -238,14 +252,14 @@ class RLTrainer:
         return self.sampler.evaluate(rows, prompt_ids, sampling, self.weights_version)
 
     def _eval_due(self, last: bool = False) -> bool:
-        every = self.args.eval_every
-        last = last or self.step == self.args.max_steps
+        every = self.config.eval_every
+        last = last or self.step == self.config.max_steps
         return self.eval_rows is not None and (last or bool(every and self.step % every == 0))
 
     # ---------------------------------------------------------------- set-up and bookkeeping
     def _param_groups(self) -> list[dict]:
         """AdamW's groups: the policy at ``learning_rate``, a critic at ``critic_learning_rate``."""
-        args = self.args
+        args = self.config
         groups = [{"params": [p for p in self.models.policy.parameters() if p.requires_grad], "lr": args.learning_rate}]
         if self.models.critic_module is not None:
             groups.append(
@@ -273,7 +287,7 @@ class RLTrainer:
         row = self.run.log(self.step, metrics)
         if "kl/k1" in row:  # KL per sequence drives the adaptive controller
             seq_kl = row["kl/k1"] * row["rollout/response_length_mean"]
-            self.kl_ctl.update(seq_kl, self.args.batch_size)
+            self.kl_ctl.update(seq_kl, self.config.batch_size)
 
     def _modules(self) -> dict[str, torch.nn.Module]:
         mods = {"policy": self.models.policy}
@@ -292,7 +306,9 @@ class RLTrainer:
     def _restore(self, counters: dict) -> None:
         self.step = counters["step"]
         self.sampler.restore((counters["data_epoch"], counters["data_pos"]))
-        self.kl_ctl.value = counters["kl_coef"] if self.args.adaptive_kl else self.kl_ctl.value  # fixed β: the config's
+        self.kl_ctl.value = (
+            counters["kl_coef"] if self.config.adaptive_kl else self.kl_ctl.value
+        )  # fixed β: the config's
 
     def save_model(self, path: Path) -> None:
         """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged, or the

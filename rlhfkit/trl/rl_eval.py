@@ -70,11 +70,11 @@ class TRLRLEvaluation:
     def trl_prepare_eval(self, eval_dataset) -> dict:
         """``{name: (rows, prompt token ids)}`` of ``eval_dataset`` (``rl_inputs.eval_sets``)."""
         out = {}
-        limit = agent_prompt_limit(self.args, self.models)
+        limit = agent_prompt_limit(self.config, self.models)
         for name, data in eval_sets(eval_dataset).items():
             label = "eval_dataset" if name is None else f"eval_dataset[{name!r}]"
             rows = load_prompt_dataset(prompt_rows(data), name=label)
-            out[name] = (rows, tokenize_prompts(rows, self.tokenizer, limit, self.args.truncate_prompts, label))
+            out[name] = (rows, tokenize_prompts(rows, self.tokenizer, limit, self.config.truncate_prompts, label))
         return out
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
@@ -118,8 +118,8 @@ class TRLRLEvaluation:
         a, start = self.trl_args, time.perf_counter()
         group = a.num_generations_eval or a.num_generations
         per_batch = max(1, a.per_device_eval_batch_size * distributed.planned_world() // group)
-        making = replace(part(experience.ExperienceMaking, self.args), group_size=group)
-        losses = part(update.UpdateLoss, self.args)
+        making = replace(part(experience.ExperienceMaking, self.config), group_size=group)
+        losses = part(update.UpdateLoss, self.config)
         beta = self.kl_ctl.value
         totals: dict[str, list[float]] = {}
         batches = 0

@@ -8,6 +8,7 @@ logger names (``trl.trainer.grpo_trainer``, ``trl.trainer.rloo_trainer``), where
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -55,11 +56,7 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
             sources, classes, names = reward_sources(reward_funcs, reward_processing_classes)
         processing_class = tokenizer_for(model, processing_class)
         args = self.trl_config(model, args, optimizers)
-        if is_iterable_dataset(train_dataset) and args.accelerator_config.dispatch_batches:
-            raise ValueError(
-                "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in "
-                "`accelerator_config`. Please set it to `False`."
-            )
+        self.trl_stream_settings(args, train_dataset, eval_dataset)
         train_rows = self._train_rows(args, train_dataset)
         native, _, weights = self.translate(model, args, train_rows, None, None, optimizers)
         self.trl_rows, self.trl_window, self.trl_eval_data = [], [], {}
@@ -87,6 +84,26 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
         self.trl_warnings()
+
+    def trl_stream_settings(self, args, train_dataset, eval_dataset) -> None:
+        """TRL's rules for a stream (``datasets.IterableDataset``), applied to ``args`` as TRL applies
+        them (rlhfkit reads neither setting: its prompts are read before the run): any stream needs
+        ``accelerator_config.dispatch_batches`` False (refused when True, else set), a streamed train
+        set ``dataloader_num_workers=0`` (set, with TRL's warning)."""
+        evals = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+        if is_iterable_dataset(train_dataset) or any(is_iterable_dataset(e) for e in evals):
+            if args.accelerator_config.dispatch_batches:
+                raise ValueError(
+                    "Iterable datasets require `dispatch_batches=False`, but it is set to `True` in "
+                    "`accelerator_config`. Please set it to `False`."
+                )
+            args.accelerator_config.dispatch_batches = False
+        if is_iterable_dataset(train_dataset) and args.dataloader_num_workers != 0:
+            logging.getLogger(self.logger_name).warning(
+                "Iterable datasets require `dataloader_num_workers=0` to preserve prompt grouping; overriding the "
+                f"provided value ({args.dataloader_num_workers})."
+            )
+            args.dataloader_num_workers = 0
 
     def _train_rows(self, args, train_dataset):
         """The train prompts: a stream's first rows as ``max_steps`` takes them (TRL requires
@@ -128,6 +145,23 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
         return {"entropy_coef": self.entropy_coef} if a.entropy_coef or a.use_adaptive_entropy else {}
 
     @property
+    def args(self):
+        """TRL's ``trainer.args``: the ``GRPOConfig`` / ``RLOOConfig`` (rlhfkit's ``RLConfig`` the run
+        follows is ``trainer.config``)."""
+        return self.trl_args
+
+    @args.setter
+    def args(self, value) -> None:
+        self.trl_args = value
+
+    def optimizer_steps_total(self) -> int:
+        return self.config.max_steps * self.trl_args.optimizer_steps_per_generation
+
+    def save_model(self, output_dir=None):
+        """The policy as a ``from_pretrained`` directory: ``output_dir``, else the config's."""
+        RLTrainer.save_model(self, Path(output_dir or self.config.output_dir))
+
+    @property
     def model(self):
         """TRL's ``trainer.model``: the policy being trained (a ``peft`` model with LoRA), the very
         module the optimizer steps, so a snapshot of its parameters sees every update."""
@@ -147,7 +181,7 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
     @property
     def entropy_coef(self) -> float:
         """The entropy bonus's coefficient (TRL's ``entropy_coef``)."""
-        return float(self.args.entropy_coef)
+        return float(self.config.entropy_coef)
 
     aux_loss_enabled = False  # no mixture-of-experts load-balancing loss is added (docs: "Coming from TRL")
 

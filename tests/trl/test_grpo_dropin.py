@@ -99,7 +99,7 @@ def test_optimizer_steps_per_generation_are_trls_in_a_run(model_dir, tmp_path):
     trainer = GRPOTrainer(model_dir, reward_len, config, [{"prompt": p} for p in ["abc", "hello", "xyz", "qq"]])
     rows = trainer.train()
     assert trainer.state.global_step == 8 and len(trainer.history) == 2  # 2 generations x 4 optimizer steps
-    assert trainer.args.prompts_per_step == 2 and trainer.args.mini_batch_size == 4
+    assert trainer.config.prompts_per_step == 2 and trainer.config.mini_batch_size == 4
     assert rows.metrics["perf/lr"] < config.learning_rate  # TRL's default linear decay over the 8 optimizer steps
 
 
@@ -204,7 +204,7 @@ def test_rloo_runs_with_only_the_import_changed(model_dir, tmp_path):
     trainer = RLOOTrainer(
         model=model_dir, reward_funcs=reward_len, args=config, train_dataset=[{"prompt": p} for p in ["abc", "hello"]]
     )
-    assert trainer.train().global_step == 1 and trainer.args.algorithm == "rloo"
+    assert trainer.train().global_step == 1 and trainer.config.algorithm == "rloo"
 
 
 def test_tools_example_runs(tmp_path):

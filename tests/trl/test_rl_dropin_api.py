@@ -113,8 +113,11 @@ def test_a_stream_trains_the_rows_max_steps_takes(model_dir, tmp_path):
     from datasets import Dataset
 
     stream = Dataset.from_list(rows()).to_iterable_dataset()
-    trainer = GRPOTrainer(model_dir, reward_len, config(tmp_path, max_steps=2), stream)
+    trainer = GRPOTrainer(model_dir, reward_len, config(tmp_path, max_steps=2, dataloader_num_workers=2), stream)
     assert trainer.train_dataset is stream and len(trainer.sampler.rows) == 2  # one prompt per step
+    # TRL's settings for a stream, on trainer.args (the GRPOConfig; rlhfkit's RLConfig is trainer.config)
+    assert trainer.args.accelerator_config.dispatch_batches is False and trainer.args.dataloader_num_workers == 0
+    assert trainer.config.max_steps == 2 and trainer.args is trainer.trl_args
     assert trainer.train().global_step == 2
     with pytest.raises(ValueError, match="max_steps"):
         GRPOTrainer(model_dir, reward_len, config(tmp_path / "b"), stream)

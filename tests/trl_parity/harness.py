@@ -185,7 +185,7 @@ def ours_run(
     trainer = cls(model=model_dir, reward_funcs=reward_funcs, args=config, train_dataset=data)
     if use_vllm:  # the translation of use_vllm=True, on the HF engine
         vllm = config_class(output_dir=out, **{**COMMON, **kwargs, "use_vllm": True}).to_rlhfkit(len(data))
-        trainer.args = vllm.replace(rollout_engine="hf")
+        trainer.config = vllm.replace(rollout_engine="hf")
     tok = trainer.tokenizer
     fixed = FixedCompletions(
         tok,

@@ -115,6 +115,13 @@ class DPOConfig(SupervisedArguments):
                 "supported by rlhfkit: TRL's 'sigmoid' ignores it while the others read it, and rlhfkit's sigmoid "
                 "reads it (conservative DPO); use 'robust' in place of 'sigmoid' for a smoothed DPO term"
             )
+        if self.sync_ref_model and self.precompute_ref_log_probs:
+            raise ValueError(  # TRL's message
+                "You cannot use `sync_ref_model=True` together with `precompute_ref_log_probs=True`. "
+                "`precompute_ref_log_probs=True` assumes a fixed reference model, but with `sync_ref_model=True` "
+                "the reference model is periodically updated during training, making any precomputed reference "
+                "log-probs stale. Set `precompute_ref_log_probs=False` or disable `sync_ref_model`."
+            )
         if not self.disable_dropout:
             raise ValueError(
                 "DPOConfig field 'disable_dropout'=False is not supported by rlhfkit: its DPO always "

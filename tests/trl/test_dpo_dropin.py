@@ -61,6 +61,7 @@ def test_label_smoothing_reaches_the_losses_trl_gives_it_to():
         (dict(loss_type="nca_pair", f_divergence_type="js_divergence"), "is only supported for the following loss"),
         (dict(loss_type=["sigmoid", "hinge"], loss_weights=[1.0]), "`loss_weights` must have the same length"),
         (dict(ld_alpha=1.5), "'ld_alpha' must be in [0, 1]"),
+        (dict(sync_ref_model=True, precompute_ref_log_probs=True), "You cannot use `sync_ref_model=True` together"),
     ],
 )
 def test_trls_refusals_in_trls_words(fields, says):
@@ -163,9 +164,9 @@ def test_chat_template_kwargs_reach_the_template(models, tmp_path):
 
     tok = AutoTokenizer.from_pretrained(models["chat"])
     tok.chat_template = (
-        "{%- for m in messages -%}{{ '<|im_start|>' + (m.role.upper() if shout and m.role == 'user' else m.role) + '\\n' + m.content"
-        " + '<|im_end|>\\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}"
-        "{%- endif -%}"
+        "{%- for m in messages -%}{{ '<|im_start|>' + (m.role.upper() if shout and m.role == 'user' else m.role)"
+        " + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
     )
     rows = [{"prompt": [USER("hi")], "chosen": [BOT("yo")], "rejected": [BOT("no")], "chat_template_kwargs": {}}]
     rows = [rows[0] | {"chat_template_kwargs": {"shout": s}} for s in (False, True)]

@@ -37,7 +37,7 @@ from .policy_losses import (
 )
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, Registry, sequence_rewards
 from .rollout_is import ROLLOUT_IS_MODES, rollout_is_weights
-from .sft_losses import SFT_LOSS_TYPES, sft_token_loss
+from .sft_losses import SFT_LOSS_TYPES, is_top1, sft_token_loss
 from .shaping import (
     apply_missing_eos_penalty,
     group_has_variance,
@@ -50,6 +50,7 @@ from .shaping import (
 __all__ = [
     "SFT_LOSS_TYPES",
     "sft_token_loss",
+    "is_top1",
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "DPO_LOSS_TYPES",

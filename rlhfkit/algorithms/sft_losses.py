@@ -1,6 +1,7 @@
 """Supervised fine-tuning's per-token losses, from each trained token's log-probability
 ``log π_θ(y_t | x, y_<t)``; the SFT trainer sums them over the step's trained tokens and divides by
-their count (``trainers/sft.py``).
+their count (``trainers/sft.py``). ``is_top1`` reads, for the token-accuracy metric, whether each
+token is the model's most likely one from what the streamed LM head returns.
 
 - ``nll``: ``−log π_θ(y_t | x, y_<t)``, the cross-entropy of the data (maximum likelihood).
 - ``dft``: Dynamic Fine-Tuning (Wu et al. 2025, "On the Generalization of SFT: A Reinforcement
@@ -13,6 +14,8 @@ their count (``trainers/sft.py``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -27,3 +30,12 @@ def sft_token_loss(logprobs: torch.Tensor, loss_type: str = "nll") -> torch.Tens
     if loss_type == "dft":
         return -logprobs * logprobs.detach().exp()
     raise ValueError(f"loss_type must be one of {', '.join(SFT_LOSS_TYPES)}, got {loss_type!r}")
+
+
+def is_top1(logprobs: torch.Tensor, log_kept_top1: torch.Tensor) -> torch.Tensor:
+    """Whether each target token is its distribution's most likely one (bool, ``logprobs``' shape),
+    from its log-probability ``log p_y`` and ``log_kept_top1 = log S``, ``algorithms.log_kept_mass``
+    with ``top_k=1``: the mass of the argmax and the target together. ``S = p_y`` when the target is
+    the argmax; otherwise ``S = p_max + p_y >= 2 p_y``, so ``log S - log p_y >= ln 2``: the midpoint
+    ``ln 2 / 2`` separates the two at any rounding (a target tied with the argmax counts as not top-1)."""
+    return (log_kept_top1 - logprobs.detach()) < 0.5 * math.log(2.0)

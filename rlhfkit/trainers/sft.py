@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import distributed
-from ..algorithms.sft_losses import sft_token_loss
+from ..algorithms.logprobs import entropy_from_logits
+from ..algorithms.sft_losses import is_top1, sft_token_loss
 from ..config.supervised import SFTConfig  # re-exported: rlhfkit.trainers.sft.SFTConfig
 from ..data.chat_templates import resolve_chat_template, use_chat_template
 from ..data.encode import Encoded
@@ -158,13 +159,13 @@ class SFTTrainer(SupervisedTrainer):
             stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
             last = stop or self.step == self.total_steps
             if self.eval_examples is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
-                metrics["eval/loss"] = self.evaluate()
+                metrics.update(self.evaluate())
             self._log_step(self.step, metrics)
             self._step_done()
             if stop:
                 break
         if self.total_steps == 0 and self.eval_examples is not None:  # max_steps=0: still report the eval loss
-            self.run.log(0, {"eval/loss": self.evaluate()})
+            self.run.log(0, self.evaluate())
         back_to_float16(self._float16)  # the model leaves the run in the dtype it came in
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
@@ -180,16 +181,19 @@ class SFTTrainer(SupervisedTrainer):
         batches = [self._collate(mine[i : i + size]) for i in range(0, len(mine), size)]
         local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
         n_tokens = max(1, int(distributed.sum_floats([local_tokens])[0]))
-        total = torch.zeros((), device=self.device)
+        total, stats = torch.zeros((), device=self.device), {}
         for i, batch in enumerate(batches):
             with distributed.no_sync(self.train_model) if i < len(batches) - 1 else nullcontext():
-                loss_sum, _ = self.loss_sum(batch, packed=args.packing)
+                loss_sum, _ = self.loss_sum(batch, packed=args.packing, stats=stats)
                 (loss_sum / n_tokens * world).backward()  # FSDP2 and DDP average gradients over processes
             total += loss_sum.detach()
         total = distributed.reduce_sum(total)
+        entropy, top1 = distributed.sum_floats([stats.get("entropy", 0.0), stats.get("top1", 0.0)])
         perf = self.run.optimizer_step(total)
         return {
             "sft/loss": total / n_tokens,
+            "sft/entropy": entropy / n_tokens,
+            "sft/token_accuracy": top1 / n_tokens,
             "sft/lr": perf["perf/lr"],
             "sft/grad_norm": perf["perf/grad_norm"],
             "sft/tokens": float(n_tokens),
@@ -203,9 +207,11 @@ class SFTTrainer(SupervisedTrainer):
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(n)[None]}
         return self.loss_sum({**batch, "labels": ids})[0]
 
-    def loss_sum(self, batch: dict, packed: bool = False) -> tuple[torch.Tensor, int]:
+    def loss_sum(self, batch: dict, packed: bool = False, stats: dict | None = None) -> tuple[torch.Tensor, int]:
         """(Σ per-token loss over the batch's completion tokens, their count); logits in float32. The
         loss is ``args.loss_type``'s (``algorithms.sft_token_loss``: the cross-entropy for 'nll').
+        ``stats``: adds to its ``entropy`` the tokens' summed entropy and to its ``top1`` how many are
+        the model's most likely token (``algorithms.is_top1``), without gradient.
 
         ``packed``: call the model with ``attention_mask=None`` and the position ids, from which
         transformers builds a block-diagonal causal mask (one block per packed example)."""
@@ -223,22 +229,32 @@ class SFTTrainer(SupervisedTrainer):
         targets = batch["labels"][:, 1:]
         keep = targets != IGNORE_INDEX
         skip = virtual_positions(self.model)  # prompt tuning's virtual tokens come first in the output
-        logprobs = None
+        logprobs, measure, target = None, stats is not None, targets[keep]
         with self._autocast(), self._memory_pass(*batch["input_ids"].shape):
             if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
-                _, (logprobs, _, _) = streamed_forward(
-                    self.train_model, lambda h: h[:, skip:-1][keep], targets[keep], **inputs
-                )
+                _, (logprobs, entropy, top) = streamed_forward(
+                    self.train_model, lambda h: h[:, skip:-1][keep], target, with_entropy=measure,
+                    support=(1, 1.0) if measure else None, **inputs,
+                )  # fmt: skip
+                top1 = is_top1(logprobs, top) if measure else None
             else:
                 logits = self.train_model(**inputs).logits
         if logprobs is None:  # only completion positions reach the (N, vocab) float32 cast: no (B, L, V) copy
-            logprobs = -F.cross_entropy(logits[:, skip:-1][keep].float(), targets[keep], reduction="none")
+            chosen = logits[:, skip:-1][keep].float()
+            logprobs = -F.cross_entropy(chosen, target, reduction="none")
+            if measure:
+                entropy, top1 = entropy_from_logits(chosen.detach()), chosen.detach().argmax(-1) == target
+        if measure:
+            stats["entropy"] = stats.get("entropy", 0.0) + float(entropy.sum())
+            stats["top1"] = stats.get("top1", 0.0) + float(top1.sum())
         return sft_token_loss(logprobs, self.args.loss_type).sum(), int(keep.sum())
 
     @torch.no_grad()
-    def evaluate(self) -> float:
-        """Mean per-token loss (``loss_type``'s) over every completion token of the eval set (one example per row,
-        right-padded: exact for any model), in eval mode; training mode is restored after.
+    def evaluate(self) -> dict[str, float]:
+        """Over every completion token of the eval set (one example per row, right-padded: exact for
+        any model), in eval mode (training mode restored after): ``eval/loss``, the mean per-token
+        loss (``loss_type``'s), ``eval/entropy`` and ``eval/token_accuracy`` (the share of tokens
+        that are the model's most likely one), as the training rows' ``sft/*``.
 
         Under torchrun each process scores its slice of the eval set and the sums are all-reduced;
         every process must call this (a process with fewer batches scores stand-ins, discarded,
@@ -250,18 +266,21 @@ class SFTTrainer(SupervisedTrainer):
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_examples)
         mine, size = self.eval_examples[n * rank // world : n * (rank + 1) // world], -(-self.args.batch_size // world)
         chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
-        total, count = 0.0, 0
+        total, count, stats = 0.0, 0, {}
         for i in range(distributed.reduce_max(len(chunks))):
             real = i < len(chunks)
             batch = collate_groups(
                 [[e] for e in (chunks[i] if real else self.eval_examples[:1])], self.tokenizer.pad_token_id
             )
-            loss_sum, k = self.loss_sum(batch)
+            loss_sum, k = self.loss_sum(batch, stats=stats if real else {})
             if real:
                 total, count = total + float(loss_sum), count + k
         self.train_model.train(was_training)
-        total, count = distributed.sum_floats([total, count])
-        return total / max(count, 1)
+        total, count, entropy, top1 = distributed.sum_floats(
+            [total, count, stats.get("entropy", 0.0), stats.get("top1", 0.0)]
+        )
+        count = max(count, 1)
+        return {"eval/loss": total / count, "eval/entropy": entropy / count, "eval/token_accuracy": top1 / count}
 
     # ---------------------------------------------------------------- data order and saving
     def _collate(self, units: list[list[Encoded]]) -> dict:

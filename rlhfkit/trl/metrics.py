@@ -1,7 +1,7 @@
 """TRL 1.16's metric names beside rlhfkit's in ``trainer.state.log_history``: one table per trainer,
 TRL's name -> rlhfkit's, for the metrics rlhfkit computes alike (no value is made up: a TRL metric
-without an rlhfkit equivalent — ``num_tokens``, ``frac_reward_zero_std``, ``mean_token_accuracy``,
-``completions/min_length`` ... — is absent). Each row keeps rlhfkit's names (``metrics.jsonl``'s) and
+without an rlhfkit equivalent — ``num_tokens``, ``frac_reward_zero_std``, ``completions/min_length``
+... — is absent). Each row keeps rlhfkit's names (``metrics.jsonl``'s) and
 gains TRL's; its ``step`` is TRL's, the optimizer steps taken (``trainer.state.global_step``), which for
 GRPO and RLOO is rlhfkit's RL step times the optimizer steps per generation (``trainer.history`` keeps
 rlhfkit's). Which rows ``log_history`` holds, and the end-of-run summary: ``rl_rows.py`` (GRPO, RLOO)
@@ -37,7 +37,11 @@ SFT_METRICS = {
     "grad_norm": "sft/grad_norm",
     "learning_rate": "sft/lr",
     "epoch": "sft/epoch",
+    "entropy": "sft/entropy",
+    "mean_token_accuracy": "sft/token_accuracy",
     "eval_loss": "eval/loss",
+    "eval_entropy": "eval/entropy",
+    "eval_mean_token_accuracy": "eval/token_accuracy",
 }
 
 # rewards/*, logps/* are TRL's names already

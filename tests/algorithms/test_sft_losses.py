@@ -39,3 +39,14 @@ def test_an_unknown_loss_type_is_one_line():
     assert SFT_LOSS_TYPES == ("nll", "dft")
     with pytest.raises(ValueError, match=r"^loss_type must be one of nll, dft, got 'mse'$"):
         sft_token_loss(torch.zeros(2), "mse")
+
+
+def test_is_top1_reads_the_argmax_from_the_top1_kept_mass():
+    from rlhfkit.algorithms import is_top1, log_kept_mass
+
+    logits = torch.tensor([[2.0, 1.0, 0.0], [2.0, 1.0, 0.0], [0.0, 3.0, 3.0], [5.0, 0.0, 4.999]])
+    targets = torch.tensor([0, 1, 2, 0])
+    logprobs = logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
+    kept = log_kept_mass(logits, targets, top_k=1)
+    # the argmax; not it; tied with the argmax (counted not top-1, as argmax picks the first); by a hair
+    assert is_top1(logprobs, kept).tolist() == [True, False, False, True]

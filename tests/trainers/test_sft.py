@@ -127,8 +127,8 @@ def test_eval_loss_at_eval_every_and_at_the_end():
     encoded = [u[0] for u in make(PAIRS[:5]).units]
     trainer.model.eval()
     by_hand = completion_nll_by_hand(trainer.model, encoded) / (5 * 4)
-    assert trainer.evaluate() == pytest.approx(float(by_hand), rel=1e-5)
-    assert history[-1]["eval/loss"] == pytest.approx(trainer.evaluate(), rel=1e-6)
+    assert trainer.evaluate()["eval/loss"] == pytest.approx(float(by_hand), rel=1e-5)
+    assert history[-1]["eval/loss"] == pytest.approx(trainer.evaluate()["eval/loss"], rel=1e-6)
 
 
 def test_run_directory_and_a_model_from_a_path(tmp_path, tiny_model_dir):

@@ -330,7 +330,7 @@ def dpo_loss(
             rejected_lengths=n_r,
         )
         losses = losses + weight * loss
-    if all(t["length_normalised"] for t in traits):  # the rewards of per-token log-probs
+    if n_c is not None and n_r is not None and all(t["length_normalised"] for t in traits):  # per-token rewards
         c, r = c / n_c, r / n_r
         if with_ref:
             c_ref, r_ref = c_ref / n_c, r_ref / n_r

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .. import distributed
+from ..config.supervised import DPOConfig
 from ..models import freeze, load_causal_lm
 from ..models.lora import is_peft
 
@@ -42,6 +45,20 @@ class DPOReference:
     """Mixed into the DPO trainer: ``_build_reference`` once its policy is on its device,
     ``_reference_table`` before training, ``_reference_of`` in each loss, ``_reference_step`` after
     each optimizer step."""
+
+    # the DPO trainer's (trainers/dpo.py)
+    args: DPOConfig
+    model: Any  # a causal LM, or a peft model of one
+    train_model: torch.nn.Module
+    device: torch.device
+    needs_reference: bool
+    step: int
+    _logps: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    # this mixin's
+    reference: torch.nn.Module | None
+    _ref_table: dict[tuple, tuple[float, float]] | None
+    _policy_is_initial: bool
+    _free_reference: bool
 
     def _build_reference(self, ref_model) -> None:
         args = self.args
@@ -68,6 +85,7 @@ class DPOReference:
     def _check_sync(self) -> None:
         """The reference mixes with the policy parameter by parameter: the same names and shapes. Its
         weights become state a checkpoint holds (trainable to the checkpoint, not to the optimizer)."""
+        assert self.reference is not None
         mine = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
         theirs = {n: tuple(p.shape) for n, p in self.reference.named_parameters()}
         if mine != theirs:
@@ -135,6 +153,7 @@ class DPOReference:
         """The reference's log-probs (2n,) of ``pairs`` for the loss: from the table (precomputed) or now."""
         if not self.args.precompute_ref_logprobs:
             return self._reference_logps(pairs)
+        assert self._ref_table is not None
         rows = [self._ref_table[pair_key(p)] for p in pairs]  # _reference_table ran over every set first
         return torch.tensor([r[0] for r in rows] + [r[1] for r in rows], dtype=torch.float32, device=self.device)
 
@@ -150,6 +169,7 @@ class DPOReference:
         self._policy_is_initial = False
         args = self.args
         if args.sync_ref_model and self.step % args.ref_model_sync_steps == 0:
+            assert self.reference is not None  # _build_reference built one (sync refuses LoRA and precompute)
             alpha = args.ref_model_mixup_alpha
             for m in (
                 self.model,

@@ -214,7 +214,7 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
     def _pairs_to_precompute(self) -> list[PreferencePair]:
         """With ``precompute_ref_log_probs``, TRL scores its evaluation sets at init too: the pairs of
         each (tokenised again once the trainer is built, where their warnings are said)."""
-        evals = getattr(self, "_trl_inputs", (None, {}))[1]
+        evals: dict = getattr(self, "_trl_inputs", (None, {}))[1]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return [p for name, rows in evals.items() for p in self._encode(rows, eval_label(name))]
@@ -266,7 +266,9 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
         (prompt, then completion) without, each with the row's ``tools`` (a list or its JSON) and
         ``chat_template_kwargs`` — no EOS added (the template ends the turn)."""
         if not isinstance(row["prompt"], list):
-            return tuple(trl_encode(row["prompt"], row[k], self.tokenizer) for k in ("chosen", "rejected"))
+            return trl_encode(row["prompt"], row["chosen"], self.tokenizer), trl_encode(
+                row["prompt"], row["rejected"], self.tokenizer
+            )
         tools = row.get("tools")
         try:
             tools = json.loads(tools) if isinstance(tools, str) else tools
@@ -277,12 +279,14 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
             self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs, **more)["input_ids"]
         )
         prompt = tokens(list(row["prompt"]), add_generation_prompt=True)
-        out = []
-        for k in ("chosen", "rejected"):
-            ids = tokens(list(row["prompt"]) + list(row[k]))
-            n = next((j for j, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))
-            out.append(Encoded(ids, n, False, False))
-        return tuple(out)
+        chosen, rejected = (tokens(list(row["prompt"]) + list(row[k])) for k in ("chosen", "rejected"))
+        return _after(prompt, chosen), _after(prompt, rejected)
+
+
+def _after(prompt: list[int], ids: list[int]) -> Encoded:
+    """``ids``, its completion starting where it and ``prompt`` diverge (TRL's ``common_prefix_length``)."""
+    n = next((j for j, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))
+    return Encoded(ids, n, False, False)
 
 
 def _no_stream_to_precompute(dataset) -> None:

@@ -45,6 +45,7 @@ from ..models import forward_response, load_causal_lm, load_tokenizer, set_lm_he
 from ..models.activations import probe_ids
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
+from ..models.master_weights import back_to_float16, float32_masters
 from ..run.metrics import to_floats
 from ..run.training import seed_everything
 from .dpo_reference import DPOReference
@@ -117,7 +118,8 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         device = distributed.setup(args.device)
         self.model = policy.to(device)
         self.device = next(self.model.parameters()).device
-        self._build_reference(ref_model)
+        self._build_reference(ref_model)  # a frozen reference keeps the weights' dtype
+        self._float16 = float32_masters(self.model)  # float16 weights train as float32 masters (models.master_weights)
         for m in (self.model, self.reference):  # before sharding: the head's probe runs on each process alone
             if m is not None:
                 set_lm_head(m, args.lm_head)
@@ -227,6 +229,7 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
                 break
         if self.total_steps == 0 and self.eval_pairs is not None:
             self.run.log(0, self.evaluate())
+        back_to_float16(self._float16)  # the policy leaves the run in the dtype it came in
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _loss(self, model, pairs: list[PreferencePair]):

@@ -144,3 +144,35 @@ def test_precomputed_evaluation_pairs_given_later():
         t.evaluate()
     t.eval_pairs = later  # scored before training: still in the table
     assert t.evaluate()["eval/loss"] < LN2
+
+
+def test_a_float16_policy_trains_on_float32_masters_and_leaves_in_float16(tmp_path):
+    """As SFT (models/master_weights.py): at learning rate 0.1 float16 AdamW ends in non-finite
+    weights (TRL's test_train_model_dtype ends with every weight NaN); the masters train every
+    weight, the reference stays float16, the policy and final/ are float16 again."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.tasks.tiny import save_tiny_model
+
+    path = save_tiny_model(tmp_path / "tiny", tokenizer=char_tokenizer(), seed=0)
+    args = DPOConfig(
+        dtype="float16",
+        autocast="bfloat16",
+        learning_rate=0.1,
+        batch_size=8,
+        max_steps=6,
+        log_every=0,
+        output_dir=str(tmp_path / "out"),
+        device="cpu",
+    )
+    t = DPOTrainer(path, args, oracle_pairs(24, 0))
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    assert {p.dtype for p in t.run.optimizer.param_groups[0]["params"]} == {torch.float32}
+    assert {p.dtype for p in t.reference.parameters()} == {torch.float16}
+    history = t.train()
+    assert all(r["perf/skipped_steps"] == 0 for r in history)
+    for name, param in t.model.named_parameters():
+        assert param.dtype == torch.float16 and torch.isfinite(param).all(), name
+        assert not torch.equal(param, before[name]), f"{name} did not move"
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final", dtype="auto")
+    assert all(torch.equal(p, t.model.get_parameter(n)) for n, p in final.named_parameters())

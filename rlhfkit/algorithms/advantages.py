@@ -96,12 +96,7 @@ def group_batch_std_advantages(
     """
     centred = group_advantages(scores, group_size, scale="none", valid=valid)
     ok = torch.ones_like(scores, dtype=torch.bool) if valid is None else check_mask(valid, scores.shape, "valid")
-    total = torch.stack([masked_sum(scores, ok), ok.sum().to(scores.dtype)])
-    total = total if reduce is None else reduce(total)
-    mean = total[0] / total[1].clamp(min=1)
-    squares = masked_sum((scores - mean).square(), ok)
-    squares = squares if reduce is None else reduce(squares)
-    std = (squares / (total[1] - 1).clamp(min=1)).sqrt()
+    _, std, _ = _batch_mean_std(scores, ok, reduce)
     return centred / (std + eps)
 
 
@@ -119,6 +114,29 @@ def rloo_advantages(scores: torch.Tensor, group_size: int, valid: torch.Tensor |
     kept = torch.where(ok, grouped, zero)
     baseline = (kept.sum(dim=1, keepdim=True) - kept) / (n - 1).clamp(min=1)
     return torch.where(ok & (n >= 2), grouped - baseline, zero).reshape(-1)
+
+
+def standardize(x: torch.Tensor, valid: torch.Tensor | None = None, eps: float = 1e-4, reduce=None) -> torch.Tensor:
+    """``(x_i - mean) / (std + eps)`` over the valid entries of the (B,) ``x`` (unbiased std; over
+    every process's rows with ``reduce``), 0 on the others: TRL's ``RLOOTrainer`` with
+    ``normalize_advantages=True`` standardises its sequence advantages so (whitening by sequence, not
+    by token as ``whiten`` over a (B, T) mask weighs them). Fewer than two valid entries: 0."""
+    check_tensor("x", x, ndim=1)
+    ok = torch.ones_like(x, dtype=torch.bool) if valid is None else check_mask(valid, x.shape, "valid")
+    mean, std, count = _batch_mean_std(x, ok, reduce)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return torch.where(ok & (count >= 2), (x - mean) / (std + eps), zero)
+
+
+def _batch_mean_std(x: torch.Tensor, ok: torch.Tensor, reduce=None) -> tuple:
+    """``(mean, unbiased std, count)`` of the entries of the (B,) ``x`` where ``ok``, over every
+    process's rows with ``reduce`` (``distributed.reduce_sum``)."""
+    total = torch.stack([masked_sum(x, ok), ok.sum().to(x.dtype)])
+    total = total if reduce is None else reduce(total)
+    mean = total[0] / total[1].clamp(min=1)
+    squares = masked_sum((x - mean).square(), ok)
+    squares = squares if reduce is None else reduce(squares)
+    return mean, (squares / (total[1] - 1).clamp(min=1)).sqrt(), total[1]
 
 
 def reinforce_advantages(

@@ -17,7 +17,7 @@ from ._checks import check_mask, check_same_shape, check_tensor, masked_mean
 from .kl import MAX_LOG_RATIO, kl_penalty
 from .losses import aggregate
 
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token", "sequence_sum")
 
 
 def importance_ratio(
@@ -36,6 +36,12 @@ def importance_ratio(
       its own token, ``∂ log s_{i,t} / ∂ log π(y_{i,t}) = 1``. With one advantage per sequence it
       gives GSPO's loss and gradient exactly; it also takes token-level advantages (ms-swift's and
       TRL's ``"sequence_token"``).
+    - ``"sequence_sum"``: the ratio of the whole sequence's probabilities,
+      ``w_i = exp(Σ_t (log π(y_{i,t}) - log π_old(y_{i,t})))``, the same on every token of row
+      ``i``, its gradient that of every token, ``∂ log w_i / ∂ log π(y_{i,t}) = 1`` — the ratio of
+      the bandit view of REINFORCE / RLOO, where a completion is one action (TRL's ``RLOOTrainer``
+      clips it; with ``agg="seq-mean-token-mean"`` PPO's clip on it is TRL's RLOO loss). At
+      ``π = π_old`` its gradient is REINFORCE's ``-A Σ_t ∇log π``.
 
     ``|y_i|`` counts the row's unmasked tokens (an empty row has ``s_i = 1``); off the mask the
     log-ratio is 0, so padding garbage (NaN included) reaches neither the ratio nor its gradient.
@@ -51,6 +57,9 @@ def importance_ratio(
     log_ratio = torch.where(mask, logprobs - old_logprobs, zero)
     if level == "token":
         return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    if level == "sequence_sum":
+        log_w = log_ratio.sum(-1, keepdim=True).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        return torch.exp(log_w).expand_as(logprobs)
     log_s = masked_mean(log_ratio, mask, dim=-1).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)[:, None]
     if level == "sequence":
         return torch.exp(log_s).expand_as(logprobs)

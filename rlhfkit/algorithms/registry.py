@@ -187,6 +187,13 @@ ADVANTAGE_ESTIMATORS.register("group_batch_std", needs_groups=True, **_SEQUENCE)
 ADVANTAGE_ESTIMATORS.register("rloo", needs_groups=True, **_SEQUENCE)(
     _bandit(lambda r, g, valid, reduce, eps: adv.rloo_advantages(r, g, valid=valid))
 )
+ADVANTAGE_ESTIMATORS.register("rloo_standardized", needs_groups=True, **_SEQUENCE)(
+    _bandit(
+        lambda r, g, valid, reduce, eps: adv.standardize(
+            adv.rloo_advantages(r, g, valid=valid), valid, eps=eps, reduce=reduce
+        )
+    )
+)
 ADVANTAGE_ESTIMATORS.register("reinforce", needs_groups=False, **_SEQUENCE)(
     _bandit(lambda r, g, valid, reduce, eps: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce))
 )

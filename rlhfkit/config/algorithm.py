@@ -186,8 +186,9 @@ class AlgorithmConfig:
     Presets: 0.2; dapo 0.28; gspo 4e-4; cispo 4 (its weight's cap 1+ε = 5)."""
     importance_sampling_level: str | None = None
     """Whose importance ratio the policy loss uses (TRL's name): 'token' (each token's π/π_old: PPO, GRPO), 'sequence'
-    (GSPO: the sequence's exp(mean_t log(π/π_old)), one per completion, clipped as one) or 'sequence_token' (GSPO-token:
-    the sequence ratio's value with each token's own gradient). The ratio differs from 1 only off-policy (num_iterations
+    (GSPO: the sequence's exp(mean_t log(π/π_old)), one per completion, clipped as one), 'sequence_token' (GSPO-token:
+    the sequence ratio's value with each token's own gradient) or 'sequence_sum' (the sequence's probability ratio
+    exp(sum_t log(π/π_old)): TRL's RLOO clips it). The ratio differs from 1 only off-policy (num_iterations
     > 1 or several minibatches per batch). vanilla has no ratio: 'token' only."""
     dual_clip: float | None = None
     """Dual-clip constant c > 1 for negative advantages (Ye et al. 2020): the loss is at most c·|A|. verl's clip_ratio_c

@@ -198,23 +198,21 @@ class GRPOConfig(GenerationArguments):
 @dataclass
 class RLOOConfig(GenerationArguments):
     """TRL 1.16's ``RLOOConfig``: its fields, defaults and checks; ``to_rlhfkit`` gives the
-    ``RLConfig`` of rlhfkit's ``rloo`` preset (leave-one-out baseline, k1 KL in the reward)."""
+    ``RLConfig`` of rlhfkit's ``rloo`` preset (leave-one-out baseline, k1 KL in the reward) with TRL's
+    loss: PPO's clip on each completion's probability ratio ``exp(Σ_t log π/π_old)``
+    (``importance_sampling_level="sequence_sum"``), averaged over completions — at ``π = π_old``
+    REINFORCE's gradient, the preset's own; off policy (``num_iterations > 1``, or several optimizer
+    steps per generation) clipped as TRL clips it."""
 
     num_generations: int | None = 2
     beta: float = 0.05
     normalize_advantages: bool = False
     reward_clip_range: tuple[float, float] | None = None
 
-    HANDLED = GenerationArguments.HANDLED | {"beta", "reward_clip_range"}
+    HANDLED = GenerationArguments.HANDLED | {"beta", "reward_clip_range", "normalize_advantages"}
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.num_iterations != 1:
-            raise ValueError(
-                "RLOOConfig field 'num_iterations' must be 1 in rlhfkit: TRL's RLOO clips a sequence-level "
-                "ratio of summed log-probs, which rlhfkit's rloo preset does not (use GRPOConfig for "
-                "several passes)"
-            )
         clip = self.reward_clip_range
         if clip is not None and clip[0] != -clip[1]:
             raise ValueError(
@@ -224,9 +222,14 @@ class RLOOConfig(GenerationArguments):
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         fields = self._rl_fields(n_rows, world)
-        del fields["clip_low"], fields["clip_high"]  # one pass (ratio 1): the rloo preset's loss reads no clip
         fields.update(
             algorithm="rloo",
+            policy_loss="ppo_clip",
+            importance_sampling_level="sequence_sum",
+            loss_agg="seq-mean-token-mean",  # one loss per completion, averaged
+            # TRL standardises the leave-one-out advantages over the batch's completions: (A - mean) / (std + 1e-4)
+            advantage_estimator="rloo_standardized" if self.normalize_advantages else "rloo",
+            advantage_epsilon=1e-4,
             kl_coef=self.beta,
             rollout_is="none",  # TRL's RLOO corrects no vLLM gap
             reward_clip=None if self.reward_clip_range is None else self.reward_clip_range[1],

@@ -186,11 +186,11 @@ def test_unknown_importance_sampling_level_is_refused():
     logprobs, old, mask = _gspo_inputs()
     with pytest.raises(
         ValueError,
-        match=r"importance_sampling_level must be one of token, sequence, sequence_token, "
+        match=r"importance_sampling_level must be one of token, sequence, sequence_token, sequence_sum, "
         r"got 'seq'",
     ):
         ppo_policy_loss(logprobs, old, t([1.0, -1.0]), mask, importance_sampling_level="seq")
-    assert IMPORTANCE_SAMPLING_LEVELS == ("token", "sequence", "sequence_token")
+    assert IMPORTANCE_SAMPLING_LEVELS == ("token", "sequence", "sequence_token", "sequence_sum")
 
 
 # --------------------------------------------------------------------------------------------

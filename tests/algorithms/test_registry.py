@@ -23,7 +23,16 @@ from rlhfkit.algorithms import (
 )
 
 F64 = torch.float64
-ADV_NAMES = ["gae", "group", "group_batch_std", "group_no_std", "reinforce", "reinforce_plus_plus", "rloo"]
+ADV_NAMES = [
+    "gae",
+    "group",
+    "group_batch_std",
+    "group_no_std",
+    "reinforce",
+    "reinforce_plus_plus",
+    "rloo",
+    "rloo_standardized",
+]
 LOSS_NAMES = ["cispo", "ppo_clip", "sapo", "vanilla", "vespo"]
 KL_NAMES = ["abs", "k1", "k2", "k3"]
 
@@ -43,7 +52,10 @@ def test_get_unknown_name_lists_valid_names_and_suggests():
         ADVANTAGE_ESTIMATORS.get("rlooo")
     msg = str(err.value)
     assert "unknown advantage estimator 'rlooo'" in msg
-    assert "valid: gae, group, group_batch_std, group_no_std, reinforce, reinforce_plus_plus, rloo." in msg
+    assert (
+        "valid: gae, group, group_batch_std, group_no_std, reinforce, reinforce_plus_plus, rloo, rloo_standardized."
+        in msg
+    )
     assert "Did you mean 'rloo'" in msg
     with pytest.raises(ValueError, match=r"Did you mean 'ppo_clip'\?"):
         POLICY_LOSSES.get("ppo-clip")

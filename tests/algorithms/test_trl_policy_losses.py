@@ -11,9 +11,12 @@ from rlhfkit.algorithms import (
     POLICY_LOSSES,
     LossInputs,
     group_batch_std_advantages,
+    importance_ratio,
+    rloo_advantages,
     sapo_policy_loss,
     vespo_policy_loss,
 )
+from rlhfkit.algorithms.advantages import standardize
 
 F64 = torch.float64
 
@@ -116,3 +119,51 @@ def test_the_batch_std_estimator_is_registered_with_groups():
     rewards[:, -1] = torch.tensor([1.0, 2.0, 3.0, 6.0], dtype=F64)
     adv, _ = ADVANTAGE_ESTIMATORS.get("group_batch_std")(rewards, torch.ones(4, 3), group_size=2, eps=1e-4)
     torch.testing.assert_close(adv[:, 0], group_batch_std_advantages(rewards[:, -1], 2, eps=1e-4))
+
+
+def test_the_sequence_sum_ratio_by_hand():
+    """TRL's RLOO ratio: exp of the row's summed log-ratios, the same on each token; each token's
+    log-prob moves its log by 1."""
+    old = torch.tensor([[-1.0, -2.0, -3.0]], dtype=F64)
+    logprobs = (old + torch.tensor([[0.1, -0.3, 9.0]], dtype=F64)).requires_grad_()
+    mask = torch.tensor([[1, 1, 0]])
+    ratio = importance_ratio(logprobs, old, mask, "sequence_sum")
+    torch.testing.assert_close(ratio.detach(), torch.full((1, 3), math.exp(-0.2), dtype=F64))
+    (grad,) = torch.autograd.grad(ratio[0, 0], logprobs)
+    torch.testing.assert_close(grad, torch.tensor([[math.exp(-0.2), math.exp(-0.2), 0.0]], dtype=F64))
+
+
+def test_trls_rloo_loss_on_policy_is_reinforces():
+    """PPO's clip on the sequence ratio, one loss per completion (seq-mean-token-mean): at π = π_old
+    the gradient of the rloo preset's REINFORCE loss (vanilla, seq-mean-token-sum)."""
+    g = torch.Generator().manual_seed(2)
+    old = -torch.rand(3, 4, generator=g, dtype=F64)
+    adv, mask = torch.randn(3, generator=g, dtype=F64), torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    grads = []
+    for name, level, agg in [
+        ("ppo_clip", "sequence_sum", "seq-mean-token-mean"),
+        ("vanilla", "token", "seq-mean-token-sum"),
+    ]:
+        logprobs = old.clone().requires_grad_()
+        inputs = LossInputs(logprobs, old, adv, mask, agg, importance_sampling_level=level)
+        POLICY_LOSSES.get(name)(inputs).loss.backward()
+        grads.append(logprobs.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+    # off policy a ratio outside [0.8, 1.2] with a positive advantage is clipped: no gradient
+    logprobs = (old + 0.2 * mask).requires_grad_()  # row 0's ratio e^0.6
+    POLICY_LOSSES.get("ppo_clip")(
+        LossInputs(logprobs, old, adv.abs(), mask, "seq-mean-token-mean", importance_sampling_level="sequence_sum")
+    ).loss.backward()
+    assert (logprobs.grad == 0).all()
+
+
+def test_standardized_rloo_advantages_by_hand():
+    """TRL's normalize_advantages: the leave-one-out advantages (A - mean) / (std + 1e-4) over the batch."""
+    scores = torch.tensor([1.0, 3.0, 0.0, 4.0], dtype=F64)
+    loo = torch.tensor([1.0 - 3.0, 3.0 - 1.0, 0.0 - 4.0, 4.0 - 0.0], dtype=F64)  # G = 2: the other's score
+    want = (loo - loo.mean()) / (loo.std() + 1e-4)
+    torch.testing.assert_close(standardize(rloo_advantages(scores, 2)), want)
+    rewards = torch.zeros(4, 2, dtype=F64)
+    rewards[:, -1] = scores
+    adv, _ = ADVANTAGE_ESTIMATORS.get("rloo_standardized")(rewards, torch.ones(4, 2), group_size=2, eps=1e-4)
+    torch.testing.assert_close(adv[:, 0], want)

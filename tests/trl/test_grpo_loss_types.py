@@ -75,3 +75,26 @@ def test_the_new_loss_types_train(loss_type, tmp_path):
     trainer.train()
     assert trainer.state.log_history[-1]["train_loss"] is not None
     assert any(not (p == before[n]).all() for n, p in trainer.model.named_parameters())
+
+
+def test_rloo_is_trls_clipped_sequence_ratio(tmp_path):
+    """TRL's RLOO loss: PPO's clip on each completion's probability ratio, one loss per completion;
+    normalize_advantages standardises the leave-one-out advantages; several iterations train."""
+    from rlhfkit.trl import RLOOConfig, RLOOTrainer
+
+    native = RLOOConfig(output_dir="out", per_device_train_batch_size=4, **CPU).to_rlhfkit(n_rows=8)
+    assert (native.policy_loss, native.importance_sampling_level, native.loss_agg) == (
+        "ppo_clip", "sequence_sum", "seq-mean-token-mean",
+    )  # fmt: skip
+    assert native.advantage_estimator == "rloo" and native.kl_in_reward and native.clip_low == 0.2
+    model = save_tiny_model(tmp_path / "model", seed=0)
+    args = RLOOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, num_generations=3, max_completion_length=6,
+        num_iterations=2, normalize_advantages=True, max_steps=2, learning_rate=0.1, **CPU,
+    )  # fmt: skip
+    trainer = RLOOTrainer(model, lambda completions, **kw: [float(len(set(c))) for c in completions], args, [
+        {"prompt": p} for p in ["abc", "hello", "xyz", "qq"]
+    ])  # fmt: skip
+    assert trainer.config.advantage_estimator == "rloo_standardized" and trainer.config.num_iterations == 2
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.state.log_history[-1]["train_loss"] is not None

@@ -71,6 +71,26 @@ def test_the_sampling_correction_is_trls(model_dir, tmp_path, mode, bounds):
     assert compare(model_dir, tmp_path, kwargs, use_vllm=True) < TOLERANCE
 
 
+@pytest.mark.parametrize("setting", ["2 accumulated micro-steps", "2 iterations", "entropy bonus"])
+@pytest.mark.parametrize("loss_type", ["bnpo", "luspo", "sapo", "vespo"])
+def test_the_other_loss_types_step_as_trls(model_dir, tmp_path, loss_type, setting):
+    """bnpo (each micro-batch's token mean), luspo (with TRL's recommended sequence-level ratio),
+    sapo's soft gate and vespo's Gamma-weighted sequence ratio: off policy with 2 iterations too."""
+    level = "sequence" if loss_type == "luspo" else "token"
+    diff = compare(model_dir, tmp_path, dict(SETTINGS[setting], loss_type=loss_type, importance_sampling_level=level))
+    print(f"DIFF {loss_type} {setting}: {diff:.2e}")
+    assert diff < TOLERANCE
+
+
+@pytest.mark.parametrize("extra", [dict(num_iterations=2, max_steps=4), dict(normalize_advantages=True)])
+def test_rloo_clips_its_sequence_ratio_and_normalises_as_trl(model_dir, tmp_path, extra):
+    """TRL's RLOO off policy (2 iterations: PPO's clip on exp(sum of log-ratios)) and with
+    normalize_advantages (the leave-one-out advantages standardised over the batch)."""
+    diff = compare(model_dir, tmp_path, dict(TWO_STEPS, beta=0.0, **extra), trainer_class="RLOO")
+    print(f"DIFF rloo {extra}: {diff:.2e}")
+    assert diff < TOLERANCE
+
+
 def test_rloo_step_is_trls_with_unscored_and_masked_truncated_rows(model_dir, tmp_path):
     kwargs = dict(TWO_STEPS, beta=0.0, unscored=True, mask_truncated_completions=True)
     assert compare(model_dir, tmp_path, kwargs, trainer_class="RLOO") < TOLERANCE

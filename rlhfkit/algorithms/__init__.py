@@ -19,7 +19,7 @@ from .advantages import (
     whiten,
 )
 from .dpo import DPO_LOSS_TYPES, F_DIVERGENCES, dpo_loss
-from .dpo_terms import ld_logps, wpo_weights
+from .dpo_terms import ld_logps, log_sum_sq_probs, wpo_weights
 from .kl import AdaptiveKLController, FixedKLController, kl_penalty
 from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
@@ -57,6 +57,7 @@ __all__ = [
     "F_DIVERGENCES",
     "dpo_loss",
     "ld_logps",
+    "log_sum_sq_probs",
     "wpo_weights",
     "AdaptiveKLController",
     "FixedKLController",

@@ -37,6 +37,14 @@ def ld_logps(token_logps: torch.Tensor, completion_mask: torch.Tensor, alpha: fl
     return torch.where(inside, token_logps, zero).sum(-1) + alpha * torch.where(tail, token_logps, zero).sum(-1)
 
 
+def log_sum_sq_probs(token_logps: torch.Tensor, half_temperature_logps: torch.Tensor) -> torch.Tensor:
+    """``log Σ_v p(v)²`` at each position from the log-prob of the token there under the
+    distribution and under its temperature-½ version: with logits ``z``, ``log Σ_v e^{2 z_v} -
+    2 logsumexp z = 2 log p(y) - log p_½(y)`` (``p_½ = softmax(2z)``) — no vocabulary-wide tensor
+    beyond what a log-prob pass holds."""
+    return 2 * token_logps - half_temperature_logps
+
+
 def wpo_weights(token_logps: torch.Tensor, log_sum_sq_probs: torch.Tensor, completion_mask: torch.Tensor):
     """WPO (Zhou et al. 2024, "WPO: Enhancing RLHF with Weighted Preference Optimization",
     arXiv:2406.11827, eq. 2, with its length-normalised, sampling-aligned probability): each pair's

@@ -188,6 +188,10 @@ class DPOConfig(TrainConfig):
     ld_alpha: float | None = None
     """LD-DPO (Liu et al. 2024): weight in [0, 1] of the tokens of the longer completion past the shorter one's length
     in its log-prob (both policy and reference); None: 1, plain DPO."""
+    use_weighting: bool = False
+    """WPO (Zhou et al. 2024): weigh each pair's loss by how likely the policy is to produce its two completions
+    (length-normalised, against its own distribution's self-probability); not with aot / aot_unpaired (they sort the
+    batch). Costs a second pass of the policy without gradient a micro-batch (algorithms/dpo_terms.py)."""
     precompute_ref_logprobs: bool = False
     """Score every training pair under the reference once, before training, and free the reference: no second model in
     memory during training (the same loss: the reference is frozen)."""
@@ -216,9 +220,18 @@ class DPOConfig(TrainConfig):
             self,
             [
                 (
+                    not (self.use_weighting and {"aot", "aot_unpaired"} & set(_names(self.loss_type))),
+                    "use_weighting",
+                    "False with loss_type 'aot' or 'aot_unpaired' (they sort the batch: no weight belongs to a pair)",
+                ),
+                (
                     not (self.sync_ref_model and self.precompute_ref_logprobs),
                     "sync_ref_model",
                     "False with precompute_ref_logprobs=True (a reference that changes cannot be scored once)",
                 ),
             ],
         )
+
+
+def _names(loss_type) -> tuple[str, ...]:
+    return (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)

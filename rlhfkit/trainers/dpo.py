@@ -15,7 +15,8 @@ adapter-disabled base when the policy is a LoRA model (no second copy); else a f
 initial policy. With ``precompute_ref_logprobs`` its log-probs of every pair are computed once
 before training; with ``sync_ref_model`` it follows the policy (TR-DPO). SimPO and SFT need no
 reference at all. ``ld_alpha`` (LD-DPO) weighs each sequence's tokens past its pair's shorter
-completion in both models' log-probs (``algorithms.ld_logps``).
+completion in both models' log-probs (``algorithms.ld_logps``); ``use_weighting`` weighs each pair's
+loss by WPO's weight (``algorithms.wpo_weights``).
 
 Metrics (TRL's names): ``rewards/chosen`` and ``rewards/rejected`` (the implicit rewards
 ``β (log π(y|x) - log π_ref(y|x))``, means over the step's pairs), ``rewards/accuracies`` (the
@@ -35,7 +36,7 @@ import torch
 
 from .. import distributed
 from ..algorithms import DPO_LOSS_TYPES as DPO_LOSSES
-from ..algorithms import dpo_loss, ld_logps
+from ..algorithms import dpo_loss, ld_logps, log_sum_sq_probs, wpo_weights
 from ..algorithms.dpo import needs_reference
 from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.DPOConfig
 from ..data.encode import encode_pair, note_cut, note_unknown
@@ -188,19 +189,32 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         index = torch.arange(n).repeat(2)
         return ids.to(self.device), mask.to(self.device), completion_mask.to(self.device), index.to(self.device)
 
-    def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
+    def _token_logps(self, model, pairs: list[PreferencePair], temperature: float = 1.0):
+        """(per-token log-probs (2n, T) at ``temperature`` — chosen rows, then rejected —, completion mask (2n, T))."""
         ids, mask, completion_mask, index = self._collate(pairs)
         # a pair's two completions packed after its prompt: one pass (models.packing)
         with self._autocast(), self._memory_pass(*ids.shape):
-            out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index)
+            out = forward_response(model, ids, mask, completion_mask.shape[1], temperature, prompt_index=index)
+        return out.logprobs, completion_mask
+
+    def _sequence_logps(self, token_logps: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """Each completion's log-prob (2n,): the sum over its tokens, or LD-DPO's with ``ld_alpha``."""
         alpha = self.args.ld_alpha
-        logps = (
-            (out.logprobs * completion_mask).sum(-1)
-            if alpha is None
-            else ld_logps(out.logprobs, completion_mask, alpha)
+        return (
+            (token_logps * completion_mask).sum(-1) if alpha is None else ld_logps(token_logps, completion_mask, alpha)
         )
-        return logps, completion_mask.sum(-1)
+
+    def _logps(self, model, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed completion log-probs (2n,) — chosen rows, then rejected —, completion lengths (2n,))."""
+        token_logps, completion_mask = self._token_logps(model, pairs)
+        return self._sequence_logps(token_logps, completion_mask), completion_mask.sum(-1)
+
+    @torch.no_grad()
+    def _wpo_weights(self, model, pairs: list[PreferencePair], token_logps, completion_mask) -> torch.Tensor:
+        """WPO's pair weights (n,) (``algorithms.wpo_weights``); each token's ``log Σ_v p(v)²`` from a
+        second pass of the policy at temperature ½ (``algorithms.log_sum_sq_probs``)."""
+        half, _ = self._token_logps(model, pairs, temperature=0.5)
+        return wpo_weights(token_logps, log_sum_sq_probs(token_logps, half), completion_mask)
 
     def _probe(self, n: int) -> torch.Tensor:
         """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
@@ -233,8 +247,10 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _loss(self, model, pairs: list[PreferencePair]):
-        """``dpo_loss`` of ``pairs``; the reference log-probs from its table (precomputed) or now."""
-        logps, lengths = self._logps(model, pairs)
+        """``dpo_loss`` of ``pairs`` (WPO-weighted with ``use_weighting``); the reference log-probs
+        from its table (precomputed) or now."""
+        token_logps, completion_mask = self._token_logps(model, pairs)
+        logps, lengths = self._sequence_logps(token_logps, completion_mask), completion_mask.sum(-1)
         n = len(pairs)
         ref = self._reference_of(pairs) if self.needs_reference else None
         a = self.args
@@ -254,6 +270,8 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
             chosen_lengths=lengths[:n],
             rejected_lengths=lengths[n:],
         )
+        if a.use_weighting:
+            losses = losses * self._wpo_weights(model, pairs, token_logps, completion_mask)
         return losses, chosen_r, rejected_r, logps.detach()
 
     def _step(self, indices: list[int]) -> dict:

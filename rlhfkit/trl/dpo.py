@@ -4,7 +4,7 @@ The config is TRL's dataclass (``transformers.TrainingArguments`` plus TRL's fie
 checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``DPOConfig``, with the batch
 arithmetic of ``supervised.py`` (``per_device_train_batch_size`` pairs per process per micro-step).
 Every TRL ``loss_type`` is a formula of rlhfkit's algorithm core (``algorithms/dpo.py``), one or a
-list weighted by ``loss_weights``; so are ``f_divergence_type``, ``ld_alpha`` and TR-DPO's
+list weighted by ``loss_weights``; so are ``f_divergence_type``, ``ld_alpha``, WPO's ``use_weighting`` and TR-DPO's
 ``sync_ref_model`` (``trainers/dpo_reference.py``). The data are
 TRL's too (``_encode``): text rows are tokenised as TRL tokenises them (``supervised.trl_encode``:
 the tokenizer's special tokens, no second EOS), and ``max_length`` truncates as TRL's ``keep_start``.
@@ -89,6 +89,7 @@ class DPOConfig(SupervisedArguments):
         "f_divergence_type",
         "f_alpha_divergence_coef",
         "ld_alpha",
+        "use_weighting",
         "sync_ref_model",
         "ref_model_mixup_alpha",
         "ref_model_sync_steps",
@@ -114,6 +115,11 @@ class DPOConfig(SupervisedArguments):
                 f"DPOConfig field 'label_smoothing'={self.label_smoothing} with loss_type={self.loss_type!r} is not "
                 "supported by rlhfkit: TRL's 'sigmoid' ignores it while the others read it, and rlhfkit's sigmoid "
                 "reads it (conservative DPO); use 'robust' in place of 'sigmoid' for a smoothed DPO term"
+            )
+        if self.use_weighting and {"aot", "aot_unpaired"} & set(self.loss_type):
+            raise NotImplementedError(  # TRL's message
+                "WPO-style weighting is not implemented for 'aot' or 'aot_unpaired' because those losses sort "
+                "samples, which would misalign per-pair weights."
             )
         if self.sync_ref_model and self.precompute_ref_log_probs:
             raise ValueError(  # TRL's message
@@ -146,6 +152,7 @@ class DPOConfig(SupervisedArguments):
             f_divergence_type=self.f_divergence_type,
             f_alpha_divergence_coef=self.f_alpha_divergence_coef,
             ld_alpha=self.ld_alpha,
+            use_weighting=self.use_weighting,
             precompute_ref_logprobs=self.precompute_ref_log_probs,
             sync_ref_model=self.sync_ref_model,
             ref_model_mixup_alpha=self.ref_model_mixup_alpha,

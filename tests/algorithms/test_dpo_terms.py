@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlhfkit.algorithms import ld_logps, wpo_weights
+from rlhfkit.algorithms import ld_logps, log_sum_sq_probs, wpo_weights
 
 # one pair: the chosen completion has 3 tokens, the rejected 2 (a padding column after it)
 LOGPS = torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -7.0]])
@@ -49,3 +49,14 @@ def test_wpo_weight_is_one_for_a_deterministic_policy():
     # one token of probability 1: log p = 0 and log Σp² = 0
     zeros = torch.zeros(2, 1)
     assert wpo_weights(zeros, zeros, torch.ones(2, 1)).tolist() == [1.0]
+
+
+def test_log_sum_sq_probs_from_the_half_temperature_log_prob():
+    """log Σ_v p(v)² computed over the whole vocabulary equals 2 log p(y) - log p_½(y) for any token y."""
+    torch.manual_seed(0)
+    z = torch.randn(3, 5, 11, dtype=torch.float64)
+    y = torch.randint(0, 11, (3, 5))
+    direct = torch.logsumexp(2 * torch.log_softmax(z, -1), -1)
+    logp = torch.log_softmax(z, -1).gather(-1, y[..., None]).squeeze(-1)
+    half = torch.log_softmax(2 * z, -1).gather(-1, y[..., None]).squeeze(-1)
+    assert torch.allclose(log_sum_sq_probs(logp, half), direct, atol=1e-12)

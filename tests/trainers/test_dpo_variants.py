@@ -176,3 +176,24 @@ def test_a_float16_policy_trains_on_float32_masters_and_leaves_in_float16(tmp_pa
         assert not torch.equal(param, before[name]), f"{name} did not move"
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final", dtype="auto")
     assert all(torch.equal(p, t.model.get_parameter(n)) for n, p in final.named_parameters())
+
+
+def test_wpo_weighs_each_pair_by_its_completions_self_probability():
+    """use_weighting: each pair's loss times w(y_w) w(y_l), w(y) = exp(mean_t log p(y_t) - log Σ_v p(v)²),
+    computed here from the model's full logits (the trainer takes Σ p² from a temperature-½ pass)."""
+    plain = trainer(max_steps=0)
+    weighted = trainer(max_steps=0, use_weighting=True)
+    pairs = plain.train_pairs[:4]
+    base, ours = plain._loss(plain.model, pairs)[0], weighted._loss(weighted.model, pairs)[0]
+    for i, p in enumerate(pairs):
+        w = 1.0
+        for completion in (p.chosen, p.rejected):
+            ids = torch.tensor([p.prompt + completion])
+            with torch.no_grad():
+                logits = plain.model(input_ids=ids).logits[0, len(p.prompt) - 1 : -1].double()
+            logp = torch.log_softmax(logits, -1)
+            token = logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+            w *= math.exp((token - torch.logsumexp(2 * logp, -1)).mean().item())
+        assert ours[i].item() == pytest.approx(base[i].item() * w, rel=1e-4), i
+    with pytest.raises(ValueError, match="'use_weighting' must be False with loss_type 'aot'"):
+        DPOConfig(use_weighting=True, loss_type="aot")

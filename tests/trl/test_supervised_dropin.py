@@ -331,7 +331,6 @@ def test_the_configs_have_trls_fields_and_defaults_and_none_is_ignored(cls):
         (SFTConfig, "model_init_kwargs", {"quantization_config": {}}, "'dtype'"),
         (DPOConfig, "loss_type", "kto", "one or several of 'sigmoid', 'hinge', 'ipo'"),
         (DPOConfig, "loss_type", ["sigmoid", "kto"], "one or several of"),
-        (DPOConfig, "use_weighting", True, "only its default"),
         (DPOConfig, "disable_dropout", False, "always"),
         (RewardConfig, "disable_dropout", False, "always"),
         (RewardConfig, "deepspeed", "ds.json", "torchrun"),

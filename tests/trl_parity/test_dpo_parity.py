@@ -24,6 +24,10 @@ CASES = {
     "js_divergence": dict(loss_type="hinge", f_divergence_type="js_divergence"),
     "alpha_divergence": dict(loss_type="ipo", f_divergence_type="alpha_divergence", f_alpha_divergence_coef=0.3),
     "ld_alpha": dict(ld_alpha=0.3),
+    "use_weighting": dict(use_weighting=True),
+    "use_weighting_list_ld": dict(
+        use_weighting=True, loss_type=["sigmoid", "bco_pair"], ld_alpha=0.5
+    ),  # sft: TRL 1.16 fails (an in-place product on its expanded loss)
     "sync_ref_model": dict(sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=0.5),
 }
 

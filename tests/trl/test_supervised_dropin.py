@@ -187,7 +187,7 @@ def test_optimizer_steps_and_micro_batches_in_a_run_are_trls(kind, rows, models,
     )
     trainer = trainer_class(model=models["chat" if kind != "SFT" else "plain"], args=config, train_dataset=rows)
     sizes = []
-    spied = {"SFT": "loss_sum", "DPO": "_logps", "Reward": "_score_pairs"}[kind]
+    spied = {"SFT": "loss_sum", "DPO": "_token_logps", "Reward": "_score_pairs"}[kind]
     original = getattr(trainer, spied)
     monkeypatch.setattr(
         trainer,

@@ -8,9 +8,10 @@ Each evaluation batch holds ``per_device_eval_batch_size`` completions per proce
 training sampling settings by the current policy, scored by the training reward sources, their
 advantages computed within each prompt's group, and the training loss evaluated on them without a
 gradient (at the sampling policy the ratio is 1: the loss is ``-A`` aggregated as ``loss_type`` says,
-plus ``beta`` x KL, minus the entropy bonus; ``rl.update.loss``). ``<prefix>_loss`` is the mean of the
-batches' losses, the other metrics their means: ``<prefix>_reward``, ``_reward_std``,
-``_rewards/<function>/mean`` and ``/std``, ``_completions/mean_length``, ``/max_length``,
+plus ``beta`` x KL, minus the entropy bonus; ``rl.update.loss``); with ``num_generations_eval=1`` a
+completion has no baseline and its advantage is 0 (TRL's RLOO; TRL's GRPO divides 0 by a NaN std).
+``<prefix>_loss`` is the mean of the batches' losses, the other metrics their means: ``<prefix>_reward``,
+``_reward_std``, ``_rewards/<function>/mean`` and ``/std``, ``_completions/mean_length``, ``/max_length``,
 ``/clipped_ratio``, ``_entropy`` (``_kl`` with ``beta > 0``), ``_runtime``, ``_samples_per_second``
 (completions), ``_steps_per_second`` (batches). ``<prefix>`` is ``metric_key_prefix``, with
 ``_<name>`` for a set of a dict of datasets (``eval_data1_loss``). The evaluated set is any dataset
@@ -119,6 +120,8 @@ class TRLRLEvaluation:
         group = a.num_generations_eval or a.num_generations
         per_batch = max(1, a.per_device_eval_batch_size * distributed.planned_world() // group)
         making = replace(part(experience.ExperienceMaking, self.config), group_size=group)
+        if group < 2:  # one completion per prompt has no baseline: advantage 0 (TRL's RLOO; GRPO's divides by a NaN)
+            making = replace(making, advantage_estimator="reinforce")
         losses = part(update.UpdateLoss, self.config)
         beta = self.kl_ctl.value
         totals: dict[str, list[float]] = {}
@@ -136,6 +139,8 @@ class TRLRLEvaluation:
             exp = experience.make_experience(
                 self.models, making, batch.rollout, batch.scores, batch.valid, beta, metrics
             )
+            if group < 2:
+                exp.advantages = torch.zeros_like(exp.advantages)
             metrics.update(advantages.rollout_metrics(exp.rollout))
             everything = torch.arange(exp.mask.shape[0], device=self.models.device)
             with torch.no_grad():

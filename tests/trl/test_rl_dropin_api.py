@@ -212,3 +212,26 @@ def test_per_function_reward_std_and_the_policy_tags(model_dir, tmp_path):
     assert last["rewards/constant/std"] == 0.0 and last["rewards/constant/mean"] == 2.0
     assert last["reward"] == pytest.approx(0.7 * last["rewards/reward_len/mean"] + 0.3 * 2.0)
     assert trainer.model.model_tags == ["trl", "grpo"]
+
+
+@pytest.mark.parametrize("trainer_class, config_class", [(GRPOTrainer, GRPOConfig), (RLOOTrainer, RLOOConfig)])
+def test_one_completion_per_prompt_evaluates_with_no_baseline(
+    trainer_class, config_class, model_dir, tmp_path, monkeypatch
+):
+    """num_generations_eval=1: no group to compare with, so the advantage is 0 and the loss holds only
+    its other terms (here none: 0)."""
+    from rlhfkit.rl import update
+
+    seen, loss = [], update.loss
+    monkeypatch.setattr(update, "loss", lambda models, args, exp, *a, **k: seen.append(exp.advantages) or loss(
+        models, args, exp, *a, **k
+    ))  # fmt: skip
+    args = config(tmp_path, config_class, max_steps=1, num_generations_eval=1, beta=0.0)
+
+    def distinct(completions, **kwargs):  # differs between completions: a baseline would give advantages
+        return [float(len(set(c))) for c in completions]
+
+    trainer = trainer_class(model_dir, distinct, args, rows(), eval_dataset=rows(["ab", "cd", "ef", "gh"]))
+    metrics = trainer.evaluate()
+    assert metrics["eval_reward_std"] > 0 and seen and all((a == 0).all() for a in seen)
+    assert metrics["eval_loss"] == 0.0 and metrics["eval_samples_per_second"] > 0

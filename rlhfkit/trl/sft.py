@@ -24,10 +24,12 @@ from .metrics import SFT_METRICS
 from .sft_data import (
     check_prepared,
     check_transform,
+    is_chat_row,
     is_text_row,
     keep_start,
     sft_view,
     trains,
+    trl_chat_row,
     trl_rows,
     trl_text_row,
 )
@@ -230,7 +232,15 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
         if all(is_text_row(row) for row in rows):
             whole = [trl_text_row(row, tok, a.completion_only_loss) for row in rows]
             note_unknown(name, [e.input_ids for e in whole], tok)
-        else:  # TRL's completion_only_loss=None applies a tokenised row's completion_mask to none
+        elif not a.assistant_only_loss and all(is_chat_row(row) for row in rows):
+            whole = [_row(trl_chat_row, i, name, row, tok, a.completion_only_loss) for i, row in enumerate(rows)]
+        else:
+            templated = next((i for i, row in enumerate(rows) if row.get("chat_template_kwargs")), None)
+            if templated is not None:
+                raise ValueError(
+                    f"{name}: row index {templated} (0-based): chat_template_kwargs with assistant_only_loss=True "
+                    "is not supported by rlhfkit (its assistant turns are found without them)"
+                )  # TRL's completion_only_loss=None applies a tokenised row's completion_mask to none
             tokenised = "input_ids" in rows[0] and self.trl_args.completion_only_loss is None
             whole = encode_sft_rows(
                 rows,
@@ -260,6 +270,14 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
                 stacklevel=2,
             )
         return kept
+
+
+def _row(encode, i: int, name: str, row: dict, *args) -> Encoded:
+    """``encode(row, *args)``, its error naming the row."""
+    try:
+        return encode(row, *args)
+    except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
+        raise ValueError(f"{name}: row index {i} (0-based): {e}") from None
 
 
 def moe_aux_loss(model, coef: float | None) -> bool:

@@ -12,7 +12,8 @@ rlhfkit's SFT loader, and TRL's rules for their tokens (``trl/trainer/sft_traine
 - ``dataset_kwargs={"skip_prepare_dataset": True}``: the rows are trainer-ready, tokenised
   (``input_ids``, ``labels``), and are neither truncated nor filtered; mask columns without
   ``labels`` are refused with TRL's message;
-- text rows are tokenised as TRL tokenises them (``trl_text_row``), and ``max_length`` keeps each
+- text rows, and chat rows when ``assistant_only_loss`` is off, are tokenised as TRL tokenises them
+  (``trl_text_row``, ``trl_chat_row``: the row's ``chat_template_kwargs`` too), and ``max_length`` keeps each
   example's first tokens (``keep_start``; TRL's ``truncation_mode="keep_start"``);
 - ``trainer.train_dataset`` / ``eval_dataset`` are TRL's prepared datasets (``sft_view``): ``input_ids``
   and ``labels`` (the token, or -100 where it is not trained), and ``seq_lengths`` for rows packed
@@ -21,6 +22,7 @@ rlhfkit's SFT loader, and TRL's rules for their tokens (``trl/trainer/sft_traine
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import replace
 
@@ -125,6 +127,38 @@ def trl_text_row(row: dict, tokenizer, completion_only: bool) -> Encoded:
         e = trl_encode(row["prompt"], row["completion"], tokenizer)
         return e if completion_only else replace(e, prompt_len=0)
     return replace(trl_encode("", row["text"], tokenizer), prompt_len=0)
+
+
+def is_chat_row(row: dict) -> bool:
+    """A ``messages`` row, or a prompt-completion row of chat messages (no tokens)."""
+    return "input_ids" not in row and ("messages" in row or isinstance(row.get("prompt"), (list, tuple)))
+
+
+def trl_chat_row(row: dict, tokenizer, completion_only: bool) -> Encoded:
+    """A chat row as TRL tokenises it when ``assistant_only_loss`` is off: the whole conversation
+    through the chat template (the row's ``tools``, a list or its JSON, and ``chat_template_kwargs``),
+    no EOS added (the template ends the turn); every token trained, or for a prompt-completion row
+    with ``completion_only`` those after where the prompt's rendering with the generation prompt
+    and the conversation's part (TRL's ``common_prefix_length``)."""
+    tools = row.get("tools")
+    try:
+        tools = json.loads(tools) if isinstance(tools, str) else tools
+    except json.JSONDecodeError as e:
+        raise ValueError(f"field 'tools': invalid JSON: {e.msg}") from None
+    kwargs = {"tools": tools, **(row.get("chat_template_kwargs") or {})}
+
+    def tokens(messages, **more) -> list[int]:
+        out = tokenizer.apply_chat_template(list(messages), tokenize=True, return_dict=True, **kwargs, **more)
+        return list(out["input_ids"])
+
+    if "messages" in row:
+        return Encoded(tokens(row["messages"]), 0, False)
+    ids = tokens([*row["prompt"], *row["completion"]])
+    if not completion_only:
+        return Encoded(ids, 0, False)
+    prompt = tokens(row["prompt"], add_generation_prompt=True)
+    n = next((j for j, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))
+    return Encoded(ids, n, False)
 
 
 def keep_start(e: Encoded, limit: int) -> Encoded:

@@ -188,3 +188,18 @@ def test_packed_prepared_datasets_are_trls(strategy, eval_packing, train_lengths
     if train_lengths:  # every example whole in one row (TRL's bfd: seq_lengths add up to the row)
         assert sum(len(x) for x in train["seq_lengths"]) == len(STORIES)
         assert [sum(x) for x in train["seq_lengths"]] == [len(ids) for ids in train["input_ids"]]
+
+
+def test_chat_rows_are_tokenised_as_trl_does_with_their_chat_template_kwargs(models, tmp_path):
+    from rlhfkit.tasks.tiny import chatml_tokenizer
+
+    tok = chatml_tokenizer()
+    tok.chat_template = "{% for m in messages %}{{ (m.role | upper) if loud else m.role }}:{{ m.content }};{% endfor %}"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    rows = [{"messages": chat, "chat_template_kwargs": {"loud": i == 1}} for i in range(2)]
+    trainer = _sft(models, tmp_path, rows, processing_class=tok)
+    texts = [tok.decode(ids) for ids in trainer.train_dataset["input_ids"]]
+    assert texts == ["user:hi;assistant:yo;", "USER:hi;ASSISTANT:yo;"]  # the template's own end: no EOS added
+    assert trainer.train_dataset["labels"] == trainer.train_dataset["input_ids"]  # every token trained
+    with pytest.raises(ValueError, match=r"^train_dataset: row index 0 \(0-based\): chat_template_kwargs with assis"):
+        _sft(models, tmp_path, rows, processing_class=tok, assistant_only_loss=True)

@@ -88,13 +88,13 @@ def test_the_sft_quickstart_on_conversations_trains_every_token_as_trl_does(mode
     """TRL's SFT quickstart data are conversations (trl-lib/Capybara): TRL trains every token of a
     ``messages`` row unless assistant_only_loss=True (rlhfkit's own SFTConfig: the assistant's only)."""
     rows = [{"messages": [USER("hi"), BOT("hello there")]}, {"messages": [USER("2+2?"), BOT("4")]}]
-    trained = {}
+    trained, lengths = {}, {}
     for only in (False, True):
         args = SFTConfig(output_dir=str(tmp_path / str(only)), max_steps=1, assistant_only_loss=only, **CPU)
         trainer = SFTTrainer(model=models["chat"], args=args, train_dataset=rows)
         trained[only] = [sum(t != IGNORE_INDEX for t in example_labels(u[0])) for u in trainer.units]
-    lengths = [len(u[0].input_ids) for u in trainer.units]
-    assert trained[False] == [n - 1 for n in lengths]  # all but the first token (nothing predicts it)
+        lengths[only] = [len(u[0].input_ids) for u in trainer.units]
+    assert trained[False] == [n - 1 for n in lengths[False]]  # all but the first token (nothing predicts it)
     assert trained[True] == [len("hello there") + 1, len("4") + 1]  # the reply and its EOS
 
 

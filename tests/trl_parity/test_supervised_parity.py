@@ -265,3 +265,34 @@ def test_text_rows_with_special_tokens(bos_model_dir, tmp_path, kind):
     else:
         theirs, ours = _reward_step(bos_model_dir, PAIRS, kwargs, tmp_path)
         _check(weights(_classifier(bos_model_dir)), theirs, ours)
+
+
+# ---------------------------------------------------------------- SFT chat rows
+
+USER, BOT = (lambda c: {"role": "user", "content": c}), (lambda c: {"role": "assistant", "content": c})
+CHAT = [{"messages": [USER(w), BOT(w[::-1] * (1 + i % 3))]} for i, w in enumerate(WORDS)]
+CHAT_PROMPT_COMPLETION = [
+    {"prompt": [USER(w)], "completion": [BOT(w[::-1] * (1 + i % 3))]} for i, w in enumerate(WORDS)
+]
+
+
+@pytest.fixture(scope="module")
+def chat_model_dir(tmp_path_factory):
+    """The tiny Llama with a ChatML tokenizer (its chat template renders the conversations)."""
+    from rlhfkit.tasks.tiny import chatml_tokenizer, save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("chat") / "model", tokenizer=chatml_tokenizer(), seed=0)
+
+
+@pytest.mark.parametrize(
+    "rows, completion_only_loss",
+    [(CHAT, None), (CHAT_PROMPT_COMPLETION, None), (CHAT_PROMPT_COMPLETION, False)],
+    ids=["messages", "prompt-completion", "prompt-completion-every-token"],
+)
+def test_sft_chat_rows(chat_model_dir, tmp_path, rows, completion_only_loss):
+    """Chat rows, one micro-step of 8 rows: the whole conversation through the chat template, no EOS
+    added (the template ends the turn); every token of a ``messages`` row, the completion's of a
+    prompt-completion row (from where the prompt's rendering with the generation prompt ends)."""
+    kwargs = dict(per_device_train_batch_size=8, completion_only_loss=completion_only_loss)
+    theirs, ours = _sft_step(chat_model_dir, rows, kwargs, tmp_path)
+    _check(start_weights(chat_model_dir), theirs, ours)

@@ -80,6 +80,7 @@ class GenerationArguments(TrainingArguments):
             "model_init_kwargs",
             "num_generations",
             "num_generations_eval",
+            "chat_template_kwargs",
             "max_completion_length",
             "shuffle_dataset",
             "generation_batch_size",

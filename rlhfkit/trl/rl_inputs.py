@@ -9,6 +9,8 @@ RL loop takes (``trl/trainer/grpo_trainer.py``'s ``__init__``, rule by rule):
   object, or a list of them; ``reward_processing_classes``: None, one tokenizer or a list, one per
   reward function (TRL's "must match" rule); a reward model without one is scored with its own
   checkpoint's tokenizer (``reward_sources``); its name is its checkpoint's last path part, TRL's;
+- ``chat_template_kwargs`` (the config's): passed to every ``apply_chat_template`` call the run makes
+  with the policy's tokenizer (``with_template_kwargs``), as TRL passes them when it renders prompts;
 - ``train_dataset`` / ``eval_dataset``: ``datasets.Dataset``, a list of rows, or a
   ``datasets.IterableDataset`` (a stream: the training run reads the prompts ``max_steps`` takes,
   which TRL requires for a stream; ``prompt_rows``), ``eval_dataset`` also a dict of them.
@@ -180,3 +182,18 @@ def _name(fn) -> str:
     if isinstance(fn, str):
         return fn.replace(":", ".").rsplit(".", 1)[-1] if "/" not in fn else fn.rstrip("/").split("/")[-1]
     return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def with_template_kwargs(model, processing_class, kwargs: dict | None):
+    """``processing_class`` (or the model's own tokenizer) with ``kwargs`` (TRL's
+    ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``) bound to its ``apply_chat_template``:
+    a shallow copy, so the caller's tokenizer is left as it was; a call's own keywords still win.
+    None or ``{}``: ``processing_class`` as it is."""
+    if not kwargs:
+        return processing_class
+    import copy
+    import functools
+
+    tokenizer = copy.copy(load_tokenizer(model if processing_class is None else processing_class, "model"))
+    tokenizer.apply_chat_template = functools.partial(tokenizer.apply_chat_template, **kwargs)
+    return tokenizer

@@ -16,7 +16,14 @@ from ..trainers.rl import RLTrainer
 from .callbacks import trl_callbacks
 from .grpo import GRPOConfig, RLOOConfig
 from .rl_eval import TRLRLEvaluation
-from .rl_inputs import is_iterable_dataset, prompt_rows, reward_sources, tokenizer_for, trl_config
+from .rl_inputs import (
+    is_iterable_dataset,
+    prompt_rows,
+    reward_sources,
+    tokenizer_for,
+    trl_config,
+    with_template_kwargs,
+)
 from .rl_rows import TRLRLRows
 from .state import TRLTrainerMixin
 
@@ -54,8 +61,10 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
             sources, classes, names = [], [], []  # the environments' get_reward scores
         else:
             sources, classes, names = reward_sources(reward_funcs, reward_processing_classes)
-        processing_class = tokenizer_for(model, processing_class)
         args = self.trl_config(model, args, optimizers)
+        processing_class = with_template_kwargs(
+            model, tokenizer_for(model, processing_class), args.chat_template_kwargs
+        )
         self.trl_stream_settings(args, train_dataset, eval_dataset)
         train_rows = self._train_rows(args, train_dataset)
         native, _, weights = self.translate(model, args, train_rows, None, None, optimizers)
@@ -80,7 +89,10 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
             self.trl_steps_per_epoch = len(train_rows) // native.prompts_per_step * per or None
         # Reward functions' trainer_state counts optimizer steps, as TRL's self.state does.
         self.sampler.state_steps_per_step = per
-        self.sampler.rewards = UnscoredWarning(self.sampler.rewards, logging.getLogger(self.logger_name))
+        self.sampler.rewards = TRLRewardView(
+            self.sampler.rewards, logging.getLogger(self.logger_name), args.generation_batch_size
+        )
+        self._logs = self.sampler.rewards.logs  # TRL's table of the latest completions
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
         self.trl_warnings()
@@ -200,13 +212,27 @@ class RLOOTrainer(GRPOTrainer):
         return {}
 
 
-class UnscoredWarning:
-    """The run's ``RewardFunctions``, logging TRL's warning (``GRPOTrainer._calculate_rewards``) for
-    a batch in which every reward function returned None for a completion: the first such
-    completion's keyword arguments, prompt and completion."""
+class TRLRewardView:
+    """The run's ``RewardFunctions`` as TRL's trainer sees its reward calls (``GRPOTrainer._calculate_rewards``
+    and ``_generate_and_score_completions``): TRL's warning when every reward function returned None for a
+    completion (the first such completion's keyword arguments, prompt and completion), and TRL's table of the
+    latest completions, ``trainer._logs`` (``prompt``, ``completion``, ``rewards`` per function, ``extra``
+    columns from ``log_extra``; one generation's worth, ``generation_batch_size``; the ``advantages`` column
+    stays empty: they are computed after the call)."""
 
-    def __init__(self, rewards, logger: logging.Logger):
+    def __init__(self, rewards, logger: logging.Logger, size: int):
+        from collections import defaultdict, deque
+
         self.rewards, self.logger = rewards, logger
+        table = lambda: deque(maxlen=size)  # noqa: E731
+        self.logs = {
+            "images": table(),
+            "prompt": table(),
+            "completion": table(),
+            "rewards": defaultdict(table),
+            "advantages": table(),
+            "extra": defaultdict(table),
+        }
 
     def __getattr__(self, name):
         return getattr(self.rewards, name)
@@ -222,4 +248,10 @@ class UnscoredWarning:
                 f"All reward functions returned None for the following kwargs:\n{row}\n"
                 "Please ensure that at least one reward function returns a valid reward."
             )
+        self.logs["prompt"].extend(prompts)
+        self.logs["completion"].extend(completions)
+        for name, values in out.per_function.items():
+            self.logs["rewards"][name].extend(values.tolist())
+        for column, values in out.extra.items():
+            self.logs["extra"][column].extend(values)
         return out

@@ -235,3 +235,39 @@ def test_one_completion_per_prompt_evaluates_with_no_baseline(
     metrics = trainer.evaluate()
     assert metrics["eval_reward_std"] > 0 and seen and all((a == 0).all() for a in seen)
     assert metrics["eval_loss"] == 0.0 and metrics["eval_samples_per_second"] > 0
+
+
+def test_chat_template_kwargs_reach_every_rendering(tmp_path):
+    """TRL's chat_template_kwargs (Qwen3's enable_thinking=False): the prompts are rendered with them;
+    the tokenizer the caller passed is left as it was."""
+    from rlhfkit.tasks.tiny import chatml_tokenizer
+
+    tok = chatml_tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>{% if enable_thinking is defined and not enable_thinking %}"
+        "q{% endif %}{% endif %}"
+    )
+    model = save_tiny_model(tmp_path / "chat", tokenizer=tok, seed=0)
+    prompt = [{"role": "user", "content": "ab"}]
+    args = config(tmp_path, max_steps=1, chat_template_kwargs={"enable_thinking": False})
+    trainer = GRPOTrainer(model, reward_len, args, [{"prompt": prompt}] * 3, processing_class=tok)
+    rendered = trainer.tokenizer.decode(trainer.sampler.prompt_ids[0])
+    assert rendered.endswith("<|im_start|>q") and tok.apply_chat_template(prompt, tokenize=False).endswith("<|im_end|>")
+    plain = GRPOTrainer(model, reward_len, config(tmp_path / "b", max_steps=1), [{"prompt": prompt}] * 3)
+    assert plain.tokenizer.decode(plain.sampler.prompt_ids[0]).endswith("<|im_start|>")
+
+
+def test_trls_table_of_the_latest_completions(model_dir, tmp_path):
+    """TRL's trainer._logs: the last generation's prompts, completions, rewards and log_extra columns."""
+
+    def reward(completions, log_extra, **kwargs):
+        log_extra("first", [c[:1] for c in completions])
+        return [float(len(c)) for c in completions]
+
+    trainer = GRPOTrainer(model_dir, reward, config(tmp_path, max_steps=2), rows())
+    trainer.train()
+    logs = trainer._logs
+    assert len(logs["prompt"]) == len(logs["completion"]) == 3  # generation_batch_size: the last generation
+    assert list(logs["extra"]["first"]) == [c[:1] for c in logs["completion"]]
+    assert list(logs["rewards"]["reward"]) == [float(len(c)) for c in logs["completion"]]

@@ -178,6 +178,15 @@ class AlgorithmConfig:
     """Target KL (nats per sequence) of the adaptive controller."""
     kl_horizon: float = 10000.0
     """Horizon of the adaptive controller (samples); larger moves β more slowly."""
+    sync_ref_model: bool = False
+    """TR-DPO's soft update of the reference (Gorbatovski et al. 2024, arXiv:2404.09656), TRL's sync_ref_model for GRPO
+    and RLOO: every ref_model_sync_steps optimizer steps the reference becomes ref_model_mixup_alpha x policy + (1 -
+    ref_model_mixup_alpha) x reference, so the KL pulls toward a reference that follows the policy; checkpoints hold it.
+    Needs a reference of its own (kl_coef > 0, not a LoRA policy, whose reference is its base model)."""
+    ref_model_mixup_alpha: float = 0.6
+    """With sync_ref_model: the policy's share α of each update of the reference."""
+    ref_model_sync_steps: int = 512
+    """With sync_ref_model: optimizer steps between two updates of the reference."""
     clip_low: float | None = None
     """PPO clip ε below 1 (ratio floor 1-ε). TRL's epsilon, verl's clip_ratio_low. Presets: 0.2; gspo 3e-4. Set with
     cispo or vanilla, which do not read it, it is refused."""

@@ -225,6 +225,11 @@ def _validate(c: RLConfig) -> None:
                 f"{c.kl_estimator!r} {kl['why_not_in_loss']}",
             ),
             (
+                not c.sync_ref_model or c.kl_coef > 0,
+                "sync_ref_model",
+                "False when kl_coef is 0: there is no reference to synchronise",
+            ),
+            (
                 c.device == "auto" or c.device.split(":")[0] in DEVICE_KINDS,
                 "device",
                 "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'",

@@ -108,6 +108,8 @@ class RLTrainer:
                 set_lm_head(m, args.lm_head)
         if distributed.role_size() > 1:  # then each process samples its own completions
             training.seed_everything(args.seed + 1_000_003 * distributed.role_rank())
+        if args.sync_ref_model:
+            self._keep_reference_in_sync()
         self.tokenizer = self.models.tokenizer
         use_chat_template(self.tokenizer, args.chat_template)
         source = build.episode_source(args, self.models, model, tools, environment_factory, agent_program)
@@ -238,7 +240,32 @@ class RLTrainer:
         the engine's weights are then out of date."""
         grad_norm = self.run.optimizer_step()["perf/grad_norm"]
         self.weights_version += 1  # a skipped step changes nothing, but the engine resyncs: harmless
+        if self.config.sync_ref_model and self.weights_version % self.config.ref_model_sync_steps == 0:
+            self._sync_reference()
         return {"perf/grad_norm": grad_norm}
+
+    def _keep_reference_in_sync(self) -> None:
+        """``sync_ref_model``: the reference must be a model of its own (not a LoRA policy's base), and
+        its weights become state the checkpoints hold (marked trainable; no optimizer holds them and it
+        is scored under ``no_grad``)."""
+        if self.models.reference is None:
+            raise ValueError(
+                "sync_ref_model=True with a LoRA (PEFT) policy is not supported: its reference is the base model "
+                "with the adapter disabled, no separate model to synchronise; train the full model or set "
+                "sync_ref_model=False"
+            )
+        self.models.reference.requires_grad_(True)
+
+    @torch.no_grad()
+    def _sync_reference(self) -> None:
+        """TR-DPO's soft update (``sync_ref_model``): ``ref ← α policy + (1 - α) ref``, parameter by parameter
+        (Gorbatovski et al. 2024, arXiv:2404.09656, §3; TRL's ``SyncRefModelCallback``)."""
+        alpha = self.config.ref_model_mixup_alpha
+        reference, policy = self.models.reference, self.models.policy
+        for m in (policy, reference):  # FSDP2: each parameter its own shard again
+            distributed.reshard(m)
+        for ref, p in zip(reference.parameters(), policy.parameters(), strict=True):
+            ref.mul_(1 - alpha).add_(p.detach().to(ref.dtype), alpha=alpha)
 
     def evaluate(self) -> dict:
         """Greedy completions of the eval prompts scored by the training reward sources:
@@ -293,6 +320,8 @@ class RLTrainer:
         mods = {"policy": self.models.policy}
         if self.models.critic_module is not None:
             mods["critic"] = self.models.critic_module
+        if self.config.sync_ref_model:  # its weights change during the run: checkpoints hold them
+            mods["reference"] = self.models.reference
         return mods
 
     def save_checkpoint(self, path: Path) -> None:

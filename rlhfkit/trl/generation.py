@@ -98,6 +98,9 @@ class GenerationArguments(TrainingArguments):
             "epsilon_high",
             "reward_weights",
             "mask_truncated_completions",
+            "sync_ref_model",
+            "ref_model_mixup_alpha",
+            "ref_model_sync_steps",
             "bf16",
             "logging_steps",
             "gradient_checkpointing",
@@ -235,6 +238,10 @@ class GenerationArguments(TrainingArguments):
             clip_low=self.epsilon,
             clip_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
             mask_truncated_completions=self.mask_truncated_completions,
+            # TR-DPO's reference sync, in optimizer steps as in TRL (rlhfkit counts them alike)
+            sync_ref_model=self.sync_ref_model,
+            ref_model_mixup_alpha=self.ref_model_mixup_alpha,
+            ref_model_sync_steps=self.ref_model_sync_steps,
             # TRL's rules: a masked truncated row still counts as a row, an unscored one stays in the loss with
             # advantage 0, and an epoch's last incomplete generation is dropped
             masked_rows_count=True,

@@ -271,3 +271,15 @@ def test_trls_table_of_the_latest_completions(model_dir, tmp_path):
     assert len(logs["prompt"]) == len(logs["completion"]) == 3  # generation_batch_size: the last generation
     assert list(logs["extra"]["first"]) == [c[:1] for c in logs["completion"]]
     assert list(logs["rewards"]["reward"]) == [float(len(c)) for c in logs["completion"]]
+
+
+@pytest.mark.parametrize("trainer_class, config_class", [(GRPOTrainer, GRPOConfig), (RLOOTrainer, RLOOConfig)])
+def test_sync_ref_model_moves_trainer_ref_model(trainer_class, config_class, model_dir, tmp_path):
+    args = config(tmp_path, config_class, max_steps=2, beta=0.1, sync_ref_model=True, ref_model_sync_steps=2)
+    trainer = trainer_class(
+        model_dir, lambda completions, **kw: [float(len(set(c))) for c in completions], args, rows()
+    )
+    assert trainer.config.sync_ref_model and trainer.config.ref_model_sync_steps == 2
+    before = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
+    trainer.train()
+    assert all(not torch.equal(p, before[n]) for n, p in trainer.ref_model.named_parameters())

@@ -56,14 +56,23 @@ def unsharded_template(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def export_causal_lm(
-    model: torch.nn.Module, path, tokenizer=None, adapter: bool = False, template: torch.nn.Module | None = None
+    model: torch.nn.Module,
+    path,
+    tokenizer=None,
+    adapter: bool = False,
+    template: torch.nn.Module | None = None,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """Write ``model`` to ``path`` as ``AutoModelForCausalLM.from_pretrained`` (or, with
     ``adapter`` and a LoRA model, ``PeftModel.from_pretrained`` on the base) loads it. Every
     process must call this under torchrun: the full weights are gathered, the main process writes.
-    The trained model is left as it is (merging happens on a copy)."""
+    The trained model is left as it is (merging happens on a copy). ``dtype``: the floating weights
+    of a model without adapters are written in it (SFT's float32 masters of a float16 model)."""
     check_finite_weights(model, f"saving {path}")  # every process: a shard each, the verdict shared
     state = distributed.full_state_dict(model) if distributed.role_size() > 1 else None  # a collective
+    if dtype is not None and not is_peft(model):
+        source = state if state is not None else model.state_dict()
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in source.items()}
     if distributed.is_main():
         path = Path(path)
         with writing(path), quiet_weight_bars():  # a full disk: one line naming the directory

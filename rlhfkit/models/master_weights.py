@@ -33,6 +33,9 @@ def float32_masters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 def back_to_float16(params: list[torch.nn.Parameter]) -> None:
-    """The parameters ``float32_masters`` cast, in float16 again (rounded to nearest)."""
+    """The parameters ``float32_masters`` cast, in float16 again (rounded to nearest). FSDP2's
+    sharded parameters stay float32 (FSDP2 keeps its own views of them): the saved model is cast
+    instead (``models.lora.export_causal_lm``'s ``dtype``)."""
     for p in params:
-        p.data = p.data.to(torch.float16)
+        if not hasattr(p, "full_tensor"):  # a DTensor under FSDP2
+            p.data = p.data.to(torch.float16)

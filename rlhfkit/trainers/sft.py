@@ -319,7 +319,8 @@ class SFTTrainer(SupervisedTrainer):
         merges, always alone: ``models.prompt_learning``). Under torchrun every process must call
         this: the full weights are gathered, rank 0 writes."""
         adapter = self.args.save_adapter or is_prompt_learning(self.model)
-        export_causal_lm(self.model, path, self.tokenizer, adapter, self._template)
+        dtype = torch.float16 if self._float16 else None  # a float16 model leaves in float16
+        export_causal_lm(self.model, path, self.tokenizer, adapter, self._template, dtype)
 
 
 def _prompt_learning_args(args: SFTConfig, adapter) -> SFTConfig:

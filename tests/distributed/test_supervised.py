@@ -166,9 +166,18 @@ def run_directory_spec(model: str, run_dir: Path) -> dict:
     return dict(trainer="sft", model=model, args=args, train=SFT_ROWS, eval=SFT_EVAL)
 
 
+def float16_spec(model: str, run_dir: Path, parallelism: str) -> dict:
+    """SFT of the model loaded in float16: float32 masters trained (models/master_weights.py), final/ in float16."""
+    spec = sft_spec(model, run_dir, parallelism)
+    spec["args"].update(dtype="float16", output_dir=str(run_dir))
+    return spec
+
+
 SPECS = {
     "sft-fsdp": lambda m, d: sft_spec(m, d, "fsdp"),
     "sft-ddp": lambda m, d: sft_spec(m, d, "ddp"),
+    "sft-float16-fsdp": lambda m, d: float16_spec(m, d, "fsdp"),
+    "sft-float16-ddp": lambda m, d: float16_spec(m, d, "ddp"),
     "rm-fsdp": lambda m, d: rm_spec(m, d, "fsdp"),
     "rm-ddp": lambda m, d: rm_spec(m, d, "ddp"),
     "dpo-full": lambda m, d: dpo_spec(m, d, False),
@@ -202,6 +211,16 @@ def test_sft_steps_are_the_same_on_one_and_two_processes(runs, tiny_model_dir, p
     untrained = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     assert any(not torch.equal(w1[k], v) for k, v in untrained.items())  # the steps moved them
     assert_same_weights(w1, w2)
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_a_float16_model_trains_float32_masters_and_saves_float16_on_two_processes(runs, parallelism):
+    out = runs / f"sft-float16-{parallelism}"
+    finals = [load_file(out / label / "run" / "final" / "model.safetensors") for label in ("one", "two")]
+    assert all({w.dtype for w in final.values()} == {torch.float16} for final in finals)
+    for name, one in finals[0].items():  # the same float32 masters, each rounded to float16 once
+        two = finals[1][name].float()
+        assert (two - one.float()).norm() <= 1e-3 * one.float().norm(), name
 
 
 @pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])

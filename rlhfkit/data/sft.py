@@ -246,7 +246,7 @@ def pack_wrapped(encoded: list[Encoded], max_length: int) -> list[list[Encoded]]
     trained in its example (``trained_flags``), an example's first token too, from the one before it."""
     ids = [t for e in encoded for t in e.input_ids]
     flags = [f for e in encoded for f in trained_flags(e)]
-    rows = []
+    rows: list[list[Encoded]] = []
     for s in range(0, len(ids), max_length):
         chunk, mask = ids[s : s + max_length], tuple(flags[s : s + max_length])
         first = next((j for j, m in enumerate(mask) if m), len(chunk))

@@ -71,8 +71,8 @@ def export_causal_lm(
     check_finite_weights(model, f"saving {path}")  # every process: a shard each, the verdict shared
     state = distributed.full_state_dict(model) if distributed.role_size() > 1 else None  # a collective
     if dtype is not None and not is_peft(model):
-        source = state if state is not None else model.state_dict()
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in source.items()}
+        full = state if state is not None else model.state_dict()
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items()}
     if distributed.is_main():
         path = Path(path)
         with writing(path), quiet_weight_bars():  # a full disk: one line naming the directory

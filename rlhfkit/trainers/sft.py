@@ -181,7 +181,7 @@ class SFTTrainer(SupervisedTrainer):
         batches = [self._collate(mine[i : i + size]) for i in range(0, len(mine), size)]
         local_tokens = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
         n_tokens = max(1, int(distributed.sum_floats([local_tokens])[0]))
-        total, stats = torch.zeros((), device=self.device), {}
+        total, stats = torch.zeros((), device=self.device), dict[str, float]()
         for i, batch in enumerate(batches):
             with distributed.no_sync(self.train_model) if i < len(batches) - 1 else nullcontext():
                 loss_sum, _ = self.loss_sum(batch, packed=args.packing, stats=stats)
@@ -244,7 +244,8 @@ class SFTTrainer(SupervisedTrainer):
             logprobs = -F.cross_entropy(chosen, target, reduction="none")
             if measure:
                 entropy, top1 = entropy_from_logits(chosen.detach()), chosen.detach().argmax(-1) == target
-        if measure:
+        if stats is not None:
+            assert entropy is not None and top1 is not None  # measured above
             stats["entropy"] = stats.get("entropy", 0.0) + float(entropy.sum())
             stats["top1"] = stats.get("top1", 0.0) + float(top1.sum())
         return sft_token_loss(logprobs, self.args.loss_type).sum(), int(keep.sum())
@@ -266,7 +267,7 @@ class SFTTrainer(SupervisedTrainer):
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_examples)
         mine, size = self.eval_examples[n * rank // world : n * (rank + 1) // world], -(-self.args.batch_size // world)
         chunks = [mine[i : i + size] for i in range(0, len(mine), size)]
-        total, count, stats = 0.0, 0, {}
+        total, count, stats = 0.0, 0, dict[str, float]()
         for i in range(distributed.reduce_max(len(chunks))):
             real = i < len(chunks)
             batch = collate_groups(

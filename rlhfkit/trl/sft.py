@@ -99,7 +99,8 @@ class SFTConfig(SupervisedArguments):
     @property
     def skip_prepare_dataset(self) -> bool:
         """TRL's ``dataset_kwargs={"skip_prepare_dataset": True}``: the rows are trainer-ready."""
-        return bool((self.dataset_kwargs or {}).get("skip_prepare_dataset", False))
+        kwargs = self.dataset_kwargs if isinstance(self.dataset_kwargs, dict) else {}
+        return bool(kwargs.get("skip_prepare_dataset", False))
 
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> NativeSFTConfig:
         """The rlhfkit ``SFTConfig`` of this config for ``n_rows`` training rows on ``world``

@@ -165,8 +165,10 @@ def keep_start(e: Encoded, limit: int) -> Encoded:
     """``e``'s first ``limit`` tokens (TRL's ``keep_start``)."""
     if len(e.input_ids) <= limit:
         return e
-    cut = dict(input_ids=e.input_ids[:limit], prompt_len=min(e.prompt_len, limit), truncated=True, cut=True)
-    return replace(e, **cut, mask=e.mask[:limit]) if isinstance(e, TurnsEncoded) else replace(e, **cut)
+    ids, start = e.input_ids[:limit], min(e.prompt_len, limit)
+    if isinstance(e, TurnsEncoded):
+        return replace(e, input_ids=ids, prompt_len=start, truncated=True, cut=True, mask=e.mask[:limit])
+    return replace(e, input_ids=ids, prompt_len=start, truncated=True, cut=True)
 
 
 def trains(e: Encoded) -> bool:

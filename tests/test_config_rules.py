@@ -29,6 +29,8 @@ TABLE = {
     "kl_coef": ([-0.1, math.nan], 0.0),
     "kl_target": ([0.0], 1.0),
     "kl_horizon": ([0.0], 100.0),
+    "top_entropy_quantile": ([-0.1, 1.5], 0.2),
+    "off_policy_mask_threshold": ([0.0, -1.0], 0.5),
     "clip_low": ([0.0, 1.0, 1.5], 0.1),
     "clip_high": ([0.0, -0.2, -1.0], 0.28),
     "dual_clip": ([1.0, 0.5], 3.0),

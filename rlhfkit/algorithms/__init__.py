@@ -41,8 +41,10 @@ from .sft_losses import SFT_LOSS_TYPES, is_top1, sft_token_loss
 from .shaping import (
     apply_missing_eos_penalty,
     group_has_variance,
+    high_entropy_mask,
     last_token_index,
     mask_truncated,
+    off_policy_sequence_mask,
     overlong_penalty,
     token_level_rewards,
 )
@@ -82,6 +84,8 @@ __all__ = [
     "group_advantages",
     "group_batch_std_advantages",
     "group_has_variance",
+    "high_entropy_mask",
+    "off_policy_sequence_mask",
     "importance_ratio",
     "kl_penalty",
     "last_token_index",

@@ -1,6 +1,8 @@
 """Reward shaping and sample filtering: the KL penalty folded into the reward, the outcome score
-placed on the last response token, the missing-EOS penalty ("EOS trick"), and DAPO's pieces — the
-soft overlong punishment, the dynamic-sampling group filter, truncated completions out of the loss."""
+placed on the last response token, the missing-EOS penalty ("EOS trick"), DAPO's pieces — the
+soft overlong punishment, the dynamic-sampling group filter, truncated completions out of the loss —
+and the token filters of the policy loss: the high-entropy tokens (Wang et al. 2025) and the
+off-policy sequence mask (DeepSeek-V3.2)."""
 
 from __future__ import annotations
 
@@ -134,3 +136,39 @@ def mask_truncated(response_mask: torch.Tensor, has_eos: torch.Tensor) -> torch.
     check_tensor("response_mask", response_mask, ndim=2)
     mask = check_mask(response_mask, response_mask.shape)
     return mask & check_mask(has_eos, mask.shape[:1], "has_eos")[:, None]
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """(B, T) bool: the tokens of ``mask`` whose entropy is at least the ``quantile`` of the entropies
+    under ``mask`` (Wang et al. 2025, "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive
+    Effective RL for LLM Reasoning", arXiv:2506.01939: the policy gradient on the top 20% of tokens
+    by entropy, ``quantile=0.8``; TRL's ``top_entropy_quantile`` ρ is ``1 - quantile``). The quantile
+    interpolates linearly (``torch.quantile``); ``quantile=0`` keeps every token, an empty mask none.
+    ``entropy`` (B, T), detached by the caller when it only selects."""
+    m = check_mask(mask, entropy.shape)
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    exact = entropy.to(torch.promote_types(entropy.dtype, torch.float32))  # quantile needs float32 or float64
+    values = exact[m]
+    if values.numel() == 0:
+        return torch.zeros_like(m)
+    return (exact >= torch.quantile(values, quantile)) & m
+
+
+def off_policy_sequence_mask(
+    advantages: torch.Tensor,
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """(B, 1) float, 0 for the sequences the loss drops: a negative advantage and a mean per-token KL
+    estimate ``mean_t (log π_behaviour - log π)`` above ``threshold`` (the Off-Policy Sequence Masking
+    of DeepSeek-V3.2, arXiv:2512.02556, eq. 9, its δ; TRL's ``off_policy_mask_threshold``): a sample that the
+    current policy has drifted far from is learnt from only when it was good. ``advantages`` (B,) or
+    (B, T) (a row's first token decides); ``behaviour_logprobs`` the sampler's (NaN counts 0)."""
+    m = check_mask(mask, logprobs.shape)
+    adv = advantages if advantages.dim() == 1 else advantages[:, 0]
+    diff = torch.nan_to_num(behaviour_logprobs - logprobs.detach(), nan=0.0)
+    kl = torch.where(m, diff, torch.zeros((), dtype=diff.dtype, device=diff.device)).sum(-1) / m.sum(-1).clamp(min=1)
+    return ((adv >= 0) | (kl <= threshold)).to(logprobs.dtype)[:, None]

@@ -208,6 +208,14 @@ class AlgorithmConfig:
     clip_high and dual_clip). A YAML mapping, or JSON on the command line: loss_options='{"tau": 0.5}'.
     A knob left out takes its declared default; an unknown key, a wrong type or a value out of range
     is refused."""
+    top_entropy_quantile: float = 1.0
+    """ρ of "Beyond the 80/20 Rule" (arXiv:2506.01939; TRL's name): the policy loss (and the entropy bonus) keeps only
+    the tokens whose entropy is in the top ρ of each micro-batch's; the rest keep their place in the loss's normaliser.
+    1.0: every token (off); the paper uses 0.2."""
+    off_policy_mask_threshold: float | None = None
+    """δ of DeepSeek-V3.2's off-policy sequence masking (arXiv:2512.02556, eq. 9; TRL's name): a completion with a
+    negative advantage whose mean per-token KL from the sampler to the current policy exceeds δ leaves the policy loss
+    (its tokens keep their place in the normaliser). None: off."""
     value_clip: float | None = 0.2
     """Clip range of the value update around the old values (cliprange_value); None: plain MSE."""
     vf_coef: float = 0.5

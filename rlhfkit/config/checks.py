@@ -37,6 +37,8 @@ RANGES: dict[str, str] = {
     "kl_coef": ">= 0",
     "kl_target": "> 0",
     "kl_horizon": "> 0",
+    "top_entropy_quantile": "[0, 1]",
+    "off_policy_mask_threshold": "> 0 or None",
     "clip_low": "(0, 1)",
     "clip_high": "> -1",
     "dual_clip": "> 1 or None",

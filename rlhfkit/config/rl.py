@@ -225,6 +225,12 @@ def _validate(c: RLConfig) -> None:
                 f"{c.kl_estimator!r} {kl['why_not_in_loss']}",
             ),
             (
+                c.policy_loss != "vespo" or (c.top_entropy_quantile == 1.0 and c.off_policy_mask_threshold is None),
+                "policy_loss",
+                "not 'vespo' with top_entropy_quantile < 1 or off_policy_mask_threshold: VESPO folds its token "
+                "weights into the sequence ratio, where a token filter has no place",
+            ),
+            (
                 not c.sync_ref_model or c.kl_coef > 0,
                 "sync_ref_model",
                 "False when kl_coef is 0: there is no reference to synchronise",

@@ -14,8 +14,10 @@ from ..algorithms import (
     POLICY_LOSSES,
     LossInputs,
     aggregate,
+    high_entropy_mask,
     loss_hyperparameters,
     masked_mean,
+    off_policy_sequence_mask,
     value_loss,
 )
 from ..config import takes
@@ -38,6 +40,8 @@ from .experience import Experience
     "importance_sampling_level",
     "entropy_coef",
     "entropy_agg",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
     "kl_in_reward",
     "kl_estimator",
     "use_critic",
@@ -72,6 +76,8 @@ def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -
     exact zeros. None (every row runs) with the option off, a loss that does not declare it, a
     critic (the value loss), an entropy bonus, or β·KL in the loss."""
     if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0:
+        return None
+    if args.top_entropy_quantile < 1.0:  # a row left out would move its micro-batch's entropy quantile
         return None
     if args.loss_agg == "micro-batch-token-mean":  # a row left out would change its micro-batch's normaliser
         return None
@@ -276,6 +282,10 @@ def loss(
     weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
     if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
         weights, _, is_metrics = rollout_correction(args, old, r.logprobs, mask, kept_mass, local=True)
+    behaviour = r.logprobs if r.logprobs is not None else old  # the sampler's log-probs
+    weights, kept, bonus_mask = token_filters(args, weights, entropy, logprobs, behaviour, adv, mask)
+    if kept is not None:
+        is_metrics = {**is_metrics, "policy/kept_token_frac": masked_mean(kept.to(logprobs.dtype), mask)}
     inputs = LossInputs(
         logprobs,
         old,
@@ -292,7 +302,7 @@ def loss(
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
     per_micro_batch = args.entropy_agg == "micro-batch-token-mean"
     if args.entropy_coef > 0 and not per_micro_batch:
-        loss = loss - args.entropy_coef * aggregate(entropy, mask, args.loss_agg, horizon)
+        loss = loss - args.entropy_coef * aggregate(entropy, bonus_mask, args.loss_agg, horizon)
     if exp.ref_logprobs is not None and not args.kl_in_reward:
         kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
@@ -311,5 +321,25 @@ def loss(
         metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
     loss = loss * weight
     if args.entropy_coef > 0 and per_micro_batch and micro_steps:
-        loss = loss - args.entropy_coef * masked_mean(entropy, mask) / micro_steps
+        loss = loss - args.entropy_coef * masked_mean(entropy, bonus_mask) / micro_steps
     return loss, metrics
+
+
+def token_filters(args: UpdateLoss, weights, entropy, logprobs, behaviour, advantages, mask):
+    """The policy loss's token weights after the config's filters — the high-entropy tokens
+    (``top_entropy_quantile`` < 1: ``algorithms.high_entropy_mask`` over the micro-batch) and the
+    off-policy sequence mask (``off_policy_mask_threshold``: ``algorithms.off_policy_sequence_mask``
+    against the sampler's log-probs, the old ones when the engine is the policy) — multiplied into the
+    rollout correction's ``weights`` (None: 1). Returns ``(weights, kept, bonus)``: ``kept`` the (B, T)
+    bool of the tokens still weighed, None without a filter (and ``weights`` as given); ``bonus`` the
+    tokens of the entropy bonus: the high-entropy ones with that filter (TRL's rule), else ``mask``."""
+    if args.top_entropy_quantile == 1.0 and args.off_policy_mask_threshold is None:
+        return weights, None, mask
+    keep, bonus = torch.ones_like(logprobs), mask
+    if args.top_entropy_quantile < 1.0:
+        bonus = high_entropy_mask(entropy.detach(), mask, 1.0 - args.top_entropy_quantile)
+        keep = keep * bonus.to(keep.dtype)
+    if args.off_policy_mask_threshold is not None:
+        keep = keep * off_policy_sequence_mask(advantages, logprobs, behaviour, mask, args.off_policy_mask_threshold)
+    weights = keep if weights is None else weights * keep
+    return weights, (keep != 0) & mask, bonus

@@ -88,6 +88,8 @@ class GRPOConfig(GenerationArguments):
         "vespo_k_neg",
         "vespo_lambda_neg",
         "importance_sampling_level",
+        "top_entropy_quantile",
+        "off_policy_mask_threshold",
         "scale_rewards",
         "loss_type",
         "entropy_coef",
@@ -166,6 +168,8 @@ class GRPOConfig(GenerationArguments):
             loss_options=loss_options,
             dynamic_sampling=False,
             entropy_coef=self.entropy_coef,
+            top_entropy_quantile=self.top_entropy_quantile,
+            off_policy_mask_threshold=self.off_policy_mask_threshold,
             entropy_agg="micro-batch-token-mean",
             max_tool_calling_iterations=self.max_completion_length if iterations is None else iterations,
             # TRL's sampling correction: clip_max caps (None: no cap), clip_min floors (None: none), and a mask

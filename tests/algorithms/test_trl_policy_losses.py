@@ -11,7 +11,9 @@ from rlhfkit.algorithms import (
     POLICY_LOSSES,
     LossInputs,
     group_batch_std_advantages,
+    high_entropy_mask,
     importance_ratio,
+    off_policy_sequence_mask,
     rloo_advantages,
     sapo_policy_loss,
     vespo_policy_loss,
@@ -167,3 +169,30 @@ def test_standardized_rloo_advantages_by_hand():
     rewards[:, -1] = scores
     adv, _ = ADVANTAGE_ESTIMATORS.get("rloo_standardized")(rewards, torch.ones(4, 2), group_size=2, eps=1e-4)
     torch.testing.assert_close(adv[:, 0], want)
+
+
+def test_high_entropy_mask_by_hand():
+    """The tokens at or above the quantile of the masked entropies (torch.quantile's linear rule):
+    entropies 0.1 .. 0.6 under the mask, quantile 0.8 -> 0.5 (0.1 + 0.8 x 0.5); padding never kept."""
+    entropy = torch.tensor([[0.1, 0.2, 0.3, 9.0], [0.4, 0.5, 0.6, 9.0]], dtype=F64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]])
+    kept = high_entropy_mask(entropy, mask, 0.8)
+    assert kept.tolist() == [[False, False, False, False], [False, True, True, False]]
+    assert high_entropy_mask(entropy, mask, 0.0).tolist() == mask.bool().tolist()  # keep all
+    assert not high_entropy_mask(entropy, torch.zeros(2, 4), 0.5).any()  # nothing to rank
+
+
+def test_off_policy_sequence_mask_by_hand():
+    """TRL's own case: keep a positive advantage whatever its KL, a negative one with KL 0.5 <= 1,
+    drop a negative one with KL 2 > 1 (KL: the mean of sampler - current log-probs over the mask)."""
+    behaviour = torch.zeros(3, 4, dtype=F64)
+    logprobs = torch.tensor([[-2.0] * 4, [-0.5] * 4, [-2.0] * 4], dtype=F64)
+    got = off_policy_sequence_mask(
+        torch.tensor([1.0, -1.0, -1.0], dtype=F64), logprobs, behaviour, torch.ones(3, 4), 1.0
+    )
+    assert got.tolist() == [[1.0], [1.0], [0.0]]
+    padded = torch.tensor([[1, 1, 0, 0]] * 3)  # padding's log-probs count for nothing
+    logprobs[:, 2:] = -100.0
+    assert off_policy_sequence_mask(torch.tensor([-1.0] * 3, dtype=F64), logprobs, behaviour, padded, 1.0).tolist() == [
+        [0.0], [1.0], [0.0],
+    ]  # fmt: skip

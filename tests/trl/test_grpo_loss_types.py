@@ -98,3 +98,11 @@ def test_rloo_is_trls_clipped_sequence_ratio(tmp_path):
     assert trainer.config.advantage_estimator == "rloo_standardized" and trainer.config.num_iterations == 2
     trainer.train()
     assert trainer.state.global_step == 2 and trainer.state.log_history[-1]["train_loss"] is not None
+
+
+def test_the_token_filters_are_translated():
+    native = config(top_entropy_quantile=0.2, off_policy_mask_threshold=0.5).to_rlhfkit(n_rows=8)
+    assert native.top_entropy_quantile == 0.2 and native.off_policy_mask_threshold == 0.5
+    with pytest.raises(ValueError, match="policy_loss") as err:  # VESPO folds its weights into its ratio
+        config(loss_type="vespo", top_entropy_quantile=0.2).to_rlhfkit(n_rows=8)
+    assert "\n" not in str(err.value)

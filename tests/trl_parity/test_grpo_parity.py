@@ -82,6 +82,24 @@ def test_the_other_loss_types_step_as_trls(model_dir, tmp_path, loss_type, setti
     assert diff < TOLERANCE
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(top_entropy_quantile=0.5),
+        dict(top_entropy_quantile=0.5, entropy_coef=0.5),
+        dict(off_policy_mask_threshold=1e-4, num_iterations=2, max_steps=4),
+    ],
+    ids=["entropy filter", "entropy filter and bonus", "off-policy mask"],
+)
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_the_token_filters_are_trls(model_dir, tmp_path, loss_type, extra):
+    """top_entropy_quantile (the policy loss and the bonus on each micro-batch's high-entropy tokens)
+    and off_policy_mask_threshold (negative-advantage sequences that drifted away dropped)."""
+    diff = compare(model_dir, tmp_path, dict(TWO_STEPS, loss_type=loss_type, **extra))
+    print(f"DIFF {loss_type} {extra}: {diff:.2e}")
+    assert diff < TOLERANCE
+
+
 @pytest.mark.parametrize("extra", [dict(num_iterations=2, max_steps=4), dict(normalize_advantages=True)])
 def test_rloo_clips_its_sequence_ratio_and_normalises_as_trl(model_dir, tmp_path, extra):
     """TRL's RLOO off policy (2 iterations: PPO's clip on exp(sum of log-ratios)) and with

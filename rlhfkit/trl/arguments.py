@@ -230,6 +230,22 @@ def as_steps(value: float, total: int) -> int:
     return int(math.ceil(value * total)) if 0 < value < 1 else int(value)
 
 
+def from_training_arguments(args, config_class):
+    """TRL's conversion of a plain ``transformers.TrainingArguments`` given as a trainer's ``args``
+    (``SFTConfig(**args.to_dict())`` in TRL's trainers): ``config_class`` with every field of
+    ``args``, so ``TrainingArguments``' defaults replace the TRL config's (its ``learning_rate``,
+    ``logging_steps``, ``gradient_checkpointing``...), as in TRL. A field ``args`` holds at its
+    default is passed as declared (``TrainingArguments`` normalises some, e.g. ``debug`` '' to
+    []), so the config's checks see only what the user set."""
+    from transformers import TrainingArguments
+
+    declared = {f.name: field_default(f) for f in dataclasses.fields(TrainingArguments) if f.init}
+    defaults = TrainingArguments(output_dir=args.output_dir).to_dict()
+    values = {k: declared[k] if v == defaults.get(k) else v for k, v in args.to_dict().items() if k in declared}
+    values["hub_token"] = args.hub_token  # to_dict hides it
+    return config_class(**values)
+
+
 def trl_fields(cls) -> frozenset:
     """The fields ``cls`` adds to ``TrainingArguments`` or re-declares (TRL's own)."""
     from transformers import TrainingArguments

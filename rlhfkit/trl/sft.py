@@ -14,11 +14,13 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+from transformers import TrainingArguments
+
 from ..config.supervised import SFTConfig as NativeSFTConfig
 from ..data.encode import Encoded, note_cut, note_unknown
 from ..data.sft import encode_sft_rows, load_sft_dataset, training_units
 from ..trainers.sft import SFTTrainer as NativeSFTTrainer
-from .arguments import check_choice
+from .arguments import check_choice, from_training_arguments
 from .callbacks import trl_callbacks
 from .metrics import SFT_METRICS
 from .sft_data import (
@@ -159,6 +161,8 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
             preprocess_logits_for_metrics=preprocess_logits_for_metrics,
             quantization_config=quantization_config,
         )
+        if isinstance(args, TrainingArguments) and not isinstance(args, SFTConfig):  # TRL converts it
+            args = from_training_arguments(args, SFTConfig)
         args = self.trl_config(model, args, optimizers)
         self.trl_formatting_func = formatting_func
         if args.padding_free and not args.packing and args.max_length is not None:  # TRL's check

@@ -203,3 +203,18 @@ def test_chat_rows_are_tokenised_as_trl_does_with_their_chat_template_kwargs(mod
     assert trainer.train_dataset["labels"] == trainer.train_dataset["input_ids"]  # every token trained
     with pytest.raises(ValueError, match=r"^train_dataset: row index 0 \(0-based\): chat_template_kwargs with assis"):
         _sft(models, tmp_path, rows, processing_class=tok, assistant_only_loss=True)
+
+
+def test_training_arguments_as_args_become_an_sft_config_as_trl_converts_them(models, tmp_path):
+    from transformers import TrainingArguments
+
+    from rlhfkit.trl import SFTTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path / "o"), max_steps=1, per_device_train_batch_size=2, **CPU)
+    trainer = SFTTrainer(models["plain"], args=args, train_dataset=STORIES)
+    config = trainer.trl_args
+    assert isinstance(config, SFTConfig) and (config.max_steps, config.per_device_train_batch_size) == (1, 2)
+    assert config.learning_rate == 5e-5 and config.logging_steps == 500  # TrainingArguments' defaults, as in TRL
+    refused = TrainingArguments(output_dir=str(tmp_path / "o"), adam_beta1=0.8, **CPU)
+    with pytest.raises(ValueError, match=r"^SFTConfig field 'adam_beta1'=0.8 is not supported by rlhfkit"):
+        SFTTrainer(models["plain"], args=refused, train_dataset=STORIES)

@@ -5,8 +5,12 @@ checks); ``to_rlhfkit`` is the one table that maps it to rlhfkit's ``SFTConfig``
 arithmetic of ``supervised.py``. Which tokens are trained follows TRL's rules: the completion of
 prompt/completion rows (``completion_only_loss``, None: True), every token of a ``messages`` row
 unless ``assistant_only_loss`` (rlhfkit's own default is the assistant turns only), every token of
-a ``dataset_text_field`` row. So are the tokens themselves (``SFTTrainer._encode_rows``): text rows
-tokenised as TRL tokenises them, and ``max_length`` truncating as TRL's ``keep_start``.
+a ``dataset_text_field`` row, a tokenised row's ``labels`` or masks. So are the tokens themselves
+(``SFTTrainer._encode_rows``, ``sft_data.py``): text rows, and chat rows without
+``assistant_only_loss``, tokenised as TRL tokenises them, and ``max_length`` truncating as TRL's
+``keep_start``; ``trainer.train_dataset`` / ``eval_dataset`` show TRL's prepared rows. TRL's dataset
+forms and checks (``conversations``, ``skip_prepare_dataset``, ``padding_free``, a transform, a
+plain ``TrainingArguments``) are TRL's; a Mixture-of-Experts model needs ``router_aux_loss_coef=0``.
 """
 
 from __future__ import annotations

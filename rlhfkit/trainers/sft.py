@@ -53,12 +53,15 @@ class SFTTrainer(SupervisedTrainer):
     ``model``: a local HF directory, a Hub id or a causal-LM object (then ``processing_class``, its
     tokenizer, is required; from a directory it is loaded when omitted). Datasets: a
     ``datasets.Dataset``, a list of dicts or a .jsonl / .json / .parquet path, rows
-    ``{"prompt", "completion"}``, ``{"messages"}`` or ``{"text"}`` (``data.sft``; multi-turn conversations with tool
+    ``{"prompt", "completion"}``, ``{"messages"}``, ``{"text"}`` or tokenised ``{"input_ids"}``
+    (``data.sft``, ``data.sft_tokens``; multi-turn conversations with tool
     calls train every assistant turn, ``data.sft_turns``; ``args.chat_template`` replaces the
     tokenizer's template, ``data.chat_templates``). Data are loaded, checked and
     tokenised before the model is loaded, so a bad row fails fast. Dropout stays as the model has it.
     ``peft_config``: a ``peft`` config (e.g. ``LoraConfig``) to train an adapter instead of every
-    weight; ``final/`` is then merged, or the adapter alone with ``save_adapter=True``.
+    weight; ``final/`` is then merged, or the adapter alone with ``save_adapter=True`` (a
+    prompt-learning adapter always alone: ``models.prompt_learning``). A float16 model trains float32
+    master weights and leaves in float16 (``models.master_weights``).
     ``callbacks``: ``transformers.TrainerCallback`` objects (``rlhfkit/run/callbacks.py``).
     """
 

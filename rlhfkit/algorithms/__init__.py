@@ -20,7 +20,7 @@ from .advantages import (
 )
 from .dpo import DPO_LOSS_TYPES, F_DIVERGENCES, dpo_loss
 from .dpo_terms import ld_logps, log_sum_sq_probs, wpo_weights
-from .kl import AdaptiveKLController, FixedKLController, kl_penalty
+from .kl import AdaptiveEntropyController, AdaptiveKLController, FixedKLController, kl_penalty
 from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
 from .loss_interface import Hyperparameter, LossInputs, LossOutputs
@@ -61,6 +61,7 @@ __all__ = [
     "ld_logps",
     "log_sum_sq_probs",
     "wpo_weights",
+    "AdaptiveEntropyController",
     "AdaptiveKLController",
     "FixedKLController",
     "KL_ESTIMATORS",

@@ -1,4 +1,5 @@
-"""KL estimators between the policy and the reference, and KL coefficient controllers.
+"""KL estimators between the policy and the reference, KL coefficient controllers and the adaptive
+entropy coefficient.
 
 Estimators follow J. Schulman, "Approximating KL divergence" (2020, joschu.net/blog/kl-approx):
 with samples ``x ~ p`` (the policy) and ``log r = log q(x) - log p(x)`` (q the reference),
@@ -7,6 +8,8 @@ variance), k3 = ``(r - 1) - log r`` (unbiased, always ≥ 0; GRPO's choice).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -81,3 +84,37 @@ class AdaptiveKLController(FixedKLController):
         error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
         return self.value
+
+
+class AdaptiveEntropyController:
+    """The adaptive entropy coefficient of Skywork-OR1 (He et al. 2025, arXiv:2505.22312, §3.2.5;
+    TRL's ``use_adaptive_entropy``): after each optimizer step, with ``H`` the step's entropy (token
+    mean over its micro-batches), ``coef ← min(coef + delta, max)`` when ``H <= target``, else
+    ``max(coef - delta, min)``; the bonus a step applies is ``coef`` when the previous step's ``H`` was
+    at most ``target``, else 0 (``applied``) — none before the first measurement."""
+
+    def __init__(self, coef: float, target: float, delta: float, low: float = 0.0, high: float = 1.0):
+        if not low <= high:
+            raise ValueError(f"the entropy coefficient's bounds must satisfy min <= max, got {low} > {high}")
+        self.coef, self.target, self.delta, self.low, self.high = float(coef), target, delta, low, high
+        self.last_entropy = math.inf
+
+    @property
+    def applied(self) -> float:
+        """The coefficient of this step's entropy bonus (gated on the last measured entropy)."""
+        return self.coef if self.last_entropy <= self.target else 0.0
+
+    def update(self, entropy: float) -> float:
+        """After an optimizer step whose entropy was ``entropy``: the new coefficient."""
+        if entropy <= self.target:
+            self.coef = min(self.coef + self.delta, self.high)
+        else:
+            self.coef = max(self.coef - self.delta, self.low)
+        self.last_entropy = float(entropy)
+        return self.coef
+
+    def state_dict(self) -> dict:
+        return {"coef": self.coef, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef, self.last_entropy = float(state["coef"]), float(state["last_entropy"])

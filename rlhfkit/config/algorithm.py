@@ -222,6 +222,19 @@ class AlgorithmConfig:
     """Weight of the value loss in the total loss (c1 of the PPO paper)."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (c2 of the PPO paper); 0 computes entropy as a metric only."""
+    use_adaptive_entropy: bool = False
+    """Skywork-OR1's adaptive entropy coefficient (arXiv:2505.22312; TRL's name): entropy_coef is the starting value,
+    after each optimizer step raised by entropy_coef_delta when the step's entropy is at most entropy_target, else
+    lowered, within [entropy_coef_min, entropy_coef_max]; a step applies the bonus only when the previous step's entropy
+    was at most the target."""
+    entropy_target: float = 0.2
+    """With use_adaptive_entropy: the entropy (nats per token) the coefficient steers toward."""
+    entropy_coef_delta: float = 0.005
+    """With use_adaptive_entropy: the coefficient's change per optimizer step."""
+    entropy_coef_min: float = 0.0
+    """With use_adaptive_entropy: the coefficient's floor."""
+    entropy_coef_max: float = 1.0
+    """With use_adaptive_entropy: the coefficient's ceiling."""
     entropy_agg: str | None = None
     """How the entropy bonus is averaged: None, as the policy loss (loss_agg); 'micro-batch-token-mean', each
     micro-batch's token mean divided by the micro-batches of the optimizer step (TRL's GRPOTrainer, whatever its

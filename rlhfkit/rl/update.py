@@ -12,6 +12,7 @@ from .. import distributed
 from ..algorithms import (
     KL_ESTIMATORS,
     POLICY_LOSSES,
+    AdaptiveEntropyController,
     LossInputs,
     aggregate,
     high_entropy_mask,
@@ -39,6 +40,7 @@ from .experience import Experience
     "loss_options",
     "importance_sampling_level",
     "entropy_coef",
+    "use_adaptive_entropy",
     "entropy_agg",
     "top_entropy_quantile",
     "off_policy_mask_threshold",
@@ -75,7 +77,7 @@ def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -
     advantage per token, clipped, weighted by the rollout correction or not), so such a row adds
     exact zeros. None (every row runs) with the option off, a loss that does not declare it, a
     critic (the value loss), an entropy bonus, or β·KL in the loss."""
-    if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0:
+    if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0 or args.use_adaptive_entropy:
         return None
     if args.top_entropy_quantile < 1.0:  # a row left out would move its micro-batch's entropy quantile
         return None
@@ -95,6 +97,7 @@ def update(
     kl_coef: float,
     step: int,
     optimizer_step: Callable[[], dict],
+    entropy: AdaptiveEntropyController | None = None,
 ) -> dict:
     """Phase 6: K passes over shuffled minibatches with gradient accumulation over micro-batches.
 
@@ -117,6 +120,11 @@ def update(
     none of whose rows has a gradient still runs one zero-weight pass, so the optimizer steps on
     zero gradients (AdamW's moments and weight decay move, as they would after running the rows).
 
+    ``entropy``: Skywork-OR1's adaptive entropy coefficient (``use_adaptive_entropy``): each step's
+    bonus uses its ``applied`` coefficient, and after each optimizer step it is updated with the step's
+    entropy (the token mean over every process's micro-batches); ``policy/entropy_coef`` is its mean
+    over the optimizer steps. None: ``args.entropy_coef``, fixed.
+
     ``policy/total_loss`` is the whole loss each optimizer step minimised (the policy loss, the KL and
     value terms, minus the entropy bonus; TRL's logged ``loss``), averaged over the optimizer steps.
 
@@ -132,6 +140,7 @@ def update(
     skip_cpu = skip.cpu() if skip is not None else None
     split = micro_batch_split(args, exp, models.token_budget(exp.rollout))
     sums: dict[str, torch.Tensor] = {}
+    coefs: list[float] = []  # the adaptive entropy coefficient after each optimizer step
     n_steps = n_ran = 0
     for _ in range(args.num_iterations):
         for global_rows in torch.randperm(B * world, generator=gen).split(mini):
@@ -152,6 +161,7 @@ def update(
             # the micro-batches of the optimizer step, over every process (TRL's entropy term divides by their
             # number per process, gradient_accumulation_steps: equal on every process there)
             micro_steps = float(distributed.reduce_sum(torch.tensor(float(len(chunks))))) / world
+            step_entropy = torch.zeros(())
             for i in range(n_micro):
                 real = i < len(chunks)
                 rows = chunks[i] if real else torch.zeros(1, dtype=torch.long)  # zero-weight filler
@@ -168,17 +178,21 @@ def update(
                         kl_coef,
                         weight=share * world,
                         micro_steps=micro_steps if real else 0,
+                        entropy_coef=None if entropy is None else entropy.applied,
                     )
                     loss_value.backward()
                 # the optimizer step's whole loss (policy, KL, entropy, value terms; a filler adds 0)
                 sums["policy/total_loss"] = sums.get("policy/total_loss", 0) + loss_value.detach() / world
                 token_share = exp.mask[rows].sum() / tokens.clamp(min=1) if real else torch.zeros(())
+                step_entropy = step_entropy + m["policy/entropy"] * token_share
                 for k, v in m.items():
                     if k.endswith("_max"):  # a maximum over micro-batches, minibatches and processes
                         v = v if real else torch.full_like(v, float("-inf"))
                         sums[k] = torch.maximum(sums[k], v) if k in sums else v
                     else:
                         sums[k] = sums.get(k, 0) + v * (share if k.endswith("/loss") else token_share)
+            if entropy is not None:  # the step's entropy, token mean over every process's micro-batches (0 on none)
+                coefs.append(entropy.update(float(distributed.reduce_sum(step_entropy))))
             sums["perf/grad_norm"] = sums.get("perf/grad_norm", 0) + optimizer_step()["perf/grad_norm"] / world
             n_steps, n_ran = n_steps + 1, n_ran + ran
     out = {}
@@ -191,6 +205,8 @@ def update(
                 out[k] = v
         elif n_ran:
             out[k] = distributed.reduce_sum(v) / n_ran
+    if coefs:
+        out["policy/entropy_coef"] = sum(coefs) / len(coefs)
     if skip is not None:
         out["policy/zero_gradient_rows_frac"] = distributed.reduce_sum(skip.sum().float()) / (B * world)
     return out
@@ -252,6 +268,7 @@ def loss(
     *,
     weight: float | torch.Tensor = 1.0,
     micro_steps: int = 1,
+    entropy_coef: float | None = None,
 ):
     """The loss of one micro-batch of phase 6 (``update``) and its metrics: the policy loss
     ``args.policy_loss`` (weighted by the rollout correction), minus the entropy bonus, plus β·KL
@@ -272,12 +289,11 @@ def loss(
     (``algorithms/policy_losses.py``, with the importance ratio at ``args.importance_sampling_level``;
     ``algorithms/kl.py``), ``aggregate`` and ``value_loss`` in ``algorithms/losses.py``, the
     correction in ``algorithms/rollout_is.py``."""
+    coef = args.entropy_coef if entropy_coef is None else entropy_coef
     r = exp.rollout.select(rows)
     mask, adv = exp.mask[rows], exp.advantages[rows]
     horizon = args.loss_horizon or args.max_new_tokens
-    logprobs, values, entropy, kept_mass = models.train_outputs(
-        r, with_values=args.use_critic, entropy_grad=args.entropy_coef > 0
-    )
+    logprobs, values, entropy, kept_mass = models.train_outputs(r, with_values=args.use_critic, entropy_grad=coef > 0)
     old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
     weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
     if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
@@ -301,8 +317,8 @@ def loss(
     metrics.update(is_metrics, **{"policy/loss": loss.detach()})
     metrics["policy/entropy"] = masked_mean(entropy.detach(), mask)
     per_micro_batch = args.entropy_agg == "micro-batch-token-mean"
-    if args.entropy_coef > 0 and not per_micro_batch:
-        loss = loss - args.entropy_coef * aggregate(entropy, bonus_mask, args.loss_agg, horizon)
+    if coef > 0 and not per_micro_batch:
+        loss = loss - coef * aggregate(entropy, bonus_mask, args.loss_agg, horizon)
     if exp.ref_logprobs is not None and not args.kl_in_reward:
         kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
@@ -320,8 +336,8 @@ def loss(
         loss = loss + args.vf_coef * v_loss
         metrics.update(v_metrics, **{"critic/loss": v_loss.detach()})
     loss = loss * weight
-    if args.entropy_coef > 0 and per_micro_batch and micro_steps:
-        loss = loss - args.entropy_coef * masked_mean(entropy, bonus_mask) / micro_steps
+    if coef > 0 and per_micro_batch and micro_steps:
+        loss = loss - coef * masked_mean(entropy, bonus_mask) / micro_steps
     return loss, metrics
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from .. import distributed
-from ..algorithms import AdaptiveKLController, FixedKLController
+from ..algorithms import AdaptiveEntropyController, AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
@@ -156,6 +156,17 @@ class RLTrainer:
             if args.adaptive_kl
             else FixedKLController(args.kl_coef)
         )
+        self.entropy_ctl = (
+            AdaptiveEntropyController(
+                args.entropy_coef,
+                args.entropy_target,
+                args.entropy_coef_delta,
+                args.entropy_coef_min,
+                args.entropy_coef_max,
+            )
+            if args.use_adaptive_entropy
+            else None
+        )
         self.step = 0
         mini = args.mini_batch_size or args.batch_size  # the schedule counts optimizer steps: K passes x minibatches
         counters = self.run.start(
@@ -233,6 +244,7 @@ class RLTrainer:
             self.kl_ctl.value,
             self.step,
             self.optimizer_step,
+            self.entropy_ctl,
         )
 
     def optimizer_step(self) -> dict:
@@ -330,7 +342,10 @@ class RLTrainer:
 
     def _counters(self) -> dict:
         data_epoch, data_pos = self.sampler.position()
-        return {"step": self.step, "data_epoch": data_epoch, "data_pos": data_pos, "kl_coef": self.kl_ctl.value}
+        counters = {"step": self.step, "data_epoch": data_epoch, "data_pos": data_pos, "kl_coef": self.kl_ctl.value}
+        if self.entropy_ctl is not None:
+            counters.update({f"entropy_{k}": v for k, v in self.entropy_ctl.state_dict().items()})
+        return counters
 
     def _restore(self, counters: dict) -> None:
         self.step = counters["step"]
@@ -338,6 +353,10 @@ class RLTrainer:
         self.kl_ctl.value = (
             counters["kl_coef"] if self.config.adaptive_kl else self.kl_ctl.value
         )  # fixed β: the config's
+        if self.entropy_ctl is not None and "entropy_coef" in counters:
+            self.entropy_ctl.load_state_dict(
+                {"coef": counters["entropy_coef"], "last_entropy": counters["entropy_last_entropy"]}
+            )
 
     def save_model(self, path: Path) -> None:
         """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA merged, or the

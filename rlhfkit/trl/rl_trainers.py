@@ -192,8 +192,9 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
 
     @property
     def entropy_coef(self) -> float:
-        """The entropy bonus's coefficient (TRL's ``entropy_coef``)."""
-        return float(self.config.entropy_coef)
+        """The entropy bonus's coefficient (TRL's ``entropy_coef``): with ``use_adaptive_entropy`` the
+        controller's, as the last optimizer step left it."""
+        return self.entropy_ctl.coef if self.entropy_ctl is not None else float(self.config.entropy_coef)
 
     aux_loss_enabled = False  # no mixture-of-experts load-balancing loss is added (docs: "Coming from TRL")
 

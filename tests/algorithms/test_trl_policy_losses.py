@@ -9,6 +9,7 @@ import torch
 from rlhfkit.algorithms import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
+    AdaptiveEntropyController,
     LossInputs,
     group_batch_std_advantages,
     high_entropy_mask,
@@ -196,3 +197,19 @@ def test_off_policy_sequence_mask_by_hand():
     assert off_policy_sequence_mask(torch.tensor([-1.0] * 3, dtype=F64), logprobs, behaviour, padded, 1.0).tolist() == [
         [0.0], [1.0], [0.0],
     ]  # fmt: skip
+
+
+def test_the_adaptive_entropy_coefficient_by_hand():
+    """Skywork-OR1's controller: up by delta at or below the target, down above it, within [min, max];
+    the bonus gated on the last measured entropy (none before the first)."""
+    ctl = AdaptiveEntropyController(0.01, target=0.5, delta=0.005, low=0.0, high=0.02)
+    assert ctl.applied == 0.0  # nothing measured yet
+    assert ctl.update(0.4) == pytest.approx(0.015) and ctl.applied == pytest.approx(0.015)
+    assert ctl.update(0.3) == pytest.approx(0.02) and ctl.update(0.1) == pytest.approx(0.02)  # capped
+    assert ctl.update(0.9) == pytest.approx(0.015) and ctl.applied == 0.0  # above the target: no bonus
+    for _ in range(5):
+        ctl.update(0.9)
+    assert ctl.coef == 0.0  # floored
+    restored = AdaptiveEntropyController(0.3, 0.5, 0.005)
+    restored.load_state_dict(ctl.state_dict())
+    assert (restored.coef, restored.last_entropy) == (0.0, 0.9)

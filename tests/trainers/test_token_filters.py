@@ -71,3 +71,32 @@ def test_the_off_policy_mask_drops_far_negative_sequences():
         weights=keep.expand_as(logprobs),
     )
     assert got.item() == pytest.approx(want.item(), abs=1e-6)
+
+
+def test_the_adaptive_entropy_coefficient_moves_once_per_optimizer_step(tmp_path):
+    """Two optimizer steps (num_iterations=2), the entropy always below the target: the coefficient
+    rises by delta after each; the first step applies no bonus (nothing measured yet), the second the
+    raised one; checkpoints hold the controller."""
+    tok = char_tokenizer()
+    config = RLConfig(
+        algorithm="grpo", max_new_tokens=6, max_steps=1, log_every=0, seed=0, prompts_per_step=2, num_iterations=2,
+        entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=15.0, entropy_coef_delta=0.005,
+        output_dir=str(tmp_path), save_steps=1,
+    )  # fmt: skip
+    trainer = RLTrainer(tiny_causal_lm(tok, seed=0), [varied], config, train_dataset=PROMPTS, processing_class=tok)
+    applied = []
+    real_loss = trainer.models.train_outputs
+
+    def watch(*args, **kwargs):
+        applied.append(trainer.entropy_ctl.applied)
+        return real_loss(*args, **kwargs)
+
+    trainer.models.train_outputs = watch
+    history = trainer.train()
+    assert trainer.entropy_ctl.coef == pytest.approx(0.02)
+    assert sorted({round(a, 6) for a in applied}) == [0.0, 0.015]
+    assert history[-1]["policy/entropy_coef"] == pytest.approx((0.015 + 0.02) / 2)
+    import json
+
+    counters = json.loads((tmp_path / "checkpoint-1" / "trainer_state.json").read_text())
+    assert counters["entropy_coef"] == pytest.approx(0.02)

@@ -106,3 +106,21 @@ def test_the_token_filters_are_translated():
     with pytest.raises(ValueError, match="policy_loss") as err:  # VESPO folds its weights into its ratio
         config(loss_type="vespo", top_entropy_quantile=0.2).to_rlhfkit(n_rows=8)
     assert "\n" not in str(err.value)
+
+
+def test_adaptive_entropy_as_trls_test_counts_it(tmp_path):
+    """TRL's own check: the entropy always below the target, the coefficient rises once per optimizer
+    step (here 2 micro-steps each), entropy_coef and policy_loss logged."""
+    model = save_tiny_model(tmp_path / "model", seed=0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=3, num_generations=3, max_completion_length=6,
+        gradient_accumulation_steps=2, max_steps=2, entropy_coef=0.01, use_adaptive_entropy=True, entropy_target=15.0,
+        entropy_coef_delta=0.005, logging_steps=1, **CPU,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model, lambda completions, **kw: [float(len(set(c))) for c in completions], args, [
+        {"prompt": p} for p in ["abc", "hello", "xyz", "qq"]
+    ])  # fmt: skip
+    trainer.train()
+    assert trainer.entropy_coef == pytest.approx(min(0.01 + 0.005 * trainer.state.global_step, 1.0), abs=1e-6)
+    last = trainer.state.log_history[-2]  # the last training row (then the summary)
+    assert last["entropy_coef"] == pytest.approx(trainer.entropy_coef) and "policy_loss" in last

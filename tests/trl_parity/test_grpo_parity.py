@@ -88,13 +88,15 @@ def test_the_other_loss_types_step_as_trls(model_dir, tmp_path, loss_type, setti
         dict(top_entropy_quantile=0.5),
         dict(top_entropy_quantile=0.5, entropy_coef=0.5),
         dict(off_policy_mask_threshold=1e-4, num_iterations=2, max_steps=4),
+        dict(entropy_coef=0.5, use_adaptive_entropy=True, entropy_target=15.0, entropy_coef_delta=0.2, max_steps=4),
     ],
-    ids=["entropy filter", "entropy filter and bonus", "off-policy mask"],
+    ids=["entropy filter", "entropy filter and bonus", "off-policy mask", "adaptive entropy"],
 )
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_the_token_filters_are_trls(model_dir, tmp_path, loss_type, extra):
-    """top_entropy_quantile (the policy loss and the bonus on each micro-batch's high-entropy tokens)
-    and off_policy_mask_threshold (negative-advantage sequences that drifted away dropped)."""
+    """top_entropy_quantile (the policy loss and the bonus on each micro-batch's high-entropy tokens),
+    off_policy_mask_threshold (negative-advantage sequences that drifted away dropped) and the adaptive
+    entropy coefficient (no bonus on the first step, then raised each optimizer step)."""
     diff = compare(model_dir, tmp_path, dict(TWO_STEPS, loss_type=loss_type, **extra))
     print(f"DIFF {loss_type} {extra}: {diff:.2e}")
     assert diff < TOLERANCE

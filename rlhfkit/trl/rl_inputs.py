@@ -23,6 +23,7 @@ from typing import Any
 
 from ..models import ScalarModel, freeze, load_tokenizer
 from ..rewards.reward_model import RewardModelFunction
+from .arguments import from_training_arguments
 
 
 def is_iterable_dataset(dataset: Any) -> bool:
@@ -53,17 +54,11 @@ def eval_sets(eval_dataset: Any) -> dict[str | None, Any]:
 
 def trl_config(args, config_class):
     """TRL's rule for ``args``: a plain ``TrainingArguments`` (not the trainer's config) becomes the
-    trainer's config with the same field values (``args.to_dict()``, the hub token kept)."""
+    trainer's config with the same field values (``arguments.from_training_arguments``)."""
     from transformers import TrainingArguments
 
     if isinstance(args, TrainingArguments) and not isinstance(args, config_class):
-        values = args.to_dict()
-        values["hub_token"] = args.hub_token
-        values.pop("push_to_hub_token", None)
-        if not values.get("debug"):  # to_dict writes the empty debug string as []
-            values["debug"] = ""
-        known = {f for f in config_class.__dataclass_fields__}
-        return config_class(**{k: v for k, v in values.items() if k in known})
+        return from_training_arguments(args, config_class)
     return args
 
 

@@ -166,8 +166,8 @@ def test_epochs_count_whole_generations_as_trl(epochs, steps):
         ("use_liger_kernel", True, "Liger"),
         ("push_to_hub", True, "save_model"),
         ("delta", 1.1, "below 1 + epsilon_high"),
-        ("top_entropy_quantile", 0.2, "only its default"),
-        ("sync_ref_model", True, "fixed reference"),
+        ("cast_lm_head_to_fp32", True, "only its default"),
+        ("sync_ref_model", True, "kl_coef is 0"),  # beta 0: no reference to synchronise
         ("vllm_mode", "server", "rollout_workers"),
         ("repetition_penalty", 1.1, "only its default"),
         ("torch_compile", True, "compiled"),

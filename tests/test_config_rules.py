@@ -25,6 +25,8 @@ TABLE = {
     "temperature": ([0.0, -1.0, math.nan], 0.7),
     "top_p": ([0.0, 1.5], 0.9),
     "top_k": ([-1, 10**7 + 1], 0),
+    "min_p": ([-0.1, 1.5], 0.05),
+    "repetition_penalty": ([0.0, -1.0], 1.1),
     "loss_horizon": ([0, 10**7 + 1], 8),
     "kl_coef": ([-0.1, math.nan], 0.0),
     "kl_target": ([0.0], 1.0),

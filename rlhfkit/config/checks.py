@@ -29,6 +29,8 @@ RANGES: dict[str, str] = {
     "temperature": "> 0",
     "top_p": "(0, 1]",
     "top_k": "[0, 1e7]",
+    "min_p": "[0, 1]",
+    "repetition_penalty": "> 0",
     "vllm_kv_cache_gb": "> 0 or None",
     "vllm_gpu_memory_utilization": "(0, 1]",
     "vllm_tensor_parallel_size": "[1, 1024]",

@@ -39,6 +39,14 @@ class RolloutConfig:
     set, so truncation is not counted as mismatch."""
     top_k: int = 0
     """Top-k sampling (0: off). Applied before top_p, as transformers and vLLM do; see top_p for the log-probs."""
+    min_p: float = 0.0
+    """Min-p sampling (Nguyen et al. 2024, arXiv:2407.01082): tokens less likely than min_p x the most likely one are
+    not drawn; applied after top_p, as transformers does. 0.0: off. Like top_p it shapes the sampler only (the loss
+    uses the full temperature-scaled distribution, as TRL); an engine with its own log-probs counts it as mismatch."""
+    repetition_penalty: float = 1.0
+    """CTRL's repetition penalty (Keskar et al. 2019, arXiv:1909.05858): the logit of every token already in the
+    prompt or the completion so far is divided by it when positive, multiplied when negative, before the temperature
+    (transformers' and vLLM's rule). 1.0: off. It shapes the sampler only, as min_p does."""
     rollout_engine: str = "hf"
     """Who generates the completions: 'hf' (transformers' generate on the trained policy itself) or 'vllm' (a vLLM
     engine inside each training process, built once and given the policy's weights after every update; install with pip

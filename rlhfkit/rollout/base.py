@@ -19,7 +19,7 @@ from ..data.padding import pad
 from ..models.loading import eos_token_ids
 
 
-@takes("max_new_tokens", "temperature", "top_p", "top_k")
+@takes("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 class SamplingParams(ConfigFields):
     """What an engine needs to sample: ``RolloutConfig``'s sampling fields (their types, defaults, ranges
     and docs are RolloutConfig's; ``from_config`` copies them) plus ``greedy`` decoding."""
@@ -33,7 +33,7 @@ class SamplingParams(ConfigFields):
     @classmethod
     def from_config(cls, config, **changes) -> SamplingParams:
         """The sampling fields of an ``RLConfig`` (or any ``RolloutConfig``), with ``changes``."""
-        names = ("max_new_tokens", "temperature", "top_p", "top_k")
+        names = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty")
         return cls(**{**{n: getattr(config, n) for n in names}, **changes})
 
 

@@ -268,7 +268,8 @@ def decode(
     finished = torch.zeros(B, dtype=torch.bool, device=device)  # without dropping: rows fed pad, as generate
     width = 0
     for step in range(max_new_tokens):
-        tokens, token_logprobs = sampler.draw(logits, rows if drop else None, logprobs)
+        history = torch.cat([ids[rows], responses[rows, :step]], 1) if sampler.needs_history else None
+        tokens, token_logprobs = sampler.draw(logits, rows if drop else None, logprobs, history)
         tokens = tokens[:, 0]
         if not drop:
             tokens = torch.where(finished, pad_id, tokens)

@@ -245,15 +245,14 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ generation
     def sampling_params(self, sampling: SamplingParams, n: int, seed: int | None):
-        """vLLM's parameters for ``sampling``: greedy is temperature 0; top_k 0 (off) is vLLM's -1.
-        Every field that shapes the distribution is written out at its neutral value (penalties,
-        min_p, minimum length, banned words), as the HF engine does; the model's own generation
+        """vLLM's parameters for ``sampling``: greedy is temperature 0; top_k 0 (off) is vLLM's -1;
+        ``min_p`` and ``repetition_penalty`` the config's. Every other field that shapes the
+        distribution is written out at its neutral value (presence and frequency penalties, minimum
+        length, banned words), as the HF engine does; the model's own generation
         config is never read (``generation_config="vllm"`` at construction)."""
         neutral = dict(
-            repetition_penalty=1.0,
             presence_penalty=0.0,
             frequency_penalty=0.0,
-            min_p=0.0,
             min_tokens=0,
             bad_words=None,
             logit_bias=None,
@@ -266,12 +265,14 @@ class VLLMEngine:
             detokenize=False,
         )
         if sampling.greedy:
-            return self._sampling_params(n=n, temperature=0.0, **neutral)
+            return self._sampling_params(n=n, temperature=0.0, repetition_penalty=1.0, min_p=0.0, **neutral)
         return self._sampling_params(
             n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
             seed=seed,
             **neutral,
         )

@@ -88,6 +88,8 @@ class GenerationArguments(TrainingArguments):
             "temperature",
             "top_p",
             "top_k",
+            "min_p",
+            "repetition_penalty",
             "use_vllm",
             "vllm_mode",
             "vllm_enable_sleep_mode",
@@ -235,6 +237,8 @@ class GenerationArguments(TrainingArguments):
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
+            min_p=self.min_p or 0.0,  # TRL's None: off
+            repetition_penalty=self.repetition_penalty,
             clip_low=self.epsilon,
             clip_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
             mask_truncated_completions=self.mask_truncated_completions,

@@ -1,7 +1,8 @@
 """The HF engine's decode modes (``HFEngine(decode=...)``) sample what ``generate`` samples: the
 engine's own loop (``rollout.decode``: a cache allocated once, finished rows dropped) and
 transformers' static cache give the same tokens for the same seeds, the same masks, the same
-log-probs up to float rounding — sampling with temperature, top-k and top-p, greedy, with and
+log-probs up to float rounding — sampling with temperature, top-k, top-p, min-p and the
+repetition penalty (which reads each row's tokens so far), greedy, with and
 without a shared prompt cache, rows ending at different steps, models with several EOS ids —, and
 greedy decoding is ``model.generate``'s own."""
 
@@ -21,8 +22,9 @@ SAMPLINGS = [
     SamplingParams(max_new_tokens=14, temperature=1.0),
     SamplingParams(max_new_tokens=14, temperature=0.7, top_k=6, top_p=0.9),
     SamplingParams(max_new_tokens=14, greedy=True),
+    SamplingParams(max_new_tokens=14, temperature=0.8, top_p=0.95, min_p=0.05, repetition_penalty=1.3),
 ]
-IDS = ["t1", "t0.7-topk-topp", "greedy"]
+IDS = ["t1", "t0.7-topk-topp", "greedy", "minp-repetition-penalty"]
 
 
 def _ending_model(tok, end_ids, bias: float = 2.5, seed: int = 3):
@@ -220,3 +222,35 @@ def test_an_unknown_decode_mode_is_refused():
     tok = char_tokenizer()
     with pytest.raises(ValueError, match="one of loop, generate, static"):
         HFEngine(tiny_causal_lm(tok), tok.pad_token_id, tok.eos_token_id, decode="fast")
+
+
+def test_greedy_with_a_repetition_penalty_is_model_generate():
+    """CTRL's penalty on the prompt's and the completion's tokens so far, left padding included, as
+    ``generate`` applies it (also in greedy decoding); without it the tokens differ."""
+    tok = char_tokenizer()
+    model = _ending_model(tok, [tok.eos_token_id], bias=2.0, seed=0)
+    prompts = _prompts(tok)
+    sampling = SamplingParams(max_new_tokens=12, greedy=True, repetition_penalty=3.0)
+    r = _run(model, tok, "loop", prompts, 1, sampling, None, share_prompt=False)
+    ids, mask = r.input_ids[:, : r.prompt_len], r.attention_mask[:, : r.prompt_len]
+    with torch.no_grad():
+        ref = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, repetition_penalty=3.0,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )  # fmt: skip
+    assert torch.equal(r.input_ids, ref)
+    plain = _run(model, tok, "loop", prompts, 1, SamplingParams(max_new_tokens=12, greedy=True), None, False)
+    assert not torch.equal(plain.input_ids, r.input_ids)
+
+
+def test_min_p_leaves_out_the_unlikely_tokens():
+    """Every token drawn with min_p=0.3 has at least 0.3 x the probability of the most likely one."""
+    tok = char_tokenizer()
+    model = _ending_model(tok, [], seed=2)
+    sampling = SamplingParams(max_new_tokens=6, temperature=1.0, min_p=0.3)
+    r = _run(model, tok, "loop", _prompts(tok), 4, sampling, [1, 2, 3, 4], share_prompt=False)
+    with torch.no_grad():
+        logits = model(input_ids=r.input_ids, attention_mask=r.attention_mask).logits[:, r.prompt_len - 1 : -1]
+    probs = logits.float().softmax(-1)
+    drawn = probs.gather(-1, r.response_ids[..., None])[..., 0]
+    assert (drawn >= 0.3 * probs.max(-1).values - 1e-6)[r.response_mask.bool()].all()

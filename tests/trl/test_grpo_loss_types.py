@@ -124,3 +124,11 @@ def test_adaptive_entropy_as_trls_test_counts_it(tmp_path):
     assert trainer.entropy_coef == pytest.approx(min(0.01 + 0.005 * trainer.state.global_step, 1.0), abs=1e-6)
     last = trainer.state.log_history[-2]  # the last training row (then the summary)
     assert last["entropy_coef"] == pytest.approx(trainer.entropy_coef) and "policy_loss" in last
+
+
+def test_sampling_settings_reach_the_sampler():
+    native = config(top_p=0.9, top_k=10, min_p=0.01, repetition_penalty=1.1).to_rlhfkit(n_rows=8)
+    assert (native.top_p, native.top_k, native.min_p, native.repetition_penalty) == (0.9, 10, 0.01, 1.1)
+    assert config().to_rlhfkit(n_rows=8).min_p == 0.0  # TRL's None: off
+    with pytest.raises(ValueError, match="'generation_kwargs'"):  # beam search and generate's other settings
+        config(generation_kwargs={"num_beams": 2}).to_rlhfkit(n_rows=8)

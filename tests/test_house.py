@@ -6,6 +6,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
 CHECKED = ("rlhfkit", "tests", "benchmarks", "tools")
+# Not ours: TRL's own test files, kept exactly as TRL wrote them (tests/trl_upstream/README.md).
+NOT_OURS = ("tests/trl_upstream/upstream/",)
 
 # Files over the limit that another change owns and splits. Explicit and temporary: the lead empties
 # this list once those changes are in; a file that fits again must leave it (the test says so).
@@ -13,11 +15,13 @@ ALLOWED_LONG: set[str] = set()  # files allowed over MAX_LINES for now (none)
 
 
 def line_counts(root: Path = ROOT) -> dict[str, int]:
-    """Repository-relative path -> number of lines, for every .py file under ``CHECKED``."""
+    """Repository-relative path -> number of lines, for every .py file under ``CHECKED`` but ``NOT_OURS``."""
     counts = {}
     for top in CHECKED:
         for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else []:
-            counts[path.relative_to(root).as_posix()] = len(path.read_text(encoding="utf-8").splitlines())
+            name = path.relative_to(root).as_posix()
+            if not name.startswith(NOT_OURS):
+                counts[name] = len(path.read_text(encoding="utf-8").splitlines())
     return counts
 
 

@@ -81,6 +81,35 @@ def group_advantages(
     return torch.where(n >= 2, centred, zero).reshape(-1)
 
 
+def group_normalized_sum(
+    per_function: torch.Tensor, weights: torch.Tensor, group_size: int, eps: float = 1e-4
+) -> torch.Tensor:
+    """GDPO's multi-reward aggregation (Liu et al. 2026, "GDPO: Group reward-Decoupled Normalization
+    Policy Optimization for Multi-reward RL Optimization", arXiv:2601.05242; TRL's
+    ``multi_objective_aggregation="normalize_then_sum"``): each reward function's scores normalised
+    within each group, ``(r_k - mean_g,k) / (std_g,k + eps)`` (unbiased std over the group's scored
+    samples), then summed with the ``weights`` — so a function with a larger scale does not drown the
+    others' signal, as it does in the weighted sum normalised after.
+
+    ``per_function`` (B, F): NaN where a function did not score a sample (left out of its group's
+    statistics and of the sum); ``weights`` (F,). Returns (B,): NaN where no function scored. A group
+    whose function scored fewer than two samples contributes 0 for it (no spread to normalise by).
+    """
+    check_tensor("per_function", per_function, ndim=2)
+    n_groups = check_groups(per_function.shape[0], group_size, "per_function")
+    grouped = per_function.reshape(n_groups, group_size, -1)
+    ok = ~torch.isnan(grouped)
+    zero = torch.zeros((), dtype=grouped.dtype, device=grouped.device)
+    n = ok.sum(1, keepdim=True).to(grouped.dtype)
+    mean = torch.where(ok, grouped, zero).sum(1, keepdim=True) / n.clamp(min=1)
+    centred = torch.where(ok, grouped - mean, zero)
+    std = (centred.square().sum(1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()
+    normalised = torch.where(ok & (n >= 2), centred / (std + eps), zero)
+    total = (normalised * weights.to(grouped.dtype)).sum(-1).reshape(-1)
+    scored = ok.reshape(per_function.shape).any(-1)
+    return torch.where(scored, total, torch.full_like(total, float("nan")))
+
+
 def group_batch_std_advantages(
     scores: torch.Tensor, group_size: int, eps: float = 1e-6, valid: torch.Tensor | None = None, reduce=None
 ) -> torch.Tensor:

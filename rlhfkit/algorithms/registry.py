@@ -194,6 +194,9 @@ ADVANTAGE_ESTIMATORS.register("rloo_standardized", needs_groups=True, **_SEQUENC
         )
     )
 )
+ADVANTAGE_ESTIMATORS.register("batch_standardized", needs_groups=False, **_SEQUENCE)(
+    _bandit(lambda r, g, valid, reduce, eps: adv.standardize(r, valid, eps=eps, reduce=reduce))
+)
 ADVANTAGE_ESTIMATORS.register("reinforce", needs_groups=False, **_SEQUENCE)(
     _bandit(lambda r, g, valid, reduce, eps: adv.reinforce_advantages(r, "batch_mean", valid=valid, reduce=reduce))
 )

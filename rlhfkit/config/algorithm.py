@@ -278,6 +278,11 @@ class AlgorithmConfig:
     group_size >= 2. Presets: dapo True, the others False."""
     max_sampling_rounds: int = 10
     """With dynamic_sampling: the most generation rounds per step (verl's filter_groups.max_num_gen_batches)."""
+    reward_aggregation: str = "sum_then_normalize"
+    """How several reward functions make one score: 'sum_then_normalize', their weighted sum (the advantage estimator
+    normalises it); 'normalize_then_sum', GDPO (arXiv:2601.05242; TRL's multi_objective_aggregation): each function's
+    scores normalised within each group first, then weighted and summed (pair it with advantage_estimator
+    'batch_standardized', as TRL does). The logged reward/mean stays the weighted sum."""
     reward_clip: float | None = None
     """Clip scores to [-reward_clip, reward_clip] before advantages. None: off."""
     normalize_rewards: bool = False

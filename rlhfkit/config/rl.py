@@ -231,6 +231,28 @@ def _validate(c: RLConfig) -> None:
                 "weights into the sequence ratio, where a token filter has no place",
             ),
             (
+                c.entropy_coef_min <= c.entropy_coef_max,
+                "entropy_coef_min",
+                f"at most entropy_coef_max ({c.entropy_coef_max})",
+            ),
+            (
+                c.reward_aggregation in ("sum_then_normalize", "normalize_then_sum"),
+                "reward_aggregation",
+                "'sum_then_normalize' or 'normalize_then_sum'",
+            ),
+            (
+                c.reward_aggregation == "sum_then_normalize"
+                or (
+                    c.missing_eos_penalty is None
+                    and c.overlong_buffer_len is None
+                    and c.reward_clip is None
+                    and not c.normalize_rewards
+                ),
+                "reward_aggregation",
+                "'sum_then_normalize' with missing_eos_penalty, overlong_buffer_len, reward_clip or normalize_rewards: "
+                "they shape the weighted sum, which 'normalize_then_sum' does not use",
+            ),
+            (
                 not c.sync_ref_model or c.kl_coef > 0,
                 "sync_ref_model",
                 "False when kl_coef is 0: there is no reference to synchronise",

@@ -35,6 +35,8 @@ from ..config.parts import ConfigFields, takes
     "reward_clip",
     "normalize_rewards",
     "dynamic_sampling",
+    "reward_aggregation",
+    "advantage_epsilon",
 )
 class ScoreShaping(ConfigFields):
     """The fields of ``RLConfig`` that phase 3's score shaping reads (``shape_scores``,

@@ -9,6 +9,7 @@ import torch
 
 from .. import distributed
 from ..agents.agent import episode_lengths, reward_inputs, scored
+from ..algorithms import group_normalized_sum
 from ..data.encode import warn_once
 from ..rewards import RewardFunctions
 from ..rollout import Rollout, decode_completions
@@ -69,7 +70,12 @@ def score(
         reduce=distributed.reduce_sum,
         lengths=lengths,
     )
-    metrics.update(score_metrics)
+    metrics.update(score_metrics)  # reward/mean, reward/std: of the weighted sum, whatever the aggregation
+    if shaping.reward_aggregation == "normalize_then_sum":  # GDPO: each function normalised in its group first
+        per_function = torch.stack([out.per_function[n] for n in rewards.names], -1).to(scores.device)
+        weights = torch.tensor(rewards.weights, dtype=per_function.dtype, device=per_function.device)
+        combined = group_normalized_sum(per_function, weights, group_size, shaping.advantage_epsilon)
+        scores = torch.where(valid, torch.nan_to_num(combined, nan=0.0), torch.zeros_like(combined))
     return scores, valid, metrics, completions, out.scores, out.extra
 
 

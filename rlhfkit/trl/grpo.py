@@ -91,6 +91,7 @@ class GRPOConfig(GenerationArguments):
         "top_entropy_quantile",
         "off_policy_mask_threshold",
         "scale_rewards",
+        "multi_objective_aggregation",
         "loss_type",
         "entropy_coef",
         "use_adaptive_entropy",
@@ -114,6 +115,7 @@ class GRPOConfig(GenerationArguments):
         super().check_supported()
         check_choice(self, "loss_type", tuple(LOSS_TYPES))
         check_choice(self, "scale_rewards", tuple(SCALE_REWARDS))
+        check_choice(self, "multi_objective_aggregation", ("sum_then_normalize", "normalize_then_sum"))
         check_choice(self, "importance_sampling_level", ("token", "sequence"))
         check_choice(self, "vllm_importance_sampling_mode", IS_MODES)
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
@@ -133,6 +135,7 @@ class GRPOConfig(GenerationArguments):
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         """The ``RLConfig`` of this config for a dataset of ``n_rows`` prompts on ``world`` processes."""
         fields = self._rl_fields(n_rows, world)  # rlhfkit's refusals first
+        gdpo = self.multi_objective_aggregation == "normalize_then_sum"
         policy_loss, loss_agg = LOSS_TYPES[self.loss_type]
         loss_options, level = {}, self.importance_sampling_level
         if self.loss_type == "cispo":  # TRL caps the ratio at epsilon_high itself; rlhfkit at 1 + clip_high
@@ -159,7 +162,9 @@ class GRPOConfig(GenerationArguments):
             )
         fields.update(
             algorithm="grpo",
-            advantage_estimator=SCALE_REWARDS[self.scale_rewards],
+            # GDPO (normalize_then_sum): each function normalised in its group, summed, then standardised over the batch
+            advantage_estimator="batch_standardized" if gdpo else SCALE_REWARDS[self.scale_rewards],
+            reward_aggregation=self.multi_objective_aggregation,
             policy_loss=policy_loss,
             loss_agg=loss_agg,
             loss_horizon=self.max_completion_length if self.loss_type == "dr_grpo" else None,

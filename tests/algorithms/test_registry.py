@@ -24,6 +24,7 @@ from rlhfkit.algorithms import (
 
 F64 = torch.float64
 ADV_NAMES = [
+    "batch_standardized",
     "gae",
     "group",
     "group_batch_std",
@@ -53,8 +54,8 @@ def test_get_unknown_name_lists_valid_names_and_suggests():
     msg = str(err.value)
     assert "unknown advantage estimator 'rlooo'" in msg
     assert (
-        "valid: gae, group, group_batch_std, group_no_std, reinforce, reinforce_plus_plus, rloo, rloo_standardized."
-        in msg
+        "valid: batch_standardized, gae, group, group_batch_std, group_no_std, reinforce, reinforce_plus_plus, rloo, "
+        "rloo_standardized." in msg
     )
     assert "Did you mean 'rloo'" in msg
     with pytest.raises(ValueError, match=r"Did you mean 'ppo_clip'\?"):

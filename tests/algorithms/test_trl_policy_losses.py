@@ -12,6 +12,7 @@ from rlhfkit.algorithms import (
     AdaptiveEntropyController,
     LossInputs,
     group_batch_std_advantages,
+    group_normalized_sum,
     high_entropy_mask,
     importance_ratio,
     off_policy_sequence_mask,
@@ -213,3 +214,26 @@ def test_the_adaptive_entropy_coefficient_by_hand():
     restored = AdaptiveEntropyController(0.3, 0.5, 0.005)
     restored.load_state_dict(ctl.state_dict())
     assert (restored.coef, restored.last_entropy) == (0.0, 0.9)
+
+
+def test_gdpo_normalises_each_reward_in_its_group_then_sums_by_hand():
+    """Two functions of different scales, groups of 2: each (r - mean_g) / (std_g + eps) on its own, then
+    0.7 x the first + 0.3 x the second; a function that scored one sample of a group adds 0 there; a
+    sample no function scored is NaN."""
+    nan = float("nan")
+    per = torch.tensor([[1.0, 10.0], [3.0, 30.0], [2.0, nan], [5.0, 7.0], [nan, nan], [nan, nan]], dtype=F64)
+    got = group_normalized_sum(per, torch.tensor([0.7, 0.3], dtype=F64), 2, eps=1e-4)
+    s1, s2 = math.sqrt(2), math.sqrt(200)  # unbiased stds of (1, 3) and (10, 30)
+    first = [0.7 * -1 / (s1 + 1e-4) + 0.3 * -10 / (s2 + 1e-4), 0.7 * 1 / (s1 + 1e-4) + 0.3 * 10 / (s2 + 1e-4)]
+    s3 = math.sqrt(4.5)  # (2, 5); the second function scored one sample of this group: 0
+    second = [0.7 * -1.5 / (s3 + 1e-4), 0.7 * 1.5 / (s3 + 1e-4)]
+    torch.testing.assert_close(got[:4], torch.tensor(first + second, dtype=F64))
+    assert torch.isnan(got[4:]).all()
+
+
+def test_the_batch_standardized_estimator():
+    rewards = torch.zeros(4, 2, dtype=F64)
+    rewards[:, -1] = torch.tensor([1.0, 2.0, 4.0, 9.0], dtype=F64)
+    adv, _ = ADVANTAGE_ESTIMATORS.get("batch_standardized")(rewards, torch.ones(4, 2), group_size=2, eps=1e-4)
+    x = rewards[:, -1]
+    torch.testing.assert_close(adv[:, 0], (x - x.mean()) / (x.std() + 1e-4))

@@ -132,3 +132,13 @@ def test_sampling_settings_reach_the_sampler():
     assert config().to_rlhfkit(n_rows=8).min_p == 0.0  # TRL's None: off
     with pytest.raises(ValueError, match="'generation_kwargs'"):  # beam search and generate's other settings
         config(generation_kwargs={"num_beams": 2}).to_rlhfkit(n_rows=8)
+
+
+def test_gdpo_is_translated_and_refused_beside_the_sums_shaping():
+    native = config(multi_objective_aggregation="normalize_then_sum").to_rlhfkit(n_rows=8)
+    assert native.reward_aggregation == "normalize_then_sum" and native.advantage_estimator == "batch_standardized"
+    from rlhfkit.config import RLConfig
+
+    with pytest.raises(ValueError, match="reward_aggregation") as err:
+        RLConfig(reward_aggregation="normalize_then_sum", missing_eos_penalty=-1.0)
+    assert "\n" not in str(err.value)

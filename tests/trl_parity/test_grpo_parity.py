@@ -22,6 +22,10 @@ SETTINGS = {
 }
 
 
+def length_tenths(completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+
+
 def unscored_fraction_of_a(completions, **kwargs):
     """The length, but no score (None) for the short completions ending in 'b', as a reward function
     that cannot judge them (a group's scored completions still differ)."""
@@ -31,6 +35,8 @@ def unscored_fraction_of_a(completions, **kwargs):
 def compare(model_dir, tmp_path, kwargs, trainer_class="GRPO", use_vllm=False):
     kwargs = dict(kwargs)
     reward = unscored_fraction_of_a if kwargs.pop("unscored", False) else fraction_of_a
+    if kwargs.pop("two_rewards", False):  # another scale: what GDPO's per-function normalisation is for
+        reward = [reward, length_tenths]
     data = dataset(kwargs)
     start = start_weights(model_dir)
     theirs, trl_trainer = trl_run(
@@ -99,6 +105,16 @@ def test_the_token_filters_are_trls(model_dir, tmp_path, loss_type, extra):
     entropy coefficient (no bonus on the first step, then raised each optimizer step)."""
     diff = compare(model_dir, tmp_path, dict(TWO_STEPS, loss_type=loss_type, **extra))
     print(f"DIFF {loss_type} {extra}: {diff:.2e}")
+    assert diff < TOLERANCE
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_two_reward_functions_combine_as_trls(model_dir, tmp_path, aggregation):
+    """Two reward functions of different scales, weighted: summed then normalised, or GDPO's each
+    normalised in its group, then summed and standardised over the batch."""
+    kwargs = dict(TWO_STEPS, two_rewards=True, reward_weights=[0.7, 0.3], multi_objective_aggregation=aggregation)
+    diff = compare(model_dir, tmp_path, kwargs)
+    print(f"DIFF {aggregation}: {diff:.2e}")
     assert diff < TOLERANCE
 
 

@@ -142,3 +142,11 @@ def test_gdpo_is_translated_and_refused_beside_the_sums_shaping():
     with pytest.raises(ValueError, match="reward_aggregation") as err:
         RLConfig(reward_aggregation="normalize_then_sum", missing_eos_penalty=-1.0)
     assert "\n" not in str(err.value)
+
+
+def test_adaptive_entropy_bounds_are_checked():
+    from rlhfkit.config import RLConfig
+
+    with pytest.raises(ValueError, match="entropy_coef_min") as err:
+        RLConfig(use_adaptive_entropy=True, entropy_coef_min=0.5, entropy_coef_max=0.1)
+    assert "\n" not in str(err.value)

@@ -2,7 +2,14 @@
 
 from .heads import ScalarModel
 from .lm_head import set_lm_head
-from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
+from .loading import (
+    disable_dropout,
+    enable_activation_checkpointing,
+    freeze,
+    load_causal_lm,
+    load_tokenizer,
+    soft_update,
+)
 from .policy import ResponseForward, forward_response
 
 __all__ = [
@@ -12,6 +19,7 @@ __all__ = [
     "enable_activation_checkpointing",
     "forward_response",
     "freeze",
+    "soft_update",
     "load_causal_lm",
     "load_tokenizer",
     "set_lm_head",

@@ -56,6 +56,21 @@ def freeze(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+@torch.no_grad()
+def soft_update(target: torch.nn.Module, source: torch.nn.Module, alpha: float) -> None:
+    """``target ← α source + (1 - α) target``, parameter by parameter (the two of one architecture):
+    TR-DPO's reference sync (Gorbatovski et al. 2024, "Learn Your Reference Model for Real Good
+    Alignment", arXiv:2404.09656; TRL's ``SyncRefModelCallback``), for the DPO and RL trainers. Under
+    FSDP2 each parameter is its shard first (a forward pass leaves the root's gathered: plain tensors
+    beside DTensor shards)."""
+    from .. import distributed
+
+    for m in (source, target):
+        distributed.reshard(m)
+    for t, s in zip(target.parameters(), source.parameters(), strict=True):
+        t.mul_(1 - alpha).add_(s.detach().to(t.dtype), alpha=alpha)
+
+
 def eos_token_ids(*sources) -> tuple[int, ...]:
     """Every id that ends a completion — a turn: the EOS ids of ``sources``, in order, each once.
     A source is an id, a collection of ids, None, a model (its ``generation_config.eos_token_id``:

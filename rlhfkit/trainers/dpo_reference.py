@@ -32,7 +32,7 @@ import torch
 
 from .. import distributed
 from ..config.supervised import DPOConfig
-from ..models import freeze, load_causal_lm
+from ..models import freeze, load_causal_lm, soft_update
 from ..models.lora import is_peft
 
 
@@ -163,18 +163,10 @@ class DPOReference:
         if self._free_reference:
             self.reference = None
 
-    @torch.no_grad()
     def _reference_step(self) -> None:
         """After optimizer step ``self.step``: the policy has moved; TR-DPO's sync when one is due."""
         self._policy_is_initial = False
         args = self.args
         if args.sync_ref_model and self.step % args.ref_model_sync_steps == 0:
             assert self.reference is not None  # _build_reference built one (sync refuses LoRA and precompute)
-            alpha = args.ref_model_mixup_alpha
-            for m in (
-                self.model,
-                self.reference,
-            ):  # FSDP2: each parameter its shard again (a pass leaves the root's gathered)
-                distributed.reshard(m)
-            for ref, p in zip(self.reference.parameters(), self.model.parameters(), strict=True):
-                ref.mul_(1 - alpha).add_(p.detach().to(ref.dtype), alpha=alpha)
+            soft_update(self.reference, self.model, args.ref_model_mixup_alpha)

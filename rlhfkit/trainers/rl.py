@@ -28,7 +28,7 @@ from ..algorithms import AdaptiveEntropyController, AdaptiveKLController, FixedK
 from ..config import RLConfig, part
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
-from ..models import efficiency, set_lm_head
+from ..models import efficiency, set_lm_head, soft_update
 from ..models.rl_models import ModelLoading, build_models
 from ..rl import advantages, build, experience, pipeline, update
 from ..rollout import Rollout, registry
@@ -268,16 +268,10 @@ class RLTrainer:
             )
         self.models.reference.requires_grad_(True)
 
-    @torch.no_grad()
     def _sync_reference(self) -> None:
         """TR-DPO's soft update (``sync_ref_model``): ``ref ← α policy + (1 - α) ref``, parameter by parameter
         (Gorbatovski et al. 2024, arXiv:2404.09656, §3; TRL's ``SyncRefModelCallback``)."""
-        alpha = self.config.ref_model_mixup_alpha
-        reference, policy = self.models.reference, self.models.policy
-        for m in (policy, reference):  # FSDP2: each parameter its own shard again
-            distributed.reshard(m)
-        for ref, p in zip(reference.parameters(), policy.parameters(), strict=True):
-            ref.mul_(1 - alpha).add_(p.detach().to(ref.dtype), alpha=alpha)
+        soft_update(self.models.reference, self.models.policy, self.config.ref_model_mixup_alpha)
 
     def evaluate(self) -> dict:
         """Greedy completions of the eval prompts scored by the training reward sources:

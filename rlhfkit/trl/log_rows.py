@@ -10,7 +10,8 @@
 - an evaluation row per evaluation set after it, at each evaluation step (every ``eval_steps``,
   with ``eval_strategy="steps"``; ``evaluation.py`` has its keys), before the first step with
   ``eval_on_start``, and one per ``evaluate()`` call;
-- the end-of-training summary (``state.py``) last.
+- the end-of-training summary (``state.py``) last, with TRL's trainer metrics averaged over the steps
+  since the last training row (TRL's ``log`` adds them to every row it writes, the summary too).
 
 Every step's row of rlhfkit's names stays in ``trainer.history`` and ``metrics.jsonl``, the
 evaluation's under ``eval/*`` (``eval/<name>/*`` for a named set).
@@ -83,5 +84,13 @@ class TRLLogRows:
         if self.trl_args.eval_on_start and self.trl_eval_sets:
             self.evaluate()
         out = super().train(resume_from_checkpoint)
-        self.trl_rows.append(dict(self.summary))
+        self.trl_rows.append({**self._trl_window_metrics(), **self.summary})
         return out
+
+    def _trl_window_metrics(self) -> dict:
+        """What TRL's trainers add to the summary row: their metrics averaged over the steps since the last
+        training row (none when the last step was logged; never the loss, whose place is ``train_loss``)."""
+        if not self._trl_window:
+            return {}
+        row = self._trl_train_row()
+        return {k: row[k] for k in self.trl_metrics() if k in row and k not in (*STEP_VALUES, "loss")}

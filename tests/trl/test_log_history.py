@@ -177,3 +177,22 @@ def test_a_trl_callback_sees_trls_names_args_and_steps(model_dir, tmp_path):
     assert callback.seen == [
         ("GRPOConfig", 2 * row["step"], row["reward/mean"], row["reward/mean"]) for row in trainer.history
     ]
+
+
+@pytest.mark.parametrize("logging_steps, in_summary", [(10, True), (1, False)])
+def test_the_summary_row_holds_the_metrics_of_steps_not_logged_yet(logging_steps, in_summary, model_dir, tmp_path):
+    """TRL's log() adds its trainer metrics averaged since the last training row to every row it writes, the
+    end-of-training summary too: 2 steps under logging_steps=10 leave them to the summary (TRL's prompt-tuning
+    tests read log_history[-1]['mean_token_accuracy']); with every step logged the window is empty."""
+    rows = [{"prompt": "ab", "completion": "cd"}, {"prompt": "x", "completion": "yz"}]
+    args = SFTConfig(output_dir=str(tmp_path / "out"), per_device_train_batch_size=1, max_steps=2,
+                     **{**CPU, "logging_steps": logging_steps})  # fmt: skip
+    trainer = SFTTrainer(model=model_dir, args=args, train_dataset=rows)
+    trainer.train()
+    summary, steps = trainer.state.log_history[-1], trainer.history
+    assert "train_loss" in summary and "loss" not in summary
+    if in_summary:
+        expected = sum(r["sft/token_accuracy"] for r in steps) / 2
+        assert summary["mean_token_accuracy"] == pytest.approx(expected) and "entropy" in summary
+    else:
+        assert "mean_token_accuracy" not in summary

@@ -29,7 +29,7 @@ TRL_LOCK ?= requirements/lock-trl.txt
 PYTEST_WORKERS ?= 2
 PYTEST := -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope --durations=15
 
-.PHONY: setup setup-vllm setup-trl test-trl setup-browser setup-docs setup-lint lint quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
+.PHONY: setup setup-vllm setup-trl test-trl trl-upstream trl-upstream-record setup-browser setup-docs setup-lint lint quickstart demo test test-slow test-vllm docs smollm2 bench bench-vllm clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -126,10 +126,36 @@ $(TRL_STAMP): pyproject.toml $(TRL_LOCK)
 	$(TRL_BIN)/pip install -q -c $(TRL_LOCK) "$(TRL)" -e . "pytest>=8" "pytest-xdist>=3.5" "openai>=1.60" "starlette>=0.40" "uvicorn>=0.30"
 	touch $(TRL_STAMP)
 
-## The drop-in classes against TRL 1.16 itself (tests marked trl, in .venv-trl): one optimizer step of each
-## from the same weights, data and config, the same weights after it.
-test-trl: $(TRL_STAMP)
+# TRL's own test files (tests/trl_upstream/README.md): the Hub's tiny models and datasets they load, rebuilt
+# offline once (the Qwen2 vocabulary comes from PyPI's llama-cpp-python source package), and TRL's recorded outcomes.
+UPSTREAM := tests/trl_upstream
+UPSTREAM_CACHE := .cache/trl-upstream
+UPSTREAM_DATA := $(UPSTREAM_CACHE)/.built
+UPSTREAM_TRL := $(UPSTREAM)/outcomes/trl-1.16.0.json
+$(UPSTREAM_DATA): $(TRL_STAMP) $(UPSTREAM)/hub.py $(UPSTREAM)/hub_data.py
+	$(TRL_BIN)/python $(UPSTREAM)/hub.py
+	touch $(UPSTREAM_DATA)
+
+## The drop-in classes against TRL 1.16 itself (in .venv-trl): the tests marked trl (one optimizer step of each
+## from the same weights, data and config, the same weights after it), then CI's subset of TRL's own tests
+## ($(UPSTREAM)/ci_tests.txt: each one the drop-in passed; report.py names any that stops passing).
+test-trl: $(TRL_STAMP) $(UPSTREAM_DATA)
 	$(TRL_BIN)/python $(PYTEST) -m trl -p no:cacheprovider tests/trl_parity
+	cd $(UPSTREAM) && $(abspath $(TRL_BIN))/python -m pytest -c pytest.ini -n $(PYTEST_WORKERS) --dist loadfile \
+		--against rlhfkit --outcomes $(abspath $(UPSTREAM_CACHE))/ci.json $$(cat ci_tests.txt)
+	$(TRL_BIN)/python $(UPSTREAM)/report.py --trl $(UPSTREAM_TRL) --dropin $(UPSTREAM_CACHE)/ci.json \
+		--expect $(UPSTREAM)/ci_tests.txt
+
+## TRL's own test files, all of them, against the drop-ins, compared with TRL's record (docs/results/trl-tests.md).
+trl-upstream: $(UPSTREAM_DATA)
+	cd $(UPSTREAM) && $(abspath $(TRL_BIN))/python -m pytest -c pytest.ini -n $(PYTEST_WORKERS) --dist loadfile \
+		--against rlhfkit --outcomes $(abspath $(UPSTREAM_CACHE))/dropin.json upstream || true
+	$(TRL_BIN)/python $(UPSTREAM)/report.py --trl $(UPSTREAM_TRL) --dropin $(UPSTREAM_CACHE)/dropin.json --failures
+
+## TRL's side recorded anew into $(UPSTREAM_TRL) (over an hour on two cores; an interrupted run resumes).
+trl-upstream-record: $(UPSTREAM_DATA)
+	cd $(UPSTREAM) && $(abspath $(TRL_BIN))/python -m pytest -c pytest.ini -n $(PYTEST_WORKERS) --dist loadfile \
+		--outcomes $(abspath $(UPSTREAM_TRL)) --resume upstream || true
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) .pytest_cache .coverage build *.egg-info site

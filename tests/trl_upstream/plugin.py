@@ -192,6 +192,9 @@ def _partial(config) -> dict[str, list]:
     """The outcomes an interrupted run with the same ``--outcomes`` recorded (its ``.partial`` file)."""
     path = Path(f"{config.getoption('outcomes')}.partial")
     done: dict[str, list] = {}
+    finished = Path(str(config.getoption("outcomes")))
+    if config.getoption("outcomes") and config.getoption("resume") and finished.is_file():  # a record to extend
+        done.update(json.loads(finished.read_text()))
     if config.getoption("outcomes") and path.exists():
         for line in path.read_text().splitlines():
             if line.strip():

@@ -49,7 +49,11 @@ def test_messages_and_chat_pairs_are_accepted():
     [
         ({"prompt": "a"}, None, r"missing field 'completion'"),
         ({"completion": "a"}, None, r"missing field 'prompt'"),
-        ({"question": "a"}, None, r"missing field 'prompt'.*'messages', 'text' or 'input_ids'.*fields present: 'question'"),
+        (
+            {"question": "a"},
+            None,
+            r"missing field 'prompt'.*'messages', 'text' or 'input_ids'.*fields present: 'question'",
+        ),
         ({"text": " "}, "text", r"expected a non-empty string, got str"),
         ({"text": 5}, "text", r"expected a non-empty string, got int"),
         ({"prompt": "a", "completion": ""}, "completion", r"empty"),

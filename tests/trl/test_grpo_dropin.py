@@ -169,7 +169,7 @@ def test_epochs_count_whole_generations_as_trl(epochs, steps):
         ("cast_lm_head_to_fp32", True, "only its default"),
         ("sync_ref_model", True, "kl_coef is 0"),  # beta 0: no reference to synchronise
         ("vllm_mode", "server", "rollout_workers"),
-        ("repetition_penalty", 1.1, "only its default"),
+        ("generation_kwargs", {"num_beams": 2}, "only its default"),
         ("torch_compile", True, "compiled"),
         ("loss_type", "gspo", "'dapo'"),
         ("scale_rewards", "median", "'group'"),

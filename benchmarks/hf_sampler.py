@@ -6,7 +6,7 @@ SmolLM2-135M-Instruct under bf16 autocast, the arithmetic prompts, temperature 1
 the prompt encoded once per row in both (``share_prompt=False``). Alternating, ``--reps`` times after
 one warm-up call each: (a) ``model.generate(do_sample=True)`` — transformers' sampler, one
 ``torch.multinomial`` over the batch on torch's global stream —; (b) ``HFEngine.generate`` with one
-seed per prompt — ``rollout.hf.TokenSampler``: a CPU ``torch.Generator`` per row, inverse-CDF draws.
+seed per prompt — ``rollout.token_sampler.TokenSampler``: a CPU ``torch.Generator`` per row, inverse-CDF draws.
 A call runs until every row has ended or the token limit, so the time is divided by the decode steps
 the call ran. Prints one JSON line.
 """

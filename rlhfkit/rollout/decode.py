@@ -221,7 +221,7 @@ def decode(
 ) -> Decoded:
     """``n`` completions of each left-padded prompt (``prompt_ids``/``prompt_mask``: one row per
     prompt), rows ``g*n .. g*n+n-1`` continuing prompt ``g``, drawn by ``sampler.draw`` (a
-    ``rollout.hf.TokenSampler``). ``share_prompt``: every prompt column but the last is encoded
+    ``rollout.token_sampler.TokenSampler``). ``share_prompt``: every prompt column but the last is encoded
     once per prompt and its cache repeated for the ``n`` rows, as ``HFEngine._prompt_cache``.
     ``drop_rows``: drop finished rows (only honoured when ``sampler.row_independent``).
     On a CPU the model attends by ``decode_attention`` meanwhile (``fast_decode_attention``)."""

@@ -35,7 +35,8 @@ def apply_lora(model: torch.nn.Module, peft_config, task_type: str | None = "CAU
 
     from peft import get_peft_model
 
-    if task_type is None or getattr(peft_config, "task_type", None) is None:
+    current = getattr(peft_config, "task_type", None)
+    if current != task_type and (task_type is None or current is None):  # the user's config is kept when it fits
         peft_config = copy.copy(peft_config)
         peft_config.task_type = task_type
     try:

@@ -12,7 +12,7 @@ from .config.io import config_values
 
 # The job classes live in the config layer (the run record writes them too); the command line
 # finds them here by name (``rlhfkit <command>``).
-from .config.jobs import DPOJob, DPOSources, RLJob, RLSources, RMJob, RMSources, SFTJob, Sources  # noqa: F401
+from .config.jobs import DPOJob, DPOSources, KTOJob, RLJob, RLSources, RMJob, RMSources, SFTJob, Sources  # noqa: F401
 
 
 def trainer_config(job, cls):
@@ -47,11 +47,11 @@ def lora_config(job: Sources):
 
 
 def checkpoint_policy(path):
-    """The policy saved in a checkpoint of ``rlhfkit rl``, ``sft`` or ``dpo``
+    """The policy saved in a checkpoint of ``rlhfkit rl``, ``sft``, ``dpo`` or ``kto``
     (``<run>/checkpoint-N/``), as a merged causal LM, with the base model's source for the
     tokenizer — or None when ``path`` is not such a checkpoint. The run's ``config.yaml`` names the
     base model and the LoRA settings; the checkpoint holds the trained weights (all of them, or the
-    adapter's) under the module name ``policy`` (RL) or ``model`` (SFT, DPO)."""
+    adapter's) under the module name ``policy`` (RL) or ``model`` (SFT, DPO, KTO)."""
     from .config.io import load_config
     from .run.checkpoint import DCP_DIR, STATE_FILE, has_module_weights, load_module_weights, read_dcp_metadata
 
@@ -65,7 +65,7 @@ def checkpoint_policy(path):
     name, job_classes = (
         ("policy", (RLJob,))
         if "policy" in modules
-        else ("model", (SFTJob, DPOJob))
+        else ("model", (SFTJob, DPOJob, KTOJob))
         if "model" in modules and "critic" not in modules
         else (None, ())
     )
@@ -80,8 +80,8 @@ def checkpoint_policy(path):
             continue
     if job is None and record.is_file():
         raise ValueError(
-            f"checkpoint {path} holds no policy: {record} is not the record of an rlhfkit sft, dpo "
-            "or rl run (a reward model is evaluated as a reward: --reward <run>/final)"
+            f"checkpoint {path} holds no policy: {record} is not the record of an rlhfkit sft, dpo, "
+            "kto or rl run (a reward model is evaluated as a reward: --reward <run>/final)"
         )
     if job is None or not job.model:
         raise ValueError(

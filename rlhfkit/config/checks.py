@@ -101,6 +101,9 @@ RANGES: dict[str, str] = {
     "ld_alpha": "[0, 1] or None",
     "ref_model_mixup_alpha": "(0, 1]",
     "ref_model_sync_steps": "[1, 1e9]",
+    # KTO
+    "desirable_weight": ">= 0",
+    "undesirable_weight": ">= 0",
     # command-line sources
     "lora_r": "[0, 1e5]",
     "lora_alpha": "(0, 1e6]",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .rl import RLConfig
-from .supervised import DPOConfig, RewardModelConfig, SFTConfig
+from .supervised import DPOConfig, KTOConfig, RewardModelConfig, SFTConfig
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,15 @@ class DPOJob(DPOConfig, DPOSources):
 
 
 @dataclass(frozen=True)
+class KTOJob(KTOConfig, DPOSources):
+    """Kahneman–Tversky optimisation on unpaired preferences (a completion and a thumbs-up or -down label per row; pairs
+    are split in two): no reward model, no sampling."""
+
+
+@dataclass(frozen=True)
 class RLJob(RLConfig, RLSources):
     """RL against reward functions and/or reward models (PPO, GRPO, REINFORCE, RLOO, …)."""
 
 
 # The job that records a run of each trainer config (``run.record.record_run``).
-JOBS = ((RLConfig, RLJob), (SFTConfig, SFTJob), (RewardModelConfig, RMJob), (DPOConfig, DPOJob))
+JOBS = ((RLConfig, RLJob), (SFTConfig, SFTJob), (RewardModelConfig, RMJob), (DPOConfig, DPOJob), (KTOConfig, KTOJob))

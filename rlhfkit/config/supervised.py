@@ -1,5 +1,5 @@
 """The supervised trainers' configs: ``TrainConfig``, the fields SFT, the reward model and DPO
-share, and one subclass per trainer (``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``) that
+share, and one subclass per trainer (``SFTConfig``, ``RewardModelConfig``, ``DPOConfig``, ``KTOConfig``) that
 adds its own fields or re-declares a shared one to change its default. Like ``RLConfig``
 (``rl.py``) they sit below the trainers, on the shared ``OptimBase`` and ``RunBase`` (``base.py``),
 so the run record (``run/record.py``) and the command line's jobs (``jobs.py``) read them without
@@ -235,3 +235,61 @@ class DPOConfig(TrainConfig):
 
 def _names(loss_type) -> tuple[str, ...]:
     return (loss_type,) if isinstance(loss_type, str) else tuple(loss_type)
+
+
+@dataclass(frozen=True)
+class KTOConfig(TrainConfig):
+    """Everything a KTO run reads: unpaired preferences, each row a prompt, a completion and a label (thumbs up or
+    down). ``KTOConfig(beta=0.1, desirable_weight=1.0, undesirable_weight=1.33, learning_rate=1e-6)``."""
+
+    learning_rate: float = 1e-6
+    """AdamW peak learning rate; 1e-6 is TRL's KTO default for real models (tiny random models want ~1e-3)."""
+    lr_scheduler: str = "linear"
+    """After warmup: constant, linear (decay to 0 at the last step) or cosine. hf_constant, hf_linear, hf_cosine:
+    transformers' formulas (the TRL drop-in configs select them), whose warmup starts at learning rate 0."""
+    batch_size: int = 8
+    """Rows per forward/backward (each scores its completion and, for loss_type kto, another row's completion after
+    its prompt: KTO's KL estimate is over a micro-batch, so each process needs at least 2 rows). Under torchrun it
+    counts the rows of every process together."""
+    beta: float = 0.1
+    """β: the scale of the implicit reward β log(π/π_ref) inside the sigmoid; larger keeps the policy nearer the
+    reference."""
+    loss_type: str = "kto"
+    """kto (Ethayarajh et al. 2024: each completion's reward against the batch's KL estimate z0) or apo_zero_unpaired
+    (APO-zero on unpaired rows: raise the desirable completions' likelihood, lower the undesirable ones'; no KL
+    estimate). The formulas: algorithms/kto.py."""
+    desirable_weight: float = 1.0
+    """λ_D: the weight of the desirable rows' losses. With unequal counts the paper recommends λ_D n_D / (λ_U n_U) in
+    [1, 4/3]; a warning says when both weights are outside that range."""
+    undesirable_weight: float = 1.0
+    """λ_U: the weight of the undesirable rows' losses."""
+    shuffle: bool = True
+    """A seeded shuffle of the rows every epoch; False: the dataset's order every epoch (TRL's KTO reads its rows in
+    order, so that the mismatched pairs of its KL estimate are fixed)."""
+    precompute_ref_logprobs: bool = False
+    """Score every row (and the mismatched pairs it will be in) under the reference once, before training, and free the
+    reference: no second model in memory during training (the same loss: the reference is frozen)."""
+    sync_ref_model: bool = False
+    """TR-DPO's soft update of the reference (Gorbatovski et al. 2024): every ref_model_sync_steps optimizer steps the
+    reference becomes ref_model_mixup_alpha x policy + (1 - ref_model_mixup_alpha) x reference. Not with a LoRA policy
+    nor precompute_ref_logprobs."""
+    ref_model_mixup_alpha: float = 0.6
+    """sync_ref_model only: α, the policy's share of the new reference."""
+    ref_model_sync_steps: int = 512
+    """sync_ref_model only: τ, optimizer steps between two syncs."""
+
+    def __post_init__(self):
+        from ..algorithms.kto import KTO_LOSS_TYPES  # torch only when a KTO config is built
+
+        super().__post_init__()
+        check_fields(
+            self,
+            [
+                (self.loss_type in KTO_LOSS_TYPES, "loss_type", f"one of {', '.join(KTO_LOSS_TYPES)}"),
+                (
+                    not (self.sync_ref_model and self.precompute_ref_logprobs),
+                    "sync_ref_model",
+                    "False with precompute_ref_logprobs=True (a reference that changes cannot be scored once)",
+                ),
+            ],
+        )

@@ -74,6 +74,7 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
     """
 
     main_metric = "rewards/accuracies"
+    args: DPOConfig
 
     def __init__(
         self,

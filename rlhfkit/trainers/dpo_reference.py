@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import distributed
-from ..config.supervised import DPOConfig
+from ..config.supervised import DPOConfig, KTOConfig
 from ..models import freeze, load_causal_lm, soft_update
 from ..models.lora import is_peft
 
@@ -42,12 +42,13 @@ def pair_key(pair) -> tuple:
 
 
 class DPOReference:
-    """Mixed into the DPO trainer: ``_build_reference`` once its policy is on its device,
+    """Mixed into the DPO and KTO trainers: ``_build_reference`` once its policy is on its device,
     ``_reference_table`` before training, ``_reference_of`` in each loss, ``_reference_step`` after
     each optimizer step."""
 
-    # the DPO trainer's (trainers/dpo.py)
-    args: DPOConfig
+    # the DPO trainer's (trainers/dpo.py), or the KTO trainer's (trainers/kto.py: its items are a row's
+    # completion and the mismatched one of its KL estimate, in place of a pair's two completions)
+    args: DPOConfig | KTOConfig
     model: Any  # a causal LM, or a peft model of one
     train_model: torch.nn.Module
     device: torch.device
@@ -59,6 +60,7 @@ class DPOReference:
     _ref_table: dict[tuple, tuple[float, float]] | None
     _policy_is_initial: bool
     _free_reference: bool
+    _reference_key = staticmethod(pair_key)  # an item's table key (the KTO trainer's items have their own)
 
     def _build_reference(self, ref_model) -> None:
         args = self.args
@@ -127,7 +129,9 @@ class DPOReference:
         this with the same pairs: each scores its slice, the slices are summed over processes)."""
         if self._ref_table is None:
             self._ref_table = {}
-        todo = list({pair_key(p): p for p in pairs if pair_key(p) not in self._ref_table}.values())
+        todo = list(
+            {self._reference_key(p): p for p in pairs if self._reference_key(p) not in self._ref_table}.values()
+        )
         if not todo:
             return
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(todo)
@@ -147,14 +151,16 @@ class DPOReference:
             self.train_model.train(was_training)
             distributed.reshard(self.train_model)  # FSDP2: the optimizer and checkpoints hold the shards
         out = torch.tensor(distributed.sum_floats(out.flatten().tolist()), dtype=torch.float64).view(2, n)
-        self._ref_table.update({pair_key(p): (out[0, i].item(), out[1, i].item()) for i, p in enumerate(todo)})
+        self._ref_table.update(
+            {self._reference_key(p): (out[0, i].item(), out[1, i].item()) for i, p in enumerate(todo)}
+        )
 
     def _reference_of(self, pairs: list) -> torch.Tensor:
         """The reference's log-probs (2n,) of ``pairs`` for the loss: from the table (precomputed) or now."""
         if not self.args.precompute_ref_logprobs:
             return self._reference_logps(pairs)
         assert self._ref_table is not None
-        rows = [self._ref_table[pair_key(p)] for p in pairs]  # _reference_table ran over every set first
+        rows = [self._ref_table[self._reference_key(p)] for p in pairs]  # _reference_table ran over every set first
         return torch.tensor([r[0] for r in rows] + [r[1] for r in rows], dtype=torch.float32, device=self.device)
 
     # ---------------------------------------------------------------- during training

@@ -1,0 +1,377 @@
+"""Kahneman–Tversky Optimisation on unpaired preferences (Ethayarajh et al. 2024, arXiv:2402.01306):
+each row one completion with a thumbs-up (desirable) or thumbs-down (undesirable) label, no pairs,
+no reward model, no sampling. The losses live in ``algorithms/kto.py`` (``kto_loss``, ``kto_kl``);
+this file feeds them.
+
+Each step takes ``batch_size x grad_accumulation`` rows (``data.unpaired``: prompt, completion,
+label; a paired dataset is split in two) and computes, for the policy π_θ and the frozen reference
+π_ref, each completion's summed log-probability (+ EOS) given its prompt. KTO's reference point
+``z0`` is the mean log-ratio of *mismatched* pairs, built as TRL builds them: within each
+micro-batch the completions are rotated by one, row i's prompt followed by row i-1's completion
+(row 0 takes the last row's), so the mismatched completions are the batch's own completions after
+other prompts. A row's completion and its mismatched one run as one packed row after its prompt
+(``models.forward_response`` with ``prompt_index``). ``z0`` is the mean over the micro-batch of every
+process (``distributed.reduce_sum``), clamped at 0 and detached; ``apo_zero_unpaired`` needs no
+``z0`` and scores no mismatched pair. The loss of a step is the mean over its rows of the weighted
+per-row losses (``desirable_weight`` λ_D, ``undesirable_weight`` λ_U).
+
+The data order is a seeded shuffle per epoch, or the dataset's own order with ``shuffle=False``
+(TRL's KTO: its mismatched pairs are then the same every epoch). The reference
+(``dpo_reference.DPOReference``, shared with DPO) is ``ref_model`` when given, the adapter-disabled
+base under LoRA, else a frozen copy of the initial policy; ``precompute_ref_logprobs`` scores every
+(row, mismatched completion) the run will use once before training; ``sync_ref_model`` is TR-DPO's
+soft update.
+
+Metrics (TRL's names): ``kto/loss``, ``kl`` (the mean ``z0`` of the step's micro-batches),
+``rewards/chosen`` and ``rewards/rejected`` (the mean implicit reward ``β log π/π_ref`` of the
+desirable and of the undesirable rows; absent from a step without such rows), ``rewards/margins``,
+``logps/chosen``, ``logps/rejected``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from .. import distributed
+from ..algorithms.kto import kto_kl, kto_loss, kto_needs_kl
+from ..config.supervised import KTOConfig  # re-exported: rlhfkit.trainers.kto.KTOConfig
+from ..data.encode import encode_pair, note_cut, note_unknown
+from ..data.padding import pad
+from ..data.unpaired import load_unpaired_dataset
+from ..models import forward_response, load_causal_lm, load_tokenizer, set_lm_head
+from ..models.activations import probe_ids
+from ..models.loading import disable_dropout
+from ..models.lora import apply_lora, export_causal_lm, unsharded_template
+from ..models.master_weights import back_to_float16, float32_masters
+from ..run.training import seed_everything
+from .dpo_reference import DPOReference
+from .kto_metrics import kto_metrics, weight_advice
+from .supervised import SupervisedTrainer
+
+
+@dataclass(frozen=True)
+class KTOExample:
+    prompt: list[int]
+    completion: list[int]  # + EOS
+    label: bool
+
+
+@dataclass(frozen=True)
+class KTOItem:
+    """A row as its loss scores it: its completion and the mismatched completion of its micro-batch
+    (empty when the loss needs none), each cut to fit ``max_length`` after the prompt."""
+
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    kl_completion: tuple[int, ...]
+    label: bool
+
+
+def item_key(item: KTOItem) -> tuple:
+    """The reference table's key of an item: its tokens."""
+    return item.prompt, item.completion, item.kl_completion
+
+
+class KTOTrainer(DPOReference, SupervisedTrainer):
+    """``KTOTrainer(model, KTOConfig(...), train_dataset=rows, eval_dataset=None, processing_class=None,
+    ref_model=None, peft_config=None, callbacks=None).train()``
+
+    ``model``: a local HF directory, a Hub id or a causal-LM object (then ``processing_class``, its
+    tokenizer, is required); ``ref_model``: the reference; ``peft_config``: train a LoRA adapter,
+    with the adapter-disabled base as the reference. Datasets: unpaired preference rows
+    (``data.unpaired``); every row is read, checked and tokenised before any model is loaded.
+    Dropout is off in the policy and the reference, as in DPO."""
+
+    main_metric = "kto/loss"
+    args: KTOConfig
+    _reference_key = staticmethod(item_key)
+
+    def __init__(
+        self,
+        model,
+        args: KTOConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        ref_model=None,
+        peft_config=None,
+        callbacks=None,
+    ):
+        self.args = args = args or KTOConfig()
+        if train_dataset is None:
+            raise ValueError("train_dataset is required: rows with 'prompt', 'completion' and 'label'")
+        is_path = self._check_model(model, processing_class)
+        self.needs_reference, self.uses_kl = True, kto_needs_kl(args.loss_type)
+        world = distributed.planned_world()
+        if args.batch_size % world:
+            raise ValueError(
+                f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
+                "each process scores an equal share of every step's rows"
+            )
+        if self.uses_kl and args.batch_size // world < 2:
+            raise ValueError(
+                f"batch_size={args.batch_size} gives each of {world} process(es) fewer than 2 rows per micro-batch: "
+                f"loss_type={args.loss_type!r} estimates its KL term from the other rows' completions (with one "
+                "row it is that row's own reward)"
+            )
+        train_rows = load_unpaired_dataset(train_dataset, "train_dataset")
+        eval_rows = load_unpaired_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self._check_run(callbacks)
+        self.tokenizer = load_tokenizer(
+            processing_class if processing_class is not None else model,
+            "model" if processing_class is None else "processing_class",
+        )
+        self.train_rows = self._encode(train_rows, "train_dataset")
+        self.eval_rows = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
+        advice = weight_advice(self.train_rows, args.desirable_weight, args.undesirable_weight)
+        if advice:
+            warnings.warn(advice, stacklevel=2)
+        seed_everything(args.seed)
+        policy = load_causal_lm(model, args.dtype if is_path else None)
+        if peft_config is not None:
+            policy = disable_dropout(apply_lora(policy, peft_config))
+        device = distributed.setup(args.device)  # after every check that fails alike on every rank
+        self.model = policy.to(device)
+        self.device = next(self.model.parameters()).device
+        self._build_reference(ref_model)
+        self._float16 = float32_masters(self.model)
+        for m in (self.model, self.reference):
+            if m is not None:
+                set_lm_head(m, args.lm_head)
+        self._checkpoint_activations(self.model, peft_config is not None)
+        self._template = unsharded_template(self.model)
+        self.train_model = distributed.shard(self.model, args.parallelism)
+        if self.reference is not None and args.parallelism == "fsdp":
+            distributed.shard(self.reference, "fsdp")
+        self.train_model.train()
+        self._plan_memory(self.model, self._probe, args.max_length)
+        self.n_items = len(self.train_rows)
+        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
+        total = (
+            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
+        )
+        if args.precompute_ref_logprobs:
+            self._reference_table(self._planned_items(total) + self._eval_items())
+        if distributed.role_size() > 1:
+            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
+        self._open_run(
+            model,
+            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
+            peft_config,
+            ref_model=ref_model,
+        )
+        self._start_training(total)
+        self._policy_is_initial = self.step == 0
+
+    # ---------------------------------------------------------------- data
+    def _encode(self, rows: list[dict], name: str) -> list[KTOExample]:
+        """Prompt ids and completion + EOS of each row. A row longer than ``max_length`` loses its
+        prompt's start first (down to one token); a row whose completion still does not fit is
+        dropped (a warning)."""
+        examples, dropped, cut, limit = [], 0, 0, self.args.max_length
+        for i, row in enumerate(rows):
+            try:
+                enc = encode_pair(row["prompt"], row["completion"], self.tokenizer)
+            except ValueError as e:  # e.g. chat messages and a tokenizer without a chat template
+                raise ValueError(f"{name}: row {i} (0-based): {e}") from None
+            prompt, completion = enc.input_ids[: enc.prompt_len], enc.input_ids[enc.prompt_len :]
+            if len(completion) + 1 > limit:
+                dropped += 1
+                continue
+            cut += len(prompt) + len(completion) > limit
+            examples.append(
+                KTOExample(prompt[max(0, len(prompt) + len(completion) - limit) :], completion, row["label"])
+            )
+        note_cut(name, cut, len(rows), "rows", limit, "the prompt's start")
+        note_unknown(name, [(e.prompt, e.completion) for e in examples], self.tokenizer, "rows")
+        return self._kept(examples, dropped, len(rows), name, "whose completion does not fit in")
+
+    @staticmethod
+    def _kept(examples: list, dropped: int, total: int, name: str, why: str) -> list:
+        """The rows kept after a length filter: none is an error, some dropped a warning."""
+        if not examples:
+            raise ValueError(f"{name}: every row was dropped, each one {why} max_length; raise max_length")
+        if dropped:
+            warnings.warn(f"{name}: dropped {dropped} of {total} rows {why} max_length", stacklevel=3)
+        return examples
+
+    def _items(self, rows: list[KTOExample]) -> list[KTOItem]:
+        """A micro-batch's rows as the loss scores them: each with row i-1's completion after its
+        prompt (row 0 with the last row's; TRL's rotation), when the loss reads the KL term; both
+        completions keep the tokens that fit in ``max_length`` after the prompt (TRL's keep_start)."""
+        items = []
+        for i, row in enumerate(rows):
+            room = self.args.max_length - len(row.prompt)
+            other = rows[i - 1].completion[:room] if self.uses_kl else []
+            items.append(KTOItem(tuple(row.prompt), tuple(row.completion[:room]), tuple(other), row.label))
+        return items
+
+    def _planned_items(self, total_steps: int) -> list[KTOItem]:
+        """Every item the run's ``total_steps`` steps score, on every process (for the precomputed
+        reference); without ``shuffle`` one epoch holds them all."""
+        world, seen = distributed.role_size(), {}
+        steps = total_steps if self.args.shuffle else min(total_steps, self.steps_per_epoch)
+        for step in range(1, steps + 1):
+            indices = self._batch(step)
+            n = len(indices)
+            for rank in range(world):
+                for chunk in self._micro_batches(indices[n * rank // world : n * (rank + 1) // world], n):
+                    if chunk:
+                        seen.update((item_key(it), it) for it in self._items([self.train_rows[i] for i in chunk]))
+        return list(seen.values())
+
+    def _eval_chunks(self) -> list[list[int]]:
+        """This process's evaluation micro-batches (row indices) of ``batch_size / N`` rows."""
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_rows or [])
+        lo, hi, size = n * rank // world, n * (rank + 1) // world, max(1, self.args.batch_size // world)
+        return [list(range(s, min(s + size, hi))) for s in range(lo, hi, size)]
+
+    def _eval_items(self) -> list[KTOItem]:
+        rows = self.eval_rows or []
+        return [it for chunk in self._eval_chunks() for it in self._items([rows[i] for i in chunk])]
+
+    def _batch(self, step: int) -> list[int]:
+        """The step's row indices: the seeded shuffle of ``SupervisedTrainer``, or with
+        ``shuffle=False`` the dataset's order every epoch."""
+        if self.args.shuffle:
+            return super()._batch(step)
+        epoch, index = divmod(step - 1, self.steps_per_epoch)
+        return list(range(self.n_items))[index * self._rows_per_step() : (index + 1) * self._rows_per_step()]
+
+    # ---------------------------------------------------------------- log-probs
+    def _logps(self, model, items: list[KTOItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed log-probs (2n,) — the completions, then the mismatched ones (0 when the loss reads
+        none) —, completion lengths (2n,)). A row's two completions run packed after its prompt."""
+        n, pad_id = len(items), self.tokenizer.pad_token_id
+        parts = 2 if self.uses_kl else 1
+        completions = [list(it.completion) for it in items] + (
+            [list(it.kl_completion) for it in items] if parts > 1 else []
+        )
+        prompt_ids, prompt_mask = pad([list(it.prompt) for it in items] * parts, pad_id, "left")
+        completion_ids, completion_mask = pad(completions, pad_id)
+        ids = torch.cat([prompt_ids, completion_ids], 1).to(self.device)
+        mask = torch.cat([prompt_mask, completion_mask], 1).to(self.device)
+        completion_mask = completion_mask.to(self.device)
+        index = torch.arange(n, device=self.device).repeat(parts)
+        with self._autocast(), self._memory_pass(*ids.shape):
+            out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index)
+        logps, lengths = (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
+        if parts == 1:
+            logps, lengths = (
+                torch.cat([logps, torch.zeros_like(logps)]),
+                torch.cat([lengths, torch.zeros_like(lengths)]),
+            )
+        return logps, lengths
+
+    def _probe(self, n: int) -> torch.Tensor:
+        """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
+        ids = probe_ids(self.model, n, self.device)
+        with self._autocast():
+            return forward_response(self.train_model, ids, torch.ones_like(ids), n - 1).logprobs.sum()
+
+    def _loss(self, model, items: list[KTOItem], counted: bool = True):
+        """(weighted per-row losses (n,), implicit rewards (n,), summed log-probs (n,), z0) of a
+        micro-batch; ``counted`` False: a stand-in whose rows join no statistic (z0 included)."""
+        logps = self._logps(model, items)[0]
+        ref = self._reference_of(items)
+        n, a = len(items), self.args
+        z0 = torch.zeros((), device=self.device)
+        if self.uses_kl:
+            reduce = distributed.reduce_sum if distributed.role_size() > 1 else None
+            k = n if counted else 0
+            z0 = kto_kl(logps[n : n + k], ref[n : n + k], reduce=reduce)
+        labels = torch.tensor([it.label for it in items], device=self.device)
+        losses, rewards = kto_loss(
+            logps[:n],
+            ref[:n],
+            labels,
+            z0,
+            beta=a.beta,
+            loss_type=a.loss_type,
+            desirable_weight=a.desirable_weight,
+            undesirable_weight=a.desirable_weight,
+        )
+        return losses, rewards, logps[:n].detach(), z0
+
+    # ---------------------------------------------------------------- the loop
+    def train(self) -> list[dict]:
+        """Train; returns one dict of metrics per step (as in metrics.jsonl)."""
+        args = self.args
+        self._reference_begin()
+        while self.step < self.total_steps:
+            self.run.step_begin()
+            self.step += 1
+            metrics = self._step(self._batch(self.step))
+            self._reference_step()
+            metrics["kto/epoch"] = self.step / self.steps_per_epoch
+            stop = self.run.step_end(self.step)
+            last = stop or self.step == self.total_steps
+            if self.eval_rows is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
+                metrics.update(self.evaluate())
+            self._log_step(self.step, metrics)
+            self._step_done()
+            if stop:
+                break
+        if self.total_steps == 0 and self.eval_rows is not None:
+            self.run.log(0, self.evaluate())
+        back_to_float16(self._float16)
+        return self._finish()
+
+    def _step(self, indices: list[int]) -> dict:
+        """One optimizer step on the step's rows (of every process): this process scores its slice
+        in micro-batches of ``batch_size / N`` rows; a process left without rows for one scores a
+        stand-in with weight 0. The loss is the mean over the step's rows (``x N``: the processes'
+        gradients are averaged)."""
+        self.train_model.train()
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
+        mine = indices[n * rank // world : n * (rank + 1) // world]
+        chunks, parts = self._micro_batches(mine, n), []
+        for k, chunk in enumerate(chunks):
+            used = chunk or indices[:1]
+            with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
+                items = self._items([self.train_rows[i] for i in used])
+                out = self._loss(self.train_model, items, counted=bool(chunk))
+                (out[0].sum() * (world / n if chunk else 0.0)).backward()
+            parts.append((out, [it.label for it in items] if chunk else []))
+        metrics = kto_metrics(parts, self.uses_kl)
+        return {**metrics, **self.run.optimizer_step(metrics["kto/loss"])}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Loss, KL and reward metrics over ``eval_dataset`` as ``eval/loss``, ``eval/kl``,
+        ``eval/rewards/chosen``, ... (micro-batches of ``batch_size / N`` rows in the dataset's order)."""
+        if self.eval_rows is None:
+            raise ValueError("evaluate() needs an eval_dataset")
+        rows = self.eval_rows
+        if self.args.precompute_ref_logprobs:
+            self._reference_table(self._eval_items())  # rows given after the trainer was built (none otherwise)
+        self.train_model.eval()
+        chunks, parts = self._eval_chunks(), []
+        for k in range(distributed.reduce_max(len(chunks))):  # as many passes on every process
+            items = self._items([rows[i] for i in (chunks[k] if k < len(chunks) else [0])])
+            out = self._loss(self.train_model, items, counted=k < len(chunks))
+            parts.append((out, [it.label for it in items] if k < len(chunks) else []))
+        self.train_model.train()
+        metrics = kto_metrics(parts, self.uses_kl)
+        return {"eval/" + k.removeprefix("kto/"): float(v) for k, v in metrics.items()}
+
+    # ---------------------------------------------------------------- saving
+    def _trained_modules(self) -> dict[str, torch.nn.Module]:
+        return {"model": self.model, **self._reference_modules()}
+
+    def _param_groups(self) -> list | None:
+        """The optimizer trains the policy alone (a synced reference is checkpointed, not trained)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save_model(self, path) -> None:
+        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA: merged, or
+        the adapter alone with ``save_adapter``), with its tokenizer. Every process must call this."""
+        export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
+
+
+__all__ = ["KTOConfig", "KTOTrainer"]

@@ -1,9 +1,9 @@
-"""rlhfkit: RL post-training of language models (SFT, reward models, DPO, PPO / GRPO / REINFORCE / RLOO).
+"""rlhfkit: RL post-training of language models (SFT, reward models, DPO, KTO, PPO / GRPO / REINFORCE / RLOO).
 
 The trainers and their configs are importable from the top level, as in TRL::
 
     from rlhfkit import RLTrainer, RLConfig, SFTTrainer, SFTConfig
-    from rlhfkit import RewardModelTrainer, RewardModelConfig, DPOTrainer, DPOConfig
+    from rlhfkit import RewardModelTrainer, RewardModelConfig, DPOTrainer, DPOConfig, KTOTrainer, KTOConfig
 
 They are loaded on first use, so ``import rlhfkit`` (and ``rlhfkit.algorithms``) stays light.
 """
@@ -23,6 +23,8 @@ _EXPORTS = {
     "RewardModelTrainer": "rlhfkit.trainers.reward_model",
     "DPOConfig": "rlhfkit.config.supervised",
     "DPOTrainer": "rlhfkit.trainers.dpo",
+    "KTOConfig": "rlhfkit.config.supervised",
+    "KTOTrainer": "rlhfkit.trainers.kto",
     "RewardFunctions": "rlhfkit.rewards",
     "register_reward_function": "rlhfkit.rewards",
     "load_config": "rlhfkit.config.io",

@@ -1,4 +1,5 @@
-"""The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``dpo``, ``rl``, ``eval``, ``report``, ``data``, ``demo``.
+"""The ``rlhfkit`` command: ``quickstart``, ``sft``, ``rm``, ``dpo``, ``kto``, ``rl``, ``eval``, ``report``, ``data``,
+``demo``.
 
 Training commands take ``--config recipe.yaml`` and ``key=value`` overrides; ``--help`` lists every
 key with its documentation (``config/io.py:format_help``). This module parses the command line and runs
@@ -121,6 +122,20 @@ def _run_dpo(job):
     )
 
 
+def _run_kto(job):
+    from .jobs import lora_config, require, trainer_config
+    from .trainers import KTOConfig, KTOTrainer
+
+    require(job, "model", "train_dataset")
+    return KTOTrainer(
+        job.model,
+        trainer_config(job, KTOConfig),
+        *_datasets(job),
+        ref_model=job.ref_model,
+        peft_config=lora_config(job),
+    )
+
+
 def _run_rl(job):
     from .config import RLConfig
     from .jobs import lora_config, require, trainer_config
@@ -173,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="log lines only, no progress bars")
         p.add_argument("--overwrite", action="store_true", help="reuse an existing output directory")
     q.set_defaults(func=commands.quickstart_command)
-    for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("rl", "RLJob")):
+    for name, job in (("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("kto", "KTOJob"), ("rl", "RLJob")):
         t = sub.add_parser(
             name, add_help=False, allow_abbrev=False, help=f"train ({name}); --help lists every config key"
         )
@@ -301,7 +316,7 @@ def _run(args) -> int:
         if args.func is None:
             from . import jobs
 
-            runners = {"sft": _run_sft, "rm": _run_rm, "dpo": _run_dpo, "rl": _run_rl}
+            runners = {"sft": _run_sft, "rm": _run_rm, "dpo": _run_dpo, "kto": _run_kto, "rl": _run_rl}
             return _train(getattr(jobs, args.job), args, runners[args.command])
         return args.func(args)
     except (ValueError, OSError) as err:  # OSError: disk full, read-only, not a directory, ... (its path named)

@@ -16,7 +16,9 @@ def shift_files(tmp_path, monkeypatch):
     return tmp_path / "data" / "shift"
 
 
-@pytest.mark.parametrize("command,job", [("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("rl", "RLJob")])
+@pytest.mark.parametrize(
+    "command,job", [("sft", "SFTJob"), ("rm", "RMJob"), ("dpo", "DPOJob"), ("kto", "KTOJob"), ("rl", "RLJob")]
+)
 def test_help_lists_every_key_with_its_doc(command, job, capsys):
     import dataclasses
 
@@ -34,7 +36,7 @@ def test_help_lists_every_key_with_its_doc(command, job, capsys):
     assert not [k for k in keys if not docs[k] or "".join(docs[k].split()) not in flat]
 
 
-@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "rl"])
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "rl"])
 def test_help_has_no_line_over_the_formatters_120_columns(command, capsys):
     assert main([command, "--help"]) == 0
     out = capsys.readouterr().out
@@ -247,3 +249,27 @@ def test_eval_of_a_checkpoint_without_a_recorded_model_is_one_line(tmp_path, shi
     )
     err = capsys.readouterr().err.strip()
     assert "checkpoint-1" in err and "model" in err and len(err.splitlines()) == 1
+
+
+def test_kto_trains_on_the_shift_pairs_split_in_two(shift_files, capsys):
+    """``rlhfkit kto`` on the embedded task's preference pairs (each pair two unpaired rows): a run
+    directory with a final model, a checkpoint that ``rlhfkit eval`` reads as a KTO run's policy,
+    and the KL estimate in metrics.jsonl."""
+    from rlhfkit.jobs import checkpoint_policy
+
+    args = [
+        "kto",
+        f"model={shift_files / 'model'}",
+        f"train_dataset={shift_files / 'pairs.jsonl'}",
+        "max_steps=2",
+        "batch_size=4",
+        "save_steps=2",
+        "learning_rate=1e-3",
+        "output_dir=runs/kto",
+        "--quiet",
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in open("runs/kto/metrics.jsonl")]
+    assert "kl" in rows[-1] and "kto/loss" in rows[-1]
+    assert (shift_files.parent.parent / "runs" / "kto" / "final").is_dir()
+    assert checkpoint_policy("runs/kto/checkpoint-2") is not None

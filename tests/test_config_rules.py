@@ -11,9 +11,9 @@ import pytest
 
 from rlhfkit.algorithms import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 from rlhfkit.config import PRESETS, RANGES, RLConfig
-from rlhfkit.jobs import DPOJob, RLJob, RMJob, SFTJob
+from rlhfkit.jobs import DPOJob, KTOJob, RLJob, RMJob, SFTJob
 from rlhfkit.rollout import SamplingParams
-from rlhfkit.trainers import DPOConfig, RewardModelConfig, SFTConfig
+from rlhfkit.trainers import DPOConfig, KTOConfig, RewardModelConfig, SFTConfig
 
 # field: (values that must be refused, a value that must be accepted); counts refuse values past
 # their upper bound (a run of 99999999999999999999 steps would run forever)
@@ -91,13 +91,27 @@ TABLE = {
     "overlong_penalty": ([-0.5, 1e6 + 1], 0.5),
     "max_sampling_rounds": ([0, -1, 2.5, 10**6 + 1], 3),
     "center_rewards_coefficient": ([-0.01, math.inf], 0.01),
+    "desirable_weight": ([-0.1, math.inf, math.nan], 1.33),
+    "undesirable_weight": ([-0.1, math.inf, math.nan], 0.75),
     "max_tool_calling_iterations": ([-1, 1.5, 10**6 + 1], 0),
     "max_tool_response_tokens": ([0, -1, 2.5, 10**9 + 1], 1),
     "tool_call_timeout": ([0, -1, 10**6 + 1], 0.5),
     "rollout_workers": ([-1, 1.5, 10**6 + 1], 1),
     "max_staleness": ([-1, 0.5, 10**6 + 1], 2),
 }
-CONFIGS = [RLConfig, SFTConfig, RewardModelConfig, DPOConfig, RLJob, SFTJob, RMJob, DPOJob, SamplingParams]
+CONFIGS = [
+    RLConfig,
+    SFTConfig,
+    RewardModelConfig,
+    DPOConfig,
+    KTOConfig,
+    RLJob,
+    SFTJob,
+    RMJob,
+    DPOJob,
+    KTOJob,
+    SamplingParams,
+]
 
 
 def _numeric_fields(cls):

@@ -13,6 +13,8 @@ EXPECTED = {
     "RewardModelTrainer": "rlhfkit.trainers.reward_model",
     "DPOConfig": "rlhfkit.config.supervised",
     "DPOTrainer": "rlhfkit.trainers.dpo",
+    "KTOConfig": "rlhfkit.config.supervised",
+    "KTOTrainer": "rlhfkit.trainers.kto",
     "RewardFunctions": "rlhfkit.rewards",
     "register_reward_function": "rlhfkit.rewards",
     "load_config": "rlhfkit.config.io",

@@ -91,7 +91,7 @@ def preference_row_problem(row: Any) -> str | None:
         return f"field 'prompt': {problem}"
     texts = {}
     for field in ("chosen", "rejected"):
-        text, problem = _completion(row[field])
+        text, problem = read_completion(row[field])
         if problem:
             return f"field {field!r}: {problem}"
         texts[field] = text
@@ -124,8 +124,9 @@ def _tokenized_problem(row: dict) -> str | None:
     return _margin_problem(row)
 
 
-def _completion(value: Any) -> tuple[str, str | None]:
-    """(completion text, problem or None) for a string or a list of messages ending with the assistant's."""
+def read_completion(value: Any) -> tuple[str, str | None]:
+    """(completion text, problem or None) for a string or a list of messages ending with the assistant's
+    (the completions of preference rows, of unpaired rows: ``unpaired.py``, and of completion sets)."""
     if isinstance(value, str):
         return value, (None if value.strip() else "the completion is an empty (or whitespace-only) string")
     if not isinstance(value, (list, tuple)):
@@ -181,7 +182,7 @@ def _completion_row(row: Any) -> tuple[dict | None, str | None]:
     if not isinstance(row, dict):
         return None, f"expected a string or an object (dict), got {type_name(row)}"
     if "messages" in row:
-        text, problem = _completion(row["messages"])
+        text, problem = read_completion(row["messages"])
         if problem:
             return None, f"field 'messages': {problem}"
         return {"prompt": split_messages(list(row["messages"]))[0] or "", "completion": text}, None
@@ -200,7 +201,7 @@ def _completion_row(row: Any) -> tuple[dict | None, str | None]:
     problem = prompt_problem(row["prompt"])
     if problem:
         return None, f"field 'prompt': {problem}"
-    text, problem = _completion(row["completion"])
+    text, problem = read_completion(row["completion"])
     if problem:
         return None, f"field 'completion': {problem}"
     return {"prompt": row["prompt"], "completion": text}, None

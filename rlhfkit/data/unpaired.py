@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .preferences import _completion, preference_row_problem, with_prompt
+from .preferences import preference_row_problem, read_completion, with_prompt
 from .prompts import load_checked_rows, prompt_problem, short_repr, type_name
 
 UNPAIRED_FIELDS = ("prompt", "completion", "label")
@@ -63,7 +63,7 @@ def unpaired_row_problem(row: dict) -> str | None:
     problem = prompt_problem(row["prompt"])
     if problem:
         return f"field 'prompt': {problem}"
-    _, problem = _completion(row["completion"])
+    _, problem = read_completion(row["completion"])
     if problem:
         return f"field 'completion': {problem}"
     label = row["label"]

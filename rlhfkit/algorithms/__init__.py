@@ -5,7 +5,7 @@ Every formula of rlhfkit lives here once: advantages, KL estimators and controll
 ``LossInputs`` -> ``LossOutputs``) and the value loss, loss
 aggregation, the DPO-family preference losses, SFT's per-token losses (NLL, DFT), reward shaping
 and DAPO's sample filters, the rollout importance-sampling correction, and lean per-token
-log-probs / entropies.
+log-probs / entropies (and the teacher–student divergence of on-policy distillation).
 """
 
 from ._checks import masked_mean, masked_sum, masked_var
@@ -22,6 +22,7 @@ from .advantages import (
 from .dpo import DPO_LOSS_TYPES, F_DIVERGENCES, dpo_loss
 from .dpo_terms import ld_logps, log_sum_sq_probs, wpo_weights
 from .kl import AdaptiveEntropyController, AdaptiveKLController, FixedKLController, kl_penalty
+from .linear_divergence import divergence_from_logits, linear_divergence
 from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
 from .loss_interface import Hyperparameter, LossInputs, LossOutputs
@@ -98,6 +99,8 @@ __all__ = [
     "masked_var",
     "overlong_penalty",
     "linear_logprobs",
+    "linear_divergence",
+    "divergence_from_logits",
     "pg_loss",
     "ppo_policy_loss",
     "sapo_policy_loss",

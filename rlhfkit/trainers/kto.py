@@ -22,7 +22,7 @@ base under LoRA, else a frozen copy of the initial policy; ``precompute_ref_logp
 (row, mismatched completion) the run will use once before training; ``sync_ref_model`` is TR-DPO's
 soft update.
 
-Metrics (TRL's names): ``kto/loss``, ``kl`` (the mean ``z0`` of the step's micro-batches),
+Metrics (TRL's names): ``kto/loss``, ``kl`` (the mean ``z0`` of the step's micro-batches; 0 without),
 ``rewards/chosen`` and ``rewards/rejected`` (the mean implicit reward ``β log π/π_ref`` of the
 desirable and of the undesirable rows; absent from a step without such rows), ``rewards/margins``,
 ``logps/chosen``, ``logps/rejected``.
@@ -294,7 +294,7 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
             beta=a.beta,
             loss_type=a.loss_type,
             desirable_weight=a.desirable_weight,
-            undesirable_weight=a.desirable_weight,
+            undesirable_weight=a.undesirable_weight,
         )
         return losses, rewards, logps[:n].detach(), z0
 
@@ -338,7 +338,7 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
                 out = self._loss(self.train_model, items, counted=bool(chunk))
                 (out[0].sum() * (world / n if chunk else 0.0)).backward()
             parts.append((out, [it.label for it in items] if chunk else []))
-        metrics = kto_metrics(parts, self.uses_kl)
+        metrics = kto_metrics(parts)
         return {**metrics, **self.run.optimizer_step(metrics["kto/loss"])}
 
     @torch.no_grad()
@@ -357,7 +357,7 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
             out = self._loss(self.train_model, items, counted=k < len(chunks))
             parts.append((out, [it.label for it in items] if k < len(chunks) else []))
         self.train_model.train()
-        metrics = kto_metrics(parts, self.uses_kl)
+        metrics = kto_metrics(parts)
         return {"eval/" + k.removeprefix("kto/"): float(v) for k, v in metrics.items()}
 
     # ---------------------------------------------------------------- saving

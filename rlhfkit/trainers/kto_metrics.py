@@ -8,44 +8,42 @@ import torch
 from .. import distributed
 
 
-def kto_metrics(parts: list, uses_kl: bool) -> dict[str, torch.Tensor]:
+def kto_metrics(parts: list) -> dict[str, torch.Tensor]:
     """TRL's KTO metrics of one step (or one evaluation) over every process. ``parts``: one
     ``((losses, rewards, logps, z0), labels)`` per micro-batch pass, ``labels`` the rows that count
-    (empty for a stand-in). ``kto/loss`` is the mean over the rows; ``kl`` the mean ``z0`` of the
-    passes (each already the whole micro-batch's, the same on every process); ``rewards/*`` and
-    ``logps/*`` the means over the desirable (chosen) and undesirable (rejected) rows, each absent
-    when no such row was scored."""
-    values = []  # per pass: rows, loss sum, desirable and undesirable rows, their reward sums, their logp sums
+    (empty for a stand-in); every process has as many passes. ``kto/loss`` is the mean over the rows;
+    as TRL logs them, ``kl`` is the mean ``z0`` of the passes (each already the whole micro-batch's)
+    and ``rewards/*`` / ``logps/*`` the mean over the passes of each pass's mean over its desirable
+    (chosen) or undesirable (rejected) rows of every process — a name absent when no pass had such
+    rows."""
+    per_pass = []  # per pass: rows, loss sum, desirable and undesirable rows, their reward sums, their logp sums
     for (losses, rewards, logps, _), labels in parts:
         n = len(labels)
-        if not n:
-            continue
         chosen = torch.tensor(labels, dtype=torch.bool, device=losses.device)
-        per_row = torch.stack([losses.detach()[:n], rewards[:n], logps[:n]]).double()
-        values.append(
+        values = torch.stack([losses.detach()[:n], rewards[:n], logps[:n]]).double()
+        per_pass.append(
             torch.stack(
                 [
                     torch.tensor(float(n), dtype=torch.float64, device=losses.device),
-                    per_row[0].sum(),
+                    values[0].sum(),
                     chosen.double().sum(),
                     (~chosen).double().sum(),
-                    per_row[1][chosen].sum(),
-                    per_row[1][~chosen].sum(),
-                    per_row[2][chosen].sum(),
-                    per_row[2][~chosen].sum(),
+                    values[1][chosen].sum(),
+                    values[1][~chosen].sum(),
+                    values[2][chosen].sum(),
+                    values[2][~chosen].sum(),
                 ]
             )
         )
-    totals = torch.stack(values).sum(0).tolist() if values else [0.0] * 8  # one device synchronisation
-    rows, loss, n_c, n_r, rc, rr, lc, lr = distributed.sum_floats(totals)
-    metrics = {"kto/loss": torch.tensor(loss / max(rows, 1.0))}
-    if uses_kl:
-        metrics["kl"] = torch.stack([p[0][3].detach().double().cpu() for p in parts]).mean()
-    if n_c:
-        metrics["rewards/chosen"], metrics["logps/chosen"] = torch.tensor(rc / n_c), torch.tensor(lc / n_c)
-    if n_r:
-        metrics["rewards/rejected"], metrics["logps/rejected"] = torch.tensor(rr / n_r), torch.tensor(lr / n_r)
-    if n_c and n_r:
+    totals = torch.tensor(distributed.sum_floats(torch.stack(per_pass).flatten().tolist())).view(-1, 8)
+    metrics = {"kto/loss": totals[:, 1].sum() / totals[:, 0].sum().clamp(min=1)}
+    metrics["kl"] = torch.stack([p[0][3].detach().double().cpu() for p in parts]).mean()  # 0 without (TRL's too)
+    for side, count, reward, logp in (("chosen", 2, 4, 6), ("rejected", 3, 5, 7)):
+        some = totals[:, count] > 0
+        if some.any():
+            metrics[f"rewards/{side}"] = (totals[some, reward] / totals[some, count]).mean()
+            metrics[f"logps/{side}"] = (totals[some, logp] / totals[some, count]).mean()
+    if "rewards/chosen" in metrics and "rewards/rejected" in metrics:
         metrics["rewards/margins"] = metrics["rewards/chosen"] - metrics["rewards/rejected"]
     return metrics
 

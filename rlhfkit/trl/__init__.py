@@ -15,6 +15,7 @@ as TRL does, replacing only rlhfkit's own run files (``output_dir.py``).
 
 from .dpo import DPOConfig, DPOTrainer
 from .grpo import GRPOConfig, RLOOConfig
+from .kto import KTOConfig, KTOTrainer
 from .reward import RewardConfig, RewardTrainer
 from .rl_trainers import GRPOTrainer, RLOOTrainer
 from .sft import SFTConfig, SFTTrainer
@@ -24,6 +25,8 @@ __all__ = [
     "DPOTrainer",
     "GRPOConfig",
     "GRPOTrainer",
+    "KTOConfig",
+    "KTOTrainer",
     "RLOOConfig",
     "RLOOTrainer",
     "RewardConfig",

@@ -276,21 +276,29 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
             return trl_encode(row["prompt"], row["chosen"], self.tokenizer), trl_encode(
                 row["prompt"], row["rejected"], self.tokenizer
             )
-        tools = row.get("tools")
-        try:
-            tools = json.loads(tools) if isinstance(tools, str) else tools
-        except json.JSONDecodeError as e:
-            raise ValueError(f"field 'tools': invalid JSON: {e.msg}") from None
-        kwargs = {"tools": tools, **(row.get("chat_template_kwargs") or {})}
-        tokens = lambda messages, **more: list(  # noqa: E731
-            self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs, **more)["input_ids"]
-        )
-        prompt = tokens(list(row["prompt"]), add_generation_prompt=True)
-        chosen, rejected = (tokens(list(row["prompt"]) + list(row[k])) for k in ("chosen", "rejected"))
-        return _after(prompt, chosen), _after(prompt, rejected)
+        chosen, rejected = trl_chat_ids(row, [row["chosen"], row["rejected"]], self.tokenizer)
+        return chosen, rejected
 
 
-def _after(prompt: list[int], ids: list[int]) -> Encoded:
+def trl_chat_ids(row: dict, completions: list, tokenizer) -> list[Encoded]:
+    """Each of ``completions`` (message lists) after the row's chat ``prompt`` as TRL 1.16's DPO and
+    KTO tokenise them: the prompt through the chat template with the generation prompt, the whole
+    conversation (prompt, then completion) without, each with the row's ``tools`` (a list or its
+    JSON) and ``chat_template_kwargs``; the completion starts where the two diverge (``after_prompt``)."""
+    tools = row.get("tools")
+    try:
+        tools = json.loads(tools) if isinstance(tools, str) else tools
+    except json.JSONDecodeError as e:
+        raise ValueError(f"field 'tools': invalid JSON: {e.msg}") from None
+    kwargs = {"tools": tools, **(row.get("chat_template_kwargs") or {})}
+    tokens = lambda messages, **more: list(  # noqa: E731
+        tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs, **more)["input_ids"]
+    )
+    prompt = tokens(list(row["prompt"]), add_generation_prompt=True)
+    return [after_prompt(prompt, tokens(list(row["prompt"]) + list(c))) for c in completions]
+
+
+def after_prompt(prompt: list[int], ids: list[int]) -> Encoded:
     """``ids``, its completion starting where it and ``prompt`` diverge (TRL's ``common_prefix_length``)."""
     n = next((j for j, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))
     return Encoded(ids, n, False, False)

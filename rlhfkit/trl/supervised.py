@@ -37,7 +37,12 @@ from .output_dir import claim_output_dir
 from .state import TRLTrainerMixin
 
 NO_LIMIT = 10**7  # TRL's max_length=None (no truncation): rlhfkit's largest max_length
-TAGS = {"SFT": "sft", "DPO": "dpo", "Reward": "reward-trainer"}  # TRL's model tags beside "trl" (_tag_names)
+TAGS = {
+    "SFT": "sft",
+    "DPO": "dpo",
+    "KTO": "kto",
+    "Reward": "reward-trainer",
+}  # TRL's model tags beside "trl" (_tag_names)
 
 
 @dataclass

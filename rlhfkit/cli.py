@@ -127,10 +127,12 @@ def _run_kto(job):
     from .trainers import KTOConfig, KTOTrainer
 
     require(job, "model", "train_dataset")
+    train, evaluation = _datasets(job)
     return KTOTrainer(
         job.model,
         trainer_config(job, KTOConfig),
-        *_datasets(job),
+        train,
+        evaluation,
         ref_model=job.ref_model,
         peft_config=lora_config(job),
     )

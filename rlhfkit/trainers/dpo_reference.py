@@ -60,7 +60,7 @@ class DPOReference:
     _ref_table: dict[tuple, tuple[float, float]] | None
     _policy_is_initial: bool
     _free_reference: bool
-    _reference_key = staticmethod(pair_key)  # an item's table key (the KTO trainer's items have their own)
+    _reference_key: Callable[[Any], tuple] = staticmethod(pair_key)  # an item's table key (KTO's items: their own)
 
     def _build_reference(self, ref_model) -> None:
         args = self.args

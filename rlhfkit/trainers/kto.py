@@ -72,7 +72,7 @@ class KTOItem:
     label: bool
 
 
-def item_key(item: KTOItem) -> tuple:
+def item_key(item) -> tuple:
     """The reference table's key of an item: its tokens."""
     return item.prompt, item.completion, item.kl_completion
 
@@ -214,7 +214,7 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
     def _planned_items(self, total_steps: int) -> list[KTOItem]:
         """Every item the run's ``total_steps`` steps score, on every process (for the precomputed
         reference); without ``shuffle`` one epoch holds them all."""
-        world, seen = distributed.role_size(), {}
+        world, seen = distributed.role_size(), dict[tuple, KTOItem]()
         steps = total_steps if self.args.shuffle else min(total_steps, self.steps_per_epoch)
         for step in range(1, steps + 1):
             indices = self._batch(step)

@@ -15,6 +15,7 @@ fills it and cuts each sequence (the mismatched ones too) to its first ``max_len
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..config.supervised import KTOConfig as NativeKTOConfig
 from ..data.encode import note_unknown
@@ -130,7 +131,9 @@ class KTOTrainer(SupervisedTRLTrainer, NativeKTOTrainer):
     its adapter off; with ``precompute_ref_log_probs``: the model itself before its first update), as
     in TRL; ``trainer.ref_model`` is the reference model kept (None when there is none)."""
 
-    config_class, suffix, loss_key = KTOConfig, "KTO", "kto/loss"
+    config_class: Any = KTOConfig
+    suffix, loss_key = "KTO", "kto/loss"
+    model: Any  # the policy (the rlhfkit trainer sets it)
     trl_table = KTO_METRICS
     aux_loss_enabled = False  # TRL's flag for a Mixture-of-Experts load-balancing loss: rlhfkit adds none
 

@@ -77,7 +77,7 @@ def test_field_docs_generic_inherited_and_missing():
 def test_format_help_groups_fields_by_defining_class():
     text = format_help(RLConfig)
     titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ")][1:]
-    assert titles == ["Model", "Rollout", "HF options", "VLLM options", "Agent", "Algorithm", "Optim", "Run"]
+    assert titles == ["Model", "Rollout", "HF options", "VLLM options", "Agent", "Algorithm", "Teacher", "Optim", "Run"]
     assert "  kl_coef (float | None, default None)" in text
     assert "  clip_high (float | None, default None)" in text
     assert "DAPO's clip-higher uses 0.28" in text

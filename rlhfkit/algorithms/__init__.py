@@ -48,6 +48,7 @@ from .shaping import (
     mask_truncated,
     off_policy_sequence_mask,
     overlong_penalty,
+    teacher_token_advantages,
     token_level_rewards,
 )
 
@@ -94,6 +95,7 @@ __all__ = [
     "kl_penalty",
     "last_token_index",
     "mask_truncated",
+    "teacher_token_advantages",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from .linear_logprobs import _chunk_logits, _compute_dtype
+from .linear_logprobs import chunk_logits, compute_dtype
 from .logprobs import DEFAULT_CHUNK_ELEMENTS
 
 
@@ -129,8 +129,8 @@ class _LinearDivergence(torch.autograd.Function):
             ent = torch.empty_like(lse_s) if entropy else lse_s.new_empty(0)
             for s in range(0, n, chunk_rows):
                 rows = slice(s, min(s + chunk_rows, n))
-                zs = _chunk_logits(s_hidden[rows], sw, sb, tau)
-                zt = _chunk_logits(t_hidden[rows], tw, tb, tau).to(acc)
+                zs = chunk_logits(s_hidden[rows], sw, sb, tau)
+                zt = chunk_logits(t_hidden[rows], tw, tb, tau).to(acc)
                 lse_s[rows], lse_t[rows] = torch.logsumexp(zs, -1), torch.logsumexp(zt, -1)
                 log_ps = zs - lse_s[rows, None]
                 d, a = _divergence(log_ps, zt - lse_t[rows, None], beta)
@@ -161,8 +161,8 @@ class _LinearDivergence(torch.autograd.Function):
             g_div = grad_div.to(acc)
             for s in range(0, n, ctx.chunk_rows):
                 rows = slice(s, min(s + ctx.chunk_rows, n))
-                log_ps = _chunk_logits(s_hidden[rows], sw, sb, tau) - lse_s[rows, None]
-                log_pt = _chunk_logits(t_hidden[rows], tw, tb, tau).to(acc) - lse_t[rows, None]
+                log_ps = chunk_logits(s_hidden[rows], sw, sb, tau) - lse_s[rows, None]
+                log_pt = chunk_logits(t_hidden[rows], tw, tb, tau).to(acc) - lse_t[rows, None]
                 g = _divergence_grad(log_ps, log_pt, ctx.beta, aux[rows] if aux.numel() else aux)
                 g *= g_div[rows, None] / tau
                 g_c = g.to(s_dtype)
@@ -244,6 +244,6 @@ def linear_divergence(
         float(temperature),
         with_entropy,
         chunk_rows,
-        (_compute_dtype(student_hidden, student_weight), _compute_dtype(teacher_hidden, teacher_weight)),
+        (compute_dtype(student_hidden, student_weight), compute_dtype(teacher_hidden, teacher_weight)),
     )
     return div, (ent if with_entropy else None)

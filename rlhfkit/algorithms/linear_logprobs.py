@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .logprobs import DEFAULT_CHUNK_ELEMENTS, log_kept_mass
 
 
-def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+def compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     """The dtype the output layer's matrix product runs in: autocast's where it is on for the device
     (as ``nn.Linear`` would under it), else the weight's."""
     kind = hidden.device.type
@@ -34,7 +34,7 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _chunk_logits(h, weight, bias, temperature):
+def chunk_logits(h, weight, bias, temperature):
     """(rows, V) logits over the temperature, the matrix product in ``weight``'s dtype, the result in
     float32 (float64 for a float64 weight)."""
     z = F.linear(h.to(weight.dtype), weight, bias).to(torch.promote_types(weight.dtype, torch.float32))
@@ -56,7 +56,7 @@ class _LinearLogprobs(torch.autograd.Function):
             kept = torch.empty_like(lse) if support is not None else lse.new_empty(0)
             for s in range(0, n, chunk_rows):
                 rows = slice(s, min(s + chunk_rows, n))
-                z = _chunk_logits(hidden[rows], w, b, temperature)
+                z = chunk_logits(hidden[rows], w, b, temperature)
                 lse[rows] = torch.logsumexp(z, -1)
                 logp[rows] = z.gather(-1, targets[rows, None]).squeeze(-1) - lse[rows]
                 if entropy:  # 0 · (-inf) would be NaN for tokens masked with -inf logits: they add nothing
@@ -88,7 +88,7 @@ class _LinearLogprobs(torch.autograd.Function):
             g_ent = grad_ent.to(acc) if (ctx.entropy_grad and grad_ent is not None) else None
             for s in range(0, n, ctx.chunk_rows):
                 rows = slice(s, min(s + ctx.chunk_rows, n))
-                z = _chunk_logits(hidden[rows], w, b, tau)
+                z = chunk_logits(hidden[rows], w, b, tau)
                 logp = z - lse[rows, None]
                 p = torch.exp(logp)
                 if g_lp is not None:  # d log p_y / dz = onehot(y) - p
@@ -164,6 +164,6 @@ def linear_logprobs(
         with_entropy and entropy_grad,
         support,
         chunk_rows,
-        _compute_dtype(hidden, weight),
+        compute_dtype(hidden, weight),
     )
     return logp, (ent if with_entropy else None), (kept if support is not None else None)

@@ -2,7 +2,7 @@
 placed on the last response token, the missing-EOS penalty ("EOS trick"), DAPO's pieces — the
 soft overlong punishment, the dynamic-sampling group filter, truncated completions out of the loss —
 and the token filters of the policy loss: the high-entropy tokens (Wang et al. 2025) and the
-off-policy sequence mask (DeepSeek-V3.2)."""
+off-policy sequence mask (DeepSeek-V3.2); and a teacher's per-token advantage (on-policy distillation)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,30 @@ def token_level_rewards(
     rows = torch.arange(mask.shape[0], device=mask.device)
     rewards[rows, last] += scores
     return rewards
+
+
+def teacher_token_advantages(
+    logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, response_mask: torch.Tensor, coef: float
+) -> torch.Tensor:
+    """On-policy distillation's per-token advantage, the sampled-token reverse KL to a teacher:
+    ``A_t = -coef · (log π(y_t) - log π_T(y_t))`` on every response token, 0 elsewhere — the k1 estimate of
+    KL(π‖π_T) at the token the policy sampled, negated, with no discount (Agarwal et al. 2024,
+    arXiv:2306.13649, on-policy reverse KL; Lu and Thinking Machines 2025, "On-Policy Distillation": the
+    per-token advantage of the policy-gradient loss). Its expectation over the policy's samples is the
+    reverse KL's gradient direction; a token the teacher finds likelier than the policy does gets a positive
+    advantage.
+
+    Args: ``logprobs`` (B, T) the policy's log-probs of the sampled tokens before the update (detached),
+    ``teacher_logprobs`` (B, T) the teacher's, ``response_mask`` (B, T). Returns (B, T)."""
+    check_tensor("logprobs", logprobs, ndim=2)
+    check_tensor("teacher_logprobs", teacher_logprobs, ndim=2)
+    if logprobs.shape != teacher_logprobs.shape:
+        raise ValueError(
+            f"teacher_logprobs must have shape {tuple(logprobs.shape)}, got {tuple(teacher_logprobs.shape)}"
+        )
+    mask = check_mask(response_mask, logprobs.shape)
+    advantages = -coef * (logprobs.detach() - teacher_logprobs.to(logprobs.dtype))
+    return torch.where(mask, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
 
 
 def apply_missing_eos_penalty(

@@ -27,7 +27,7 @@ dataclass that holds only the fields one phase reads, under ``RLConfig``'s names
 (``part(MinibatchUpdate, config)``). A part declares only which fields it takes
 (``@takes("num_iterations", "seed")``); their type, default and doc are the config's. Each part lives
 next to the phase that reads it (``rl/update.py:MinibatchUpdate``, ``rl/advantages.py:AdvantageEstimation``,
-``models/rl_models.py:ModelLoading``, ...), not in this package: the reader of a phase finds what it reads
+``models/rl_build.py:ModelLoading``, ...), not in this package: the reader of a phase finds what it reads
 in the same file, and the config layer stays unaware of the layers above it. A phase that calls another
 takes a part derived from the callee's and passes itself on. ``tests/test_config_parts.py`` checks that
 every class given to ``part`` holds ``RLConfig`` fields only, as the config declares them.

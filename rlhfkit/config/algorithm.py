@@ -10,7 +10,9 @@ from dataclasses import dataclass
 # preset
 # names every preset field (those defaulting to None); _TOKEN_PPO holds the values most share,
 # _GROUP_NO_KL those of the critic-free, KL-free group recipes (GSPO, CISPO, DAPO).
-_TOKEN_PPO = dict(clip_low=0.2, clip_high=0.2, importance_sampling_level="token", dynamic_sampling=False)
+_TOKEN_PPO = dict(
+    clip_low=0.2, clip_high=0.2, importance_sampling_level="token", dynamic_sampling=False, distillation_coef=0.0
+)
 _GROUP_NO_KL = dict(
     use_critic=False,
     advantage_estimator="group",
@@ -20,6 +22,7 @@ _GROUP_NO_KL = dict(
     whiten_advantages=False,
     group_size=4,
     num_iterations=1,
+    distillation_coef=0.0,
 )
 PRESETS: dict[str, dict] = {
     "ppo": dict(
@@ -138,6 +141,24 @@ PRESETS: dict[str, dict] = {
         loss_agg="token-mean",
         dynamic_sampling=True,
     ),
+    # On-policy distillation (Agarwal et al. 2024, arXiv:2306.13649; config/teacher.py): the teacher's per-token
+    # signal alone (distillation_coef 1), one completion per prompt, no reward needed, no reference KL, the token
+    # mean over the batch (TRL's DistillationTrainer). With reward functions too, their scores' batch-mean
+    # baseline (REINFORCE) adds to it.
+    "distill": dict(
+        _TOKEN_PPO,
+        use_critic=False,
+        advantage_estimator="reinforce",
+        policy_loss="ppo_clip",
+        loss_agg="token-mean",
+        kl_in_reward=False,
+        kl_estimator="k3",
+        kl_coef=0.0,
+        whiten_advantages=False,
+        group_size=1,
+        num_iterations=1,
+        distillation_coef=1.0,
+    ),
 }
 
 
@@ -145,7 +166,8 @@ PRESETS: dict[str, dict] = {
 class AlgorithmConfig:
     algorithm: str = "grpo"
     """Preset: ppo, grpo, dr_grpo, reinforce, reinforce_plus_plus, rloo, gspo (GSPO: sequence-level ratio), cispo
-    (CISPO: capped, detached ratio) or dapo (DAPO: clip-higher, dynamic sampling, token-mean). Every field below that
+    (CISPO: capped, detached ratio), dapo (DAPO: clip-higher, dynamic sampling, token-mean) or distill (on-policy
+    distillation from teacher_model alone). Every field below that
     defaults to None takes the preset's value unless you set it: a value you set always wins, also when
     `replace(algorithm=...)` switches presets."""
     advantage_estimator: str | None = None

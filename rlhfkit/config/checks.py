@@ -66,6 +66,9 @@ RANGES: dict[str, str] = {
     "overlong_penalty": "[0, 1e6]",
     "overlong_buffer_len": "[1, 1e7] or None",
     "max_sampling_rounds": "[1, 1e6]",
+    # teacher (on-policy distillation)
+    "distillation_coef": ">= 0",
+    "distillation_beta": "[0, 1]",
     # optimisation
     "learning_rate": "> 0",
     "critic_learning_rate": "> 0 or None",

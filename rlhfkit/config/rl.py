@@ -1,11 +1,12 @@
 """The RL run's config: ``RLConfig``, joined from dataclasses split by concern into one flat object, as TRL's
 ``GRPOConfig`` is: the model (``ModelConfig``, here), the sampling side (``rollout.py``: ``RolloutConfig``, the
 engines' ``HFOptions`` and ``VLLMOptions``, ``AgentConfig``), the algorithm (``algorithm.py``: ``AlgorithmConfig``
-and its ``PRESETS``), the optimiser and the run (``OptimConfig``, ``RunConfig``, here). Each field is declared
-once, in its concern, with its docstring right under it (the only source of help text); the phases take the
-fields they read by name (``parts.py``: ``takes``). ``PRESETS`` fills the algorithm fields the user left unset
-from the chosen algorithm's preset; ``_validate`` checks the combinations, reading the registries' traits (no
-algorithm is named here). Configs are frozen: nothing changes them at run time."""
+and its ``PRESETS``), the teacher of on-policy distillation (``teacher.py``: ``TeacherConfig``, which checks its
+own rules), the optimiser and the run (``OptimConfig``, ``RunConfig``, here). Each field is declared once, in its
+concern, with its docstring right under it (the only source of help text); the phases take the fields they read by
+name (``parts.py``: ``takes``). ``PRESETS`` fills the algorithm fields the user left unset from the chosen
+algorithm's preset; ``_validate`` checks the combinations, reading the registries' traits (no algorithm is named
+here). Configs are frozen: nothing changes them at run time."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .rollout import (
     RolloutConfig,
     VLLMOptions,
 )
+from .teacher import TeacherConfig, check_teacher
 
 AUTOCAST_DTYPES = ("bfloat16", "float16")
 CRITICS = ("separate", "shared")
@@ -43,6 +45,7 @@ __all__ = [
     "RLConfig",
     "RolloutConfig",
     "RunConfig",
+    "TeacherConfig",
     "VLLMOptions",
 ]
 
@@ -119,7 +122,15 @@ class RunConfig(RunBase):
 
 @dataclass(frozen=True)
 class RLConfig(
-    RunConfig, OptimConfig, AlgorithmConfig, AgentConfig, VLLMOptions, HFOptions, RolloutConfig, ModelConfig
+    RunConfig,
+    OptimConfig,
+    TeacherConfig,
+    AlgorithmConfig,
+    AgentConfig,
+    VLLMOptions,
+    HFOptions,
+    RolloutConfig,
+    ModelConfig,
 ):
     """Everything an RL run reads. ``RLConfig(algorithm="rloo", kl_coef=0.1)``.
 
@@ -342,6 +353,7 @@ def _validate(c: RLConfig) -> None:
                 "False when group_size is 1 "
                 "(a group of one sample never has reward variance: every group would be dropped)",
             ),
+            *check_teacher(c),
         ],
     )
 

@@ -71,9 +71,16 @@ def streamable(model: torch.nn.Module) -> bool:
     head a plain linear map, and the model hands the head's output back untouched (asked once, by a
     one-token pass, and cached on the model). Every process of a distributed run asks at the same
     call, so the probe's pass runs everywhere alike."""
-    inner = _unwrapped(model)
-    if getattr(inner, _MODE_ATTR, "chunked") != "chunked":
+    if getattr(_unwrapped(model), _MODE_ATTR, "chunked") != "chunked":
         return False
+    return plain_head(model)
+
+
+def plain_head(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s output layer is a plain linear map whose output the model hands back untouched, whatever
+    the ``lm_head`` mode: then its logits are ``h Wᵀ + b`` of the hidden states the head receives (asked once, by
+    a one-token pass, and cached on the model; every process of a distributed run asks at the same call)."""
+    inner = _unwrapped(model)
     head = output_layer(model)
     if head is None:
         return False

@@ -9,7 +9,6 @@ sit below the rollout engines, which generate with them, so this module never im
 from __future__ import annotations
 
 import copy
-import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Protocol
@@ -20,11 +19,12 @@ from .. import distributed
 from ..config.parts import ConfigFields, takes
 from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost, probe_ids
 from .heads import ScalarModel
-from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
-from .lora import apply_lora, export_causal_lm, unsharded_template
+from .loading import enable_activation_checkpointing, freeze, load_causal_lm
+from .lora import export_causal_lm, unsharded_template
 from .memory import MemoryPlan
 from .micro_batches import padded_tokens, row_spans, split_rows, token_budget
 from .segments import forward_rollout, rollout_values
+from .teacher import check_heads, load_teacher
 
 
 class RolloutBatch(Protocol):
@@ -61,17 +61,13 @@ class RolloutBatch(Protocol):
     "save_adapter",
     "gradient_checkpointing",
     "memory_budget_gb",
+    "distillation_coef",
+    "distillation_mode",
 )
 class ModelSetup(ConfigFields):
     """The fields of ``RLConfig`` that ``RLModels`` reads: which models it builds (a reference when
-    ``kl_coef > 0``, a critic), how they are sharded, how their forward passes run, and the activation
-    memory policy."""
-
-
-@takes("device", "rollout_workers")
-class ModelLoading(ModelSetup):
-    """The fields of ``RLConfig`` that ``build_models`` reads besides ``RLModels``'s: the device and the
-    generator ranks (the process group starts there)."""
+    ``kl_coef > 0``, a critic, a teacher when ``distillation_coef > 0``), how they are sharded, how their
+    forward passes run, and the activation memory policy."""
 
 
 class RLModels:
@@ -85,6 +81,9 @@ class RLModels:
     - ``reference`` (``kl_coef > 0``): a frozen copy of the initial policy (or ``ref_model``); with a
       LoRA policy and no ``ref_model`` it stays None and the reference is the policy with its
       adapter disabled — no second copy.
+    - ``teacher`` (``distillation_coef > 0``): the frozen teacher of on-policy distillation
+      (``models.teacher.load_teacher``), sharded as the reference is; ``teacher_logprobs`` and
+      ``teacher_hidden`` read it.
 
     Forward passes: ``policy_outputs`` (old log-probs and values before an update, no gradient),
     ``train_outputs`` (log-probs, values and entropy of a micro-batch, with gradients) and
@@ -92,11 +91,13 @@ class RLModels:
     ``train_critic``). ``save_policy`` writes the policy as a Hugging Face directory.
     """
 
-    def __init__(self, policy, tokenizer, args: ModelSetup, ref_model=None, generation_only: bool = False):
+    def __init__(
+        self, policy, tokenizer, args: ModelSetup, ref_model=None, generation_only: bool = False, teacher=None
+    ):
         self.policy, self.tokenizer, self.args = policy, tokenizer, args
         self.device = next(policy.parameters()).device
         self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
-        self.reference = self.critic = self.value_head = None
+        self.reference = self.critic = self.value_head = self.teacher = None
         self.memory: MemoryPlan | None = None  # plan_memory
         if generation_only:  # a generator rank: the policy alone, unsharded, given the trainers' weights
             self.train_policy, self.train_critic, self._peft_template = policy, None, None
@@ -118,6 +119,15 @@ class RLModels:
             ).to(self.device)
             if args.gradient_checkpointing != "off":  # its layers as the policy's (plan_memory decides each pass)
                 enable_activation_checkpointing(self.critic.backbone)
+        if args.distillation_coef > 0:
+            if teacher is None:
+                raise ValueError(
+                    f"distillation_coef is {args.distillation_coef} but there is no teacher: set teacher_model "
+                    "(a model directory) or pass RLTrainer(teacher_model=...)"
+                )
+            self.teacher = load_teacher(teacher, tokenizer, args.dtype, self.device)
+            if args.distillation_mode == "full":
+                check_heads(policy, self.teacher)
         self._shard()
 
     def _shard(self) -> None:
@@ -130,8 +140,9 @@ class RLModels:
         self._peft_template = unsharded_template(self.policy)
         mixed = args.autocast if args.parallelism == "fsdp" and self.device.type == "cuda" else None
         self.train_policy = distributed.shard(self.policy, args.parallelism, mixed)
-        if self.reference is not None and args.parallelism == "fsdp":
-            distributed.shard(self.reference, "fsdp", mixed)
+        for frozen in (self.reference, self.teacher):
+            if frozen is not None and args.parallelism == "fsdp":
+                distributed.shard(frozen, "fsdp", mixed)
         critic = self.critic_module
         self.train_critic = distributed.shard(critic, args.parallelism, mixed) if critic is not None else None
 
@@ -140,6 +151,11 @@ class RLModels:
         if self.args.autocast is None:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=getattr(torch, self.args.autocast))
+
+    @property
+    def full_distillation(self) -> bool:
+        """The update reads the policy's hidden states for the full-distribution divergence to the teacher."""
+        return self.teacher is not None and self.args.distillation_mode == "full"
 
     @property
     def critic_module(self) -> torch.nn.Module | None:
@@ -168,7 +184,7 @@ class RLModels:
             self.args.temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
-            with_hidden=with_values and self.value_head is not None,
+            with_hidden=(with_values and self.value_head is not None) or self.full_distillation,
             prompt_index=self._prompt_index(rollout),
             support=self.engine_support(rollout),
         )
@@ -177,7 +193,7 @@ class RLModels:
             values = self.train_critic(out.hidden).squeeze(-1).float()
         elif with_values:
             values = rollout_values(self.train_critic, rollout)  # ScalarModel.values
-        return out.logprobs, values, out.entropy, out.log_kept_mass
+        return out.logprobs, values, out.entropy, out.log_kept_mass, out.hidden
 
     @torch.no_grad()
     def policy_outputs(self, rollout: RolloutBatch, *, with_values: bool):
@@ -188,8 +204,9 @@ class RLModels:
         return cat(0), cat(1), cat(3)
 
     def train_outputs(self, rollout: RolloutBatch, *, with_values: bool, entropy_grad: bool):
-        """``(logprobs, values, entropy, log_kept_mass)`` of a micro-batch, with gradients; its layers
-        checkpointed or not as the memory policy says (``plan_memory``)."""
+        """``(logprobs, values, entropy, log_kept_mass, hidden)`` of a micro-batch, with gradients; its layers
+        checkpointed or not as the memory policy says (``plan_memory``). ``hidden`` (B, T, H): the last hidden
+        states the output layer reads, with a value head or ``full_distillation``, else None."""
         if self.memory is None:
             return self._forward(rollout, with_values=with_values, with_entropy=True, entropy_grad=entropy_grad)
         rows, width = _extent(rollout)
@@ -219,7 +236,7 @@ class RLModels:
         ids = probe_ids(self.policy, n, self.device)
         ones = torch.ones_like(ids)
         row = _ProbeRow(ids, ones, ones[:, 1:])
-        logprobs, values, _, _ = self._forward(row, with_values=bool(self.args.use_critic), with_entropy=True)
+        logprobs, values, *_ = self._forward(row, with_values=bool(self.args.use_critic), with_entropy=True)
         return logprobs.sum() + (values.sum() if values is not None else 0)
 
     def token_budget(self, rollout: RolloutBatch) -> int | None:
@@ -244,6 +261,28 @@ class RLModels:
                 lambda r: forward_rollout(model, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs,
             )
             return self._in_order(torch.cat(parts), order)
+
+    @torch.no_grad()
+    def teacher_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
+        """(B, T) the teacher's log-probs of the sampled tokens at the sampling temperature, in micro-batches."""
+        with self.autocast():
+            parts, order = self._in_micro_batches(
+                rollout,
+                lambda r: (
+                    forward_rollout(self.teacher, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs
+                ),
+            )
+            return self._in_order(torch.cat(parts), order)
+
+    @torch.no_grad()
+    def teacher_hidden(self, rollout: RolloutBatch) -> torch.Tensor:
+        """(B, T, H) the teacher's last hidden states at the positions that predict the sampled tokens (what its
+        output layer reads) for one micro-batch of the update."""
+        with self.autocast():
+            out = forward_rollout(
+                self.teacher, rollout, self.args.temperature, with_hidden=True, prompt_index=self._prompt_index(rollout)
+            )
+        return out.hidden
 
     def _prompt_index(self, rollout: RolloutBatch) -> torch.Tensor | None:
         # Packed groups are one forward pass per micro-batch, as unpacked rows are: under torchrun
@@ -326,27 +365,3 @@ def _extent(rollout: RolloutBatch) -> tuple[int, int]:
 
 def _base_causal_lm(policy):
     return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
-
-
-def build_models(model, processing_class, args: ModelLoading, peft_config=None, ref_model=None) -> RLModels:
-    if processing_class is None and not isinstance(model, (str, os.PathLike)):
-        raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
-    distributed.check_device(args.device)  # before anything loads
-    tokenizer = load_tokenizer(
-        processing_class if processing_class is not None else model,
-        "model" if processing_class is None else "processing_class",
-    )
-    policy = load_causal_lm(model, args.dtype if isinstance(model, (str, os.PathLike)) else None)
-    # The process group starts here, after every check that could fail the same way on every rank.
-    policy = policy.to(distributed.setup(args.device, args.rollout_workers))
-    if distributed.is_generator():  # generates from the trainers' (merged) weights: no adapter, no critic
-        return RLModels(freeze(disable_dropout(policy)).eval(), tokenizer, args, generation_only=True)
-    if peft_config is not None:
-        policy = disable_dropout(apply_lora(policy, peft_config, task_type=getattr(peft_config, "task_type", None)))
-    if args.gradient_checkpointing != "off":  # installed; whether a pass uses it is RLModels.memory's call
-        enable_activation_checkpointing(policy)
-        if peft_config is not None:
-            policy.enable_input_require_grads()
-    # Train mode (dropout is off, so forward passes are unchanged): activation checkpointing needs it.
-    policy.train()
-    return RLModels(policy, tokenizer, args, ref_model)

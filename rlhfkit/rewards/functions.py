@@ -107,6 +107,13 @@ def get_reward_function(name_or_callable: str | RewardFunction) -> RewardFunctio
 _UNRECORDED = "<not importable: "
 
 
+@register_reward_function("no_reward")
+def no_reward(prompts, completions, **columns) -> list[float]:
+    """0 for every completion: the reward of a run whose only signal is a teacher's (on-policy distillation,
+    ``distillation_coef`` > 0 with no reward function; the trainer adds it then, so the run records it)."""
+    return [0.0] * len(completions)
+
+
 def unrecorded_reward(name: str, why: str = "") -> str:
     """What a run records for a reward function that no name or import path can find again:
     ``<not importable: name — why>`` (``get_reward_function`` refuses it, quoting it)."""

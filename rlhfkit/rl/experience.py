@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated
+from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated, teacher_token_advantages
 from ..config.parts import ConfigFields, takes
 from ..models import efficiency
 from ..models.rl_models import RLModels
@@ -42,7 +42,15 @@ class UpdatePasses(ConfigFields):
         return self.prompts_per_step * self.group_size
 
 
-@takes("kl_coef", "kl_estimator", "use_critic", "mask_truncated_completions", "masked_rows_count")
+@takes(
+    "kl_coef",
+    "kl_estimator",
+    "use_critic",
+    "mask_truncated_completions",
+    "masked_rows_count",
+    "distillation_coef",
+    "distillation_mode",
+)
 class ExperienceMaking(AdvantageEstimation, RolloutCorrection, UpdatePasses):
     """The fields of ``RLConfig`` that phases 4–5 read (``make_experience``): those it takes, and those
     of the functions it calls (``compute_advantages``, ``rollout_correction``, ``single_pass``),
@@ -66,7 +74,8 @@ def make_experience(
 
     Formulas (through ``rl.advantages``): ``rlhfkit/algorithms/kl.py`` (the KL estimators),
     ``algorithms/shaping.py`` (token rewards; ``mask_truncated`` with
-    ``args.mask_truncated_completions``), ``algorithms/advantages.py`` and the
+    ``args.mask_truncated_completions``; ``teacher_token_advantages``, added to the advantages with a
+    teacher in distillation_mode 'token', after any whitening), ``algorithms/advantages.py`` and the
     ``ADVANTAGE_ESTIMATORS`` of ``algorithms/registry.py`` (advantages, whitening),
     ``algorithms/rollout_is.py`` (the rollout correction)."""
     device = models.device
@@ -79,13 +88,15 @@ def make_experience(
     masks = (
         behaviour is not None and ROLLOUT_IS_MODES.traits(args.rollout_is)["masks"] and not args.rollout_is_zero_masked
     )  # zero-masked: the mask does not change, the weights say it
-    need_old = (args.kl_in_reward and args.kl_coef > 0) or not single_pass(args) or args.use_critic or masks
+    by_token = models.teacher is not None and args.distillation_mode == "token"  # the teacher scores each token
+    need_old = (args.kl_in_reward and args.kl_coef > 0) or not single_pass(args) or args.use_critic or masks or by_token
     with efficiency.counting("logprob"):
         old_logprobs, old_values, kept_mass = (
             models.policy_outputs(rollout, with_values=args.use_critic) if need_old else (None, None, None)
         )
         ref = models.reference_logprobs(rollout) if args.kl_coef > 0 else None
-    passes = int(need_old) + int(args.kl_coef > 0)
+        teacher = models.teacher_logprobs(rollout) if by_token else None
+    passes = int(need_old) + int(args.kl_coef > 0) + int(by_token)
     if passes:
         efficiency.add_needed("logprob", passes * efficiency.needed_tokens(rollout))
     valid = valid.to(device)
@@ -96,6 +107,9 @@ def make_experience(
     advantages, returns, rewards, mask = compute_advantages(
         args, scores, valid, mask, kl, old_values, kl_coef, reduce=distributed.reduce_sum
     )
+    if teacher is not None and old_logprobs is not None:
+        advantages = advantages + teacher_token_advantages(old_logprobs, teacher, mask, args.distillation_coef)
+        metrics["distill/reverse_kl"] = distributed.global_mean(old_logprobs - teacher, mask)  # k1, per token
     counted_rows = None
     if args.mask_truncated_completions:  # truncated completions keep their group statistics, leave the loss
         if args.masked_rows_count:  # ... but still count as (empty) rows of a per-sequence loss (TRL's rule)

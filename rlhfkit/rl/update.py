@@ -25,6 +25,7 @@ from ..config import takes
 from ..models import efficiency
 from ..models.micro_batches import row_spans, split_rows
 from ..models.rl_models import RLModels
+from ..models.teacher import teacher_divergence
 from .advantages import RolloutCorrection, kl_metrics, rollout_correction
 from .experience import Experience
 
@@ -49,6 +50,10 @@ from .experience import Experience
     "use_critic",
     "value_clip",
     "vf_coef",
+    "distillation_coef",
+    "distillation_mode",
+    "distillation_beta",
+    "temperature",
 )
 class UpdateLoss(RolloutCorrection):
     """The fields of ``RLConfig`` that the loss of a micro-batch reads (``loss``), the rollout
@@ -78,6 +83,8 @@ def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -
     exact zeros. None (every row runs) with the option off, a loss that does not declare it, a
     critic (the value loss), an entropy bonus, or β·KL in the loss."""
     if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0 or args.use_adaptive_entropy:
+        return None
+    if args.distillation_coef > 0 and args.distillation_mode == "full":  # the divergence reaches every row
         return None
     if args.top_entropy_quantile < 1.0:  # a row left out would move its micro-batch's entropy quantile
         return None
@@ -272,7 +279,8 @@ def loss(
 ):
     """The loss of one micro-batch of phase 6 (``update``) and its metrics: the policy loss
     ``args.policy_loss`` (weighted by the rollout correction), minus the entropy bonus, plus β·KL
-    to the reference when the KL is not in the reward, plus the critic's value loss. Returns
+    to the reference when the KL is not in the reward, plus λ times the divergence to the teacher
+    (``distillation_mode`` 'full': ``models.teacher.teacher_divergence``), plus the critic's value loss. Returns
     ``(loss, metrics)``, ``rows``: the experience's rows of the micro-batch.
 
     ``weight``: the micro-batch's share of its optimizer step (``update`` backpropagates the loss
@@ -293,7 +301,9 @@ def loss(
     r = exp.rollout.select(rows)
     mask, adv = exp.mask[rows], exp.advantages[rows]
     horizon = args.loss_horizon or args.max_new_tokens
-    logprobs, values, entropy, kept_mass = models.train_outputs(r, with_values=args.use_critic, entropy_grad=coef > 0)
+    logprobs, values, entropy, kept_mass, hidden = models.train_outputs(
+        r, with_values=args.use_critic, entropy_grad=coef > 0
+    )
     old = exp.old_logprobs[rows] if exp.old_logprobs is not None else logprobs.detach()
     weights, is_metrics = exp.is_weights[rows] if exp.is_weights is not None else None, {}
     if exp.correct_in_loss:  # one on-policy pass: its detached log-probs are the old ones
@@ -323,6 +333,14 @@ def loss(
         kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
         metrics.update(kl_metrics(logprobs, exp.ref_logprobs[rows], mask))
+    if models.full_distillation:  # λ D(π ‖ π_teacher) over the whole vocabulary at each sampled position
+        with models.autocast():
+            teacher_hidden = models.teacher_hidden(r)
+            div = teacher_divergence(
+                models.policy, models.teacher, hidden, teacher_hidden, mask, args.distillation_beta, args.temperature
+            )
+        loss = loss + args.distillation_coef * aggregate(div, mask, args.loss_agg, horizon)
+        metrics["distill/divergence"] = masked_mean(div.detach(), mask)
     if args.use_critic:
         v_loss, v_metrics = value_loss(
             values,

@@ -41,6 +41,7 @@ def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
         **{name: given for name, (given, _) in datasets.items()},
         "reward_funcs": sources.get("reward_funcs"),
         "ref_model": sources.get("ref_model"),
+        "teacher_model": sources.get("teacher_model") or getattr(args, "teacher_model", None),
         "critic_init": getattr(args, "critic_init", None),
     }
     check_inputs_outside(output_dir, args.overwrite, args.resume_from, inputs)
@@ -191,6 +192,9 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     if "ref_model" in sources:
         ref = sources.pop("ref_model")
         values["ref_model"] = None if ref is None else model_source(ref)
+    teacher = sources.pop("teacher_model", None)
+    if teacher is not None:  # an object given to the trainer: by the directory it was loaded from
+        values["teacher_model"] = model_source(teacher)
     from ..rewards.functions import unrecorded_reward
 
     tools, environment = sources.pop("tools", None), sources.pop("environment_factory", None)

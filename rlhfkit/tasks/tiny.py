@@ -119,12 +119,18 @@ def tiny_turn_end_lm(tokenizer, end_of_turn: str = "<|im_end|>", end_bias: float
     with a token that is not its tokenizer's EOS when ``tokenizer`` is ``chatml_tokenizer(eos_token=
     "<eos>")``: a Gemma-2-like model for the tests of where a turn ends."""
     model = tiny_causal_lm(tokenizer, end_of_turn=end_of_turn, **kwargs)
+    return with_biased_head(model, tokenizer.convert_tokens_to_ids(end_of_turn), end_bias)
+
+
+def with_biased_head(model, token_id: int, bias: float):
+    """``model`` with an untied output layer (its weights copied) whose bias is ``bias`` on ``token_id`` and 0
+    elsewhere: a tiny model that favours one token."""
     old = model.lm_head
     head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
     with torch.no_grad():
         head.weight.copy_(old.weight)
         head.bias.zero_()
-        head.bias[tokenizer.convert_tokens_to_ids(end_of_turn)] = end_bias
+        head.bias[token_id] = bias
     model.lm_head = head
     model.config.tie_word_embeddings = False
     return model

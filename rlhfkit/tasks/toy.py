@@ -19,14 +19,26 @@ def fraction_of_a(prompts, completions, **columns):
     return [c.count("a") / max(1, len(c)) for c in completions]
 
 
-def toy_trainer(algorithm: str, model_kwargs: dict | None = None, callbacks=None, **overrides):
+def letter_teacher(tokenizer, letter: str = "a", bias: float = 4.0, seed: int = 1):
+    """A teacher for the toy task: a tiny random model whose output layer favours ``letter`` (a bias of
+    ``bias`` on it), so it writes mostly that letter — what on-policy distillation moves the student toward."""
+    from .tiny import tiny_causal_lm, with_biased_head
+
+    return with_biased_head(tiny_causal_lm(tokenizer, seed=seed), tokenizer.convert_tokens_to_ids(letter), bias)
+
+
+def toy_trainer(algorithm: str, model_kwargs: dict | None = None, callbacks=None, teacher=None, **overrides):
     """An ``RLTrainer`` on the toy task with settings that learn in ~30 steps; ``model_kwargs`` go to
     ``tiny_causal_lm`` (vLLM's CPU attention wants a head size of 32 or more: ``{"heads": 2}``),
-    ``callbacks`` to the trainer."""
+    ``callbacks`` to the trainer; ``teacher`` to it as ``teacher_model`` (default: ``letter_teacher``
+    when the run distils: the ``distill`` preset, or ``distillation_coef`` > 0)."""
     from ..trainers import RLTrainer
     from .tiny import char_tokenizer, tiny_causal_lm
 
     tok = char_tokenizer()
+    distils = overrides.get("distillation_coef", PRESETS[algorithm]["distillation_coef"]) > 0
+    if teacher is None and distils:
+        teacher = letter_teacher(tok)
     group_based = PRESETS[algorithm]["group_size"] > 1
     args: dict[str, Any] = dict(
         algorithm=algorithm,
@@ -45,6 +57,7 @@ def toy_trainer(algorithm: str, model_kwargs: dict | None = None, callbacks=None
         train_dataset=PROMPTS,
         processing_class=tok,
         callbacks=callbacks,
+        teacher_model=teacher,
     )
 
 

@@ -29,7 +29,7 @@ from ..config import RLConfig, part
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..models import efficiency, set_lm_head, soft_update
-from ..models.rl_models import ModelLoading, build_models
+from ..models.rl_build import ModelLoading, build_models
 from ..rl import advantages, build, experience, pipeline, update
 from ..rollout import Rollout, registry
 from ..run import lifecycle, trace, training
@@ -78,6 +78,7 @@ class RLTrainer:
         environment_factory=None,
         callbacks=None,
         agent_program=None,
+        teacher_model=None,
     ):
         args = args or RLConfig()
         if train_dataset is None:
@@ -88,9 +89,7 @@ class RLTrainer:
             if eval_dataset is not None
             else None
         )
-        if reward_funcs is None:
-            raise ValueError("reward_funcs is required: reward functions and/or reward-model directories")
-        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        reward_funcs = teacher_only_rewards(reward_funcs, args)
         registry.check_installed(args.rollout_engine)  # not installed: one line now, before any model loads
         if callbacks and args.rollout_workers:
             raise ValueError(
@@ -102,8 +101,10 @@ class RLTrainer:
         self.config = args = self.run.args
         self.out_dir = self.run.out_dir
         training.seed_everything(args.seed)  # the same initial weights (critic and value heads too) on every process
-        self.models = build_models(model, processing_class, part(ModelLoading, args), peft_config, ref_model)
-        for m in (self.models.policy, self.models.reference):
+        self.models = build_models(
+            model, processing_class, part(ModelLoading, args), peft_config, ref_model, teacher_model
+        )
+        for m in (self.models.policy, self.models.reference, self.models.teacher):
             if m is not None:
                 set_lm_head(m, args.lm_head)
         if distributed.role_size() > 1:  # then each process samples its own completions
@@ -126,6 +127,7 @@ class RLTrainer:
             reward_funcs=reward_funcs,
             reward_weights=reward_weights,
             ref_model=ref_model,
+            teacher_model=teacher_model,
             peft_config=peft_config,
             tools=tools,
             environment_factory=environment_factory,
@@ -358,4 +360,18 @@ class RLTrainer:
         self.models.save_policy(Path(path), self.tokenizer)  # every process takes part in gathering the weights
 
 
-__all__ = ["RLTrainer"]
+def teacher_only_rewards(reward_funcs, args: RLConfig) -> list:
+    """The run's reward sources as a list: ``reward_funcs`` as given, or, when there are none and a teacher
+    gives the signal (``distillation_coef`` > 0), the registered ``no_reward`` (0 for every completion)."""
+    empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
+    if empty and args.distillation_coef > 0:
+        return ["no_reward"]
+    if reward_funcs is None:  # an empty list is allowed: an agent program or environment may bring the rewards
+        raise ValueError(
+            "reward_funcs is required: reward functions and/or reward-model directories "
+            "(or a teacher: teacher_model with distillation_coef > 0)"
+        )
+    return list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+
+
+__all__ = ["RLTrainer", "teacher_only_rewards"]

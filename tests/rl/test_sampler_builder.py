@@ -8,7 +8,7 @@ from rlhfkit.agents.episode import Episode
 from rlhfkit.agents.rows import episodes_rollout
 from rlhfkit.agents.source import EpisodeSource
 from rlhfkit.config import RLConfig, part
-from rlhfkit.models.rl_models import ModelLoading, build_models
+from rlhfkit.models.rl_build import ModelLoading, build_models
 from rlhfkit.rl.build import build_sampler
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a

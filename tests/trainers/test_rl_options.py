@@ -119,7 +119,7 @@ def micro_batch_loss(trainer, exp, rows):
 
 def current_logprobs(trainer, rollout):
     with torch.no_grad():
-        logprobs, _, entropy, _ = trainer.models.train_outputs(rollout, with_values=False, entropy_grad=False)
+        logprobs, _, entropy, *_ = trainer.models.train_outputs(rollout, with_values=False, entropy_grad=False)
     return logprobs, entropy
 
 

@@ -34,7 +34,7 @@ def experience(**overrides):
     exp = trainer.make_experience(rollout, *trainer.sampler.score(rows, rollout))
     exp.advantages = torch.randn(exp.mask.shape[0], generator=torch.Generator().manual_seed(1))[:, None] * exp.mask
     with torch.no_grad():
-        logprobs, _, entropy, _ = trainer.models.train_outputs(exp.rollout, with_values=False, entropy_grad=False)
+        logprobs, _, entropy, *_ = trainer.models.train_outputs(exp.rollout, with_values=False, entropy_grad=False)
     return trainer, exp, logprobs, entropy
 
 

@@ -13,6 +13,7 @@ beside rlhfkit's (``metrics.py``, ``callbacks.py``); a rerun writes into an exis
 as TRL does, replacing only rlhfkit's own run files (``output_dir.py``).
 """
 
+from .distillation import DistillationConfig, DistillationTrainer
 from .dpo import DPOConfig, DPOTrainer
 from .grpo import GRPOConfig, RLOOConfig
 from .kto import KTOConfig, KTOTrainer
@@ -23,6 +24,8 @@ from .sft import SFTConfig, SFTTrainer
 __all__ = [
     "DPOConfig",
     "DPOTrainer",
+    "DistillationConfig",
+    "DistillationTrainer",
     "GRPOConfig",
     "GRPOTrainer",
     "KTOConfig",

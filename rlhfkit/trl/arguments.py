@@ -258,17 +258,18 @@ def trl_fields(cls) -> frozenset:
 _INIT_DEFAULTS = {"revision": (None, "main"), "trust_remote_code": (None, False), "attn_implementation": (None,)}
 
 
-def model_dtype(config) -> str:
-    """rlhfkit's ``dtype`` from ``model_init_kwargs``: ``{'dtype': 'float32' | 'bfloat16' | 'float16'}``
-    (None: float32, TRL's default), with any other key only at from_pretrained's own value; else one line."""
-    kwargs = dict(config.model_init_kwargs or {})
+def model_dtype(config, field: str = "model_init_kwargs", default: str = "float32") -> str:
+    """rlhfkit's ``dtype`` from ``model_init_kwargs`` (or another ``field`` of the same form):
+    ``{'dtype': 'float32' | 'bfloat16' | 'float16'}`` (None: ``default``, TRL's float32), with any other key only
+    at from_pretrained's own value; else one line."""
+    kwargs = dict(getattr(config, field) or {})
     dtype = kwargs.pop("dtype", None)
     dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
     odd = {k: v for k, v in kwargs.items() if v not in _INIT_DEFAULTS.get(k, ())}
     if odd or dtype not in (None, "float32", "bfloat16", "float16"):
         raise ValueError(
-            f"{type(config).__name__} field 'model_init_kwargs'={config.model_init_kwargs!r} is not "
+            f"{type(config).__name__} field {field!r}={getattr(config, field)!r} is not "
             "supported by rlhfkit: only {'dtype': 'float32' | 'bfloat16' | 'float16'} (name the "
             "checkpoint's dtype instead of 'auto')"
         )
-    return dtype or "float32"
+    return dtype or default

@@ -32,6 +32,19 @@ RL_METRICS = {
 # (ratio below 1 - epsilon with a negative advantage, or above 1 + epsilon_high with a positive one)
 GRPO_ONLY = {"kl": "kl/k3", "clip_ratio/region_mean": "policy/clip_frac"}
 
+# DistillationConfig runs (rlhfkit's RL loop, distillation_mode "full"): TRL's "loss" is the step's divergence summed
+# over its completion tokens divided by their number, rlhfkit's token mean distill/divergence; "entropy" the student's
+# at the temperature (TRL averages its micro-batches' token means, rlhfkit weighs them by their tokens)
+DISTILL_METRICS = {
+    "loss": "distill/divergence",
+    "grad_norm": "perf/grad_norm",
+    "learning_rate": "perf/lr",
+    "entropy": "policy/entropy",
+    "completions/mean_length": "rollout/response_length_mean",
+    "completions/max_length": "rollout/response_length_max",
+    "completions/clipped_ratio": "rollout/truncated_frac",
+}
+
 SFT_METRICS = {
     "loss": "sft/loss",
     "grad_norm": "sft/grad_norm",

@@ -69,6 +69,9 @@ RANGES: dict[str, str] = {
     # teacher (on-policy distillation)
     "distillation_coef": ">= 0",
     "distillation_beta": "[0, 1]",
+    "teacher_batch_size": "[1, 1e6]",
+    "teacher_retries": "[0, 100]",
+    "teacher_timeout": "(0, 1e6]",
     # optimisation
     "learning_rate": "> 0",
     "critic_learning_rate": "> 0 or None",

@@ -16,7 +16,23 @@ class TeacherConfig:
     """The teacher of on-policy distillation: a Hugging Face directory (or GGUF file) of a causal LM with the
     policy's tokenizer (a different vocabulary is refused, naming what differs). ``RLTrainer(teacher_model=...)``
     also takes a model object. Loaded frozen beside the reference, in ``dtype``, sharded as it is under torchrun.
+    With ``teacher_url``: the served model's id (the ``model`` of each request; None: the server's default model).
     None: no teacher."""
+    teacher_url: str | None = None
+    """A teacher served elsewhere: the base URL of an OpenAI-compatible server (``rlhfkit serve`` or ``vllm serve``,
+    e.g. ``http://host:8000/v1``) whose ``/completions`` returns ``prompt_logprobs`` as vLLM's does (TRL's
+    ``teacher_model_server_url``). The policy's sampled ids (prompt + completion, never re-tokenised) are sent as
+    token ids and the teacher's log-prob of each sampled token is read back, at temperature 1 (the server's raw
+    log-probs), so it needs ``temperature`` 1 and ``distillation_mode`` 'token'. None: the teacher is local."""
+    teacher_batch_size: int = 8
+    """With ``teacher_url``: sequences per request (TRL's ``chunk_size``); a step's rows go in requests of this
+    many, one after another."""
+    teacher_retries: int = 2
+    """With ``teacher_url``: how many times a failed request (refused connection, HTTP 5xx or 429, time limit) is
+    sent again, after 1, 2, 4, ... s, before the run stops in one line naming ``teacher_url`` (its last
+    checkpoint untouched). A 4xx answer is not retried: the request itself is wrong."""
+    teacher_timeout: float = 120.0
+    """With ``teacher_url``: seconds one request may take (connecting and answering) before it counts as failed."""
     distillation_coef: float | None = None
     """Weight of the teacher's signal (λ below); 0 turns distillation off. Presets: 0, except ``distill`` (1: the
     teacher alone, no reward needed). With reward functions as well, the run is RL with a teacher: the rewards'
@@ -37,12 +53,31 @@ class TeacherConfig:
 
 def check_teacher(c) -> list[tuple[bool, str, str]]:
     """The rules among the teacher's fields, as ``check_fields`` entries. Whether a teacher exists when
-    ``distillation_coef > 0`` is the trainer's check (a model object is no config field)."""
+    ``distillation_coef > 0`` is the trainer's check (a model object is no config field). A served teacher
+    (``teacher_url``) gives the log-probs of the tokens it is sent, at temperature 1: no full distributions, no
+    other temperature."""
+    served = c.teacher_url is not None
     return [
         (c.distillation_mode in DISTILLATION_MODES, "distillation_mode", f"one of {', '.join(DISTILLATION_MODES)}"),
         (
-            c.teacher_model is None or c.distillation_coef > 0,
+            (c.teacher_model is None and not served) or c.distillation_coef > 0,
             "distillation_coef",
-            "> 0 with a teacher_model (0 would load the teacher and use it for nothing)",
+            "> 0 with a teacher_model or teacher_url (0 would ask the teacher and use it for nothing)",
+        ),
+        (
+            not served or str(c.teacher_url).startswith(("http://", "https://")),
+            "teacher_url",
+            "an http:// or https:// base URL of an OpenAI-compatible server (e.g. http://host:8000/v1)",
+        ),
+        (
+            not served or c.distillation_mode == "token",
+            "distillation_mode",
+            "'token' with teacher_url (a server returns the log-probs of a few tokens per position, not the whole "
+            "distribution the 'full' divergence streams through both output layers)",
+        ),
+        (
+            not served or c.temperature == 1.0,
+            "temperature",
+            "1.0 with teacher_url (a server's prompt log-probs are at temperature 1; the student's must be too)",
         ),
     ]

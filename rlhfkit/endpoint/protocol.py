@@ -45,7 +45,8 @@ class ChatRequest:
     model: str | None = None
 
 
-def _number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
+def number(body: dict, name: str, low: float, high: float, integer: bool = False, low_open: bool = False):
+    """``body[name]`` checked: a number (an integer) in [low, high] ((low, high] with ``low_open``); None if absent."""
     value = body.get(name)
     if value is None:
         return None
@@ -146,18 +147,18 @@ def parse_request(body) -> ChatRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest(f"model must be a string (the served model's name), got {_kind(model)}", "model")
-    max_tokens = _number(body, "max_completion_tokens", 1, 10**7, integer=True)
-    max_tokens = _number(body, "max_tokens", 1, 10**7, integer=True) if max_tokens is None else max_tokens
+    max_tokens = number(body, "max_completion_tokens", 1, 10**7, integer=True)
+    max_tokens = number(body, "max_tokens", 1, 10**7, integer=True) if max_tokens is None else max_tokens
     return ChatRequest(
         messages,
         tools or None,
         choice,
-        _number(body, "temperature", 0, 2),
-        _number(body, "top_p", 0, 1, low_open=True),
+        number(body, "temperature", 0, 2),
+        number(body, "top_p", 0, 1, low_open=True),
         max_tokens,
-        _number(body, "n", 1, MAX_N, integer=True) or 1,
+        number(body, "n", 1, MAX_N, integer=True) or 1,
         stop,
-        _number(body, "seed", -(2**63), 2**63 - 1, integer=True),
+        number(body, "seed", -(2**63), 2**63 - 1, integer=True),
         bool(logprobs),
         model or None,
     )
@@ -267,3 +268,13 @@ def error_body(
     message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
 ) -> dict:
     return {"error": {"message": " ".join(str(message).split()), "type": kind, "param": param, "code": code}}
+
+
+def length_answer(model: str, prompt_len: int) -> dict:
+    """The answer of a request with no room left to sample: no tokens, ``finish_reason`` 'length'."""
+    import uuid
+
+    choice = {"message": {"role": "assistant", "content": ""}, "finish_reason": "length", "token_ids": []}
+    return completion_response(
+        f"chatcmpl-{uuid.uuid4().hex}", model, prompt_len, [{**choice, "tokens": [], "logprobs": None}]
+    )

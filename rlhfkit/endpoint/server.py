@@ -27,6 +27,7 @@ the text without special tokens (``tokens.visible_text``); log-probs carry each 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import random
 import socket
@@ -37,7 +38,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from ..rollout.base import SamplingParams, sampling_seed
-from .protocol import BadRequest, ChatRequest, error_body, parse_request, template_messages
+from .completions import PromptScoring, parse_completion
+from .protocol import BadRequest, ChatRequest, error_body, length_answer, parse_request, template_messages
 from .record import EpisodeRecord, extends_last_call, request_prompt
 from .sampling import answer_group
 
@@ -210,6 +212,22 @@ class Endpoint:
                 return JSONResponse(error_body(str(err), param=err.param), status_code=400)
             if isinstance(pending, dict):  # answered without sampling (no budget left)
                 return JSONResponse(pending)
+            return await reply(pending)
+
+        async def completions(request):  # rlhfkit serve's /completions, with vLLM's prompt_logprobs
+            try:
+                pending = parse_completion(self, await request.json())
+                if pending.model not in self.served:
+                    raise BadRequest(
+                        f"The model `{pending.model}` does not exist; this endpoint serves `{self.model_name}`", "model"
+                    )
+            except ValueError as err:  # BadRequest, or a body that is not JSON
+                param = getattr(err, "param", None)
+                message = str(err) if isinstance(err, BadRequest) else "the request body is not JSON"
+                return JSONResponse(error_body(message, param=param), status_code=404 if param == "model" else 400)
+            return await reply(pending)
+
+        async def reply(pending):  # queued for the engine's thread (serve), answered when it is done
             self.queue.put(pending)
             try:
                 answer = await asyncio.wait_for(asyncio.wrap_future(pending.future), self.request_timeout)
@@ -238,6 +256,8 @@ class Endpoint:
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"]),
         ]
+        if not self.training:  # rlhfkit serve: the served model also scores and continues prompts
+            routes.append(Route("/v1/completions", completions, methods=["POST"]))
         return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 
     def prepare(self, request: ChatRequest, episode_id: str | None) -> Pending | dict:
@@ -256,7 +276,7 @@ class Endpoint:
         messages = template_messages(request.messages, record.call_names if record else {})
         tools = request.tools
         try:
-            with record.lock if record is not None else _nothing():
+            with record.lock if record is not None else contextlib.nullcontext():
                 # Only a training episode's request that extends its last call continues a sampled turn token
                 # for token, which needs a template ending the turn with an EOS token; others are rendered.
                 extends = self.training and extends_last_call(record, messages, tools)
@@ -305,7 +325,7 @@ class Endpoint:
                 )
             record.truncated = True  # the episode's budget is spent: it ends here, as a cut episode does
             record.closed = "its token budget (max_new_tokens) is spent"
-            return _length_answer(request.model or self.model_name, len(ids))
+            return length_answer(request.model or self.model_name, len(ids))
         return Pending(
             request, record, messages, ids, replace(sampling, max_new_tokens=room), seed, turn, Future(), serving
         )
@@ -336,10 +356,13 @@ class Endpoint:
                     break
             self.answer(batch)
 
-    def answer(self, batch: list[Pending]) -> None:
+    def answer(self, batch: list) -> None:
         """Sample ``batch`` (one ``engine.generate`` per engine, weights version and sampling
         setting), record and answer it."""
         batch = [p for p in batch if p.future.set_running_or_notify_cancel()]
+        for scoring in [p for p in batch if isinstance(p, PromptScoring)]:  # /completions: one by one
+            scoring.run(self)
+        batch = [p for p in batch if not isinstance(p, PromptScoring)]
         batch.sort(key=lambda p: p.record.order if p.record is not None else 2**62)  # episodes in their order
         groups: dict[tuple, list[Pending]] = {}
         for p in batch:
@@ -367,30 +390,3 @@ class Endpoint:
         record = EpisodeRecord(uuid.uuid4().hex[:16], seed, budget, order=self.opened, serving=serving)
         self.episodes[record.id] = record
         return record
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _length_answer(model: str, prompt_len: int) -> dict:
-    from .protocol import completion_response
-
-    return completion_response(
-        f"chatcmpl-{uuid.uuid4().hex}",
-        model,
-        prompt_len,
-        [
-            {
-                "message": {"role": "assistant", "content": ""},
-                "finish_reason": "length",
-                "token_ids": [],
-                "tokens": [],
-                "logprobs": None,
-            }
-        ],
-    )

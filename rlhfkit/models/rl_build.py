@@ -10,13 +10,22 @@ from .. import distributed
 from ..config.parts import takes
 from .loading import disable_dropout, enable_activation_checkpointing, freeze, load_causal_lm, load_tokenizer
 from .lora import apply_lora
+from .remote_teacher import RemoteTeacher
 from .rl_models import ModelSetup, RLModels
 
 
-@takes("device", "rollout_workers", "teacher_model")
+@takes(
+    "device",
+    "rollout_workers",
+    "teacher_model",
+    "teacher_url",
+    "teacher_batch_size",
+    "teacher_retries",
+    "teacher_timeout",
+)
 class ModelLoading(ModelSetup):
     """The fields of ``RLConfig`` that ``build_models`` reads besides ``RLModels``'s: the device, the
-    generator ranks (the process group starts there) and the teacher's path."""
+    generator ranks (the process group starts there), the teacher's path, or its server (``teacher_url``)."""
 
 
 def build_models(
@@ -24,7 +33,8 @@ def build_models(
 ) -> RLModels:
     """The ``RLModels`` of a run: ``model`` a path or a causal-LM object (``processing_class`` then required),
     ``peft_config`` a LoRA adapter to train, ``ref_model`` / ``teacher_model`` (else ``args.teacher_model``) the
-    frozen reference and teacher, as paths or objects. A generator rank builds the policy alone."""
+    frozen reference and teacher, as paths or objects; with ``args.teacher_url`` a ``RemoteTeacher`` on that server.
+    A generator rank builds the policy alone."""
     if processing_class is None and not isinstance(model, (str, os.PathLike)):
         raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
     distributed.check_device(args.device)  # before anything loads
@@ -46,6 +56,12 @@ def build_models(
     # Train mode (dropout is off, so forward passes are unchanged): activation checkpointing needs it.
     policy.train()
     teacher = teacher_model if teacher_model is not None else args.teacher_model
+    if args.teacher_url is not None:  # served elsewhere: teacher_model names the served model
+        if teacher is not None and not isinstance(teacher, str):
+            raise ValueError("teacher_model must be the served model's id (a string) with teacher_url, not a model")
+        teacher = RemoteTeacher(
+            args.teacher_url, teacher, args.teacher_batch_size, args.teacher_retries, args.teacher_timeout
+        )
     return RLModels(policy, tokenizer, args, ref_model, teacher=teacher)
 
 

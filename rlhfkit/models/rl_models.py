@@ -23,6 +23,7 @@ from .loading import enable_activation_checkpointing, freeze, load_causal_lm
 from .lora import export_causal_lm, unsharded_template
 from .memory import MemoryPlan
 from .micro_batches import padded_tokens, row_spans, split_rows, token_budget
+from .remote_teacher import RemoteTeacher
 from .segments import forward_rollout, rollout_values
 from .teacher import check_heads, load_teacher
 
@@ -125,7 +126,13 @@ class RLModels:
                     f"distillation_coef is {args.distillation_coef} but there is no teacher: set teacher_model "
                     "(a model directory) or pass RLTrainer(teacher_model=...)"
                 )
-            self.teacher = load_teacher(teacher, tokenizer, args.dtype, self.device)
+            served = isinstance(teacher, RemoteTeacher)  # teacher_url: scored by a server, nothing loaded
+            self.teacher = teacher if served else load_teacher(teacher, tokenizer, args.dtype, self.device)
+            if args.distillation_mode == "full" and served:
+                raise ValueError(
+                    "distillation_mode='full' needs a local teacher (teacher_url gives no full "
+                    "distributions): use distillation_mode='token'"
+                )
             if args.distillation_mode == "full":
                 check_heads(policy, self.teacher)
         self._shard()
@@ -141,7 +148,7 @@ class RLModels:
         mixed = args.autocast if args.parallelism == "fsdp" and self.device.type == "cuda" else None
         self.train_policy = distributed.shard(self.policy, args.parallelism, mixed)
         for frozen in (self.reference, self.teacher):
-            if frozen is not None and args.parallelism == "fsdp":
+            if isinstance(frozen, torch.nn.Module) and args.parallelism == "fsdp":
                 distributed.shard(frozen, "fsdp", mixed)
         critic = self.critic_module
         self.train_critic = distributed.shard(critic, args.parallelism, mixed) if critic is not None else None
@@ -264,7 +271,10 @@ class RLModels:
 
     @torch.no_grad()
     def teacher_logprobs(self, rollout: RolloutBatch) -> torch.Tensor:
-        """(B, T) the teacher's log-probs of the sampled tokens at the sampling temperature, in micro-batches."""
+        """(B, T) the teacher's log-probs of the sampled tokens at the sampling temperature, in micro-batches; a
+        served teacher's (``RemoteTeacher``) from its server, each process sending its own rows."""
+        if isinstance(self.teacher, RemoteTeacher):
+            return self.teacher.agreed_logprobs(rollout)
         with self.autocast():
             parts, order = self._in_micro_batches(
                 rollout,

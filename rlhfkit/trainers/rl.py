@@ -105,7 +105,7 @@ class RLTrainer:
             model, processing_class, part(ModelLoading, args), peft_config, ref_model, teacher_model
         )
         for m in (self.models.policy, self.models.reference, self.models.teacher):
-            if m is not None:
+            if isinstance(m, torch.nn.Module):  # not a served teacher (teacher_url)
                 set_lm_head(m, args.lm_head)
         if distributed.role_size() > 1:  # then each process samples its own completions
             training.seed_everything(args.seed + 1_000_003 * distributed.role_rank())

@@ -51,6 +51,12 @@ class TeacherConfig:
     m = (1-β) π + β π_teacher. Both distributions at the sampling temperature."""
 
 
+def distillation_weight(c) -> float:
+    """λ, the teacher's weight (``distillation_coef``, which the preset fills: 0 when it is unset); 0 means no
+    teacher term. ``c``: an ``RLConfig`` or a part of it that takes the field."""
+    return float(c.distillation_coef or 0.0)
+
+
 def check_teacher(c) -> list[tuple[bool, str, str]]:
     """The rules among the teacher's fields, as ``check_fields`` entries. Whether a teacher exists when
     ``distillation_coef > 0`` is the trainer's check (a model object is no config field). A served teacher

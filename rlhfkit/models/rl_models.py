@@ -17,6 +17,7 @@ import torch
 
 from .. import distributed
 from ..config.parts import ConfigFields, takes
+from ..config.teacher import distillation_weight
 from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost, probe_ids
 from .heads import ScalarModel
 from .loading import enable_activation_checkpointing, freeze, load_causal_lm
@@ -120,7 +121,7 @@ class RLModels:
             ).to(self.device)
             if args.gradient_checkpointing != "off":  # its layers as the policy's (plan_memory decides each pass)
                 enable_activation_checkpointing(self.critic.backbone)
-        if args.distillation_coef > 0:
+        if distillation_weight(args) > 0:
             if teacher is None:
                 raise ValueError(
                     f"distillation_coef is {args.distillation_coef} but there is no teacher: set teacher_model "
@@ -292,6 +293,8 @@ class RLModels:
             out = forward_rollout(
                 self.teacher, rollout, self.args.temperature, with_hidden=True, prompt_index=self._prompt_index(rollout)
             )
+        if out.hidden is None:  # forward_rollout returns them when asked
+            raise RuntimeError("the teacher's forward pass returned no hidden states")
         return out.hidden
 
     def _prompt_index(self, rollout: RolloutBatch) -> torch.Tensor | None:

@@ -77,7 +77,7 @@ def check_heads(policy: torch.nn.Module, teacher: torch.nn.Module) -> None:
                 f"distillation_mode='full' needs the {who}'s output layer to be a plain linear map whose logits the "
                 "model returns unchanged (this one is adapted, soft-capped or scaled): use distillation_mode='token'"
             )
-    v_s, v_t = output_layer(policy).out_features, output_layer(teacher).out_features
+    v_s, v_t = _head(policy).out_features, _head(teacher).out_features
     if v_s != v_t:
         raise ValueError(
             f"distillation_mode='full' compares the two next-token distributions row by row, but the policy's output "
@@ -88,8 +88,9 @@ def check_heads(policy: torch.nn.Module, teacher: torch.nn.Module) -> None:
 def head_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None):
     """``(weight, bias)`` of ``model``'s output layer as whole tensors (a sharded one gathered, differentiably:
     the gradient of the gathered tensor reaches the shards), in ``dtype`` when given."""
-    head = output_layer(model)
-    weight, bias = head.weight, head.bias
+    head = _head(model)
+    weight: torch.Tensor = head.weight
+    bias: torch.Tensor | None = head.bias
     if hasattr(weight, "full_tensor"):  # FSDP2's DTensor
         weight = weight.full_tensor()
         bias = bias.full_tensor() if bias is not None and hasattr(bias, "full_tensor") else bias
@@ -128,6 +129,14 @@ def teacher_divergence(
     )
     out = torch.zeros(mask.shape, dtype=div.dtype, device=div.device)
     return out.masked_scatter(rows, div)
+
+
+def _head(model: torch.nn.Module) -> torch.nn.Linear:
+    """The plain output layer (``lm_head.output_layer``), which ``check_heads`` made sure exists."""
+    head = output_layer(model)
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no plain linear output layer")
+    return head
 
 
 def _vocabulary_rows(model: torch.nn.Module) -> int | None:

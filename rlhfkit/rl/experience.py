@@ -10,6 +10,7 @@ import torch
 from .. import distributed
 from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated, teacher_token_advantages
 from ..config.parts import ConfigFields, takes
+from ..config.teacher import distillation_weight
 from ..models import efficiency
 from ..models.rl_models import RLModels
 from ..rollout import Rollout
@@ -108,7 +109,7 @@ def make_experience(
         args, scores, valid, mask, kl, old_values, kl_coef, reduce=distributed.reduce_sum
     )
     if teacher is not None and old_logprobs is not None:
-        advantages = advantages + teacher_token_advantages(old_logprobs, teacher, mask, args.distillation_coef)
+        advantages = advantages + teacher_token_advantages(old_logprobs, teacher, mask, distillation_weight(args))
         metrics["distill/reverse_kl"] = distributed.global_mean(old_logprobs - teacher, mask)  # k1, per token
     counted_rows = None
     if args.mask_truncated_completions:  # truncated completions keep their group statistics, leave the loss

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 
@@ -22,6 +23,7 @@ from ..algorithms import (
     value_loss,
 )
 from ..config import takes
+from ..config.teacher import distillation_weight
 from ..models import efficiency
 from ..models.micro_batches import row_spans, split_rows
 from ..models.rl_models import RLModels
@@ -84,7 +86,7 @@ def zero_gradient_rows(args: MinibatchUpdate, exp: Experience, kl_coef: float) -
     critic (the value loss), an entropy bonus, or β·KL in the loss."""
     if not args.skip_zero_gradient_rows or args.use_critic or args.entropy_coef > 0 or args.use_adaptive_entropy:
         return None
-    if args.distillation_coef > 0 and args.distillation_mode == "full":  # the divergence reaches every row
+    if distillation_weight(args) > 0 and args.distillation_mode == "full":  # the divergence reaches every row
         return None
     if args.top_entropy_quantile < 1.0:  # a row left out would move its micro-batch's entropy quantile
         return None
@@ -333,13 +335,13 @@ def loss(
         kl = KL_ESTIMATORS.get(args.kl_estimator)(logprobs, exp.ref_logprobs[rows])
         loss = loss + kl_coef * aggregate(kl, mask, args.loss_agg, horizon)
         metrics.update(kl_metrics(logprobs, exp.ref_logprobs[rows], mask))
-    if models.full_distillation:  # λ D(π ‖ π_teacher) over the whole vocabulary at each sampled position
+    if models.full_distillation and models.teacher is not None:  # λ D(π ‖ π_teacher), whole vocabulary, each token
         with models.autocast():
             teacher_hidden = models.teacher_hidden(r)
             div = teacher_divergence(
                 models.policy, models.teacher, hidden, teacher_hidden, mask, args.distillation_beta, args.temperature
             )
-        loss = loss + args.distillation_coef * aggregate(div, mask, args.loss_agg, horizon)
+        loss = loss + distillation_weight(args) * aggregate(div, mask, cast(str, args.loss_agg), horizon)
         metrics["distill/divergence"] = masked_mean(div.detach(), mask)
     if args.use_critic:
         v_loss, v_metrics = value_loss(

@@ -26,6 +26,7 @@ import torch
 from .. import distributed
 from ..algorithms import AdaptiveEntropyController, AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
+from ..config.teacher import distillation_weight
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..models import efficiency, set_lm_head, soft_update
@@ -364,7 +365,7 @@ def teacher_only_rewards(reward_funcs, args: RLConfig) -> list:
     """The run's reward sources as a list: ``reward_funcs`` as given, or, when there are none and a teacher
     gives the signal (``distillation_coef`` > 0), the registered ``no_reward`` (0 for every completion)."""
     empty = reward_funcs is None or (isinstance(reward_funcs, (list, tuple)) and not reward_funcs)
-    if empty and args.distillation_coef > 0:
+    if empty and distillation_weight(args) > 0:
         return ["no_reward"]
     if reward_funcs is None:  # an empty list is allowed: an agent program or environment may bring the rewards
         raise ValueError(

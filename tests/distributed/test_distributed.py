@@ -111,6 +111,11 @@ CASES = {
     "ppo-checkpointing-on": dict(
         algorithm="ppo", prompts_per_step=8, mini_batch_size=4, micro_batch_size=2, gradient_checkpointing="on"
     ),
+    # on-policy distillation's full divergence (issue 52): the teacher sharded as the reference, its hidden states
+    # per micro-batch, the policy's output layer gathered differentiably (FSDP2), uneven micro-batches per process
+    "distill-full-micro": dict(
+        algorithm="distill", distillation_mode="full", distillation_beta=0.5, prompts_per_step=8, micro_batch_size=3
+    ),
     "grpo-checkpointing-auto": dict(
         algorithm="grpo",
         prompts_per_step=4,

@@ -243,6 +243,7 @@ def from_training_arguments(args, config_class):
     defaults = TrainingArguments(output_dir=args.output_dir).to_dict()
     values = {k: declared[k] if v == defaults.get(k) else v for k, v in args.to_dict().items() if k in declared}
     values["hub_token"] = args.hub_token  # to_dict hides it
+    values["output_dir"] = args.output_dir  # compared with itself above: kept whatever it is
     return config_class(**values)
 
 

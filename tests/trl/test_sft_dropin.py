@@ -215,6 +215,7 @@ def test_training_arguments_as_args_become_an_sft_config_as_trl_converts_them(mo
     config = trainer.trl_args
     assert isinstance(config, SFTConfig) and (config.max_steps, config.per_device_train_batch_size) == (1, 2)
     assert config.learning_rate == 5e-5 and config.logging_steps == 500  # TrainingArguments' defaults, as in TRL
+    assert config.output_dir == str(tmp_path / "o") and (tmp_path / "o" / "config.yaml").exists()
     refused = TrainingArguments(output_dir=str(tmp_path / "o"), adam_beta1=0.8, **CPU)
     with pytest.raises(ValueError, match=r"^SFTConfig field 'adam_beta1'=0.8 is not supported by rlhfkit"):
         SFTTrainer(models["plain"], args=refused, train_dataset=STORIES)

@@ -179,12 +179,15 @@ def _parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="rlhfkit", description="RL post-training of language models.", allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser(
-        "quickstart", allow_abbrev=False, help="SFT -> reward model -> PPO (and GRPO, DPO) on a synthetic task, on CPU"
+        "quickstart",
+        allow_abbrev=False,
+        help="SFT -> reward model -> PPO (and GRPO, DPO, distillation) on a synthetic task, on CPU",
     )
     q.add_argument("--output-dir", default="runs/quickstart", help="run directory (default runs/quickstart)")
     q.add_argument("--scale", type=float, default=1.0, help="multiply every stage's steps and data (default 1)")
     q.add_argument("--no-grpo", action="store_true", help="skip the GRPO comparison")
     q.add_argument("--no-dpo", action="store_true", help="skip the DPO comparison")
+    q.add_argument("--no-distill", action="store_true", help="skip distilling the PPO policy into a smaller student")
     q.add_argument("--seed", type=int, default=0)
     for p in (q,):
         p.add_argument("--quiet", action="store_true", help="log lines only, no progress bars")

@@ -59,7 +59,8 @@ def eval_command(args) -> int:
 
 
 def quickstart_command(args) -> int:
-    """``rlhfkit quickstart``: SFT, reward model, PPO (and GRPO, DPO) on the shift task; exit status 1 unless
+    """``rlhfkit quickstart``: SFT, reward model, PPO (and GRPO, DPO, a distilled student) on the shift task; exit
+    status 1 unless
     PPO raised the oracle score."""
     from .quickstart import run_quickstart
 
@@ -71,6 +72,7 @@ def quickstart_command(args) -> int:
         seed=args.seed,
         overwrite=args.overwrite,
         compare_dpo=not args.no_dpo,
+        distill=not args.no_distill,
     )
     before = out["results"]["SFT"]["eval/oracle_reward_mean"]
     after = out["results"]["PPO"]["eval/oracle_reward_mean"]

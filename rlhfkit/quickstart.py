@@ -1,11 +1,14 @@
 """The quickstart: SFT → reward model → PPO on the embedded shift task, on a laptop CPU, with
-GRPO and DPO beside PPO.
+GRPO and DPO beside PPO, and the PPO policy distilled on-policy into a smaller student.
 
 A hidden oracle plays the human (``tasks/shift.py``): it writes noisy demonstrations for SFT and
 labels pairs of SFT samples for the reward model; PPO then optimises the *learned* reward with a KL
 leash to the SFT model, and the before/after table reports the *oracle's* score too, so reward
 hacking of the learned reward would show. DPO, the RL-free alternative, trains the SFT model
-directly on the very pairs the reward model learns from, with the SFT model as its reference.
+directly on the very pairs the reward model learns from, with the SFT model as its reference. Last, a
+student half the width of the policy, fine-tuned on the same demonstrations ("SFT-S"), learns from the PPO
+policy as its teacher by on-policy distillation (``algorithm: distill``: no reward model, no reward), its rows
+"SFT-S" and "Distill".
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
 # DPO on this task (tuned like the RL stages' settings; see README, "DPO").
 DPO_SETTINGS: dict[str, Any] = dict(beta=0.1, learning_rate=1e-3, batch_size=32, lr_scheduler="cosine")
 DPO_STEPS = 300
+# On-policy distillation into the smaller student (docs/guides/distillation.md), tuned on this task.
+STUDENT = dict(hidden_size=32, layers=2, heads=2)
+DISTILL_SETTINGS: dict[str, Any] = dict(algorithm="distill", learning_rate=3e-4, prompts_per_step=32)
+DISTILL_STEPS = 200
 
 
 def _stage(name: str, quiet: bool):
@@ -59,8 +66,9 @@ def run_quickstart(
     seed: int = 0,
     overwrite: bool = False,
     compare_dpo: bool = False,
+    distill: bool = False,
 ) -> dict:
-    """Run the three stages (and GRPO / DPO beside PPO) into ``output_dir``; returns the
+    """Run the three stages (and GRPO / DPO beside PPO, the distilled student) into ``output_dir``; returns the
     before/after metrics and wall time."""
     from .run.directory import prepare_run_dir
     from .trainers.dpo import DPOConfig, DPOTrainer
@@ -148,6 +156,39 @@ def run_quickstart(
             reference=sft_dir,
             sampling=SAMPLING,
         )
+    if distill:
+        _stage("the PPO policy distilled on-policy into a student half its width (teacher = the PPO policy)", quiet)
+        SFTTrainer(
+            tiny_causal_lm(tok, **STUDENT, seed=seed),
+            SFTConfig(
+                learning_rate=3e-3,
+                max_steps=steps(600),
+                batch_size=32,
+                output_dir=str(root / "student-sft"),
+                seed=seed,
+                **log,
+            ),
+            train_dataset=sft_rows,
+            processing_class=tok,
+        ).train()
+        args = RLConfig(
+            **DISTILL_SETTINGS,
+            teacher_model=str(root / "ppo" / "final"),
+            max_steps=steps(DISTILL_STEPS),
+            max_new_tokens=SAMPLING.max_new_tokens,
+            output_dir=str(root / "distill"),
+            seed=seed,
+            **log,
+        )
+        RLTrainer(str(root / "student-sft" / "final"), None, args, train_dataset=rl_prompts).train()
+        for name, run in (("SFT-S", "student-sft"), ("Distill", "distill")):
+            results[name] = evaluate_policy(
+                str(root / run / "final"),
+                [shift.oracle_reward, rm_dir],
+                eval_prompts,
+                reference=sft_dir,
+                sampling=SAMPLING,
+            )
     wall = time.perf_counter() - t0
     print_table(results, wall)
     return {"results": {k: v["metrics"] for k, v in results.items()}, "wall_s": wall}

@@ -21,7 +21,7 @@ from rlhfkit.quickstart import print_table
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = "policy   oracle score  RM score  KL to SFT  length"
-POLICIES = ["SFT", "PPO", "GRPO", "DPO"]
+POLICIES = ["SFT", "PPO", "GRPO", "DPO", "SFT-S", "Distill"]
 
 
 def table_rows(text: str) -> list[str]:

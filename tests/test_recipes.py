@@ -19,6 +19,7 @@ REAL_MODEL = [
     "smollm2-calculator-grpo.yaml",
     "smollm2-arithmetic-dapo.yaml",
     "smollm2-chain-sum-grpo.yaml",
+    "smollm2-arithmetic-distill.yaml",
 ]
 
 
@@ -75,6 +76,25 @@ def test_real_model_recipe_runs_one_step(tmp_path, monkeypatch, capsys, recipe):
     assert (run / "final" / "config.json").exists()
     evaluated = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in evaluated if "eval/strict_math_answer_mean" in r] == [0, 1]
+
+
+@pytest.mark.slow
+@SMOLLM2
+def test_real_model_distill_recipe_runs_one_step(tmp_path, monkeypatch, capsys):
+    """The distillation recipe, its teacher the base model itself (the recipe's is the GRPO recipe's
+    trained checkpoint): one step, its evaluation scored by the zero-weight rewards."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "data/arithmetic", "--task", "arithmetic", "--n-train", "40"]) == 0
+    cut("data/arithmetic/eval.jsonl")
+    teacher = yaml.safe_load((RECIPES / "smollm2-arithmetic-distill.yaml").read_text())["model"]
+    args = [f"teacher_model={teacher}", "max_steps=1", "prompts_per_step=2", "--quiet"]
+    code = main(["rl", "--config", str(RECIPES / "smollm2-arithmetic-distill.yaml"), *args])
+    assert code == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "smollm2-arithmetic-distill" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows if "eval/strict_math_answer_mean" in r] == [0, 1]
+    step = next(r for r in rows if "distill/reverse_kl" in r)
+    # the teacher is the student: log pi_old - log pi_teacher is 0 up to the bf16 autocast
+    assert step["step"] == 1 and abs(step["distill/reverse_kl"]) < 0.05
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ SAMPLING = SamplingParams(max_new_tokens=10, temperature=1.0)
 DPO_SETTINGS: dict[str, Any] = dict(beta=0.1, learning_rate=1e-3, batch_size=32, lr_scheduler="cosine")
 DPO_STEPS = 300
 # On-policy distillation into the smaller student (docs/guides/distillation.md), tuned on this task.
-STUDENT = dict(hidden_size=32, layers=2, heads=2)
+STUDENT: dict[str, Any] = dict(hidden_size=32, layers=2, heads=2)
 DISTILL_SETTINGS: dict[str, Any] = dict(algorithm="distill", learning_rate=3e-4, prompts_per_step=32)
 DISTILL_STEPS = 200
 
@@ -77,6 +77,8 @@ def run_quickstart(
     from .trainers.sft import SFTConfig, SFTTrainer
 
     root = prepare_run_dir(output_dir, overwrite)
+    if root is None:
+        raise ValueError("quickstart needs an output_dir")
     steps = lambda n: max(2, int(n * scale))  # noqa: E731
     t0 = time.perf_counter()
     log: dict[str, Any] = dict(log_every=0 if quiet else 10, progress_bar=not quiet, overwrite=overwrite)

@@ -68,7 +68,7 @@ def check_same_vocabulary(student, teacher, where: str) -> None:
 
 
 def check_heads(policy: torch.nn.Module, teacher: torch.nn.Module) -> None:
-    """The full-distribution divergence reads both output layers from their inputs (``teacher_head``): each must be
+    """The full-distribution divergence reads both output layers from their inputs (``head_tensors``): each must be
     a plain linear map whose output the model hands back untouched (``lm_head.plain_head``; no soft-capping or
     scaling), with as many rows. Refused in one line otherwise."""
     for who, model in (("policy", policy), ("teacher_model", teacher)):
@@ -85,18 +85,15 @@ def check_heads(policy: torch.nn.Module, teacher: torch.nn.Module) -> None:
         )
 
 
-def head_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None):
+def head_tensors(model: torch.nn.Module):
     """``(weight, bias)`` of ``model``'s output layer as whole tensors (a sharded one gathered, differentiably:
-    the gradient of the gathered tensor reaches the shards), in ``dtype`` when given."""
+    the gradient of the gathered tensor reaches the shards)."""
     head = _head(model)
     weight: torch.Tensor = head.weight
     bias: torch.Tensor | None = head.bias
     if hasattr(weight, "full_tensor"):  # FSDP2's DTensor
         weight = weight.full_tensor()
         bias = bias.full_tensor() if bias is not None and hasattr(bias, "full_tensor") else bias
-    if dtype is not None:
-        weight = weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
     return weight, bias
 
 

@@ -51,7 +51,7 @@ def run_tool_calls(calls: list[list[Call]], timeout: float) -> list[list[CallRes
     """Run each episode's ``calls[i]`` in order, the episodes concurrently; one ``CallResult`` per
     call, in order (see the module docstring for failures and timeouts)."""
     results: list[list[CallResult]] = [[] for _ in calls]
-    finished: queue.Queue = queue.Queue()
+    finished: queue.Queue[tuple[int, int, CallResult]] = queue.Queue()
     cursor, deadline, active = [0] * len(calls), [0.0] * len(calls), set()
 
     def start_next(e: int) -> None:  # episode e's next call in a thread of its own, or e is done
@@ -74,10 +74,13 @@ def run_tool_calls(calls: list[list[Call]], timeout: float) -> list[list[CallRes
         start_next(e)
     while active:
         try:
-            e, k, result = finished.get(timeout=max(0.0, min(deadline[e] for e in active) - time.monotonic()))
+            item: tuple[int, int, CallResult] | None = finished.get(
+                timeout=max(0.0, min(deadline[e] for e in active) - time.monotonic())
+            )
         except queue.Empty:
-            e = k = None
-        if e is not None:
+            item = None
+        if item is not None:
+            e, k, result = item
             if e in active and k == cursor[e]:  # else: a call given up on, finishing late
                 results[e].append(result)
                 cursor[e] += 1
@@ -96,7 +99,9 @@ def run_tool_calls(calls: list[list[Call]], timeout: float) -> list[list[CallRes
     return results
 
 
-def _work(finished: queue.Queue, episode: int, index: int, tool: Tool, arguments: dict) -> None:
+def _work(
+    finished: queue.Queue[tuple[int, int, CallResult]], episode: int, index: int, tool: Tool, arguments: dict
+) -> None:
     try:
         result = CallResult(tool_result_text(_call(tool, arguments)))
     except BaseException as err:  # noqa: BLE001 — every failure is the model's to read; this thread only

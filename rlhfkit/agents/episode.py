@@ -157,13 +157,13 @@ def run_episodes(
     seeds = row_seeds(seed, len(episodes), 1)
     with_logprobs = True
     for turn in range(options.max_tool_calling_iterations + 1):
-        active = [k for k, e in enumerate(episodes) if not e.done]
-        if not active:
+        running = [k for k, e in enumerate(episodes) if not e.done]
+        if not running:
             break
         turn_seeds = (
-            None if seeds is None else [seeds[k] if turn == 0 else sampling_seed(seeds[k], turn) for k in active]
+            None if seeds is None else [seeds[k] if turn == 0 else sampling_seed(seeds[k], turn) for k in running]
         )
-        active = [episodes[k] for k in active]
+        active = [episodes[k] for k in running]
         left = max(budget - e.used for e in active)
         out = engine.generate([e.context for e in active], 1, replace(sampling, max_new_tokens=left), seed=turn_seeds)
         with_logprobs = out.logprobs is not None

@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..data.chat_templates import render
 from ..models.loading import eos_token_ids
 
-_PROBE = [
+_PROBE: list[dict] = [
     {"role": "user", "content": "probe"},
     {
         "role": "assistant",
@@ -32,7 +32,7 @@ _PROBE = [
 ]
 _REASONING = "the probe's reasoning"
 _THINKING_PROBE = [_PROBE[0], {**_PROBE[1], "content": f"<think>\n{_REASONING}\n</think>\n\nprobe"}]
-_TOOL_ANSWER = [{"role": "tool", "name": "probe", "content": "probe"}]
+_TOOL_ANSWER: list[dict] = [{"role": "tool", "name": "probe", "content": "probe"}]
 
 
 def encode(tokenizer, text: str) -> list[int]:

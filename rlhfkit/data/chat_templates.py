@@ -49,7 +49,7 @@ PROBE_TOOLS = [
         },
     }
 ]
-PROBE = [
+PROBE: list[dict] = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "What is the weather in Paris?"},
     {

@@ -50,8 +50,9 @@ def encode_pair(prompt: Any, completion: Any, tokenizer, max_length: int | None 
     prompt_ids = tokenizer(render_prompt(prompt, tokenizer), add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(completion_text(completion), add_special_tokens=False)["input_ids"]
     completion_ids = completion_ids + [tokenizer.eos_token_id]
-    truncated, over = False, max_length is not None and len(prompt_ids) + len(completion_ids) > max_length
-    if over:
+    truncated, over = False, False
+    if max_length is not None and len(prompt_ids) + len(completion_ids) > max_length:
+        over = True
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         excess = len(prompt_ids) + len(completion_ids) - max_length
@@ -70,7 +71,7 @@ def warn_once(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def note_cut(name: str, cut: int, total: int, kind: str, max_length: int, what: str) -> None:
+def note_cut(name: str, cut: int, total: int, kind: str, max_length: int | None, what: str) -> None:
     """Say how many of ``total`` rows (``kind``: 'rows', 'pairs') lost tokens to ``max_length``."""
     if cut:
         warn_once(

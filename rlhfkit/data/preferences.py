@@ -172,6 +172,7 @@ def load_completions(source: Any, name: str = "center_dataset") -> list[dict]:
         pair, problem = _completion_row(row)
         if problem:
             raise ValueError(f"{label}: {where}: {problem}")
+        assert pair is not None  # _completion_row gives a row or a problem
         out.append(pair)
     return out
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .reasoning_gym import prompt_rows
+
+if TYPE_CHECKING:
+    import datasets
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -137,7 +140,7 @@ def labelled_rows(source: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
     )
 
 
-def _datasets_class() -> type | None:
+def _datasets_class() -> type[datasets.Dataset] | None:
     """``datasets.Dataset``, imported lazily (it is slow to import), or ``None`` if not installed."""
     try:
         import datasets

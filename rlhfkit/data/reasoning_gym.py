@@ -255,7 +255,7 @@ def _integer(source: dict, key: str, default: int, low: int, high: int, label: s
     value = source.get(key, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= value <= high:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
         _fail(f"{label}: {key!r} must be an integer in [{low}, {high}], got {value!r}")
     return int(value)
 

@@ -163,7 +163,7 @@ def encode_sft_rows(
     ]
     if turns or several:
         check_template([rows[i] for i in sorted(turns)] + several, tokenizer)
-    out = []
+    out: list[Encoded] = []
     for i, row in enumerate(rows):
         try:
             if "input_ids" in row:

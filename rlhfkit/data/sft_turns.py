@@ -239,7 +239,9 @@ def encode_turn_by_turn(
     last turn); consecutive turns share an example while each turn's context extends it (see the
     module docstring; ``first_trained``: only the assistant turns from this message index on)."""
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    ends, examples, ids, mask = end_texts(tokenizer, end_ids), [], [], []
+    ends, examples = end_texts(tokenizer, end_ids), []
+    ids: list[int] = []
+    mask: list[int] = []
     turns = [k for k, m in enumerate(messages) if m.get("role") == "assistant" and k >= first_trained]
     for k in turns:
         prompt = render(tokenizer, messages[:k], tools, generation=True)
@@ -293,8 +295,9 @@ def encode_completion_turns(
 
 def _truncate(ids: list[int], mask: list[int], max_length: int | None) -> TurnsEncoded:
     """``encode_pair``'s policy: the untrained start loses tokens first (down to one), then the end."""
-    over, truncated = max_length is not None and len(ids) > max_length, False
-    if over:
+    over, truncated = False, False
+    if max_length is not None and len(ids) > max_length:
+        over = True
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         excess = len(ids) - max_length

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..agents import episodes_rollout
 from ..agents.episode import Episode
@@ -32,6 +33,9 @@ from ..agents.source import EpisodeSource
 from ..rollout.base import row_seeds
 from .record import empty_episode, episode_from_calls
 from .server import Endpoint, Serving
+
+if TYPE_CHECKING:
+    import httpx
 
 
 @dataclass(frozen=True)
@@ -71,7 +75,7 @@ class ProgramAgent(EpisodeSource):
         # A batch closes once every running episode has a request waiting, or this long after its first
         # request: the time an episode may spend between two calls (its tools) and still join the batch.
         self.window = 0.2
-        self._http = None
+        self._http: httpx.Client | None = None
 
     def start(self, rows: list[dict], indices, group_size: int, name: str = "train_dataset") -> list[Episode]:
         """``group_size`` episodes per row of ``indices``, to be filled by ``run``."""
@@ -90,7 +94,7 @@ class ProgramAgent(EpisodeSource):
         import openai
 
         endpoint = self._endpoint(engine, sampling)
-        seeds = row_seeds(seed, len(episodes), 1) or [None] * len(episodes)
+        seeds: list[int] | list[None] = row_seeds(seed, len(episodes), 1) or [None] * len(episodes)
         serving = Serving(engine, sampling, version)
         records = [endpoint.new_episode(s, sampling.max_new_tokens, serving) for s in seeds]
         timeout = self.program.timeout
@@ -101,7 +105,8 @@ class ProgramAgent(EpisodeSource):
                 api_key="rlhfkit",
                 max_retries=0,
                 timeout=timeout,
-                http_client=self._http,
+                # openai 3's stubs name httpx2.Client; it takes an httpx.Client as well (is_legacy_httpx_sync_client)
+                http_client=self._http,  # type: ignore[arg-type]
             )
             try:
                 return ProgramResult(_reward(self.program.fn(client, episodes[k].row)))
@@ -148,7 +153,9 @@ class ProgramAgent(EpisodeSource):
         model (no sampled token: the started ``record.empty_episode``) is unscored — its reward
         ignored. Returns the episodes, the programs' errors and the count of episodes that returned
         without a call."""
-        done, errors, uncalled = [], [], 0
+        done: list[Episode] = []
+        errors: list[str] = []
+        uncalled = 0
         for e, record, future in zip(episodes, records, futures):
             with record.lock:
                 record.closed = record.closed or f"past its time limit ({self.program.timeout} s)"
@@ -158,8 +165,9 @@ class ProgramAgent(EpisodeSource):
                 try:
                     result = future.result()
                 except Exception as err:  # noqa: BLE001 — the program's own error
-                    result = ProgramResult(error=f"{type(err).__name__}: {' '.join(str(err).split())}")
-                    errors.append(result.error)
+                    error = f"{type(err).__name__}: {' '.join(str(err).split())}"
+                    result = ProgramResult(error=error)
+                    errors.append(error)
             if calls:
                 e = episode_from_calls(calls, self.tokenizer, budget, record.truncated, e.row)
             elif result.error is None:  # returned without a call: a reward for no sampled token is ignored
@@ -193,8 +201,10 @@ class ProgramAgent(EpisodeSource):
         """Stop the endpoint (the trainer calls it when training ends)."""
         if self.endpoint is not None:
             self.endpoint.stop()
+            self.endpoint = None
+        if self._http is not None:
             self._http.close()
-            self.endpoint = self._http = None
+            self._http = None
 
 
 def _reward(value):

@@ -185,7 +185,7 @@ def template_messages(messages: list[dict], call_names: dict[str, str]) -> list[
     "function", "function": {"name", "arguments": {...}}}`` (OpenAI sends the arguments as a JSON
     string), a tool message with the ``name`` of the call it answers (``call_names``: call id ->
     function name, the calls this endpoint returned, and those of the assistant messages given)."""
-    names = dict(call_names)
+    names: dict[str | None, str] = {k: v for k, v in call_names.items()}  # a call sent without an id: under None
     out = []
     for m in messages:
         role = "system" if m["role"] == "developer" else m["role"]

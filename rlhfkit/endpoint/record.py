@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..agents.episode import Episode
 from ..agents.templates import prompt_ids, tool_suffix_ids
+
+if TYPE_CHECKING:
+    from .server import Serving
 
 
 @dataclass
@@ -58,7 +62,7 @@ class EpisodeRecord:
     call_names: dict[str, str] = field(default_factory=dict)  # tool-call id -> function name
     truncated: bool = False  # a request found no room left in the budget
     closed: str | None = None  # why requests are refused now (time limit, episode over)
-    serving: object | None = None  # server.Serving: the engine, sampling and version its requests are served with
+    serving: Serving | None = None  # the engine, sampling and version its requests are served with
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def turn_seed(self, seed_of, turn: int) -> int | None:
@@ -95,7 +99,7 @@ def request_prompt(
     suffix when the request extends the episode's last call (``extends_last_call``), else the
     template's rendering. ``eos_ids``: the model's end-of-turn ids (``models.loading.eos_token_ids``;
     None: the tokenizer's EOS)."""
-    if not rewrites and extends_last_call(record, messages, tools):
+    if not rewrites and record is not None and extends_last_call(record, messages, tools):
         last, n = record.calls[-1], len(record.calls[-1].messages)
         try:
             return last.prompt_ids + last.ids + tool_suffix_ids(tokenizer, messages[n + 1 :], tools, eos_ids=eos_ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -58,14 +59,15 @@ def _choice(endpoint, p, ids: list[int], ended: bool, sampled, shown, stopped: b
     found = [text.find(s) for s in p.request.stop if s in text] if stopped else []
     if found:  # the stop string is not returned (OpenAI's rule); its tokens stay recorded
         text = text[: min(found)]
-    content, calls, malformed = text, [], False
+    calls: list[dict] = []
+    content, malformed = text, False
     if p.request.tools and p.request.tool_choice != "none" and eos:
         try:
             content, calls = parse_tool_calls(text, tokenizer, p.request.tools)
         except MalformedToolCall:
             malformed = True
     call_ids = [f"call_{p.record.id if p.record else uuid.uuid4().hex[:8]}_{tag}_{k}" for k in range(len(calls))]
-    message = {"role": "assistant", "content": content if content or not calls else None}
+    message: dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
     if calls:
         message["tool_calls"] = openai_tool_calls(calls, call_ids)
     finish = "tool_calls" if calls else "stop" if eos or stopped else "length"

@@ -36,12 +36,18 @@ import time
 import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..rollout.base import SamplingParams, sampling_seed
 from .completions import PromptScoring, parse_completion
 from .protocol import BadRequest, ChatRequest, error_body, length_answer, parse_request, template_messages
 from .record import EpisodeRecord, extends_last_call, request_prompt
 from .sampling import answer_group
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from .tokens import TokenBytes
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class Serving:
     the endpoint's own (``Endpoint.serving``)."""
 
     engine: object
-    sampling: SamplingParams | None
+    sampling: SamplingParams
     version: int = 0
 
 
@@ -99,10 +105,12 @@ class Endpoint:
         self.queue: queue.Queue[Pending] = queue.Queue()
         self.episodes: dict[str, EpisodeRecord] = {}
         self.rewrites: dict[str, bool] = {}  # per tools: whether the template rewrites history
-        self.server = self.thread = None
+        self.server: uvicorn.Server | None = None
+        self.thread: threading.Thread | None = None
         self.batches = 0  # engine.generate calls made (for the measurements)
         self.opened = 0  # episodes opened: a batch lists its requests in the order their episodes were
-        self._hidden = self._bytes = None
+        self._hidden: set[int] | None = None
+        self._bytes: TokenBytes | None = None
 
     @property
     def served(self) -> tuple[str, ...]:
@@ -166,7 +174,7 @@ class Endpoint:
 
     def stop(self) -> None:
         """Stop serving (waits for the server thread, at most 5 s)."""
-        if self.server is not None:
+        if self.server is not None and self.thread is not None:  # start sets both
             self.server.should_exit = True
             self.thread.join(timeout=5)
             self.server = self.thread = None

@@ -65,12 +65,15 @@ def _decoder_kinds(tokenizer) -> set[str]:
         spec = json.loads(decoder.__getstate__())
     except Exception:  # noqa: BLE001 — a decoder we cannot read: decoded text it is
         return set()
-    kinds, todo = set(), [spec]
+    kinds: set[str] = set()
+    todo = [spec]
     while todo:
         d = todo.pop()
         if isinstance(d, dict):
-            kinds.add(d.get("type"))
-            if d.get("type") == "Replace" and "▁" in json.dumps(d.get("pattern"), ensure_ascii=False):
+            kind = d.get("type")
+            if isinstance(kind, str):
+                kinds.add(kind)
+            if kind == "Replace" and "▁" in json.dumps(d.get("pattern"), ensure_ascii=False):
                 kinds.add("Metaspace")
             todo += d.get("decoders") or []
     return kinds

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from rlhfkit.config import RLConfig, field_docs, format_help, load_config, save_config
+from rlhfkit.config import PRESETS, RLConfig, field_docs, format_help, load_config, save_config
 
 
 # A config of another module's shape (SFTConfig / RewardModelConfig): the helpers are generic.
@@ -78,8 +78,8 @@ def test_format_help_groups_fields_by_defining_class():
     text = format_help(RLConfig)
     titles = [line[:-1] for line in text.splitlines() if line and not line.startswith(" ")][1:]
     assert titles == ["Model", "Rollout", "HF options", "VLLM options", "Agent", "Algorithm", "Teacher", "Optim", "Run"]
-    assert "  kl_coef (float | None, default None)" in text
-    assert "  clip_high (float | None, default None)" in text
+    assert "  kl_coef (float, default: the algorithm's preset)" in text
+    assert "  clip_high (float, default: the algorithm's preset)" in text
     assert "DAPO's clip-higher uses 0.28" in text
     for name in (f.name for f in dataclasses.fields(RLConfig)):
         assert f"  {name} (" in text
@@ -205,8 +205,8 @@ def test_sections_are_not_flattened(tmp_path):
         ("max_steps: abc", "int"),
         ("max_steps: true", "int"),  # bool is not an int here
         ("max_steps: 1.5", "int"),
-        ("kl_coef: true", "float | None"),  # nor a float
-        ("kl_coef: abc", "float | None"),
+        ("kl_coef: true", "float"),  # nor a float
+        ("kl_coef: abc", "float"),
         ("learning_rate: null", "float"),
         ("adaptive_kl: 1", "bool"),
         ("algorithm: 3", "str"),
@@ -217,6 +217,15 @@ def test_wrong_type_names_key_type_and_value(tmp_path, line, expected):
     message = _error(lambda: load_config(RLConfig, _yaml(tmp_path, line + "\n")))
     assert f"'{key}'" in message and f"expects {expected}, got {yaml.safe_load(value)!r} (" in message
     assert "c.yaml" in message
+
+
+def test_null_for_a_preset_field_means_the_preset_and_is_refused_for_any_other(tmp_path):
+    # a preset field is annotated without None (it always holds a value after construction), yet null is
+    # how a file says "unset": the preset fills it, and it is recorded as the preset's
+    config = load_config(RLConfig, _yaml(tmp_path, "algorithm: ppo\nkl_coef: null\n"))
+    assert config.kl_coef == PRESETS["ppo"]["kl_coef"] and "kl_coef" in config.preset_filled
+    message = _error(lambda: load_config(RLConfig, overrides=["vf_coef=null"]))
+    assert message == "config key 'vf_coef' from the command line expects float, got None (NoneType)"
 
 
 def test_wrong_type_from_command_line():

@@ -1,6 +1,8 @@
 """House rules the linter does not check: no Python file of the package, the tests, the benchmarks or the
-tools is longer than ``MAX_LINES`` (a longer one is split along a real seam, never packed)."""
+tools is longer than ``MAX_LINES`` (a longer one is split along a real seam, never packed), and no function of the
+``SHORT_FUNCTIONS`` packages is longer than theirs."""
 
+import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,3 +48,34 @@ def test_the_check_sees_a_long_file_and_an_allowed_one_that_fits(tmp_path):
     assert counts == {"rlhfkit/long.py": MAX_LINES + 1, "rlhfkit/short.py": MAX_LINES}
     assert too_long(counts, frozenset()) == (["rlhfkit/long.py: 401 lines"], [])
     assert too_long(counts, frozenset({"rlhfkit/long.py", "rlhfkit/short.py"})) == ([], ["rlhfkit/short.py"])
+
+
+# Packages whose functions stay short: the config checks itself part by part (issue 53), each concern's rules in
+# functions of their own, so no function of config/ may grow back into one long validation.
+SHORT_FUNCTIONS = {"rlhfkit/config": 50}
+
+
+def long_functions(path: Path, limit: int) -> list[str]:
+    """``file:line name (n lines)`` for every function (``def`` to its last line, docstring included) under
+    ``path`` longer than ``limit`` lines."""
+    found = []
+    for file in sorted(path.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > limit:
+                    found.append(f"{file.relative_to(path.parent)}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_of_the_short_function_packages_is_long():
+    for package, limit in SHORT_FUNCTIONS.items():
+        found = long_functions(ROOT / package, limit)
+        assert not found, f"functions over {limit} lines in {package} (split them along their rules): {found}"
+
+
+def test_the_function_check_sees_a_long_function(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(50))
+    (tmp_path / "pkg" / "m.py").write_text(f"def short():\n{body[:-12]}\n\ndef long():\n{body}")
+    assert long_functions(tmp_path / "pkg", 50) == ["pkg/m.py:53 long (51 lines)"]

@@ -24,9 +24,6 @@ LAYERS = {
     "rlhfkit.config": 1,
     "rlhfkit.files": 1,
     "rlhfkit.distributed": 1,
-    #     the rollout engines' registry: names, builders by module path, option fields (the config checks
-    #     rollout_engine against it; it imports nothing of ours)
-    "rlhfkit.rollout.registry": 1,
     # 2 — models: sources (directories, GGUF, the Hub), loading, policy forward, scalar heads, LoRA
     "rlhfkit.models": 2,
     # 3 — what a run consumes: datasets (Hub ids through models.sources), reward sources, generation engines

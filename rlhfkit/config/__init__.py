@@ -9,8 +9,12 @@ trainers, which all read it; it imports no torch):
   choices such as ``DTYPES`` and ``SCHEDULERS``);
 - ``supervised.py``: ``SFTConfig``, ``RewardModelConfig``, ``DPOConfig`` (on ``TrainConfig``);
 - ``jobs.py``: the command line's jobs, a trainer config plus its model and data paths;
-- ``checks.py``: ``RANGES`` (the allowed range of every numeric field) and the one-line checks
-  every config runs at construction (``check_ranges``, ``check_fields``, ``check_run_fields``);
+- ``checks.py``: the one-line checks every config runs at construction (``check_ranges``, ``check_fields``,
+  ``check_run_fields``) and ``ranges_of``: ``RANGES``, the allowed range of every numeric field, is read from
+  the declarations, where each range stands beside its field (``base.ranged``);
+- ``presets.py``: the algorithms as values of the preset fields (``PRESETS``; ``base.preset`` declares such a
+  field);
+- ``engines.py``: the rollout engines by name, each with its own rules (``EngineEntry``, ``register_engine``);
 - ``io.py``: YAML files, ``key=value`` overrides and ``--help`` text, generic over any config.
 - ``trl_names.py``: TRL's field names and rlhfkit's for the same setting (the drop-in configs'
   renames, ``rlhfkit/trl/``), which the unknown-key error of ``io.py`` answers with;
@@ -36,8 +40,9 @@ every class given to ``part`` holds ``RLConfig`` fields only, as the config decl
 from __future__ import annotations
 
 from .base import DEVICE_KINDS, DTYPES, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
-from .checks import RANGES, TRACKERS, check_fields, check_ranges, check_run_fields, in_range
+from .checks import TRACKERS, check_fields, check_ranges, check_run_fields, in_range, ranges_of
 from .io import field_docs, format_help, load_config, save_config
+from .jobs import DPOJob, KTOJob, RLJob, RMJob, SFTJob  # noqa: E402  (after RLConfig, which they build on)
 from .parts import part, takes
 from .rl import (
     AUTOCAST_DTYPES,
@@ -53,6 +58,10 @@ from .rl import (
     RunConfig,
     VLLMOptions,
 )
+
+# The allowed values of every numeric field of every config (the jobs hold the supervised configs' fields and the
+# command line's sources), by name: one meaning per name across configs.
+RANGES: dict[str, str] = ranges_of(RLJob, SFTJob, RMJob, DPOJob, KTOJob)
 
 __all__ = [
     "AUTOCAST_DTYPES",

@@ -107,7 +107,9 @@ def format_help(cls, width: int = 100) -> str:
         if not f.init:
             continue
         title = help_title(_defining_class(cls, f.name))
-        if f.default is not dataclasses.MISSING:
+        if f.metadata.get("preset"):
+            default = "default: the algorithm's preset"
+        elif f.default is not dataclasses.MISSING:
             default = f"default {f.default!r}"
         elif f.default_factory is not dataclasses.MISSING:
             default = f"default {f.default_factory()!r}"
@@ -139,7 +141,8 @@ def load_config(cls, path=None, overrides=()):
         for key, value in mapping.items():
             if key not in fields:
                 raise ValueError(_unknown_key_message(key, value, fields, source))
-            values[key] = _check_type(key, value, fields[key].type, source)
+            preset_unset = value is None and fields[key].metadata.get("preset")  # null: the preset's value
+            values[key] = value if preset_unset else _check_type(key, value, fields[key].type, source)
     return cls(**values)
 
 
@@ -148,7 +151,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     silently: a recipe's first value would be ignored without a word)."""
 
     def construct_mapping(self, node, deep=False):
-        seen = {}
+        seen: dict[object, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
@@ -284,7 +287,7 @@ def config_values(config) -> dict:
     """The config's init fields as plain values, as a user would write them: a field its preset
     filled (``config.preset_filled``, see ``RLConfig``) is ``None`` — unset, so the preset rule
     applies again when the values are loaded, also under another ``algorithm``."""
-    filled = getattr(config, "preset_filled", frozenset())
+    filled: frozenset[str] = getattr(config, "preset_filled", frozenset())
     return {f.name: None if f.name in filled else getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
 
 

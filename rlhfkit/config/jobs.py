@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .base import ranged
 from .rl import RLConfig
 from .supervised import DPOConfig, KTOConfig, RewardModelConfig, SFTConfig
 
@@ -30,12 +31,12 @@ class Sources:
     """Hub datasets: the split train_dataset is read from."""
     dataset_eval_split: str = "test"
     """Hub datasets: the split eval_dataset is read from."""
-    lora_r: int = 0
+    lora_r: int = ranged(0, "[0, 1e5]")
     """LoRA rank (peft); 0 trains every weight. With LoRA the reference (RL, DPO) is the adapter-disabled base: no
     second copy."""
-    lora_alpha: int = 16
+    lora_alpha: int = ranged(16, "(0, 1e6]")
     """LoRA scaling numerator (alpha / r scales the adapter's output)."""
-    lora_dropout: float = 0.0
+    lora_dropout: float = ranged(0.0, "[0, 1)")
     """Dropout on the adapter's input during training (RL keeps 0: its log-probs must not change between passes)."""
     lora_target_modules: str = "all-linear"
     """Modules that get adapters: 'all-linear', a comma-separated list of module names, or '' (peft's default for the

@@ -63,10 +63,11 @@ def config_field_names(*groups) -> tuple[str, ...]:
 @dataclass_transform(frozen_default=True)
 def takes(*groups):
     """Class decorator: the class becomes a frozen dataclass part holding the ``RLConfig`` fields that
-    ``groups`` name (field names, or config dataclasses standing for all their fields), each with the
-    config's type, default and docstring (``field.metadata["doc"]``, which ``field_docs`` reads). A name
-    that is no ``RLConfig`` field, one listed twice or already held by a base part, and a config field the
-    class body annotates itself are refused when the class is defined."""
+        ``groups`` name (field names, or config dataclasses standing for all their fields), each with the
+        config's type, default, docstring (``field.metadata["doc"]``, which ``field_docs`` reads) and declared range
+    (``base.ranged``, which ``check_ranges`` reads). A name
+        that is no ``RLConfig`` field, one listed twice or already held by a base part, and a config field the
+        class body annotates itself are refused when the class is defined."""
 
     def decorate(cls):
         declared, docs = _declarations()
@@ -100,7 +101,7 @@ def takes(*groups):
                 dataclasses.field(
                     default=source.default,
                     default_factory=source.default_factory,
-                    metadata={"doc": docs[name], "config_field": True},
+                    metadata={**source.metadata, "doc": docs[name], "config_field": True},
                 ),
             )
         cls.__annotations__ = {**annotations, **own}  # the config's fields first, then the part's own

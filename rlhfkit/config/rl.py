@@ -5,18 +5,21 @@ and its ``PRESETS``), the teacher of on-policy distillation (``teacher.py``: ``T
 own rules), the optimiser and the run (``OptimConfig``, ``RunConfig``, here). Each field is declared once, in its
 concern, with its docstring right under it (the only source of help text); the phases take the fields they read by
 name (``parts.py``: ``takes``). ``PRESETS`` fills the algorithm fields the user left unset from the chosen
-algorithm's preset; ``_validate`` checks the combinations, reading the registries' traits (no algorithm is named
-here). Configs are frozen: nothing changes them at run time."""
+algorithm's preset. ``validate`` checks the config part by part: each concern's rules live beside its fields
+(``model_rules`` here, ``base.shared_rules``, ``rollout.rollout_rules``, the engine's registry entry,
+``algorithm.algorithm_rules``, ``teacher.check_teacher``), the rules across concerns in ``cross_part_rules``.
+Configs are frozen: nothing changes them at run time."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
-from ..rollout.registry import check_engine_options, engine_names
-from .algorithm import PRESETS, AlgorithmConfig
-from .base import DEVICE_KINDS, DTYPES, LM_HEADS, PARALLELISMS, SCHEDULERS, OptimBase, RunBase
+from .algorithm import AlgorithmConfig, algorithm_rules
+from .base import AUTOCAST_DTYPES, OptimBase, Rule, RunBase, placement_rules, ranged, shared_rules
 from .checks import check_fields, check_ranges, check_run_fields
+from .engines import engine_rules
+from .presets import PRESETS
 from .rollout import (
     HF_DECODE_MODES,
     ROLLOUT_PRECISIONS,
@@ -24,10 +27,10 @@ from .rollout import (
     HFOptions,
     RolloutConfig,
     VLLMOptions,
+    rollout_rules,
 )
 from .teacher import TeacherConfig, check_teacher
 
-AUTOCAST_DTYPES = ("bfloat16", "float16")
 CRITICS = ("separate", "shared")
 
 # The concerns RLConfig joins, each declaring its own fields (rollout.py, algorithm.py, here).
@@ -77,15 +80,15 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig(OptimBase):
-    critic_learning_rate: float | None = None
+    critic_learning_rate: float | None = ranged(None, "> 0 or None")
     """AdamW learning rate of the critic; None: learning_rate."""
-    mini_batch_size: int | None = None
+    mini_batch_size: int | None = ranged(None, "[1, 1e6] or None")
     """Rows per optimizer step; None: the whole batch (one step per pass)."""
-    micro_batch_size: int | None = None
+    micro_batch_size: int | None = ranged(None, "[1, 1e6] or None")
     """Rows per forward/backward (gradient accumulation inside a mini-batch), and per no-gradient log-prob pass (old
     log-probs, reference, critic values); None: the mini-batch (the batch for the log-prob passes), bounded by
     max_tokens_per_micro_batch."""
-    max_tokens_per_micro_batch: int | str | None = None
+    max_tokens_per_micro_batch: int | str | None = ranged(None, "[1, 1e9] or None or 'auto'")
     """Token budget of each micro-batch of the update and of the log-prob passes (verl's dynamic batch size): rows are
     sorted by length and filled greedily into micro-batches of at most this many tokens, counted as the padded pass
     computes them — rows x (prompt columns from the earliest attended one + response columns up to the last attended
@@ -108,15 +111,15 @@ class OptimConfig(OptimBase):
 
 @dataclass(frozen=True)
 class RunConfig(RunBase):
-    max_steps: int = 100
+    max_steps: int = ranged(100, "[0, 1e9]")
     """RL steps (each: generate, score, update)."""
-    num_logged_samples: int = 4
+    num_logged_samples: int = ranged(4, "[0, 1e6]")
     """Completions written to samples.jsonl (for the report) at each of ~10 evenly spaced steps."""
-    eval_every: int = 0
+    eval_every: int = ranged(0, "[0, 1e9]")
     """With an eval dataset: evaluate before the first step, every this many steps and after the last (0: before and
     after only). Greedy completions scored by the training reward sources, logged as eval/<source>_mean,
     eval/score_mean."""
-    eval_max_new_tokens: int | None = None
+    eval_max_new_tokens: int | None = ranged(None, "[1, 1e7] or None")
     """New-token limit of the evaluation's greedy completions; None: max_new_tokens."""
 
 
@@ -146,9 +149,13 @@ class RLConfig(
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
                 filled.append(key)
-        # Not a dataclass field: which values came from the preset (the rest the user set).
-        object.__setattr__(self, "preset_filled", frozenset(filled))
-        _validate(self)
+        object.__setattr__(self, "_preset_filled", frozenset(filled))
+        validate(self)
+
+    @property
+    def preset_filled(self) -> frozenset[str]:
+        """The fields whose values came from the preset (the rest the user set); not a dataclass field."""
+        return self.__dict__["_preset_filled"]
 
     @property
     def batch_size(self) -> int:
@@ -189,176 +196,68 @@ class RLConfig(
         return dataclasses.replace(self, **changes)
 
 
-def _validate(c: RLConfig) -> None:
-    from ..algorithms import (
-        ADVANTAGE_ESTIMATORS,
-        AGGREGATIONS,
-        IMPORTANCE_SAMPLING_LEVELS,
-        KL_ESTIMATORS,
-        POLICY_LOSSES,
-        ROLLOUT_IS_MODES,
-        check_loss_options,
-    )
+def validate(c: RLConfig) -> None:
+    """Check ``c`` part by part, each concern by its own rules, then the rules across concerns; the first
+    failure is one ``ValueError`` line naming the field. The ranges (``checks.check_ranges``), the shared run
+    fields, the policy loss's knobs (as its registration declares them), then ``RULES`` in order."""
+    from ..algorithms import check_loss_options
 
     check_ranges(c)
     check_run_fields(c)
-    ENTROPY_AGGREGATIONS = ("micro-batch-token-mean",)
-    estimator = ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)
-    levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
-    check_loss_options(c.policy_loss, c)  # the loss's knobs, as its registration declares them
-    if c.rollout_engine in engine_names():  # the engine's own options, as its registry entry declares them
-        check_engine_options(c.rollout_engine, c.engine_options)
-    kl = KL_ESTIMATORS.traits(c.kl_estimator)
-    in_loss = [n for n in KL_ESTIMATORS.names() if KL_ESTIMATORS.traits(n)["loss_gradient"]]
-    check_fields(
-        c,
-        [
-            (c.loss_agg in AGGREGATIONS, "loss_agg", f"one of {', '.join(AGGREGATIONS)}"),
-            (
-                not estimator["needs_groups"] or c.group_size >= 2,
-                "group_size",
-                f">= 2 for the {c.advantage_estimator!r} estimator (its baseline is the rest of the group)",
-            ),
-            (
-                not estimator["needs_values"] or c.use_critic,
-                "use_critic",
-                f"True for the {c.advantage_estimator!r} estimator",
-            ),
-            (
-                not c.use_critic or estimator["gives_returns"],
-                "use_critic",
-                f"False for the {c.advantage_estimator!r} estimator (it gives the critic no returns to learn)",
-            ),
-            (
-                c.kl_in_reward or c.kl_coef == 0 or kl["loss_gradient"],
-                "kl_estimator",
-                f"one of {', '.join(in_loss)} when the KL goes into the loss (kl_in_reward=False): the gradient of "
-                f"{c.kl_estimator!r} {kl['why_not_in_loss']}",
-            ),
-            (
-                c.policy_loss != "vespo" or (c.top_entropy_quantile == 1.0 and c.off_policy_mask_threshold is None),
-                "policy_loss",
-                "not 'vespo' with top_entropy_quantile < 1 or off_policy_mask_threshold: VESPO folds its token "
-                "weights into the sequence ratio, where a token filter has no place",
-            ),
-            (
-                c.entropy_coef_min <= c.entropy_coef_max,
-                "entropy_coef_min",
-                f"at most entropy_coef_max ({c.entropy_coef_max})",
-            ),
-            (
-                c.reward_aggregation in ("sum_then_normalize", "normalize_then_sum"),
-                "reward_aggregation",
-                "'sum_then_normalize' or 'normalize_then_sum'",
-            ),
-            (
-                c.reward_aggregation == "sum_then_normalize"
-                or (
-                    c.missing_eos_penalty is None
-                    and c.overlong_buffer_len is None
-                    and c.reward_clip is None
-                    and not c.normalize_rewards
-                ),
-                "reward_aggregation",
-                "'sum_then_normalize' with missing_eos_penalty, overlong_buffer_len, reward_clip or normalize_rewards: "
-                "they shape the weighted sum, which 'normalize_then_sum' does not use",
-            ),
-            (
-                not c.sync_ref_model or c.kl_coef > 0,
-                "sync_ref_model",
-                "False when kl_coef is 0: there is no reference to synchronise",
-            ),
-            (
-                c.device == "auto" or c.device.split(":")[0] in DEVICE_KINDS,
-                "device",
-                "'auto', 'cpu', 'cuda' (or 'cuda:N'), 'mps' or 'xpu'",
-            ),
-            (c.lr_scheduler in SCHEDULERS, "lr_scheduler", f"one of {', '.join(SCHEDULERS)}"),
-            (c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"),
-            (c.parallelism in PARALLELISMS, "parallelism", f"one of {', '.join(PARALLELISMS)}"),
-            (c.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}"),
-            (c.lm_head in LM_HEADS, "lm_head", f"one of {', '.join(LM_HEADS)}"),
-            (c.rollout_engine in engine_names(), "rollout_engine", f"one of {', '.join(engine_names())}"),
-            (c.hf_decode in HF_DECODE_MODES, "hf_decode", f"one of {', '.join(HF_DECODE_MODES)}"),
-            (
-                c.rollout_precision is None or c.rollout_precision in ROLLOUT_PRECISIONS,
-                "rollout_precision",
-                f"None or one of {', '.join(ROLLOUT_PRECISIONS)}",
-            ),
-            (
-                c.rollout_precision is None or (c.rollout_engine == "hf" and not c.rollout_workers),
-                "rollout_precision",
-                "None with rollout_engine='vllm' or rollout_workers "
-                "(quantized rollouts are the HF engine's, in a training process)",
-            ),
-            (
-                c.rollout_precision != "fp8" or c.device.startswith("cuda") or (c.device == "auto" and _cuda()),
-                "rollout_precision",
-                "'bfloat16' or 'int8' on this device: 'fp8' (torchao's float8 kernels) runs on CUDA only",
-            ),
-            (c.truncate_prompts in (None, "left"), "truncate_prompts", "None or 'left'"),
-            (c.rollout_is in ROLLOUT_IS_MODES, "rollout_is", f"one of {', '.join(ROLLOUT_IS_MODES)}"),
-            (
-                c.rollout_is_threshold_low is None
-                or c.rollout_is_threshold is None
-                or c.rollout_is_threshold_low < c.rollout_is_threshold,
-                "rollout_is_threshold_low",
-                f"below rollout_is_threshold ({c.rollout_is_threshold}) or None",
-            ),
-            (
-                not (c.unscored_in_loss and c.use_critic),
-                "unscored_in_loss",
-                "False with a critic (an unscored row has no return for it to learn)",
-            ),
-            (
-                not (c.unscored_in_loss and (c.dynamic_sampling or c.rollout_workers)),
-                "unscored_in_loss",
-                "False with dynamic_sampling or rollout_workers "
-                "(their filler rows are unscored too, and must stay out of the loss)",
-            ),
-            (
-                c.entropy_agg in (None, *ENTROPY_AGGREGATIONS),
-                "entropy_agg",
-                f"None or one of {', '.join(ENTROPY_AGGREGATIONS)}",
-            ),
-            (
-                c.autocast is None or c.autocast in AUTOCAST_DTYPES,
-                "autocast",
-                f"None or one of {', '.join(AUTOCAST_DTYPES)}",
-            ),
-            (
-                c.mini_batch_size is None or c.mini_batch_size <= c.batch_size,
-                "mini_batch_size",
-                f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None",
-            ),
-            (
-                c.importance_sampling_level in IMPORTANCE_SAMPLING_LEVELS,
-                "importance_sampling_level",
-                f"one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}",
-            ),
-            (
-                c.importance_sampling_level in levels,
-                "importance_sampling_level",
-                f"{' or '.join(map(repr, levels))} with the {c.policy_loss!r} policy loss",
-            ),
-            (
-                c.overlong_buffer_len is None or c.overlong_buffer_len < c.max_new_tokens,
-                "overlong_buffer_len",
-                f"less than max_new_tokens ({c.max_new_tokens}) or None: "
-                "the buffer is the last tokens before the limit",
-            ),
-            (
-                not c.dynamic_sampling or c.group_size >= 2,
-                "dynamic_sampling",
-                "False when group_size is 1 "
-                "(a group of one sample never has reward variance: every group would be dropped)",
-            ),
-            *check_teacher(c),
-        ],
-    )
+    check_loss_options(c.policy_loss, c)
+    for rules in RULES:
+        check_fields(c, rules(c))
 
 
-def _cuda() -> bool:
-    import torch
+def model_rules(c: RLConfig) -> list[Rule]:
+    """``ModelConfig``'s rules: the critic's form and where the models run (``base.placement_rules``)."""
+    return [(c.critic in CRITICS, "critic", f"one of {', '.join(CRITICS)}"), *placement_rules(c)]
 
-    return torch.cuda.is_available()
+
+def cross_part_rules(c: RLConfig) -> list[Rule]:
+    """The rules that join two concerns: the batch the rollout side samples against the algorithm's and the
+    optimiser's needs of it."""
+    from ..algorithms import ADVANTAGE_ESTIMATORS
+
+    return [
+        (
+            not ADVANTAGE_ESTIMATORS.traits(c.advantage_estimator)["needs_groups"] or c.group_size >= 2,
+            "group_size",
+            f">= 2 for the {c.advantage_estimator!r} estimator (its baseline is the rest of the group)",
+        ),
+        (
+            not c.dynamic_sampling or c.group_size >= 2,
+            "dynamic_sampling",
+            "False when group_size is 1 "
+            "(a group of one sample never has reward variance: every group would be dropped)",
+        ),
+        (
+            not (c.unscored_in_loss and (c.dynamic_sampling or c.rollout_workers)),
+            "unscored_in_loss",
+            "False with dynamic_sampling or rollout_workers "
+            "(their filler rows are unscored too, and must stay out of the loss)",
+        ),
+        (
+            c.mini_batch_size is None or c.mini_batch_size <= c.batch_size,
+            "mini_batch_size",
+            f"at most the batch size {c.batch_size} (prompts_per_step x group_size) or None",
+        ),
+        (
+            c.overlong_buffer_len is None or c.overlong_buffer_len < c.max_new_tokens,
+            "overlong_buffer_len",
+            f"less than max_new_tokens ({c.max_new_tokens}) or None: the buffer is the last tokens before the limit",
+        ),
+    ]
+
+
+# Each concern's rules (rl.py, base.py, rollout.py, the engine's registry entry, algorithm.py, teacher.py),
+# then those across concerns; ``validate`` raises for the first that fails.
+RULES = (
+    model_rules,
+    shared_rules,
+    rollout_rules,
+    engine_rules,
+    algorithm_rules,
+    check_teacher,
+    cross_part_rules,
+)

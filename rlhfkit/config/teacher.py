@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .base import preset, ranged
+
 DISTILLATION_MODES = ("token", "full")
 
 
@@ -24,16 +26,16 @@ class TeacherConfig:
     ``teacher_model_server_url``). The policy's sampled ids (prompt + completion, never re-tokenised) are sent as
     token ids and the teacher's log-prob of each sampled token is read back, at temperature 1 (the server's raw
     log-probs), so it needs ``temperature`` 1 and ``distillation_mode`` 'token'. None: the teacher is local."""
-    teacher_batch_size: int = 8
+    teacher_batch_size: int = ranged(8, "[1, 1e6]")
     """With ``teacher_url``: sequences per request (TRL's ``chunk_size``); a step's rows go in requests of this
     many, one after another."""
-    teacher_retries: int = 2
+    teacher_retries: int = ranged(2, "[0, 100]")
     """With ``teacher_url``: how many times a failed request (refused connection, HTTP 5xx or 429, time limit) is
     sent again, after 1, 2, 4, ... s, before the run stops in one line naming ``teacher_url`` (its last
     checkpoint untouched). A 4xx answer is not retried: the request itself is wrong."""
-    teacher_timeout: float = 120.0
+    teacher_timeout: float = ranged(120.0, "(0, 1e6]")
     """With ``teacher_url``: seconds one request may take (connecting and answering) before it counts as failed."""
-    distillation_coef: float | None = None
+    distillation_coef: float = preset(">= 0")
     """Weight of the teacher's signal (λ below); 0 turns distillation off. Presets: 0, except ``distill`` (1: the
     teacher alone, no reward needed). With reward functions as well, the run is RL with a teacher: the rewards'
     advantages plus λ times the teacher's term (Qwen3's and Tinker's recipes mix them this way)."""
@@ -45,7 +47,7 @@ class TeacherConfig:
     the policy's and the teacher's whole next-token distributions at every sampled position is added to the loss
     (distillation_beta chooses it; both output layers are read in chunks, no tokens × vocabulary tensor;
     TRL's DistillationTrainer)."""
-    distillation_beta: float = 1.0
+    distillation_beta: float = ranged(1.0, "[0, 1]")
     """With distillation_mode 'full': the generalized Jensen-Shannon divergence's β (TRL's beta): 0 the forward
     KL(π_teacher‖π), 1 the reverse KL(π‖π_teacher), between them β KL(π_teacher‖m) + (1-β) KL(π‖m) with
     m = (1-β) π + β π_teacher. Both distributions at the sampling temperature."""

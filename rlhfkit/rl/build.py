@@ -10,7 +10,7 @@ One function per job:
   (``EpisodeSource.reward_sources``: the environments' ``get_reward()``, the program's reward);
 - ``build_sampler``: the prompts' token ids (train and eval), the engine sized for the longest
   prompt it may be given (``rollout.engines.build_engine``, with the option fields its
-  ``rollout.registry`` entry names), and the local ``rl.sampler.Sampler``
+  ``config.engines`` entry names), and the local ``rl.sampler.Sampler``
   or, on a trainer rank fed by generator ranks, the ``rl.pipeline.RemoteSampler``; returned with
   the ``EvalSet`` the trainer's evaluation runs.
 """
@@ -30,7 +30,7 @@ from ..models.loading import eos_token_ids
 from ..rewards.sources import build_rewards
 from ..rollout import SamplingParams
 from ..rollout.engines import EngineConfig, build_engine
-from ..rollout.registry import engine_options
+from ..config.engines import engine_options
 from .advantages import ScoreShaping
 from .pipeline import RemoteSampler
 from .sampler import Sampler, SamplerConfig

@@ -1,8 +1,8 @@
-"""Generation engines behind one small interface (``RolloutEngine``), and the engines' registry
-(``registry``: what ``RLConfig.rollout_engine`` may name).
+"""Generation engines behind one small interface (``RolloutEngine``); their registry (what
+``RLConfig.rollout_engine`` may name) is the config layer's: ``rlhfkit.config.engines``.
 
-The names below load on first use (PEP 562), so importing ``rlhfkit.rollout.registry`` — as the
-config's checks do — loads neither torch nor transformers."""
+The names below load on first use (PEP 562), so importing the package loads neither torch nor
+transformers."""
 
 import importlib
 

@@ -1,5 +1,5 @@
 """The RL loop's generation engine: built from the config by its registry entry (``build_engine``,
-``rollout.registry``) and made ready to generate from the current policy before each rollout
+``config.engines``) and made ready to generate from the current policy before each rollout
 (``engine_ready``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..config import HFOptions
 from ..config.parts import ConfigFields, takes
 from ..models.rl_models import RLModels
 from .hf import HFEngine
-from .registry import engine_entry, resolve
+from ..config.engines import engine_entry, resolve
 
 
 @takes(
@@ -30,11 +30,11 @@ from .registry import engine_entry, resolve
 class EngineConfig(ConfigFields):
     """The fields of ``RLConfig`` that choose and size the rollout engine, whichever it is, and the HF
     engine's options (``HFOptions``); same names, same meaning. Another engine's own fields (vLLM's
-    ``vllm_*``) are its registry entry's ``options`` (``rollout.registry``)."""
+    ``vllm_*``) are its registry entry's ``options`` (``config.engines``)."""
 
 
 def build_engine(args: EngineConfig, models: RLModels, longest_prompt: int, options: dict | None = None):
-    """The rollout engine ``args.rollout_engine`` names (``rollout.registry``), built by its entry's
+    """The rollout engine ``args.rollout_engine`` names (``config.engines``), built by its entry's
     ``build(args, models, longest_prompt, options)``: ``longest_prompt`` the longest prompt it may be
     given, in tokens; ``options`` the values of the entry's option fields
     (``registry.engine_options``).

@@ -80,7 +80,7 @@ def _check_cpu_head_size(config) -> None:
 
 
 def build_vllm_engine(args, models, longest_prompt: int, options: dict) -> VLLMEngine:
-    """The ``vllm`` entry's builder (``rollout.registry``): a vLLM engine in this process sized for
+    """The ``vllm`` entry's builder (``config.engines``): a vLLM engine in this process sized for
     ``longest_prompt`` plus the longest completion the run asks for (never past the model's
     positions). ``args``: ``rollout.engines.EngineConfig``; ``options``: the ``vllm_*`` fields. A
     policy adapter the engine cannot receive merged is refused in one line, before training."""

@@ -26,13 +26,14 @@ import torch
 from .. import distributed
 from ..algorithms import AdaptiveEntropyController, AdaptiveKLController, FixedKLController
 from ..config import RLConfig, part
+from ..config.engines import check_installed
 from ..config.teacher import distillation_weight
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
 from ..models import efficiency, set_lm_head, soft_update
 from ..models.rl_build import ModelLoading, build_models
 from ..rl import advantages, build, experience, pipeline, update
-from ..rollout import Rollout, registry
+from ..rollout import Rollout
 from ..run import lifecycle, trace, training
 from ..run.metrics import write_samples
 
@@ -91,7 +92,7 @@ class RLTrainer:
             else None
         )
         reward_funcs = teacher_only_rewards(reward_funcs, args)
-        registry.check_installed(args.rollout_engine)  # not installed: one line now, before any model loads
+        check_installed(args.rollout_engine)  # not installed: one line now, before any model loads
         if callbacks and args.rollout_workers:
             raise ValueError(
                 "callbacks are not supported with rollout_workers (a generator rank cannot end the run early)"

@@ -1,12 +1,12 @@
-"""The rollout engines' registry (``rollout.registry``): an engine registered by a test runs a
+"""The rollout engines' registry (``config.engines``): an engine registered by a test runs a
 training run as ``rollout_engine="fake"`` — nothing in ``trainers/`` or the config names it — and
 its install check refuses in one line before any model loads."""
 
 import pytest
 
 from rlhfkit.config import RLConfig
+from rlhfkit.config.engines import EngineEntry, engine_entry, engine_names, register_engine, unregister_engine
 from rlhfkit.rollout import HFEngine
-from rlhfkit.rollout.registry import EngineEntry, engine_entry, engine_names, register_engine, unregister_engine
 from rlhfkit.tasks.toy import PROMPTS, fraction_of_a, toy_trainer
 from rlhfkit.trainers import RLTrainer
 
@@ -46,6 +46,20 @@ def test_a_registered_engine_is_a_rollout_engine_the_config_accepts(fake):
     unregister_engine("fake")
     with pytest.raises(ValueError, match="rollout_engine.*one of hf, vllm"):
         RLConfig(rollout_engine="fake")
+
+
+def test_an_engine_s_own_rules_run_with_the_config_s_checks_when_it_is_chosen():
+    def rules(config):
+        return [(config.max_new_tokens <= 8, "max_new_tokens", "at most 8 with rollout_engine='small'")]
+
+    register_engine(EngineEntry("small", build_fake, check=rules))
+    try:
+        assert RLConfig(rollout_engine="small", max_new_tokens=8).max_new_tokens == 8
+        with pytest.raises(ValueError, match=r"'max_new_tokens' must be at most 8 with rollout_engine='small', got 9"):
+            RLConfig(rollout_engine="small", max_new_tokens=9)
+        assert RLConfig(max_new_tokens=9).max_new_tokens == 9  # another engine chosen: the rule is not its
+    finally:
+        unregister_engine("small")
 
 
 def test_a_registered_engine_runs_the_loop(fake):

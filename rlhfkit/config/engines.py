@@ -1,18 +1,20 @@
 """The rollout engines by name: ``RLConfig.rollout_engine`` is one of ``engine_names()``.
 
 Each ``EngineEntry`` declares an engine's ``name``, its ``build`` function, its ``install_check``
-(one line naming what to install, before any model loads) and the ``options``: the ``RLConfig``
-fields it reads besides the general ones of ``rollout.engines.EngineConfig`` (vLLM's ``vllm_*``), and
-its ``knobs``: options of its own that are no config field (name -> default), which a user sets in
-the config's ``engine_options`` mapping (checked by ``check_engine_options``).
-``rollout.engines.build_engine`` calls ``build(config, models, longest_prompt, options)`` with
-``options`` the values of those fields (``engine_options``). Adding an engine is a module in
-``rollout/`` and one ``register_engine`` call; neither the trainer nor the general config changes.
+(one line naming what to install, before any model loads), its ``check``: the engine's own rules
+among the config's fields (``engine_rules``, run by ``RLConfig``'s validation), and the ``options``:
+the ``RLConfig`` fields it reads besides the general ones of ``rollout.engines.EngineConfig``
+(vLLM's ``vllm_*``), and its ``knobs``: options of its own that are no config field (name ->
+default), which a user sets in the config's ``engine_options`` mapping (checked by
+``check_engine_options``). ``rollout.engines.build_engine`` calls ``build(config, models,
+longest_prompt, options)`` with ``options`` the values of those fields (``engine_options``). Adding
+an engine is a module in ``rollout/`` and one ``register_engine`` call; neither the trainer nor the
+general config changes.
 
-This module imports nothing of rlhfkit (the config checks ``rollout_engine`` against it, from a
-lower layer than the engines): the built-in entries name their functions by ``"module:function"``
-paths, loaded when they are first called (``resolve``); an entry registered at run time may give
-the functions themselves.
+The registry lives in the config layer, which names what a config may choose; the engines live above
+it (``rollout/``). So the built-in entries name their functions by ``"module:function"`` paths,
+loaded when they are first called (``resolve``); an entry registered at run time may give the
+functions themselves.
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """One rollout engine (module docstring). ``build`` and ``install_check``: functions, or
-    ``"module:function"`` paths; ``install_check`` raises ``ValueError`` in one line when the
-    engine cannot run here (None: nothing to check)."""
+    """One rollout engine (module docstring). ``build``, ``install_check`` and ``check``: functions,
+    or ``"module:function"`` paths; ``install_check`` raises ``ValueError`` in one line when the
+    engine cannot run here (None: nothing to check); ``check(config)`` returns the engine's rules
+    as ``checks.check_fields`` entries ``(ok, field, expected)`` (None: no rule of its own)."""
 
     name: str
     build: Callable | str
     install_check: Callable | str | None = None
+    check: Callable | str | None = None
     options: tuple[str, ...] = ()
     knobs: dict[str, object] | None = None  # options of its own that are no RLConfig field: name -> default
 
@@ -101,6 +105,17 @@ def check_engine_options(name: str, given: dict) -> None:
             )
 
 
+def engine_rules(config) -> list[tuple[bool, str, str]]:
+    """The rules of the engine ``config.rollout_engine`` names (its entry's ``check``), as
+    ``check_fields`` entries; the name itself first (an unknown one fails there, naming the known)."""
+    name = config.rollout_engine
+    if name not in ENGINES:
+        return [(False, "rollout_engine", f"one of {', '.join(ENGINES)}")]
+    check_engine_options(name, config.engine_options)  # the engine's own knobs, as its entry declares them
+    check = ENGINES[name].check
+    return list(resolve(check)(config)) if check is not None else []
+
+
 def engine_options(name: str, config) -> dict:
     """The options the engine ``name`` is built with: the values of the ``RLConfig`` fields it names
     (``options``), then its own knobs — each the config's ``engine_options`` value, else the knob's
@@ -110,7 +125,9 @@ def engine_options(name: str, config) -> dict:
     return {**values, **(engine_entry(name).knobs or {}), **given}
 
 
-register_engine(EngineEntry("hf", "rlhfkit.rollout.engines:build_hf_engine"))
+register_engine(
+    EngineEntry("hf", "rlhfkit.rollout.engines:build_hf_engine", check="rlhfkit.config.rollout:hf_engine_rules")
+)
 register_engine(
     EngineEntry(
         "vllm",
@@ -133,6 +150,7 @@ __all__ = [
     "engine_entry",
     "engine_names",
     "engine_options",
+    "engine_rules",
     "register_engine",
     "resolve",
     "unregister_engine",

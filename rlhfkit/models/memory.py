@@ -121,7 +121,7 @@ class MemoryPlan:
             mode = "on" if mode else "off"
         self.mode, self.cost, self.device, self.budget_gb, self.layers = mode, cost, device, budget_gb, layers
         self.params = [p for m in trained for p in m.parameters() if p.requires_grad]
-        self.optimizer = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self.passes = self.checkpointed = 0
         for m in layers:  # outside a pass_context (any pass not planned here): checkpointed only under 'on'
             m.gradient_checkpointing = mode == "on"

@@ -68,10 +68,8 @@ LEGACY_FILE = "training_state.pt"
 FORMAT = 2  # training_state.json's "format": 1 = single-process safetensors, 2 = DCP
 NEWEST: list[Path] = []  # the newest complete checkpoint this process saved (rank 0) or resumed from: interrupts.py
 
+
 # --- save and load -----------------------------------------------------------------------------------
-_OPTIONS = dict(ignore_frozen_params=True)
-
-
 def _live_state(modules: dict[str, torch.nn.Module], optimizer, init: bool):
     """``(container, tensors, param_groups)``: a ``ModuleDict`` of ``modules`` (so parameter names are
     ``<module>.<fqn>``), the DCP state dict of its trainable weights and the optimizer's tensors
@@ -81,7 +79,7 @@ def _live_state(modules: dict[str, torch.nn.Module], optimizer, init: bool):
 
     container = torch.nn.ModuleDict(modules)
     fresh = not optimizer.state
-    model_sd, optim_sd = get_state_dict(container, optimizer, options=StateDictOptions(**_OPTIONS))
+    model_sd, optim_sd = get_state_dict(container, optimizer, options=StateDictOptions(ignore_frozen_params=True))
     # ignore_frozen_params misses a frozen weight tied to another (a LoRA base's lm_head): drop it too
     frozen = {
         f"{name}.{n}"
@@ -172,11 +170,11 @@ def _first_line(err: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         first = next(iter(failures.values()))
         return _first_line(first[0] if isinstance(first, tuple) else first)
-    cause = err
-    while cause.__cause__ is not None or cause.__context__ is not None:  # the OSError under DCP's wrapper
-        cause = cause.__cause__ or cause.__context__
+    cause = err.__cause__ or err.__context__
+    while cause is not None:  # the OSError under DCP's wrapper
         if isinstance(cause, OSError) and cause.strerror:
             return _first_line(cause)
+        cause = cause.__cause__ or cause.__context__
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
 
@@ -239,7 +237,7 @@ def load_checkpoint(
         optimizer,
         model_state_dict=tensors,
         optim_state_dict=optim_state,
-        options=StateDictOptions(**_OPTIONS, strict=False),
+        options=StateDictOptions(ignore_frozen_params=True, strict=False),
     )  # the names were checked above
     scheduler.load_state_dict(state["scheduler"])
     _apply_configured_hyperparameters(optimizer, scheduler, configured)
@@ -248,6 +246,7 @@ def load_checkpoint(
     else:
         from .training import seed_everything
 
+        assert fresh_seed is not None  # a rank without its RNG file was refused above otherwise
         seed_everything(fresh_seed)
     return _read_counters(path)
 

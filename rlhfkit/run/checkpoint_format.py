@@ -13,8 +13,10 @@ import logging
 import pickle
 import re
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -174,7 +176,10 @@ class _MetadataUnpickler(pickle._Unpickler):
     that the file itself created, with a dict of attributes (or the tuple ``TensorProperties``'s own
     ``__setstate__`` takes)."""
 
-    dispatch = dict(pickle._Unpickler.dispatch)
+    # typeshed's stub of this private class omits ``stack`` and ``load_build``, and types the
+    # opcode table's entries as taking the C ``pickle.Unpickler``
+    stack: list[Any]
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, file):
         super().__init__(file)
@@ -185,7 +190,7 @@ class _MetadataUnpickler(pickle._Unpickler):
             raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
         return _resolve(module, name)
 
-    def _load_build(self):
+    def _load_build(self) -> None:
         if len(self.stack) < 2:
             raise pickle.UnpicklingError("BUILD with nothing to build")
         state, kind = self.stack[-1], type(self.stack[-2])
@@ -193,7 +198,7 @@ class _MetadataUnpickler(pickle._Unpickler):
             raise pickle.UnpicklingError(f"BUILD on a {kind.__name__} refused: only DCP's metadata records take state")
         if "__setstate__" not in vars(kind) and not (isinstance(state, dict) and all(type(k) is str for k in state)):
             raise pickle.UnpicklingError(f"BUILD of {kind.__name__} refused: its state must be a dict of attributes")
-        super().load_build()
+        super().load_build()  # type: ignore[misc]  # not in typeshed's _Unpickler (above)
 
     dispatch[pickle.BUILD[0]] = _load_build
 

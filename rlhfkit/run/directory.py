@@ -113,7 +113,7 @@ def prepare_run_dir(
     if not output_dir:
         return None
     path = Path(output_dir)
-    if _resuming_inside(path, resume_from):
+    if resume_from is not None and _resuming_inside(path, resume_from):
         _truncate_logs(path, resume_from)
     elif path.is_dir() and any(path.iterdir()):  # check_run_dir allowed it: a marked run to replace
         remove_previous_run(path)
@@ -257,7 +257,9 @@ def run_config_path(output_dir, resume_from: str | None = None) -> Path:
     run resumed from one of its own checkpoints (the first run's record is kept)."""
     path = Path(output_dir)
     return path / (
-        f"config-resume-{Path(resume_from).name}.yaml" if _resuming_inside(path, resume_from) else "config.yaml"
+        f"config-resume-{Path(resume_from).name}.yaml"
+        if resume_from is not None and _resuming_inside(path, resume_from)
+        else "config.yaml"
     )
 
 

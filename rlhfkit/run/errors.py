@@ -41,7 +41,7 @@ def report_error(command: str, err: BaseException, show_traceback: bool) -> int:
     the rank that should say it; the exit status, 2."""
     from .. import distributed
 
-    line = err
+    line = str(err)
     if isinstance(err, OSError) and not isinstance(err, ValueError):  # its path named
         where = err.filename or ""
         line = f"{where}: {err.strerror or err}" if where else (err.strerror or str(err))
@@ -55,7 +55,7 @@ def report_error(command: str, err: BaseException, show_traceback: bool) -> int:
     return 2
 
 
-def _say(command: str, line, err: BaseException, show_traceback: bool) -> None:
+def _say(command: str, line: str, err: BaseException, show_traceback: bool) -> None:
     """One write, so that two ranks failing at once do not interleave their lines."""
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__)) if show_traceback else ""
     try:

@@ -167,7 +167,8 @@ def supervise(command: list[str], argv: list[str]) -> int:
         proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env, preexec_fn=_own_group())
     finally:
         _STATE["deferred"] = False
-    filtering, passed = threading.Event(), []
+    filtering = threading.Event()
+    passed: list[bytes] = []
     pump = threading.Thread(target=_pump, args=(proc.stderr, filtering, passed), daemon=True)
     pump.start()
     forwarded = None
@@ -191,7 +192,7 @@ def supervise(command: list[str], argv: list[str]) -> int:
     return 128 + forwarded
 
 
-def _pump(stream, filtering: threading.Event, passed: list) -> None:
+def _pump(stream, filtering: threading.Event, passed: list[bytes]) -> None:
     """torchrun's stderr to ours: as it comes (progress bars redraw without newlines) until
     ``filtering``, then only whole lines that rlhfkit prints (``rlhfkit <command>: ...``), each
     also appended to ``passed``."""

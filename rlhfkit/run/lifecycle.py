@@ -66,9 +66,15 @@ class Run:
         self.out_dir = args.output_dir if distributed.launch_rank() == 0 else None  # rank 0 writes
         check_run_dir(self.out_dir, args.overwrite, args.resume_from)
         self.callbacks = Callbacks(callbacks, args)
-        self.optimizer = self.scheduler = self.guard = self.logger = None
-        self.total_steps, self.modules, self.base_model = 0, {}, None
-        self.step_start = None  # perf_counter() at step_begin: the step's event in the timeline
+        # start() sets these; nothing reads them before it.
+        self.optimizer: torch.optim.AdamW
+        self.scheduler: torch.optim.lr_scheduler.LambdaLR
+        self.guard: NonFiniteGuard
+        self.logger: MetricsLogger
+        self.total_steps = 0
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.base_model: dict | None = None  # model_fingerprint(modules) at start
+        self.step_start: float | None = None  # perf_counter() at step_begin: the step's event in the timeline
         self.collapse = CollapseWatch(args.learning_rate)  # a zero gradient for good says so (collapse.py)
         self.last_grad_norm: torch.Tensor | None = None
 
@@ -98,9 +104,12 @@ class Run:
         args = self.args
         self.modules, self.total_steps = modules, total_steps
         check_finite_weights(modules, "model")  # a model object too: refused before training
-        if param_groups is None:
-            param_groups = [p for m in modules.values() for p in m.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(param_groups, args.learning_rate, args.weight_decay)
+        params = (
+            param_groups
+            if param_groups is not None
+            else [p for m in modules.values() for p in m.parameters() if p.requires_grad]
+        )
+        self.optimizer = make_optimizer(params, args.learning_rate, args.weight_decay)
         self.guard = NonFiniteGuard(args.max_consecutive_skips)  # non-finite steps are skipped, counted
         self.scheduler = make_scheduler(
             self.optimizer,

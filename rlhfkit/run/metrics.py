@@ -41,7 +41,7 @@ class MetricsLogger:
         """``config``: the run's config; its ``report_to`` trackers (``trackers.py``) get every row,
         its ``run_name`` and its values. Pass it on the main process only."""
         self.trackers = None
-        if config is not None and getattr(config, "report_to", ()):
+        if config is not None and getattr(config, "report_to", None):
             from .trackers import Trackers
 
             self.trackers = Trackers(config, output_dir)

@@ -54,11 +54,12 @@ def open_run(output_dir, args, model, datasets: dict, **sources) -> Path | None:
 RUN_FILE = "run.json"
 
 
-def record_start(output_dir, resume_from=None) -> Path:
+def record_start(output_dir, resume_from=None) -> Path | None:
     """Append this session's start to ``<output_dir>/run.json`` (a resumed run keeps the earlier
     sessions): ISO start time, rlhfkit's git commit (and whether its tree had changes), the
     versions of rlhfkit, torch, transformers and Python, the host, the device, the number of
-    processes, the command line, ``resume_from``. What cannot be found is ``None``."""
+    processes, the command line, ``resume_from``. What cannot be found is ``None``. Returns the
+    file, or None when it could not be written (``_write_sessions``)."""
     import torch
 
     from .. import __version__
@@ -94,8 +95,10 @@ def record_start(output_dir, resume_from=None) -> Path:
 def record_end(output_dir) -> Path | None:
     """The end of the session ``record_start`` opened: its end time and duration in ``run.json``
     (nothing when the run has no directory or no record)."""
-    path = Path(output_dir) / RUN_FILE if output_dir else None
-    sessions = _sessions(path) if path is not None else []
+    if not output_dir:
+        return None
+    path = Path(output_dir) / RUN_FILE
+    sessions = _sessions(path)
     if not sessions:
         return None
     now = time.time()

@@ -162,8 +162,8 @@ def merge(run_dir, remove: bool = True) -> Path | None:
     for part in parts:
         events += _read_events(part)
     meta = {(e.get("pid"), e.get("name")): e for e in events if e.get("ph") == "M"}  # once per process
-    timed = {json.dumps(e, sort_keys=True): e for e in events if e.get("ph") != "M"}  # once each
-    timed = sorted(timed.values(), key=lambda e: (e.get("ts", 0), -e.get("dur", 0)))
+    unique = {json.dumps(e, sort_keys=True): e for e in events if e.get("ph") != "M"}  # once each
+    timed = sorted(unique.values(), key=lambda e: (e.get("ts", 0), -e.get("dur", 0)))
     write_text_atomic(
         target,
         json.dumps({"traceEvents": [*meta.values(), *timed], "displayTimeUnit": "ms"}, separators=(",", ":")) + "\n",

@@ -19,7 +19,9 @@ import importlib.util
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 # tracker -> (the module that must be importable, the extra that installs it)
 PACKAGES = {
@@ -40,6 +42,14 @@ def check_installed(names) -> None:
             found = False
         if not found:
             raise ValueError(f"report_to: {name!r} is not installed; pip install 'rlhfkit[{extra}]'")
+
+
+class Tracker(Protocol):
+    """One tracker's run: each row sent, then closed."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def _plain(config: dict) -> dict:
@@ -68,13 +78,12 @@ class _WandB:
     def __init__(self, output_dir, run_name, config):
         import wandb
 
-        kwargs = {"dir": str(output_dir)} if output_dir else {}
         self.run = wandb.init(
             project=os.environ.get("WANDB_PROJECT", "rlhfkit"),
             name=run_name,
             config=config,
             reinit="create_new",
-            **kwargs,
+            dir=str(output_dir) if output_dir else None,  # None: wandb's default
         )
 
     def log(self, step, metrics):
@@ -115,7 +124,12 @@ class _Trackio:
         self.trackio.finish()
 
 
-_CLASSES = {"tensorboard": _TensorBoard, "wandb": _WandB, "mlflow": _MLflow, "trackio": _Trackio}
+_CLASSES: dict[str, Callable[[str | None, str, dict], Tracker]] = {
+    "tensorboard": _TensorBoard,
+    "wandb": _WandB,
+    "mlflow": _MLflow,
+    "trackio": _Trackio,
+}
 
 
 class Trackers:
@@ -130,7 +144,7 @@ class Trackers:
         check_installed(names)
         run_name = getattr(config, "run_name", None) or (Path(output_dir).name if output_dir else "rlhfkit")
         values = _plain({"config_class": type(config).__name__, **config_values(config)})
-        self.active: dict[str, object] = {}
+        self.active: dict[str, Tracker] = {}
         for name in names:
             try:
                 self.active[name] = _CLASSES[name](output_dir, run_name, values)

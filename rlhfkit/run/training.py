@@ -22,7 +22,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
+def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     """``LambdaLR`` whose factor after ``s`` applied updates (skipped steps do not count: see
     ``optimizer_step``) is ``(s+1)/(w+1)`` during warmup ``w``, then 1 (constant), ``1 - p``
     (linear) or ``0.5 (1 + cos(π p))`` (cosine, Loshchilov & Hutter 2017) with
@@ -37,7 +37,7 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
 
     if kind.startswith("hf_"):
 
-        def factor(step: int) -> float:
+        def hf_factor(step: int) -> float:
             if step < warmup_steps:
                 return step / max(1, warmup_steps)
             if kind == "hf_linear":
@@ -47,7 +47,7 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
                 return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
             return 1.0
 
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, hf_factor)
 
     def factor(step: int) -> float:
         if step < warmup_steps:

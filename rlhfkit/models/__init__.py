@@ -1,7 +1,7 @@
 """Models: loading, dropout off, per-token log-probs of responses, scalar heads (critic, reward)."""
 
 from .heads import ScalarModel
-from .lm_head import set_lm_head
+from .lm_head import streamable
 from .loading import (
     disable_dropout,
     enable_activation_checkpointing,
@@ -22,5 +22,5 @@ __all__ = [
     "soft_update",
     "load_causal_lm",
     "load_tokenizer",
-    "set_lm_head",
+    "streamable",
 ]

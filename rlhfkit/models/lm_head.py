@@ -14,18 +14,20 @@ That is right only where the model hands the head's output back untouched. Some 
 soft-cap the logits (``tanh(z/c)·c``), Cohere scales them (``logit_scale``), Granite divides them
 (``logits_scaling``). Rather than a list of such architectures, ``streamable`` asks the model once
 (a one-token pass whose head returns a known tensor, compared with what comes out) and caches the
-answer on the model; a head that is not a plain ``nn.Linear`` (a LoRA-adapted head, a tied
+answer per model; a head that is not a plain ``nn.Linear`` (a LoRA-adapted head, a tied
 embedding module) is not streamed either. The caller runs the unstreamed pass then: never silently
 wrong.
 
-The switch, per model (``set_lm_head``, from the trainers' ``lm_head`` config field):
-``"chunked"`` (the default) streams wherever ``streamable``; ``"full"`` always runs the model's own
-head and full logits (today's path before streaming, for comparison and for exotic heads).
+The switch, the trainers' ``lm_head`` config field, is an argument of every pass that reads the head
+(``streamable(model, lm_head)``, ``policy.forward_response(..., lm_head=...)``): ``"chunked"`` (the
+default) streams wherever the model allows it; ``"full"`` always runs the model's own head and full
+logits (the path before streaming, for comparison and for exotic heads).
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -36,18 +38,9 @@ from ..algorithms.linear_logprobs import linear_logprobs
 from ..config.base import LM_HEADS
 
 _PATCH_LOCK = threading.RLock()
-_MODE_ATTR = "_rlhfkit_lm_head"
-_PLAIN_ATTR = "_rlhfkit_plain_head"
-
-
-def set_lm_head(model: torch.nn.Module, mode: str) -> None:
-    """Choose how ``model``'s log-prob passes compute its output layer: ``"chunked"`` (streamed
-    where the head allows it) or ``"full"`` (the model's own logits). With ``"chunked"`` the
-    ``streamable`` probe runs here (every process of a sharded model must call this alike)."""
-    if mode not in LM_HEADS:
-        raise ValueError(f"lm_head must be one of {', '.join(LM_HEADS)}, got {mode!r}")
-    object.__setattr__(_unwrapped(model), _MODE_ATTR, mode)
-    streamable(model)  # the probe's pass runs now, at setup, rather than inside the first training step
+# ``plain_head``'s answer for each model it has probed (its DDP wrapper unwrapped), held weakly: a model
+# that is freed leaves the table
+_PLAIN_HEADS: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -66,28 +59,28 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear | None:
     return head
 
 
-def streamable(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s log-prob passes stream its output layer: the mode is ``"chunked"``, the
-    head a plain linear map, and the model hands the head's output back untouched (asked once, by a
-    one-token pass, and cached on the model). Every process of a distributed run asks at the same
-    call, so the probe's pass runs everywhere alike."""
-    if getattr(_unwrapped(model), _MODE_ATTR, "chunked") != "chunked":
-        return False
-    return plain_head(model)
+def streamable(model: torch.nn.Module, lm_head: str = "chunked") -> bool:
+    """Whether ``model``'s log-prob passes stream its output layer under the ``lm_head`` mode
+    (``"chunked"`` or ``"full"``, the trainers' config field): the mode is ``"chunked"``, the head a
+    plain linear map, and the model hands the head's output back untouched (``plain_head``: asked once
+    per model, by a one-token pass). The trainers call it once at setup, so the probe's pass runs then
+    rather than inside the first training step; every process of a distributed run calls it alike."""
+    if lm_head not in LM_HEADS:
+        raise ValueError(f"lm_head must be one of {', '.join(LM_HEADS)}, got {lm_head!r}")
+    return lm_head == "chunked" and plain_head(model)
 
 
 def plain_head(model: torch.nn.Module) -> bool:
     """Whether ``model``'s output layer is a plain linear map whose output the model hands back untouched, whatever
-    the ``lm_head`` mode: then its logits are ``h Wᵀ + b`` of the hidden states the head receives (asked once, by
-    a one-token pass, and cached on the model; every process of a distributed run asks at the same call)."""
+    the ``lm_head`` mode: then its logits are ``h Wᵀ + b`` of the hidden states the head receives (asked once per
+    model, by a one-token pass, and the answer kept; every process of a distributed run asks at the same call)."""
     inner = _unwrapped(model)
     head = output_layer(model)
     if head is None:
         return False
-    plain = getattr(inner, _PLAIN_ATTR, None)
+    plain = _PLAIN_HEADS.get(inner)
     if plain is None:
-        plain = _probe(model, head)
-        object.__setattr__(inner, _PLAIN_ATTR, plain)
+        plain = _PLAIN_HEADS[inner] = _probe(model, head)
     return plain
 
 
@@ -129,13 +122,12 @@ def _patched(head: torch.nn.Module, forward: Callable):
     """``head.forward`` is ``forward`` inside the block (the instance's own attribute, so the module's
     hooks still run around it), and what it was after."""
     with _PATCH_LOCK:
-        had = "forward" in head.__dict__
-        before = head.__dict__.get("forward")
+        before: Callable | None = head.__dict__.get("forward")  # an instance's own forward (another patch's)
         head.forward = forward
         try:
             yield
         finally:
-            if had:
+            if before is not None:
                 head.forward = before
             else:
                 del head.forward
@@ -158,8 +150,11 @@ def streamed_forward(
     the ``(N, H)`` rows to score, ``targets`` ``(N,)`` their tokens. ``stats`` is
     ``(logprobs, entropy or None, log_kept_mass or None)``, each ``(N,)`` float32, as
     ``algorithms.linear_logprobs`` computes them; ``out`` is the model's output (its hidden states
-    when asked for; its ``logits`` field holds the statistics). Only for ``streamable`` models."""
+    when asked for; its ``logits`` field holds the statistics). Only for models ``streamable`` in
+    ``"chunked"`` mode."""
     head = output_layer(model)
+    if head is None:
+        raise ValueError("streamed_forward: the model's output layer is not a plain nn.Linear (see streamable)")
 
     def stream(hidden):
         lp, ent, kept = linear_logprobs(

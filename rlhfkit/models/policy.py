@@ -65,6 +65,7 @@ def forward_response(
     with_hidden: bool = False,
     prompt_index: torch.Tensor | None = None,
     support: tuple[int, float] | None = None,
+    lm_head: str = "chunked",
 ) -> ResponseForward:
     """Per-token log-probs of the last ``response_len`` tokens of ``input_ids`` (B, P+T).
 
@@ -83,6 +84,10 @@ def forward_response(
     ``support`` ``(top_k, top_p)``: also return ``log_kept_mass`` (no gradient), the log of the
     probability mass the sampler's truncation keeps at each position (``algorithms.log_kept_mass``);
     ``logprobs - log_kept_mass`` is then the log-prob under the distribution the sampler drew from.
+
+    ``lm_head``: how the output layer is read (``models.lm_head``, the trainers' config field):
+    ``"chunked"`` streams it where the model allows (no tokens x vocabulary logits), ``"full"`` runs
+    the model's own logits.
     """
     T = response_len
     start, used = _attended_span(attention_mask, T)
@@ -99,6 +104,7 @@ def forward_response(
             with_hidden,
             prompt_index,
             support,
+            lm_head,
         )
         return ResponseForward(
             *(
@@ -110,7 +116,7 @@ def forward_response(
         packed = pack_groups(model, input_ids, attention_mask, T, prompt_index)
         if packed is not None:
             return _forward_packed(
-                model, packed, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden, support
+                model, packed, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden, support, lm_head
             )
     efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
     aligned = align_left(model, input_ids, attention_mask, T)
@@ -124,7 +130,7 @@ def forward_response(
         )
     inputs.update(logits_to_keep=keep, output_hidden_states=with_hidden, use_cache=False)
     B = input_ids.shape[0]
-    if streamable(model):
+    if streamable(model, lm_head):
         out, stats = streamed_forward(
             model,
             lambda h: pick(h).reshape(-1, h.shape[-1]),
@@ -172,7 +178,7 @@ def _pad_columns(x: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def _forward_packed(
-    model, packed: PackedGroups, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden, support
+    model, packed: PackedGroups, input_ids, T, temperature, with_entropy, entropy_grad, with_hidden, support, lm_head
 ) -> ResponseForward:
     """One pass over the packed groups (``models.packing``); the outputs of the real response tokens,
     in the batch's (B, T) layout.
@@ -190,7 +196,7 @@ def _forward_packed(
     )
     targets = input_ids[packed.row, input_ids.shape[1] - T + packed.step]  # (M,) the token each output scores
     B = input_ids.shape[0]
-    if streamable(model):  # each needed output's hidden state, column 0's once per row of its group
+    if streamable(model, lm_head):  # each needed output's hidden state, column 0's once per row of its group
         out, stats = streamed_forward(
             model,
             lambda h: h[packed.group, packed.column],

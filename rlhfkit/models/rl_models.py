@@ -20,10 +20,12 @@ from ..config.parts import ConfigFields, takes
 from ..config.teacher import distillation_weight
 from .activations import checkpointable_layers, decoder_layer_count, measure_activation_cost, probe_ids
 from .heads import ScalarModel
+from .lm_head import streamable
 from .loading import enable_activation_checkpointing, freeze, load_causal_lm
 from .lora import export_causal_lm, unsharded_template
 from .memory import MemoryPlan
 from .micro_batches import padded_tokens, row_spans, split_rows, token_budget
+from .policy import ResponseForward
 from .remote_teacher import RemoteTeacher
 from .segments import forward_rollout, rollout_values
 from .teacher import check_heads, load_teacher
@@ -65,11 +67,12 @@ class RolloutBatch(Protocol):
     "memory_budget_gb",
     "distillation_coef",
     "distillation_mode",
+    "lm_head",
 )
 class ModelSetup(ConfigFields):
     """The fields of ``RLConfig`` that ``RLModels`` reads: which models it builds (a reference when
     ``kl_coef > 0``, a critic, a teacher when ``distillation_coef > 0``), how they are sharded, how their
-    forward passes run, and the activation memory policy."""
+    forward passes run (``lm_head``: how they read the output layer), and the activation memory policy."""
 
 
 class RLModels:
@@ -90,7 +93,8 @@ class RLModels:
     Forward passes: ``policy_outputs`` (old log-probs and values before an update, no gradient),
     ``train_outputs`` (log-probs, values and entropy of a micro-batch, with gradients) and
     ``reference_logprobs``; under torchrun they run on the sharded modules (``train_policy``,
-    ``train_critic``). ``save_policy`` writes the policy as a Hugging Face directory.
+    ``train_critic``). Each reads the output layer as ``args.lm_head`` says (``models.lm_head``).
+    ``save_policy`` writes the policy as a Hugging Face directory.
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class RLModels:
         self.memory: MemoryPlan | None = None  # plan_memory
         if generation_only:  # a generator rank: the policy alone, unsharded, given the trainers' weights
             self.train_policy, self.train_critic, self._peft_template = policy, None, None
+            self._probe_output_layers()
             return
         if args.kl_coef > 0 and (ref_model is not None or not self.is_peft):
             ref = ref_model if ref_model is not None else copy.deepcopy(policy)
@@ -137,6 +142,15 @@ class RLModels:
             if args.distillation_mode == "full":
                 check_heads(policy, self.teacher)
         self._shard()
+        self._probe_output_layers()
+
+    def _probe_output_layers(self) -> None:
+        """Whether each local model's passes stream its output layer under ``args.lm_head``
+        (``lm_head.streamable``), asked now, at setup: the one-token probe runs here on every process
+        alike, not inside the first training step."""
+        for m in (self.policy, self.reference, self.teacher):
+            if isinstance(m, torch.nn.Module):  # not a served teacher (teacher_url)
+                streamable(m, self.args.lm_head)
 
     def _shard(self) -> None:
         """Under torchrun, shard the policy, the critic and the frozen reference over the processes
@@ -186,14 +200,12 @@ class RLModels:
         return (args.top_k, args.top_p) if truncates and rollout.logprobs is not None else None
 
     def _forward_inner(self, rollout: RolloutBatch, *, with_values: bool, with_entropy: bool, entropy_grad: bool):
-        out = forward_rollout(
+        out = self._pass(
             self.train_policy,
             rollout,
-            self.args.temperature,
             with_entropy=with_entropy,
             entropy_grad=entropy_grad,
             with_hidden=(with_values and self.value_head is not None) or self.full_distillation,
-            prompt_index=self._prompt_index(rollout),
             support=self.engine_support(rollout),
         )
         values = None
@@ -264,10 +276,7 @@ class RLModels:
         model = self.reference if self.reference is not None else self.train_policy
         adapter_off = self.policy.disable_adapter() if self.reference is None else nullcontext()
         with adapter_off, self.autocast():
-            parts, order = self._in_micro_batches(
-                rollout,
-                lambda r: forward_rollout(model, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs,
-            )
+            parts, order = self._in_micro_batches(rollout, lambda r: self._pass(model, r).logprobs)
             return self._in_order(torch.cat(parts), order)
 
     @torch.no_grad()
@@ -277,12 +286,7 @@ class RLModels:
         if isinstance(self.teacher, RemoteTeacher):
             return self.teacher.agreed_logprobs(rollout)
         with self.autocast():
-            parts, order = self._in_micro_batches(
-                rollout,
-                lambda r: (
-                    forward_rollout(self.teacher, r, self.args.temperature, prompt_index=self._prompt_index(r)).logprobs
-                ),
-            )
+            parts, order = self._in_micro_batches(rollout, lambda r: self._pass(self.teacher, r).logprobs)
             return self._in_order(torch.cat(parts), order)
 
     @torch.no_grad()
@@ -290,17 +294,22 @@ class RLModels:
         """(B, T, H) the teacher's last hidden states at the positions that predict the sampled tokens (what its
         output layer reads) for one micro-batch of the update."""
         with self.autocast():
-            out = forward_rollout(
-                self.teacher, rollout, self.args.temperature, with_hidden=True, prompt_index=self._prompt_index(rollout)
-            )
+            out = self._pass(self.teacher, rollout, with_hidden=True)
         if out.hidden is None:  # forward_rollout returns them when asked
             raise RuntimeError("the teacher's forward pass returned no hidden states")
         return out.hidden
 
-    def _prompt_index(self, rollout: RolloutBatch) -> torch.Tensor | None:
+    def _pass(self, model, rollout: RolloutBatch, **options) -> ResponseForward:
+        """``forward_rollout`` of ``model`` on ``rollout``'s rows as every pass of the loop runs it: at the
+        sampling temperature, each prompt's group packed with ``share_prompt``, the output layer read as
+        ``args.lm_head`` says; ``options``: the pass's own (``policy.forward_response``'s keywords)."""
         # Packed groups are one forward pass per micro-batch, as unpacked rows are: under torchrun
         # every process still runs the same (collective) passes.
-        return rollout.prompt_index if self.args.share_prompt else None
+        args = self.args
+        prompt_index = rollout.prompt_index if args.share_prompt else None
+        return forward_rollout(
+            model, rollout, args.temperature, prompt_index=prompt_index, lm_head=args.lm_head, **options
+        )
 
     def micro_batches(self, rollout: RolloutBatch) -> list[torch.Tensor]:
         """The rows (CPU indices) of each micro-batch of the no-gradient passes: at most

@@ -42,8 +42,9 @@ from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.D
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
-from ..models import forward_response, load_causal_lm, load_tokenizer, set_lm_head
+from ..models import forward_response, load_causal_lm, load_tokenizer
 from ..models.activations import probe_ids
+from ..models.lm_head import streamable
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.master_weights import back_to_float16, float32_masters
@@ -122,9 +123,9 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         self.device = next(self.model.parameters()).device
         self._build_reference(ref_model)  # a frozen reference keeps the weights' dtype
         self._float16 = float32_masters(self.model)  # float16 weights train as float32 masters (models.master_weights)
-        for m in (self.model, self.reference):  # before sharding: the head's probe runs on each process alone
+        for m in (self.model, self.reference):  # the head's probe (models.lm_head), before sharding: each process alone
             if m is not None:
-                set_lm_head(m, args.lm_head)
+                streamable(m, args.lm_head)
         self._checkpoint_activations(self.model, peft_config is not None)  # after the reference copy
         self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
         self.train_model = distributed.shard(self.model, args.parallelism)
@@ -195,7 +196,9 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         ids, mask, completion_mask, index = self._collate(pairs)
         # a pair's two completions packed after its prompt: one pass (models.packing)
         with self._autocast(), self._memory_pass(*ids.shape):
-            out = forward_response(model, ids, mask, completion_mask.shape[1], temperature, prompt_index=index)
+            out = forward_response(
+                model, ids, mask, completion_mask.shape[1], temperature, prompt_index=index, lm_head=self.args.lm_head
+            )
         return out.logprobs, completion_mask
 
     def _sequence_logps(self, token_logps: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -221,7 +224,9 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
         ids = probe_ids(self.model, n, self.device)
         with self._autocast():
-            return forward_response(self.train_model, ids, torch.ones_like(ids), n - 1).logprobs.sum()
+            return forward_response(
+                self.train_model, ids, torch.ones_like(ids), n - 1, lm_head=self.args.lm_head
+            ).logprobs.sum()
 
     # ---------------------------------------------------------------- the loop
     def train(self) -> list[dict]:

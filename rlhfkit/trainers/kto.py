@@ -43,8 +43,9 @@ from ..config.supervised import KTOConfig  # re-exported: rlhfkit.trainers.kto.K
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.unpaired import load_unpaired_dataset
-from ..models import forward_response, load_causal_lm, load_tokenizer, set_lm_head
+from ..models import forward_response, load_causal_lm, load_tokenizer
 from ..models.activations import probe_ids
+from ..models.lm_head import streamable
 from ..models.loading import disable_dropout
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.master_weights import back_to_float16, float32_masters
@@ -140,9 +141,9 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
         self.device = next(self.model.parameters()).device
         self._build_reference(ref_model)
         self._float16 = float32_masters(self.model)
-        for m in (self.model, self.reference):
+        for m in (self.model, self.reference):  # the head's probe (models.lm_head), before sharding
             if m is not None:
-                set_lm_head(m, args.lm_head)
+                streamable(m, args.lm_head)
         self._checkpoint_activations(self.model, peft_config is not None)
         self._template = unsharded_template(self.model)
         self.train_model = distributed.shard(self.model, args.parallelism)
@@ -259,7 +260,9 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
         completion_mask = completion_mask.to(self.device)
         index = torch.arange(n, device=self.device).repeat(parts)
         with self._autocast(), self._memory_pass(*ids.shape):
-            out = forward_response(model, ids, mask, completion_mask.shape[1], prompt_index=index)
+            out = forward_response(
+                model, ids, mask, completion_mask.shape[1], prompt_index=index, lm_head=self.args.lm_head
+            )
         logps, lengths = (out.logprobs * completion_mask).sum(-1), completion_mask.sum(-1)
         if parts == 1:
             logps, lengths = (
@@ -272,7 +275,9 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
         """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
         ids = probe_ids(self.model, n, self.device)
         with self._autocast():
-            return forward_response(self.train_model, ids, torch.ones_like(ids), n - 1).logprobs.sum()
+            return forward_response(
+                self.train_model, ids, torch.ones_like(ids), n - 1, lm_head=self.args.lm_head
+            ).logprobs.sum()
 
     def _loss(self, model, items: list[KTOItem], counted: bool = True):
         """(weighted per-row losses (n,), implicit rewards (n,), summed log-probs (n,), z0) of a

@@ -30,7 +30,7 @@ from ..config.engines import check_installed
 from ..config.teacher import distillation_weight
 from ..data import load_prompt_dataset
 from ..data.chat_templates import use_chat_template
-from ..models import efficiency, set_lm_head, soft_update
+from ..models import efficiency, soft_update
 from ..models.rl_build import ModelLoading, build_models
 from ..rl import advantages, build, experience, pipeline, update
 from ..rollout import Rollout
@@ -106,9 +106,6 @@ class RLTrainer:
         self.models = build_models(
             model, processing_class, part(ModelLoading, args), peft_config, ref_model, teacher_model
         )
-        for m in (self.models.policy, self.models.reference, self.models.teacher):
-            if isinstance(m, torch.nn.Module):  # not a served teacher (teacher_url)
-                set_lm_head(m, args.lm_head)
         if distributed.role_size() > 1:  # then each process samples its own completions
             training.seed_everything(args.seed + 1_000_003 * distributed.role_rank())
         if args.sync_ref_model:

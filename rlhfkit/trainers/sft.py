@@ -35,7 +35,7 @@ from ..data.encode import Encoded
 from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_dataset, training_units
 from ..data.sft_tokens import check_token_ids
 from ..models.activations import probe_ids
-from ..models.lm_head import set_lm_head, streamable, streamed_forward
+from ..models.lm_head import streamable, streamed_forward
 from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.master_weights import back_to_float16, float32_masters
@@ -112,7 +112,7 @@ class SFTTrainer(SupervisedTrainer):
         self._checkpoint_activations(model, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
-        set_lm_head(self.model, args.lm_head)
+        streamable(self.model, args.lm_head)  # the head's probe runs now, at setup (models.lm_head)
         self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
         self.device = next(self.model.parameters()).device
         # The module training and eval passes go through: the model itself (sharded in place by
@@ -234,7 +234,8 @@ class SFTTrainer(SupervisedTrainer):
         skip = virtual_positions(self.model)  # prompt tuning's virtual tokens come first in the output
         logprobs, measure, target = None, stats is not None, targets[keep]
         with self._autocast(), self._memory_pass(*batch["input_ids"].shape):
-            if streamable(self.train_model):  # the LM head in chunks: no (tokens, vocab) logits (models.lm_head)
+            # the LM head in chunks where the model allows: no (tokens, vocab) logits (models.lm_head)
+            if streamable(self.train_model, self.args.lm_head):
                 _, (logprobs, entropy, top) = streamed_forward(
                     self.train_model, lambda h: h[:, skip:-1][keep], target, with_entropy=measure,
                     support=(1, 1.0) if measure else None, **inputs,

@@ -10,7 +10,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForC
 
 from rlhfkit.algorithms import entropy_from_logits, log_kept_mass, selective_logprobs
 from rlhfkit.algorithms.linear_logprobs import linear_logprobs
-from rlhfkit.models import forward_response, set_lm_head
+from rlhfkit.models import forward_response
 from rlhfkit.models.lm_head import streamable, streamed_forward
 
 VOCAB = 61
@@ -49,14 +49,12 @@ def _rows(B=4, P=5, T=6, vocab=VOCAB, seed=0):
 
 
 def _both(model, fn):
-    """``fn()`` streamed, then with ``lm_head='full'``: (outputs, parameter gradients) of each."""
+    """``fn(lm_head)`` streamed, then with ``lm_head='full'``: (outputs, parameter gradients) of each."""
     results = []
     for mode in ("chunked", "full"):
-        set_lm_head(model, mode)
         model.zero_grad()
-        out = fn()
+        out = fn(mode)
         results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
-    set_lm_head(model, "chunked")
     return results
 
 
@@ -126,7 +124,7 @@ def test_forward_response_streamed_equals_full_logits(tied, bias, packed):
         ids[1], mask[1] = ids[0], mask[0]
         ids[3, :5], mask[3] = ids[2, :5], mask[2]
 
-    def run():
+    def run(lm_head):
         out = forward_response(
             model,
             ids,
@@ -137,6 +135,7 @@ def test_forward_response_streamed_equals_full_logits(tied, bias, packed):
             entropy_grad=True,
             prompt_index=index,
             support=(7, 0.9),
+            lm_head=lm_head,
         )
         (out.logprobs.sum() + 0.3 * out.entropy.sum()).backward()
         return out
@@ -154,8 +153,8 @@ def test_forward_response_streamed_bf16_within_bf16_tolerance():
     model = _llama(tied=False, dtype=torch.bfloat16)
     ids, mask = _rows()
 
-    def run():
-        out = forward_response(model, ids, mask, 6, with_entropy=True)
+    def run(lm_head):
+        out = forward_response(model, ids, mask, 6, with_entropy=True, lm_head=lm_head)
         out.logprobs.sum().backward()
         return out
 
@@ -172,9 +171,8 @@ def test_forward_response_streamed_under_autocast_runs_the_head_in_bf16():
     ids, mask = _rows()
     outs = []
     for mode in ("chunked", "full"):
-        set_lm_head(model, mode)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            outs.append(forward_response(model, ids, mask, 6).logprobs)
+            outs.append(forward_response(model, ids, mask, 6, lm_head=mode).logprobs)
     _close(outs[0], outs[1], 2e-2, 2e-2)
     assert (outs[0] - forward_response(model, ids, mask, 6).logprobs).abs().max() > 1e-4  # bf16, not float32
 
@@ -187,8 +185,8 @@ def test_forward_response_streamed_with_lora():
     assert streamable(model)
     ids, mask = _rows()
 
-    def run():
-        out = forward_response(model, ids, mask, 6)
+    def run(lm_head):
+        out = forward_response(model, ids, mask, 6, lm_head=lm_head)
         out.logprobs.sum().backward()
         return out
 
@@ -247,6 +245,30 @@ def test_streamed_forward_scores_the_rows_it_is_given():
     assert ent is None and kept is None
 
 
+def head_outputs(model) -> list[int]:
+    """The last dimension of each output the model's output layer returns from now on: the vocabulary for its
+    own logits, 3 for the streamed head's statistics (``models.lm_head.streamed_forward``)."""
+    seen: list[int] = []
+    model.get_output_embeddings().register_forward_hook(lambda module, inputs, out: seen.append(out.shape[-1]))
+    return seen
+
+
+def test_each_pass_reads_the_head_as_its_argument_says():
+    """The mode is an argument of the pass, not state on the model: a 'full' pass leaves the next default one
+    streamed; a mode that is neither is refused."""
+    model = _llama()
+    assert streamable(model)  # the one-token probe runs before the hook watches
+    ids, mask = _rows()
+    seen = head_outputs(model)
+    for mode in ("full", "chunked", "full"):
+        forward_response(model, ids, mask, 6, lm_head=mode)
+    forward_response(model, ids, mask, 6)
+    assert seen == [VOCAB, 3, VOCAB, 3]
+    assert not streamable(model, "full")
+    with pytest.raises(ValueError, match="lm_head must be one of chunked, full, got 'fused'"):
+        forward_response(model, ids, mask, 6, lm_head="fused")
+
+
 # ----------------------------------------------------------------------------- memory
 
 
@@ -270,11 +292,11 @@ def test_no_tokens_by_vocabulary_tensor_forward_or_backward(mode):
     """8 rows × 160 response tokens × 32,768 vocabulary = 42M logits; the chunks hold 2^24."""
     V, B, T = 32768, 8, 160
     model = _llama(tied=False, vocab=V, hidden=16)
-    set_lm_head(model, mode)
+    streamable(model)  # the head's one-token probe runs first, outside the watch
     ids = torch.randint(2, V, (B, 4 + T))
     watch = _LargestVocabTensor(V)
     with watch:
-        out = forward_response(model, ids, torch.ones_like(ids), T, with_entropy=True, entropy_grad=True)
+        out = forward_response(model, ids, torch.ones_like(ids), T, with_entropy=True, entropy_grad=True, lm_head=mode)
         (out.logprobs.sum() + out.entropy.sum()).backward()
     weight = V * 16  # the head's weight and its gradient
     if mode == "full":
@@ -289,13 +311,12 @@ def test_the_unstreamed_head_reads_the_logits_as_the_sampler_draws_from_them(aut
     top-k 5: the trainer's log-prob of the truncated distribution is the sampler's own arithmetic (float32
     logits / τ, then the truncation) to float rounding; dividing the bfloat16 logits first was not."""
     model = _llama(dtype=torch.float32 if autocast else torch.bfloat16, hidden=64)
-    set_lm_head(model, "full")
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, VOCAB, (4, 12), generator=g)
     mask, T, tau = torch.ones_like(ids), 8, 0.7
     context = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else torch.no_grad()
     with context, torch.no_grad():
-        out = forward_response(model, ids, mask, T, tau, support=(5, 1.0))
+        out = forward_response(model, ids, mask, T, tau, support=(5, 1.0), lm_head="full")
         logits = model(input_ids=ids).logits[:, -T - 1 : -1]
     assert logits.dtype == torch.bfloat16
     targets = ids[:, -T:]

@@ -55,7 +55,8 @@ def _read_config(run_dir: Path) -> dict | str:
 def _resolved(config: dict) -> dict:
     from ..config import PRESETS
 
-    preset = PRESETS.get(config.get("algorithm"), {})  # unset preset fields (null): show what they were
+    algorithm = config.get("algorithm")
+    preset = PRESETS.get(algorithm, {}) if isinstance(algorithm, str) else {}  # unset fields (null): the preset's
     return {
         k: f"{preset[k]} ({config['algorithm']} preset)" if v is None and k in preset else v for k, v in config.items()
     }
@@ -75,12 +76,12 @@ def _config_differences(runs: list[RunData]) -> str:
     configs = [_read_config(r.path) for r in runs]
     if not any(isinstance(c, dict) for c in configs):
         return _note("None of the runs has a readable config.yaml.")
-    configs = [_resolved(c) if isinstance(c, dict) else {} for c in configs]
-    fields = list(dict.fromkeys(k for c in configs for k in c))
+    resolved = [_resolved(c) if isinstance(c, dict) else {} for c in configs]
+    fields = list(dict.fromkeys(k for c in resolved for k in c))
     rows = [
-        [k, *(_fmt(c[k]) if k in c else "–" for c in configs)]
+        [k, *(_fmt(c[k]) if k in c else "–" for c in resolved)]
         for k in fields
-        if len({_fmt(c[k]) for c in configs if k in c}) > 1
+        if len({_fmt(c[k]) for c in resolved if k in c}) > 1
     ]
     if not rows:
         return _note("The runs' config.yaml files hold the same values.")

@@ -69,6 +69,7 @@ def _time_plot(rows: list[dict], out_dir: Path) -> Path | None:
     """``plots/time.png``: each step's ``perf/time_*`` seconds as stacked bars, one colour per phase."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     names = {k[len(TIME_PREFIX) :] for r in rows for k in r if k.startswith(TIME_PREFIX)}
     phases = [p for p in PHASE_ORDER if p in names] + sorted(names - set(PHASE_ORDER))
@@ -86,7 +87,9 @@ def _time_plot(rows: list[dict], out_dir: Path) -> Path | None:
         ax.bar(steps, seconds, width, bottom=bottom, label=phase, linewidth=0)
         bottom = [b + s for b, s in zip(bottom, seconds)]
     ax.set(title="Time per step by phase", xlabel="step", ylabel="seconds")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    locator = ax.xaxis.get_major_locator()
+    if isinstance(locator, MaxNLocator):  # the default, AutoLocator, is one
+        locator.set_params(integer=True)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize="small")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -156,10 +156,10 @@ def run_metadata(path: Path, rows: list[dict]) -> dict:
     sessions = _sessions(path)
     steps = f"{len(rows)} (last {rows[-1]['step']:g})" if rows else "0"
     if not sessions:
-        start, last = _mtime(path / "config.yaml"), _mtime(path / "metrics.jsonl")
+        start, last_write = _mtime(path / "config.yaml"), _mtime(path / "metrics.jsonl")
         return {
             "started": f"~{_when(start)}" if start else "–",
-            "duration": f"~{duration_text(last - start)}" if start and last >= start else "–",
+            "duration": f"~{duration_text(last_write - start)}" if start and last_write >= start else "–",
             "status": "no run.json (an older rlhfkit): times from its files",
             "steps": steps,
         }

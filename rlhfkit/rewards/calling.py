@@ -85,7 +85,9 @@ class RewardLogs:
     in call order) and ``extra`` (column -> ``batch`` values)."""
 
     def __init__(self, batch: int):
-        self.batch, self.metrics, self.extra = batch, {}, {}
+        self.batch = batch
+        self.metrics: dict[str, list[float]] = {}
+        self.extra: dict[str, list] = {}
 
     def for_function(self, name: str) -> tuple:
         """``(log_metric, log_extra)`` for the function ``name`` (its errors name it)."""

@@ -231,7 +231,8 @@ class RewardFunctions:
         columns = dict(columns or {})
         batch = _check_batch(prompts, completions, columns, completion_ids)
         logs = RewardLogs(batch)
-        raw, pending = {}, []
+        raw = {}
+        pending: list[str] = []  # the functions whose scores are awaited together
         for name, fn, accepted in zip(self.names, self.funcs, self.keywords):
             log_metric, log_extra = logs.for_function(name)
             offered = {
@@ -346,7 +347,7 @@ def _to_tensor(name: str, raw: Any, prompts: list, batch: int) -> torch.Tensor:
             problem = "a bool" if isinstance(value, bool) else f"not a number ({type(value).__name__})"
         elif not math.isfinite(value):
             problem = "not finite"
-        elif abs(value) > MAX_ABS_REWARD:
+        elif abs(float(value)) > MAX_ABS_REWARD:
             problem = "too large (the batch statistics are float32, where such scores overflow: rescale the reward)"
         else:
             values.append(float(value))

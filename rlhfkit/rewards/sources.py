@@ -10,7 +10,7 @@ from pathlib import Path
 from ..data.encode import encode_pair
 from ..models import ScalarModel, freeze, load_tokenizer
 from ..models.sources import is_hub_id, quiet_weight_bars
-from .functions import REWARD_FUNCTIONS, RewardFunctions, get_reward_function
+from .functions import REWARD_FUNCTIONS, RewardFunction, RewardFunctions, get_reward_function
 from .reward_model import RewardModelFunction
 
 
@@ -24,6 +24,7 @@ def build_rewards(reward_funcs, reward_weights, tokenizer, device=None) -> Rewar
     funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     resolved, names = [], []
     for i, spec in enumerate(funcs):
+        fn: RewardFunction
         if isinstance(spec, ScalarModel):
             fn = RewardModelFunction(freeze(spec), tokenizer, encode=encode_pair, name=f"reward_model_{i}")
         elif isinstance(spec, (str, os.PathLike)) and (Path(spec).is_dir() or _names_a_hub_model(spec)):

@@ -32,7 +32,8 @@ def make_rows(n: int, seed: int, digits=2, operators: str = "+", exclude: set | 
     capacity = sum((hi - lo + 1) ** 2 for lo, hi in ranges.values()) * len(operators) - len(exclude or ())
     if n > capacity:
         raise ValueError(f"only {capacity} distinct questions exist for digits={digits}, operators={operators!r}")
-    rng, seen, rows = random.Random(seed), set(exclude or ()), []
+    rng, seen = random.Random(seed), set(exclude or ())
+    rows: list[dict] = []
     while len(rows) < n:
         lo, hi = ranges[rng.choice(options) if len(options) > 1 else options[0]]  # same draws as before mixes
         key = (rng.randint(lo, hi), rng.choice(operators), rng.randint(lo, hi))

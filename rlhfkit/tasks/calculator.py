@@ -53,7 +53,8 @@ def make_rows(n: int, seed: int, digits: tuple[int, int] = (2, 2), exclude: set 
     capacity = (lo_hi[0][1] - lo_hi[0][0] + 1) * (lo_hi[1][1] - lo_hi[1][0] + 1) - len(exclude or ())
     if n > capacity:
         raise ValueError(f"only {capacity} distinct products exist for digits={digits}")
-    rng, seen, rows = random.Random(seed), set(exclude or ()), []
+    rng, seen = random.Random(seed), set(exclude or ())
+    rows: list[dict] = []
     while len(rows) < n:
         key = (rng.randint(*lo_hi[0]), rng.randint(*lo_hi[1]))
         if key not in seen:

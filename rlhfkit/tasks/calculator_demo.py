@@ -26,9 +26,19 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TypedDict
 
 from . import calculator
 from .tiny import chatml_tokenizer, tiny_causal_lm
+
+
+class ModelSize(TypedDict):
+    """The size arguments of ``tiny.tiny_causal_lm``."""
+
+    hidden_size: int
+    layers: int
+    heads: int
+
 
 TINY_TOOLS_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\ntools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<|im_end|>\n"
@@ -48,7 +58,7 @@ MAX_NEW_TOKENS = 128
 # (1,500 steps then left 3 of 64 calls with the right factors: nothing for GRPO to reinforce); with 8
 # heads and 2,500 steps it came at ~1,300 (one setting, measured here and in CI). GRPO at 1e-3 breaks
 # the call format.
-MODEL = {"hidden_size": 128, "layers": 4, "heads": 8}
+MODEL: ModelSize = {"hidden_size": 128, "layers": 4, "heads": 8}
 SFT = {"learning_rate": 2e-3, "max_steps": 2500, "batch_size": 16}
 RL = {
     "algorithm": "grpo",

@@ -15,6 +15,7 @@ import difflib
 import re
 import signal
 import sys
+from typing import Any
 
 from . import commands
 from .run import errors, interrupts
@@ -72,7 +73,7 @@ def _torchrun(nproc: int, argv: list[str]) -> int:
     return interrupts.supervise(command, argv)
 
 
-def _datasets(job) -> tuple:
+def _datasets(job) -> tuple[Any, Any]:
     """The job's train and eval datasets: local paths as given, Hub ids loaded with the job's
     ``dataset_subset`` and splits."""
     from .data.hub import resolve_dataset

@@ -28,6 +28,7 @@ import atexit
 import datetime
 import os
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -301,7 +302,7 @@ def finished() -> None:
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The transformer blocks of a Hugging Face model: its ``_no_split_modules`` classes."""
-    names = set()
+    names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
     return [m for m in model.modules() if type(m).__name__ in names]
@@ -336,18 +337,17 @@ def shard(model: torch.nn.Module, parallelism: str = "fsdp", mixed_precision: st
         )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    kwargs = {}
+    mesh = None  # fully_shard's default: every process
     if _GROUPS["role"] is not None:  # FSDP2 over this role's processes only
         from torch.distributed.device_mesh import DeviceMesh
 
-        kwargs["mesh"] = DeviceMesh.from_group(_GROUPS["role"], _DEVICE[0].type)
+        mesh = DeviceMesh.from_group(_GROUPS["role"], _DEVICE[0].type)
+    policy = MixedPrecisionPolicy()  # fully_shard's default: compute in the parameters' dtype
     if mixed_precision is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32
-        )
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32)
     for block in _blocks(model):
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -391,4 +391,5 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in model.state_dict().items()}
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(unwrap(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state)  # typed as any state value; full and offloaded: plain tensors

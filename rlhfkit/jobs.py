@@ -35,8 +35,8 @@ def lora_config(job: Sources):
         return None
     from peft import LoraConfig
 
-    targets = job.lora_target_modules
-    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()] or None
+    given = job.lora_target_modules
+    targets = given if given == "all-linear" else [t.strip() for t in given.split(",") if t.strip()] or None
     return LoraConfig(
         r=job.lora_r,
         lora_alpha=job.lora_alpha,

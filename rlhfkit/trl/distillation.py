@@ -20,7 +20,6 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any
 
 from transformers import TrainingArguments
 
@@ -276,7 +275,7 @@ class DistillationTrainer(GRPOTrainer):
     ``transformers.TrainingArguments``. The GRPO drop-in's attributes, ``state``, ``log_history`` layout
     (``rl_rows.py``), ``train()`` and ``save_model``; the metrics are ``metrics.DISTILL_METRICS``."""
 
-    config_class: Any = DistillationConfig
+    config_class = DistillationConfig
     suffix = "Distillation"
     loss_key = "distill/divergence"  # TRL's train_loss: the mean of the logged losses
     logger_name = "trl.trainer.distillation_trainer"

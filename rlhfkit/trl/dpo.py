@@ -171,6 +171,7 @@ class DPOTrainer(SupervisedTRLTrainer, NativeDPOTrainer):
 
     config_class, suffix, loss_key = DPOConfig, "DPO", "dpo/loss"
     trl_table = DPO_METRICS
+    trl_eval_attr = "eval_pairs"  # the rlhfkit trainer's tokenised evaluation set
     # TRL's flag for a Mixture-of-Experts load-balancing loss added to the DPO loss: rlhfkit adds none
     # (docs/guides/trl.md), so it is False for every model.
     aux_loss_enabled = False

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,20 +35,41 @@ import torch
 from ..data.padding import pad
 from .data_forms import eval_label, eval_sets, trained_mask
 
+if TYPE_CHECKING:
+    from ..trainers.supervised import SupervisedTrainer
+    from .state import TRLTrainerMixin
 
-class TRLEvaluation:
+    class _Trainer(TRLTrainerMixin, SupervisedTrainer):
+        """The classes the mixin comes before in the supervised drop-ins (``supervised.py``):
+        ``TRLTrainerMixin``, then the rlhfkit trainer (SFT, DPO, KTO or reward model) with what they all
+        have beyond ``SupervisedTrainer``, as the type checker reads it; at run time its base is object."""
+
+        model: Any  # the trained model (a peft model with LoRA)
+        tokenizer: Any
+
+        def __init__(self, model, args, train_dataset, eval_dataset, **kwargs) -> None: ...
+        def evaluate(self) -> dict[str, float]: ...
+
+else:
+    _Trainer = object
+
+
+class TRLEvaluation(_Trainer):
     """Mixed into ``SupervisedTRLTrainer`` before ``TRLTrainerMixin``; the trainer provides
     ``trl_eval_sets`` (name -> tokenised items), ``trl_prepare_eval``, ``trl_eval_attr`` and
     ``trl_rows`` (``supervised.py``)."""
 
-    trl_compute_metrics = None
-    trl_preprocess_logits = None
+    trl_compute_metrics: Callable | None = None
+    trl_preprocess_logits: Callable | None = None
     trl_eval_sets: dict
     trl_rows: list
     trl_epoch: float | None = None  # the epoch of the last logged step (None before training)
+    trl_prepare_eval: Callable[[Any, str], list]  # a dataset given to evaluate, tokenised (supervised.py)
+    trl_eval_attr: str  # the rlhfkit trainer's attribute holding its tokenised evaluation set (each drop-in's)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
         """TRL's ``evaluate`` (the module docstring); ``ignore_keys`` names outputs rlhfkit never returns."""
+        sets: dict[str | None, list]
         if isinstance(eval_dataset, str):
             if eval_dataset not in self.trl_eval_sets:
                 names = ", ".join(repr(n) for n in self.trl_eval_sets if n is not None) or "none"
@@ -83,9 +105,8 @@ class TRLEvaluation:
         table = self.trl_metrics()
         out = {prefix + k[4:]: native[v] for k, v in table.items() if k.startswith("eval_") and v in native}
         if self.trl_compute_metrics is not None:
-            out.update(
-                {k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in self._trl_metrics(items).items()}
-            )
+            computed = self._trl_metrics(items, self.trl_compute_metrics)
+            out.update({k if k.startswith(f"{prefix}_") else f"{prefix}_{k}": v for k, v in computed.items()})
         runtime = max(time.perf_counter() - start, 1e-9)
         batches = math.ceil(len(items) / self.trl_args.per_device_eval_batch_size)
         out[f"{prefix}_runtime"] = round(runtime, 4)
@@ -105,20 +126,24 @@ class TRLEvaluation:
             setattr(self, attr, saved)
 
     # ---------------------------------------------------------------- compute_metrics
-    def _trl_metrics(self, items: list) -> dict:
+    def _trl_metrics(self, items: list, compute_metrics: Callable) -> dict:
         from transformers import EvalPrediction
         from transformers.trainer_utils import denumpify_detensorize
 
+        # EvalPrediction's label_ids: None where the trainer has no labels (the reward model); transformers
+        # annotates it without None, which the class stores as given (the ignores below)
         batches = list(self.trl_prediction_batches(items))
         if self.trl_args.batch_eval_metrics:
             result = {}
             for k, (preds, labels) in enumerate(batches):
                 last = k == len(batches) - 1
-                result = self.trl_compute_metrics(EvalPrediction(preds, labels), compute_result=last)
+                result = compute_metrics(EvalPrediction(preds, labels), compute_result=last)  # type: ignore[arg-type]
         else:
-            preds = concat_padded([b[0] for b in batches])
-            labels = None if batches[0][1] is None else concat_padded([b[1] for b in batches])
-            result = self.trl_compute_metrics(EvalPrediction(predictions=preds, label_ids=labels))
+            label_arrays = [b[1] for b in batches if b[1] is not None]  # every batch's or none (the trainer's batches)
+            label_ids = concat_padded(label_arrays) if label_arrays else None
+            result = compute_metrics(
+                EvalPrediction(predictions=concat_padded([b[0] for b in batches]), label_ids=label_ids)  # type: ignore[arg-type]
+            )
         return denumpify_detensorize(dict(result or {}))
 
     def trl_prediction_batches(self, items: list) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:

@@ -22,9 +22,9 @@ class GenerationArguments(TrainingArguments):
 
     logging_steps: float = 10
     gradient_checkpointing: bool = True
-    bf16: bool | None = None
+    bf16: bool | None = None  # type: ignore[assignment]  # TRL's None: True unless fp16 (base_config.py)
     learning_rate: float = 1e-6
-    remove_unused_columns: bool | None = False
+    remove_unused_columns: bool = False  # TRL's default (its annotation also allows None)
     model_init_kwargs: dict | None = None
     trust_remote_code: bool = False
     router_aux_loss_coef: float | None = None
@@ -123,20 +123,25 @@ class GenerationArguments(TrainingArguments):
             super().__post_init__()
         world = distributed.planned_world()  # TRL's self.world_size, known before any process group
         # TRL's rule (GRPOConfig.__post_init__): one of generation_batch_size / steps_per_generation.
-        if self.generation_batch_size is None and self.steps_per_generation is None:
-            self.steps_per_generation = self.gradient_accumulation_steps
-        elif self.steps_per_generation is None:
-            if self.generation_batch_size % (self.per_device_train_batch_size * world):
-                raise ValueError(
-                    f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
-                    f"batch size ({self.per_device_train_batch_size * world})."
-                )
-            self.steps_per_generation = self.generation_batch_size // (self.per_device_train_batch_size * world)
+        if self.steps_per_generation is None:
+            if self.generation_batch_size is None:
+                self.steps_per_generation = self.gradient_accumulation_steps
+            else:
+                if self.generation_batch_size % (self.per_device_train_batch_size * world):
+                    raise ValueError(
+                        f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global "
+                        f"batch size ({self.per_device_train_batch_size * world})."
+                    )
+                self.steps_per_generation = self.generation_batch_size // (self.per_device_train_batch_size * world)
         elif self.generation_batch_size is not None:
             raise ValueError(
                 "'generation_batch_size' and 'steps_per_generation' can not be both configured at the same time"
             )
         self.generation_batch_size = self.per_device_train_batch_size * world * self.steps_per_generation
+        if self.num_generations is None:  # TRL fails on it below (generation_batch_size % None, a TypeError)
+            raise ValueError(
+                f"{type(self).__name__} field 'num_generations'=None: it must be the completions per prompt (2 or more)"
+            )
         if self.generation_batch_size % self.num_generations:
             raise ValueError(
                 f"generation_batch_size ({self.generation_batch_size}) must be divisible by "
@@ -170,6 +175,7 @@ class GenerationArguments(TrainingArguments):
         for name, value in getattr(self, "_given", {}).items():
             object.__setattr__(given, name, value)
         refuse_unsupported(given, self.HANDLED | ({f.name for f in dataclasses.fields(self)} - self.checked_late()))
+        assert self.steps_per_generation is not None  # __post_init__ has set it
         if self.steps_per_generation % self.gradient_accumulation_steps:
             raise ValueError(
                 f"{type(self).__name__}: steps_per_generation ({self.steps_per_generation}) must be a "
@@ -186,7 +192,15 @@ class GenerationArguments(TrainingArguments):
 
     @property
     def optimizer_steps_per_generation(self) -> int:
+        assert self.steps_per_generation is not None  # __post_init__ has set it
         return self.num_iterations * self.steps_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def prompts_per_generation(self) -> int:
+        """Prompts of one generation: ``generation_batch_size / num_generations`` (whole groups:
+        ``__post_init__`` checks it)."""
+        assert self.generation_batch_size is not None and self.num_generations is not None  # as __post_init__ left them
+        return self.generation_batch_size // self.num_generations
 
     def generations(self, n_rows: int) -> int:
         """RL steps (generations) of the run: ``max_steps`` optimizer steps, or ``num_train_epochs``
@@ -203,7 +217,7 @@ class GenerationArguments(TrainingArguments):
                     "gradient_accumulation_steps)"
                 )
             return self.max_steps // per
-        prompts = self.generation_batch_size // self.num_generations
+        prompts = self.prompts_per_generation
         if n_rows < prompts:
             raise ValueError(
                 f"{name}: the train dataset has {n_rows} prompts, fewer than one generation takes "
@@ -229,7 +243,7 @@ class GenerationArguments(TrainingArguments):
         fields.update(
             max_steps=steps,
             group_size=self.num_generations,
-            prompts_per_step=self.generation_batch_size // self.num_generations,
+            prompts_per_step=self.prompts_per_generation,
             mini_batch_size=self.per_device_train_batch_size * world * self.gradient_accumulation_steps,
             micro_batch_size=self.per_device_train_batch_size,
             num_iterations=self.num_iterations,

@@ -108,7 +108,8 @@ class GRPOConfig(GenerationArguments):
     }
 
     def __post_init__(self):
-        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        booleans: dict[str | bool, str] = {True: "group", False: "none"}  # TRL's rule
+        self.scale_rewards = booleans.get(self.scale_rewards, self.scale_rewards)
         super().__post_init__()
 
     def check_supported(self) -> None:
@@ -135,6 +136,7 @@ class GRPOConfig(GenerationArguments):
     def to_rlhfkit(self, n_rows: int, world: int = 1) -> RLConfig:
         """The ``RLConfig`` of this config for a dataset of ``n_rows`` prompts on ``world`` processes."""
         fields = self._rl_fields(n_rows, world)  # rlhfkit's refusals first
+        assert isinstance(self.scale_rewards, str)  # __post_init__ named the booleans, check_supported refused the rest
         gdpo = self.multi_objective_aggregation == "normalize_then_sum"
         policy_loss, loss_agg = LOSS_TYPES[self.loss_type]
         loss_options, level = {}, self.importance_sampling_level
@@ -152,7 +154,7 @@ class GRPOConfig(GenerationArguments):
                 loss_options = {k: getattr(self, f"vespo_{k}") for k in ("k_pos", "lambda_pos", "k_neg", "lambda_neg")}
                 level = "token"
         if self.delta is not None:
-            fields["dual_clip"] = self._two_sided_clip(fields.get("clip_high"))
+            fields["dual_clip"] = self._two_sided_clip(self.delta, fields.get("clip_high"))
         iterations = self.max_tool_calling_iterations
         if self.beta and self.use_bias_correction_kl:
             warn_once(
@@ -196,22 +198,22 @@ class GRPOConfig(GenerationArguments):
         )
         return RLConfig(**fields)
 
-    def _two_sided_clip(self, clip_high: float | None) -> float:
+    def _two_sided_clip(self, delta: float, clip_high: float | None) -> float:
         """``delta`` (INTELLECT-2's two-sided clip, arXiv:2505.07291: the ratio of a token's unclipped
         term capped at ``delta``) as rlhfkit's ``dual_clip``: with ``delta >= 1 + epsilon_high`` both
         bound a negative advantage's loss at ``delta x |A|`` and leave the rest as PPO's (the same loss
-        and gradient); a smaller one, or a loss without PPO's clip, is refused in one line."""
-        if LOSS_TYPES[self.loss_type][0] != "ppo_clip":
+        and gradient); a smaller one, or a loss without PPO's clip (no ``clip_high``), is refused in one line."""
+        if clip_high is None or LOSS_TYPES[self.loss_type][0] != "ppo_clip":
             raise ValueError(
-                f"GRPOConfig field 'delta'={self.delta!r} is not supported by rlhfkit with loss_type="
+                f"GRPOConfig field 'delta'={delta!r} is not supported by rlhfkit with loss_type="
                 f"{self.loss_type!r} (TRL applies it to the clipped losses only: grpo, bnpo, dapo, dr_grpo, luspo)"
             )
-        if not self.delta >= 1.0 + clip_high:
+        if not delta >= 1.0 + clip_high:
             raise ValueError(
-                f"GRPOConfig field 'delta'={self.delta!r} is not supported by rlhfkit below 1 + epsilon_high "
+                f"GRPOConfig field 'delta'={delta!r} is not supported by rlhfkit below 1 + epsilon_high "
                 f"({1.0 + clip_high:g}), where it would cap the clipped term too (TRL recommends delta > 1 + epsilon)"
             )
-        return float(self.delta)
+        return float(delta)
 
 
 @dataclass

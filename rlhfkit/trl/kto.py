@@ -131,7 +131,7 @@ class KTOTrainer(SupervisedTRLTrainer, NativeKTOTrainer):
     its adapter off; with ``precompute_ref_log_probs``: the model itself before its first update), as
     in TRL; ``trainer.ref_model`` is the reference model kept (None when there is none)."""
 
-    config_class: Any = KTOConfig
+    config_class = KTOConfig
     suffix, loss_key = "KTO", "kto/loss"
     model: Any  # the policy (the rlhfkit trainer sets it)
     trl_table = KTO_METRICS

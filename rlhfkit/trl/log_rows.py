@@ -19,19 +19,33 @@ evaluation's under ``eval/*`` (``eval/<name>/*`` for a named set).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .metrics import with_trl_names
+
+if TYPE_CHECKING:
+    from .evaluation import TRLEvaluation
+    from .state import TRLTrainerMixin
+
+    class _Trainer(TRLEvaluation, TRLTrainerMixin):
+        """The classes the mixin comes before in ``SupervisedTRLTrainer`` (and, through ``TRLEvaluation``'s,
+        the rlhfkit trainer), as the type checker reads it; at run time its base is object."""
+
+else:
+    _Trainer = object
 
 # TRL's names a training row takes from its step rather than averaging over the logging window
 STEP_VALUES = ("grad_norm", "learning_rate", "epoch")
 
 
-class TRLLogRows:
+class TRLLogRows(_Trainer):
     """Mixed into ``SupervisedTRLTrainer``; overrides ``SupervisedTrainer._log_step``, which every
     rlhfkit supervised loop calls once per optimizer step with the step's metrics."""
 
     trl_rows: list  # the layout above, built as the run goes
     trl_eval_sets: dict
     trl_epoch: float | None = None
+    _trl_window: list[dict]  # TRL's rows of the steps since the last training row
 
     def _log_step(self, step: int, metrics: dict) -> None:
         """The step's evaluations when due, rlhfkit's row, then TRL's rows (the module docstring)."""
@@ -84,6 +98,7 @@ class TRLLogRows:
         if self.trl_args.eval_on_start and self.trl_eval_sets:
             self.evaluate()
         out = super().train(resume_from_checkpoint)
+        assert self.summary is not None  # set by TRLTrainerMixin.train, which has just returned
         self.trl_rows.append({**self._trl_window_metrics(), **self.summary})
         return out
 

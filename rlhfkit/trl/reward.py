@@ -85,6 +85,7 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
 
     config_class, suffix, loss_key = RewardConfig, "Reward", "rm/loss"
     trl_table = REWARD_METRICS
+    trl_eval_attr = "eval_pairs"  # the rlhfkit trainer's tokenised evaluation set
 
     def __init__(
         self,
@@ -178,14 +179,17 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
     def _trl_ids(self, row: dict) -> tuple[list[int], list[int]]:
         """The chosen and rejected token ids of a text or chat row, as TRL tokenises them."""
         if not (isinstance(row["prompt"], list) and isinstance(row["chosen"], list)):  # text (rlhfkit: or mixed)
-            return tuple(trl_encode(row["prompt"], row[k], self.tokenizer).input_ids for k in ("chosen", "rejected"))
+            chosen, rejected = (
+                trl_encode(row["prompt"], row[k], self.tokenizer).input_ids for k in ("chosen", "rejected")
+            )
+            return chosen, rejected
         tools = row.get("tools")
         try:
             tools = json.loads(tools) if isinstance(tools, str) else tools
         except json.JSONDecodeError as e:
             raise ValueError(f"field 'tools': invalid JSON: {e.msg}") from None
         kwargs = {"tools": tools, **(row.get("chat_template_kwargs") or {})}
-        return tuple(
+        chosen, rejected = (
             list(
                 self.tokenizer.apply_chat_template(
                     list(row["prompt"]) + list(row[k]), tokenize=True, return_dict=True, **kwargs
@@ -193,6 +197,7 @@ class RewardTrainer(SupervisedTRLTrainer, RewardModelTrainer):
             )
             for k in ("chosen", "rejected")
         )
+        return chosen, rejected
 
     def trl_prediction_batches(self, items: list[Pair]):
         """``compute_metrics``' predictions as TRL's: per evaluation batch, its chosen scores then its

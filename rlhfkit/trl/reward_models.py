@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from ..models import ScalarModel
 from ..models.heads import HEAD_FILE
 from ..models.lora import apply_lora, is_peft
 from ..models.sources import from_hub_or_dir, resolve_model_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def num_labels_error(n) -> ValueError:
@@ -115,9 +119,10 @@ def _from_pretrained(source, seed: int, dtype, trust_remote_code: bool):
         hf_logging.set_verbosity(level)
 
 
-def classifier_parts(seq) -> tuple[torch.nn.Module, torch.nn.Module]:
+def classifier_parts(seq) -> tuple[PreTrainedModel, torch.nn.Module]:
     """``(transformer, head)`` of a sequence classifier (inside its ``peft`` wrapper): the base
-    model and the one other child with parameters (``score``; peft's wrapper of it when trained)."""
+    model (its ``base_model_prefix`` child, a ``PreTrainedModel``) and the one other child with
+    parameters (``score``; peft's wrapper of it when trained)."""
     inner = seq.get_base_model() if is_peft(seq) else seq
     prefix = inner.base_model_prefix
     heads = [m for n, m in inner.named_children() if n != prefix and next(m.parameters(), None) is not None]

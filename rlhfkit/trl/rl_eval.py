@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +38,17 @@ from ..data.encode import tokenize_prompts
 from ..rl import advantages, experience, update
 from ..rl.build import agent_prompt_limit
 from .rl_inputs import eval_sets, prompt_rows
+
+if TYPE_CHECKING:
+    from ..trainers.rl import RLTrainer
+    from .state import TRLTrainerMixin
+
+    class _Trainer(TRLTrainerMixin, RLTrainer):
+        """The classes the mixin comes before in the drop-in trainers (``rl_trainers.py``), as the
+        type checker reads it; at run time its base is object."""
+
+else:
+    _Trainer = object
 
 # TRL's evaluation name -> rlhfkit's run-row name under eval/ (the reward functions' are added per run)
 EVAL_NAMES = {
@@ -61,12 +74,13 @@ SOURCES = {
 }
 
 
-class TRLRLEvaluation:
+class TRLRLEvaluation(_Trainer):
     """Mixed into the GRPO / RLOO drop-ins before ``TRLTrainerMixin`` (the module docstring);
     ``trl_eval_data`` holds the trainer's evaluation sets, ``trl_rows`` TRL's log rows."""
 
     trl_eval_data: dict
     trl_rows: list
+    trl_epoch_entry: Callable[[], dict]  # TRLRLRows' (rl_rows.py)
 
     def trl_prepare_eval(self, eval_dataset) -> dict:
         """``{name: (rows, prompt token ids)}`` of ``eval_dataset`` (``rl_inputs.eval_sets``)."""

@@ -18,8 +18,22 @@ generation's. Every step's row of rlhfkit's names stays in ``trainer.history`` a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .metrics import with_trl_names
 from .rl_eval import crosses
+
+if TYPE_CHECKING:
+    from ..trainers.rl import RLTrainer
+    from .rl_eval import TRLRLEvaluation
+    from .state import TRLTrainerMixin
+
+    class _Trainer(TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
+        """The classes the mixin comes before in the drop-in trainers (``rl_trainers.py``), as the
+        type checker reads it; at run time its base is object."""
+
+else:
+    _Trainer = object
 
 # TRL's names a training row takes from its step rather than averaging over the window; TRL's
 # summary row has none of them (nor the loss: transformers logs it at logging steps only)
@@ -27,7 +41,7 @@ STEP_VALUES = ("grad_norm", "learning_rate", "epoch")
 NOT_IN_SUMMARY = ("loss", "grad_norm", "learning_rate")
 
 
-class TRLRLRows:
+class TRLRLRows(_Trainer):
     """Mixed into the GRPO / RLOO drop-ins; overrides ``RLTrainer._log``, which the RL loop calls once
     per step with the step's metrics, and ``train`` (the start's evaluation, the summary)."""
 
@@ -38,7 +52,7 @@ class TRLRLRows:
 
     def _log(self, metrics: dict, exp, timings: dict) -> None:
         """The step's evaluations when due, rlhfkit's row, then TRL's rows (the module docstring)."""
-        evaluations = []
+        evaluations: list[dict] = []
         if self.trl_eval_due(self.step):
             evaluations, native = self.trl_evaluate_sets()
             metrics.update(native)
@@ -71,7 +85,7 @@ class TRLRLRows:
             return False
         per = self.optimizer_steps_per_row()
         if strategy == "epoch":
-            return bool(self.trl_steps_per_epoch) and crosses(step, per, self.trl_steps_per_epoch, 0)
+            return self.trl_steps_per_epoch is not None and crosses(step, per, self.trl_steps_per_epoch, 0)
         first = step == 1 and a.logging_first_step
         return first or crosses(step, per, a.logging_steps, self.optimizer_steps_total())
 
@@ -116,6 +130,7 @@ class TRLRLRows:
         if self.trl_args.eval_on_start and self.trl_eval_data and self.step == 0:
             self.trl_rows += [{**e, "step": 0} for e in self.trl_evaluate_sets()[0]]
         output = super().train(resume_from_checkpoint)
+        assert self.summary is not None  # set by TRLTrainerMixin.train, which has just returned
         extra = {k: v for k, v in self.trl_window_means(self.trl_window).items() if k not in NOT_IN_SUMMARY}
         self.summary = {**{k: v for k, v in self.summary.items() if k != "step"}, **extra, **self.trl_epoch_entry()}
         self.summary["step"] = self.optimizer_steps_done()

@@ -8,9 +8,12 @@ logger names (``trl.trainer.grpo_trainer``, ``trl.trainer.rloo_trainer``), where
 from __future__ import annotations
 
 import logging
+from collections import defaultdict, deque
 from pathlib import Path
+from typing import TypedDict
 
 import torch
+from transformers import TrainingArguments
 
 from ..trainers.rl import RLTrainer
 from .callbacks import trl_callbacks
@@ -34,7 +37,8 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
     on rlhfkit's RL loop. ``args``: a ``GRPOConfig`` (default: TRL's, writing to
     ``<model name>-GRPO``) or a ``transformers.TrainingArguments``."""
 
-    config_class, suffix = GRPOConfig, "GRPO"
+    config_class: type[TrainingArguments] = GRPOConfig  # RLOOConfig, DistillationConfig in the subclasses
+    suffix = "GRPO"
     loss_key = "policy/total_loss"  # TRL's train_loss: the mean of the whole loss
     logger_name = "trl.trainer.grpo_trainer"
     _tag_names = ["trl", "grpo"]
@@ -57,10 +61,12 @@ class GRPOTrainer(TRLRLRows, TRLRLEvaluation, TRLTrainerMixin, RLTrainer):
         args = trl_config(args, self.config_class)
         if train_dataset is None:
             raise ValueError("`train_dataset` is required unless an `environment_factory` is provided.")
+        sources: list
+        classes: list
         if reward_funcs is None and environment_factory is not None:
-            sources, classes, names = [], [], []  # the environments' get_reward scores
+            sources, classes = [], []  # the environments' get_reward scores
         else:
-            sources, classes, names = reward_sources(reward_funcs, reward_processing_classes)
+            sources, classes, _ = reward_sources(reward_funcs, reward_processing_classes)
         args = self.trl_config(model, args, optimizers)
         processing_class = with_template_kwargs(
             model, tokenizer_for(model, processing_class), args.chat_template_kwargs
@@ -213,6 +219,17 @@ class RLOOTrainer(GRPOTrainer):
         return {}
 
 
+class CompletionTable(TypedDict):
+    """TRL's ``trainer._logs``: a column of the latest completions each (``TRLRewardView``)."""
+
+    images: deque
+    prompt: deque
+    completion: deque
+    rewards: defaultdict[str, deque]  # reward function name -> its scores
+    advantages: deque
+    extra: defaultdict[str, deque]  # log_extra's column -> its values
+
+
 class TRLRewardView:
     """The run's ``RewardFunctions`` as TRL's trainer sees its reward calls (``GRPOTrainer._calculate_rewards``
     and ``_generate_and_score_completions``): TRL's warning when every reward function returned None for a
@@ -222,11 +239,12 @@ class TRLRewardView:
     stays empty: they are computed after the call)."""
 
     def __init__(self, rewards, logger: logging.Logger, size: int):
-        from collections import defaultdict, deque
-
         self.rewards, self.logger = rewards, logger
-        table = lambda: deque(maxlen=size)  # noqa: E731
-        self.logs = {
+
+        def table() -> deque:
+            return deque(maxlen=size)
+
+        self.logs: CompletionTable = {
             "images": table(),
             "prompt": table(),
             "completion": table(),

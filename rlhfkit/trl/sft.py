@@ -138,6 +138,7 @@ class SFTTrainer(SupervisedTRLTrainer, NativeSFTTrainer):
 
     config_class, suffix, loss_key = SFTConfig, "SFT", "sft/loss"
     trl_table = SFT_METRICS
+    trl_eval_attr = "eval_examples"  # the rlhfkit trainer's tokenised evaluation set
 
     def __init__(
         self,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import distributed
 from ..agents.agent import model_name
@@ -12,16 +12,37 @@ from ..data import load_prompt_dataset
 from .metrics import rl_metrics, with_trl_names
 from .output_dir import claim_output_dir
 
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
-class TRLTrainerMixin:
+    from ..rl.sampler import Sampler
+
+    class _Trainer:
+        """What the mixin's ``super()`` calls reach, as the type checker reads them: the rlhfkit trainer
+        it is mixed into (``RLTrainer``, a ``SupervisedTrainer``); at run time the mixin's base is object."""
+
+        def train(self) -> list[dict]: ...
+        def save_model(self, path: Path) -> None: ...
+
+else:
+    _Trainer = object
+
+
+class TRLTrainerMixin(_Trainer):
     """Mixed into a drop-in trainer before the rlhfkit trainer it extends. ``config_class``: its
     TRL-shaped config; ``suffix``: TRL's default output directory is ``<model name>-<suffix>``."""
 
-    config_class = None
+    config_class: type[TrainingArguments]  # each drop-in's
     suffix = ""
     loss_key = "policy/loss"  # the logged loss train() averages into TrainOutput.training_loss
     trl_args: Any  # the TRL-shaped config (trl_config)
     summary: dict | None = None  # transformers.Trainer's end-of-training row, once train() has run
+    history: list[dict]  # the rlhfkit trainer's logged rows, once train() has run
+    # the rlhfkit trainer's: its config (RLConfig, a supervised config; the drop-in GRPOTrainer shows
+    # TRL's as args), and the RL trainer's sampler and optimizer steps, which the defaults below read
+    args: Any
+    sampler: Sampler
+    weights_version: int
 
     def translate(
         self, model, args, train_dataset, eval_dataset, reward_processing_classes=None, optimizers=(None, None)

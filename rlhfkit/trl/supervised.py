@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class SupervisedArguments(TrainingArguments):
 
     logging_steps: float = 10
     gradient_checkpointing: bool = True
-    bf16: bool | None = None
+    bf16: bool | None = None  # type: ignore[assignment]  # TRL's None: True unless fp16 (base_config.py)
     model_init_kwargs: dict | str | None = None
     trust_remote_code: bool = False
     dataset_num_proc: int | None = None
@@ -155,6 +156,10 @@ class SupervisedTRLTrainer(TRLLogRows, TRLEvaluation, TRLTrainerMixin):
     tagged with TRL's ``model_tags`` (``trl`` and the trainer's)."""
 
     trl_model = None  # the model TRL's trainer.model is, when it is not the rlhfkit trainer's own (reward.py)
+    # the pair trainers' (DPO and reward model), read where the trainer is not the SFT one (KTO's drop-in
+    # reads its own): their tokenised training pairs, and the reward model's tokenisation of rows
+    train_pairs: list
+    _encode_pairs: Callable[[list[dict], str], list]
 
     def native(self, model, args, train_dataset, eval_dataset, n_rows, optimizers, refused: dict):
         """``(rlhfkit config, None)``; ``refused``: TRL arguments by name, each refused unless None
@@ -234,11 +239,6 @@ class SupervisedTRLTrainer(TRLLogRows, TRLEvaluation, TRLTrainerMixin):
         return views[None] if None in views else dict(views)
 
     # ---------------------------------------------------------------- each rlhfkit trainer's data
-    @property
-    def trl_eval_attr(self) -> str:
-        """The rlhfkit trainer's attribute holding its tokenised evaluation set."""
-        return "eval_examples" if isinstance(self, NativeSFTTrainer) else "eval_pairs"
-
     def trl_source(self, dataset, name: str, limit: int | None = None):
         """``dataset`` as rlhfkit's loaders read it: a stream's rows (``data_forms.stream_rows``)."""
         return stream_rows(dataset, limit)

@@ -5,7 +5,8 @@ Every formula of rlhfkit lives here once: advantages, KL estimators and controll
 ``LossInputs`` -> ``LossOutputs``) and the value loss, loss
 aggregation, the DPO-family preference losses, SFT's per-token losses (NLL, DFT), reward shaping
 and DAPO's sample filters, the rollout importance-sampling correction, and lean per-token
-log-probs / entropies (and the teacher–student divergence of on-policy distillation).
+log-probs / entropies (and the teacher–student divergence of on-policy distillation); the losses'
+metrics as sufficient statistics of declared kinds (``metrics.py``).
 """
 
 from ._checks import masked_mean, masked_sum, masked_var
@@ -28,6 +29,18 @@ from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
 from .loss_interface import Hyperparameter, LossInputs, LossOutputs
 from .loss_registry import POLICY_LOSSES, check_loss_options, loss_hyperparameters
 from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, value_loss
+from .metrics import (
+    Metric,
+    StepMetrics,
+    as_metric,
+    explained_variance,
+    global_values,
+    metric_values,
+    reduce_steps,
+    token_max,
+    token_mean,
+    token_std,
+)
 from .policy_losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     cispo_policy_loss,
@@ -72,6 +85,16 @@ __all__ = [
     "Hyperparameter",
     "LossInputs",
     "LossOutputs",
+    "Metric",
+    "StepMetrics",
+    "as_metric",
+    "explained_variance",
+    "global_values",
+    "metric_values",
+    "reduce_steps",
+    "token_max",
+    "token_mean",
+    "token_std",
     "POLICY_LOSSES",
     "ROLLOUT_IS_MODES",
     "Registry",

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .metrics import Metric
+
 
 @dataclass(frozen=True)
 class LossInputs:
@@ -50,10 +52,13 @@ class LossInputs:
 @dataclass(frozen=True)
 class LossOutputs:
     """What every policy loss returns: the scalar ``loss`` (a negated objective, for descent) and
-    ``metrics``, detached 0-d tensors (no ``.item()``); a name ending in ``_max`` is a maximum."""
+    ``metrics``, each a ``Metric`` of a declared kind (``metrics.py``: a token mean, a maximum, a
+    standard deviation, as sufficient statistics; no ``.item()``), so the update logs the value of the
+    whole batch whatever its micro-batches and processes. A plain detached 0-d tensor is read as a
+    token mean over the micro-batch's response tokens (``metrics.as_metric``)."""
 
     loss: torch.Tensor
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    metrics: dict[str, Metric | torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,15 +2,17 @@
 loss and the reward model's Bradley–Terry loss. The policy losses are in ``policy_losses.py``.
 
 All losses are negated objectives (for gradient descent) and return ``(loss, metrics)`` where
-``metrics`` holds detached 0-d tensors (no ``.item()``; the caller decides when to synchronise).
+``metrics`` holds, for the value loss, ``Metric`` statistics of declared kinds (``metrics.py``), and for
+the reward model's loss detached 0-d tensors (no ``.item()``; the caller decides when to synchronise).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum, masked_var
+from ._checks import check_mask, check_same_shape, check_tensor, masked_mean, masked_sum
 from .logprobs import entropy_from_logits  # noqa: F401  (re-exported: the entropy bonus lives with the losses)
+from .metrics import explained_variance, token_mean
 
 AGGREGATIONS = (
     "token-mean",
@@ -72,36 +74,30 @@ def value_loss(
     2019 / "The N Implementation Details of RLHF with PPO"); ``clip=None`` gives ``0.5 (v - R)^2``.
 
     Args: (B, T) tensors. Returns ``(loss, metrics)``: ``critic/value_clip_frac``,
-    ``critic/values_mean``, ``critic/explained_variance`` (``1 - Var(R - v) / Var(R)``).
+    ``critic/values_mean`` (token means), ``critic/explained_variance`` (``1 - Var(R - v) / Var(R)``,
+    0 for constant returns; ``metrics.explained_variance``).
     """
     check_same_shape(values=values, old_values=old_values, returns=returns)
     check_tensor("values", values, ndim=2)
     mask = check_mask(response_mask, values.shape)
     err = (values - returns).square()
     if clip is None:
-        loss_mat, clip_frac = 0.5 * err, torch.zeros((), dtype=values.dtype, device=values.device)
+        loss_mat, clipped = 0.5 * err, torch.zeros_like(err)
     else:
         if clip <= 0:
             raise ValueError(f"value clip must be > 0 or None, got {clip}")
         v_clipped = old_values + (values - old_values).clamp(-clip, clip)
         err_clipped = (v_clipped - returns).square()
         loss_mat = 0.5 * torch.maximum(err, err_clipped)
-        clip_frac = masked_mean((err_clipped > err).to(values.dtype), mask)
+        clipped = (err_clipped > err).to(values.dtype)
     loss = aggregate(loss_mat, mask, agg, horizon)
     with torch.no_grad():
-        var_returns = masked_var(returns, mask)
-        # Constant returns leave nothing to explain: report 0 rather than a huge negative number.
-        explained = torch.where(
-            var_returns > 1e-8,
-            1.0 - masked_var(returns - values, mask) / var_returns.clamp(min=1e-8),
-            torch.zeros_like(var_returns),
-        )
         metrics = {
-            "critic/value_clip_frac": clip_frac,
-            "critic/values_mean": masked_mean(values, mask),
-            "critic/explained_variance": explained,
+            "critic/value_clip_frac": token_mean(clipped, mask),
+            "critic/values_mean": token_mean(values, mask),
+            "critic/explained_variance": explained_variance(returns, values, mask),
         }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
 
 
 def bradley_terry_loss(

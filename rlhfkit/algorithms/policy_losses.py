@@ -3,8 +3,9 @@ importance ratios, the latter GSPO), CISPO's clipped importance-sampling weight,
 VESPO's Gamma-weighted sequence ratio, and the plain policy gradient.
 
 All losses are negated objectives (for gradient descent) and return ``(loss, metrics)`` where
-``metrics`` holds detached 0-d tensors (no ``.item()``; the caller decides when to synchronise).
-A metric whose name ends in ``_max`` is a maximum (the trainer reduces it with ``max``).
+``metrics`` maps each name to a ``Metric`` of a declared kind (``metrics.py``: a token mean, a
+maximum, ... as sufficient statistics), so the update reads the metric of a whole batch from those of
+its micro-batches and processes (no ``.item()``; the caller decides when to synchronise).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from ._checks import check_mask, check_same_shape, check_tensor, masked_mean
 from .kl import MAX_LOG_RATIO, kl_penalty
 from .losses import aggregate
+from .metrics import Metric, token_max, token_mean
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token", "sequence_sum")
 
@@ -122,11 +124,11 @@ def ppo_policy_loss(
     loss = aggregate(_weighted(loss_mat, weights, mask), mask, agg, horizon)
     with torch.no_grad():
         metrics = {
-            "policy/clip_frac": masked_mean(is_clipped.to(logprobs.dtype), mask),
-            "policy/clip_frac_dual": masked_mean(is_dual.to(logprobs.dtype), mask),
+            "policy/clip_frac": token_mean(is_clipped.to(logprobs.dtype), mask),
+            "policy/clip_frac_dual": token_mean(is_dual.to(logprobs.dtype), mask),
             **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
         }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
 
 
 def cispo_policy_loss(
@@ -167,10 +169,10 @@ def cispo_policy_loss(
     loss = aggregate(_weighted(-advantages * capped * logprobs, weights, mask), mask, agg, horizon)
     with torch.no_grad():
         metrics = {
-            "policy/clip_frac": masked_mean((ratio > 1.0 + clip_high).to(logprobs.dtype), mask),
+            "policy/clip_frac": token_mean((ratio > 1.0 + clip_high).to(logprobs.dtype), mask),
             **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
         }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
 
 
 def sapo_policy_loss(
@@ -209,10 +211,10 @@ def sapo_policy_loss(
     loss = aggregate(_weighted(-gate * advantages, weights, mask), mask, agg, horizon)
     with torch.no_grad():
         metrics = {
-            "policy/sapo_gate_mean": masked_mean(gate, mask),
+            "policy/sapo_gate_mean": token_mean(gate, mask),
             **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
         }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
 
 
 VESPO_LOG_FLOOR = math.log(1e-8)  # the sequence weight's floor (TRL's and the paper's code: log(1e-8))
@@ -269,11 +271,10 @@ def vespo_policy_loss(
         rows = mask.any(-1)
         phi_row = torch.where(mask, phi.expand_as(mask), zero).sum(-1) / mask.sum(-1).clamp(min=1)
         metrics = {
-            "policy/vespo_phi_mean": phi_row[rows].mean() if bool(rows.any()) else zero,
-            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
-            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+            "policy/vespo_phi_mean": Metric.mean(torch.where(rows, phi_row, zero).sum(), rows.sum()),  # per row
+            **_approx_kl(logprobs, old_logprobs, mask),
         }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return loss, metrics
 
 
 def pg_loss(
@@ -297,21 +298,24 @@ def pg_loss(
     mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
     loss = aggregate(_weighted(-advantages * logprobs, weights, mask), mask, agg, horizon)
     with torch.no_grad():
-        metrics = {
-            "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
-            "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+        metrics = _approx_kl(logprobs, old_logprobs, mask)
+    return loss, metrics
 
 
-def _ratio_metrics(logprobs, old_logprobs, ratio, mask) -> dict:
-    """approx-KL (k1, k3) between the old and the current policy, and the ratio's mean and maximum."""
-    zero = torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+def _approx_kl(logprobs, old_logprobs, mask) -> dict[str, Metric]:
+    """approx-KL between the old and the current policy, k1 and k3, token means."""
     return {
-        "policy/approx_kl": masked_mean(old_logprobs - logprobs, mask),
-        "policy/approx_kl_k3": masked_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-        "policy/ratio_mean": masked_mean(ratio, mask),
-        "policy/ratio_max": torch.where(mask, ratio, zero).max() if ratio.numel() else zero,
+        "policy/approx_kl": token_mean(old_logprobs - logprobs, mask),
+        "policy/approx_kl_k3": token_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
+    }
+
+
+def _ratio_metrics(logprobs, old_logprobs, ratio, mask) -> dict[str, Metric]:
+    """approx-KL (k1, k3) between the old and the current policy, and the ratio's mean and maximum."""
+    return {
+        **_approx_kl(logprobs, old_logprobs, mask),
+        "policy/ratio_mean": token_mean(ratio, mask),
+        "policy/ratio_max": token_max(ratio, mask),
     }
 
 

@@ -40,6 +40,7 @@ import torch
 
 from ._checks import check_mask, check_same_shape, check_tensor
 from .kl import MAX_LOG_RATIO
+from .metrics import Metric, token_max, token_std
 from .registry import Registry
 
 # ``f(log_ratio, response_mask, *, threshold) -> (weights, kept)``: ``log_ratio`` (B, T) per token,
@@ -89,8 +90,6 @@ def rollout_is_weights(
     threshold: float | None = 2.0,
     *,
     low: float | None = None,
-    reduce=None,
-    reduce_max=None,
 ):
     """Per-token importance-sampling weights correcting the rollout engine / trainer mismatch.
 
@@ -124,13 +123,11 @@ def rollout_is_weights(
         mode: one of ``ROLLOUT_IS_MODES``.
         threshold: ``C > 1``, the truncation cap or the bounds ``[1/C, C]`` of the masks; None: no cap.
         low: the lower bound, when not ``1/C`` (mask modes) or none (truncation modes).
-        reduce, reduce_max: ``None`` (the metrics are this process's), or the sum and the max over
-            every process (``distributed.reduce_sum``, ``reduce_tensor_max``): the metrics are then
-            over every process's tokens, from the same formulas. The weights and mask stay local.
 
     Returns ``(weights, mask, metrics)``: ``weights`` (B, T) float32, detached, 0 outside the
     returned mask; ``mask`` (B, T) bool, a subset of ``response_mask`` (the tokens left in the
-    loss); ``metrics``, detached 0-d float32 tensors over the *original* response tokens:
+    loss); ``metrics``, ``Metric`` statistics (``metrics.py``: their values over several parts,
+    micro-batches or processes, are those of the parts together) over the *original* response tokens:
     ``rollout/logprob_diff_mean`` and ``rollout/logprob_diff_max`` (of ``|old - rollout|``, 0
     when the mask is empty), ``rollout/is_weight_mean`` (mean weight over the returned mask, 1
     when it is empty: no correction), ``rollout/is_masked_frac`` (share of the response tokens
@@ -166,34 +163,20 @@ def rollout_is_weights(
         weights = torch.where(kept, weights.expand(mask.shape), zero).float()
         token_lr = torch.where(mask, diff, zero).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         k3 = torch.where(mask, token_lr.exp() - 1 - token_lr, zero)  # KL(rollout || old) per sampled token
-        metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, k3, reduce, reduce_max)
+        metrics = _metrics(torch.where(mask, diff.abs(), zero), mask, weights, kept, k3)
     return weights, kept, metrics
 
 
-def _metrics(abs_diff, mask, weights, kept, k3, reduce, reduce_max) -> dict:
-    """The ``rollout/*`` metrics from sums and counts (over every process when ``reduce`` is given)."""
-    zero = abs_diff.new_zeros(())
+def _metrics(abs_diff, mask, weights, kept, k3) -> dict[str, Metric]:
+    """The ``rollout/*`` metrics as sums and counts (``Metric``)."""
     w = weights.to(abs_diff.dtype)
-    parts = torch.stack(
-        [abs_diff.sum(), mask.sum().to(abs_diff.dtype), w.sum(), kept.sum().to(abs_diff.dtype), (w * w).sum(), k3.sum()]
-    )
-    # a 0 appended: the max of an empty mask (or an empty batch) is 0, not an error
-    diff_max = torch.cat([abs_diff.flatten(), zero[None]]).max()
-    if reduce is not None:
-        parts = reduce(parts)
-    if reduce_max is not None:
-        diff_max = reduce_max(diff_max)
-    diff_sum, n_tokens, weight_sum, n_kept, weight_sq_sum, k3_sum = parts
-    weight_mean = weight_sum / n_kept.clamp(min=1)
-    metrics = {
-        "rollout/logprob_diff_mean": diff_sum / n_tokens.clamp(min=1),
-        "rollout/logprob_diff_max": diff_max,
-        "rollout/is_weight_mean": torch.where(
-            n_kept > 0, weight_sum / n_kept.clamp(min=1), torch.ones_like(weight_sum)
-        ),
-        "rollout/is_masked_frac": (n_tokens - n_kept) / n_tokens.clamp(min=1),
+    n_tokens, n_kept = mask.sum(), kept.sum()
+    return {
+        "rollout/logprob_diff_mean": Metric.mean(abs_diff.sum(), n_tokens),
+        "rollout/logprob_diff_max": token_max(abs_diff, mask),
+        "rollout/is_weight_mean": Metric.mean(w.sum(), n_kept, empty=1.0),
+        "rollout/is_masked_frac": Metric.mean(n_tokens - n_kept, n_tokens),
         # the weights' spread: population std over the kept tokens (0 when none or one is kept)
-        "rollout/is_weight_std": (weight_sq_sum / n_kept.clamp(min=1) - weight_mean**2).clamp(min=0).sqrt(),
-        "rollout/kl_sampler_trainer": k3_sum / n_tokens.clamp(min=1),
+        "rollout/is_weight_std": token_std(weights, kept),
+        "rollout/kl_sampler_trainer": Metric.mean(k3.sum(), n_tokens),
     }
-    return {k: v.detach().float() for k, v in metrics.items()}

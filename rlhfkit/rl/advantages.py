@@ -15,13 +15,16 @@ from .. import distributed
 from ..algorithms import (
     ADVANTAGE_ESTIMATORS,
     KL_ESTIMATORS,
+    Metric,
     apply_missing_eos_penalty,
+    global_values,
     masked_mean,
     masked_sum,
     masked_var,
     overlong_penalty,
     rollout_is_weights,
     token_level_rewards,
+    token_mean,
     whiten,
 )
 from ..config.parts import ConfigFields, takes
@@ -193,8 +196,9 @@ def rollout_correction(
     ``rollout_is_weights`` with ``args.rollout_is``. Returns ``(weights or None, mask, metrics)``:
     tokens or sequences a mask mode rejects have left ``mask``; ``metrics`` are
     ``rollout/logprob_diff_mean`` and ``_max`` (|old - behaviour| over the response tokens),
-    ``rollout/is_weight_mean`` and ``rollout/is_masked_frac`` — over every process, or of these
-    rows alone with ``local`` (a micro-batch of the update, which aggregates them itself). With
+    ``rollout/is_weight_mean``, ``_std``, ``rollout/is_masked_frac`` and ``rollout/kl_sampler_trainer``
+    (``rollout_is_weights``): their values over every process, or with ``local`` these rows' ``Metric``
+    statistics (a micro-batch of the update, which reduces them with the others: ``metrics.py``). With
     ``args.rollout_is_zero_masked`` (TRL's rule) the rejected tokens keep their place in ``mask``,
     with weight 0.
 
@@ -209,19 +213,22 @@ def rollout_correction(
     elif log_kept_mass is not None:
         old = old - log_kept_mass.to(old.device)
     behaviour = behaviour.to(old.device)
-    reduce = {} if local else dict(reduce=distributed.reduce_sum, reduce_max=distributed.reduce_tensor_max)
-    weights, kept, metrics = rollout_is_weights(
-        old, behaviour, mask, args.rollout_is, args.rollout_is_threshold, low=args.rollout_is_threshold_low, **reduce
+    weights, kept, stats = rollout_is_weights(
+        old, behaviour, mask, args.rollout_is, args.rollout_is_threshold, low=args.rollout_is_threshold_low
     )
+    metrics = stats if local else global_values(stats, distributed.reduce_sum, distributed.reduce_tensor_max)
     if own_sampler or args.rollout_is == "none":
         return None, mask, metrics
     return weights, mask if args.rollout_is_zero_masked else kept, metrics
 
 
-def kl_metrics(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, mean=masked_mean) -> dict:
-    """``kl/k1`` and ``kl/k3``: the two estimators of KL(π‖ref) averaged over ``mask`` by ``mean``
-    (``masked_mean``: these rows; ``distributed.global_mean``: every process's rows)."""
-    return {f"kl/{name}": mean(KL_ESTIMATORS.get(name)(logprobs.detach(), ref_logprobs), mask) for name in ("k1", "k3")}
+def kl_metrics(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor) -> dict[str, Metric]:
+    """``kl/k1`` and ``kl/k3``: the two estimators of KL(π‖ref), token means over ``mask`` (``Metric``:
+    ``metrics.global_values`` reads them over every process's rows)."""
+    return {
+        f"kl/{name}": token_mean(KL_ESTIMATORS.get(name)(logprobs.detach(), ref_logprobs), mask.bool())
+        for name in ("k1", "k3")
+    }
 
 
 def rollout_metrics(rollout) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import distributed
-from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, mask_truncated, teacher_token_advantages
+from ..algorithms import KL_ESTIMATORS, ROLLOUT_IS_MODES, global_values, mask_truncated, teacher_token_advantages
 from ..config.parts import ConfigFields, takes
 from ..config.teacher import distillation_weight
 from ..models import efficiency
@@ -104,7 +104,8 @@ def make_experience(
     kl = None
     if ref is not None and old_logprobs is not None:
         kl = KL_ESTIMATORS.get(args.kl_estimator)(old_logprobs, ref)
-        metrics.update(kl_metrics(old_logprobs, ref, mask, distributed.global_mean))  # scored or not
+        kl_stats = kl_metrics(old_logprobs, ref, mask)  # scored or not
+        metrics.update(global_values(kl_stats, distributed.reduce_sum, None))
     advantages, returns, rewards, mask = compute_advantages(
         args, scores, valid, mask, kl, old_values, kl_coef, reduce=distributed.reduce_sum
     )

@@ -50,10 +50,10 @@ def test_ppo_single_case(case):
     assert loss.item() == pytest.approx(loss_t, abs=1e-12)
     if grad_t == 0.0:
         assert logprobs.grad.item() == 0.0  # exactly zero, not merely small
-        assert metrics["policy/clip_frac"].item() == 1.0
+        assert metrics["policy/clip_frac"].value.item() == 1.0
     else:
         assert logprobs.grad.item() == pytest.approx(grad_t, abs=1e-12)
-        assert metrics["policy/clip_frac"].item() == 0.0
+        assert metrics["policy/clip_frac"].value.item() == 0.0
 
 
 def test_ppo_four_cases_in_one_batch():
@@ -67,16 +67,16 @@ def test_ppo_four_cases_in_one_batch():
     expected_grad = t([[-1.1 / 4, 0.0, 0.9 / 4, 0.0]])
     torch.testing.assert_close(logprobs.grad, expected_grad, rtol=0, atol=1e-12)
     assert logprobs.grad[0, 1].item() == 0.0 and logprobs.grad[0, 3].item() == 0.0
-    assert m["policy/clip_frac"].item() == pytest.approx(0.5)
-    assert m["policy/clip_frac_dual"].item() == 0.0
+    assert m["policy/clip_frac"].value.item() == pytest.approx(0.5)
+    assert m["policy/clip_frac_dual"].value.item() == 0.0
     # approx_kl = mean(old - new) = -mean(log ρ)
-    assert m["policy/approx_kl"].item() == pytest.approx(-sum(math.log(r) for r in ratios) / 4, abs=1e-12)
+    assert m["policy/approx_kl"].value.item() == pytest.approx(-sum(math.log(r) for r in ratios) / 4, abs=1e-12)
     # k3 of (new, old): log r = old - new = -log ρ → 1/ρ + log ρ - 1
     k3 = sum(1 / r + math.log(r) - 1 for r in ratios) / 4
-    assert m["policy/approx_kl_k3"].item() == pytest.approx(k3, abs=1e-12)
-    assert m["policy/ratio_mean"].item() == pytest.approx(sum(ratios) / 4, abs=1e-12)
+    assert m["policy/approx_kl_k3"].value.item() == pytest.approx(k3, abs=1e-12)
+    assert m["policy/ratio_mean"].value.item() == pytest.approx(sum(ratios) / 4, abs=1e-12)
     for v in m.values():
-        assert v.dim() == 0 and not v.requires_grad
+        assert v.value.dim() == 0 and not v.stats.requires_grad
 
 
 def test_ppo_other_directions_are_not_clipped():
@@ -86,7 +86,7 @@ def test_ppo_other_directions_are_not_clipped():
     loss.backward()
     assert loss.item() == pytest.approx((-0.5 + 1.5) / 2, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[-0.5 / 2, 1.5 / 2]]), rtol=0, atol=1e-12)
-    assert m["policy/clip_frac"].item() == 0.0
+    assert m["policy/clip_frac"].value.item() == 0.0
 
 
 def test_ppo_on_policy_gradient_equals_minus_advantage():
@@ -98,7 +98,7 @@ def test_ppo_on_policy_gradient_equals_minus_advantage():
     loss.backward()
     assert loss.item() == pytest.approx(-(0.3 - 1.2 + 2.0) / 3)
     torch.testing.assert_close(logprobs.grad, -adv / 3)
-    assert m["policy/approx_kl"].item() == 0.0 and m["policy/approx_kl_k3"].item() == 0.0
+    assert m["policy/approx_kl"].value.item() == 0.0 and m["policy/approx_kl_k3"].value.item() == 0.0
 
 
 def test_ppo_asymmetric_clip_higher():
@@ -111,12 +111,12 @@ def test_ppo_asymmetric_clip_higher():
     # loss_t = [-1.25, -1.28, 0.8, 0.85] → mean = 0.12 / 4 = 0.03
     assert loss.item() == pytest.approx((-1.25 - 1.28 + 0.8 + 0.85) / 4, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[-1.25 / 4, 0.0, 0.0, 0.85 / 4]]), rtol=0, atol=1e-12)
-    assert m["policy/clip_frac"].item() == pytest.approx(0.5)
+    assert m["policy/clip_frac"].value.item() == pytest.approx(0.5)
     # the same inputs with a symmetric 0.2 clip the first token too
     logprobs2, *_ = _policy_inputs([1.25, 1.3, 0.75, 0.85], [1.0, 1.0, -1.0, -1.0])
     loss2, m2 = ppo_policy_loss(logprobs2, old, adv, mask, clip_low=0.2, clip_high=0.2)
     assert loss2.item() == pytest.approx((-1.2 - 1.2 + 0.8 + 0.85) / 4, abs=1e-12)
-    assert m2["policy/clip_frac"].item() == pytest.approx(0.75)
+    assert m2["policy/clip_frac"].value.item() == pytest.approx(0.75)
 
 
 def test_ppo_dual_clip():
@@ -131,7 +131,7 @@ def test_ppo_dual_clip():
     assert loss.item() == pytest.approx((3.0 + 2.0 - 1.2 + 1.6) / 4, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[0.0, 2.0 / 4, 0.0, 0.0]]), rtol=0, atol=1e-12)
     assert logprobs.grad[0, 0].item() == 0.0
-    assert m["policy/clip_frac_dual"].item() == pytest.approx(0.25)
+    assert m["policy/clip_frac_dual"].value.item() == pytest.approx(0.25)
     # without dual clip the first token costs 5 and keeps its gradient
     logprobs2, *_ = _policy_inputs([5.0, 2.0, 5.0, 0.5], [-1.0, -1.0, 1.0, -2.0])
     loss2, _ = ppo_policy_loss(logprobs2, old, adv, mask)
@@ -221,9 +221,9 @@ def test_pg_loss_by_hand():
     # d/dlp = -A_i / B on response tokens
     torch.testing.assert_close(lp.grad, t([[-1.0, -1.0, 0.0], [0.5, 0.5, 0.5]]))
     # approx_kl over the 5 response tokens: (0 + 0.5 + 0 - 0.5 + 0) / 5 = 0
-    assert m["policy/approx_kl"].item() == pytest.approx(0.0)
+    assert m["policy/approx_kl"].value.item() == pytest.approx(0.0)
     k3 = (math.exp(0.5) - 0.5 - 1) + (math.exp(-0.5) + 0.5 - 1)  # tokens (0,1) and (1,1)
-    assert m["policy/approx_kl_k3"].item() == pytest.approx(k3 / 5)
+    assert m["policy/approx_kl_k3"].value.item() == pytest.approx(k3 / 5)
     loss_tm, _ = pg_loss(lp, old, adv, mask, agg="token-mean")
     assert loss_tm.item() == pytest.approx((6.0 - 1.5) / 5)
 
@@ -244,8 +244,8 @@ def test_value_loss_unclipped():
     assert loss.item() == pytest.approx(1.125 / 3)
     loss.backward()
     torch.testing.assert_close(v.grad, t([[-0.5 / 3, 1.0 / 3, -1.0 / 3]]))
-    assert m["critic/value_clip_frac"].item() == 0.0
-    assert m["critic/values_mean"].item() == pytest.approx(5 / 3)
+    assert m["critic/value_clip_frac"].value.item() == 0.0
+    assert m["critic/values_mean"].value.item() == pytest.approx(5 / 3)
 
 
 def test_value_loss_clipped_by_hand():
@@ -259,7 +259,7 @@ def test_value_loss_clipped_by_hand():
     loss.backward()
     torch.testing.assert_close(v.grad, t([[-0.5 / 3, 1.0 / 3, 0.0]]))
     assert v.grad[0, 2].item() == 0.0
-    assert m["critic/value_clip_frac"].item() == pytest.approx(1 / 3)
+    assert m["critic/value_clip_frac"].value.item() == pytest.approx(1 / 3)
 
 
 def test_value_loss_explained_variance():
@@ -269,10 +269,10 @@ def test_value_loss_explained_variance():
     ev = 1 - statistics.pvariance(resid) / statistics.pvariance(returns)
     # by hand: Var(R) = 3.6875/4 = 0.921875; residuals [0.5, 0, 0.5, -1] (mean 0): Var = 1.5/4 = 0.375
     assert ev == pytest.approx(1 - 0.375 / 0.921875)
-    assert m["critic/explained_variance"].item() == pytest.approx(ev)
+    assert m["critic/explained_variance"].value.item() == pytest.approx(ev)
     # a perfect critic explains everything
     _, m2 = value_loss(t([returns]), t([returns]), t([returns]), torch.ones(1, 4))
-    assert m2["critic/explained_variance"].item() == pytest.approx(1.0)
+    assert m2["critic/explained_variance"].value.item() == pytest.approx(1.0)
 
 
 def test_value_loss_masked_and_validation():
@@ -282,7 +282,7 @@ def test_value_loss_masked_and_validation():
     loss, m = value_loss(v, v, r, mask, clip=0.5)
     # 0.5·[1, 4] → mean 1.25
     assert loss.item() == pytest.approx(1.25)
-    assert all(torch.isfinite(x) for x in m.values())
+    assert all(torch.isfinite(x.value) for x in m.values())
     with pytest.raises(ValueError, match=r"value clip must be > 0 or None, got 0"):
         value_loss(v, v, r, mask, clip=0)
     with pytest.raises(ValueError, match=r"values=\(2, 2\), old_values=\(2, 2\), returns=\(2, 3\)"):
@@ -376,4 +376,4 @@ def test_value_loss_explained_variance_is_zero_for_constant_returns():
     values = torch.tensor([[0.1, 0.4, -0.2]])
     returns = torch.full((1, 3), 2.0)
     _, m = value_loss(values, values, returns, torch.ones(1, 3))
-    assert m["critic/explained_variance"].item() == 0.0
+    assert m["critic/explained_variance"].value.item() == 0.0

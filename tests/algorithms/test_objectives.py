@@ -75,9 +75,9 @@ def test_gspo_loss_clips_whole_sequences_by_hand():
     loss.backward()
     assert loss.item() == pytest.approx(-0.15, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[0.0, 0.0, 0.0], [0.15, 0.15, 0.15]]), rtol=0, atol=1e-12)
-    assert m["policy/clip_frac"].item() == pytest.approx(2 / 5)  # the 2 tokens of the clipped row
-    assert m["policy/ratio_mean"].item() == pytest.approx((2 * 1.5 + 3 * 0.9) / 5, abs=1e-12)
-    assert m["policy/ratio_max"].item() == pytest.approx(1.5, abs=1e-12)
+    assert m["policy/clip_frac"].value.item() == pytest.approx(2 / 5)  # the 2 tokens of the clipped row
+    assert m["policy/ratio_mean"].value.item() == pytest.approx((2 * 1.5 + 3 * 0.9) / 5, abs=1e-12)
+    assert m["policy/ratio_max"].value.item() == pytest.approx(1.5, abs=1e-12)
     # token-mean weighs the rows by their tokens: (2·(-1.2) + 3·0.9) / 5 = 0.06; row 1: 3·0.3/5
     logprobs, old, mask = _gspo_inputs()
     loss, _ = ppo_policy_loss(logprobs, old, t([1.0, -1.0]), mask, importance_sampling_level="sequence")
@@ -134,7 +134,7 @@ def test_gspo_with_the_papers_clip_range():
     assert loss.item() == pytest.approx((-1.0004 - 1.0003 + 0.9997 + 0.9998) / 4, abs=1e-12)
     want = t([[0.0, 0.0], [-1.0003 / 8, -1.0003 / 8], [0.0, 0.0], [0.9998 / 8, 0.9998 / 8]])
     torch.testing.assert_close(logprobs.grad, want, rtol=0, atol=1e-12)
-    assert m["policy/clip_frac"].item() == pytest.approx(0.5)
+    assert m["policy/clip_frac"].value.item() == pytest.approx(0.5)
 
 
 def test_sequence_level_dual_clip_by_hand():
@@ -150,7 +150,7 @@ def test_sequence_level_dual_clip_by_hand():
         loss.backward()
         assert loss.item() == pytest.approx(want, abs=1e-12)
         torch.testing.assert_close(logprobs.grad, t([[grad, grad]]), rtol=0, atol=1e-12)
-        assert m["policy/clip_frac_dual"].item() == (1.0 if dual else 0.0)
+        assert m["policy/clip_frac_dual"].value.item() == (1.0 if dual else 0.0)
 
 
 def test_sequence_level_empty_rows_and_padding_count_for_nothing():
@@ -169,7 +169,7 @@ def test_sequence_level_empty_rows_and_padding_count_for_nothing():
     assert importance_ratio(padded, torch.zeros(3, 3, dtype=F64), torch.tensor(GSPO_MASK + [[0, 0, 0]]), "sequence")[
         2
     ].tolist() == [1.0, 1.0, 1.0]  # an empty row: s = 1
-    assert m["policy/ratio_max"].item() == pytest.approx(1.5, abs=1e-12)
+    assert m["policy/ratio_max"].value.item() == pytest.approx(1.5, abs=1e-12)
 
 
 def test_token_level_is_the_default_and_unchanged():
@@ -179,7 +179,7 @@ def test_token_level_is_the_default_and_unchanged():
     assert torch.equal(a, b) and ma.keys() == mb.keys()
     # by hand: ratios [2, 1.125 | 0.5, 1.8, 0.81], A = [1 | -1]: [-1.2, -1.125 | 0.8, 1.8, 0.81]
     assert a.item() == pytest.approx((-1.2 - 1.125 + 0.8 + 1.8 + 0.81) / 5, abs=1e-12)
-    assert ma["policy/ratio_max"].item() == pytest.approx(2.0, abs=1e-12)
+    assert ma["policy/ratio_max"].value.item() == pytest.approx(2.0, abs=1e-12)
 
 
 def test_unknown_importance_sampling_level_is_refused():
@@ -213,10 +213,10 @@ def test_cispo_by_hand():
     loss.backward()
     assert loss.item() == pytest.approx((-1.5 * L(0.15) + 0.5 * L(0.05) - 5 * L(0.8)) / 3, abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[-0.5, 0.5 / 3, -5 / 3]]), rtol=0, atol=1e-12)
-    assert m["policy/clip_frac"].item() == pytest.approx(1 / 3)
-    assert m["policy/ratio_mean"].item() == pytest.approx(10 / 3, abs=1e-12)
-    assert m["policy/ratio_max"].item() == pytest.approx(8.0, abs=1e-12)
-    assert m["policy/approx_kl"].item() == pytest.approx(-(L(1.5) + L(0.5) + L(8.0)) / 3, abs=1e-12)
+    assert m["policy/clip_frac"].value.item() == pytest.approx(1 / 3)
+    assert m["policy/ratio_mean"].value.item() == pytest.approx(10 / 3, abs=1e-12)
+    assert m["policy/ratio_max"].value.item() == pytest.approx(8.0, abs=1e-12)
+    assert m["policy/approx_kl"].value.item() == pytest.approx(-(L(1.5) + L(0.5) + L(8.0)) / 3, abs=1e-12)
     # PPO on the same tokens drops the gradient of the capped one and of the one below its floor
     logprobs2, *_ = _cispo_inputs()
     ppo, _ = ppo_policy_loss(logprobs2, old, adv, mask, clip_low=0.2, clip_high=4.0)
@@ -232,7 +232,7 @@ def test_cispo_on_policy_is_the_policy_gradient():
     # ρ = 1: loss = -(2·(-1) + 2·(-2) - 1·(-0.5)) / 3 = 5.5 / 3; gradient -A/3 on the mask
     assert loss.item() == pytest.approx(5.5 / 3, abs=1e-12)
     torch.testing.assert_close(lp.grad, t([[-2 / 3, -2 / 3], [1 / 3, 0.0]]), rtol=0, atol=1e-12)
-    assert m["policy/clip_frac"].item() == 0.0
+    assert m["policy/clip_frac"].value.item() == 0.0
 
 
 def test_cispo_registry_entry_reads_clip_high_only():
@@ -270,7 +270,7 @@ def test_cispo_sequence_level_caps_the_sequence_ratio():
     loss.backward()
     assert loss.item() == pytest.approx(-(L(0.4) + L(0.9)), abs=1e-12)
     torch.testing.assert_close(logprobs.grad, t([[-1.0, -1.0]]), rtol=0, atol=1e-12)
-    assert m["policy/ratio_max"].item() == pytest.approx(6.0, abs=1e-12)
+    assert m["policy/ratio_max"].value.item() == pytest.approx(6.0, abs=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,7 @@ def test_padding_never_changes_policy_losses(spec, agg, seq_adv):
         _close(loss_p, loss)
         assert m.keys() == m_p.keys()
         for k in m:
-            _close(m_p[k], m[k])
+            _close(m_p[k].value, m[k].value)
         loss.backward()
         loss_p.backward()
         _close(P.crop(lp_p_leaf.grad), lp_leaf.grad)
@@ -174,7 +174,7 @@ def test_padding_never_changes_value_loss(spec, clip, agg):
     loss_p, m_p = value_loss(P.pad(v), P.pad(old), P.pad(ret), P.pad_mask(mask), clip=clip, agg=agg, horizon=horizon)
     _close(loss_p, loss)
     for k in m:
-        _close(m_p[k], m[k])
+        _close(m_p[k].value, m[k].value)
 
 
 @SETTINGS

@@ -123,7 +123,7 @@ def test_reinforce_matches_reference(use_registry):
     torch.testing.assert_close(adv, ref_adv, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-6)
-    assert metrics["policy/approx_kl"].item() == 0.0
+    assert metrics["policy/approx_kl"].value.item() == 0.0
 
 
 def test_reinforce_hand_values():

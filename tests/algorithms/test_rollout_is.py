@@ -86,11 +86,11 @@ def test_every_mode_by_hand(mode):
         "rollout/kl_sampler_trainer",
     }
     for v in metrics.values():
-        assert v.dim() == 0 and v.dtype == torch.float32 and not v.requires_grad
-    assert metrics["rollout/logprob_diff_mean"].item() == pytest.approx(DIFF_MEAN, rel=1e-6)
-    assert metrics["rollout/logprob_diff_max"].item() == pytest.approx(DIFF_MAX, rel=1e-6)
-    assert metrics["rollout/is_weight_mean"].item() == pytest.approx(wmean, rel=1e-6)
-    assert metrics["rollout/is_masked_frac"].item() == pytest.approx(masked, rel=1e-6)
+        assert v.value.dim() == 0 and v.value.dtype in (torch.float32, torch.float64) and not v.stats.requires_grad
+    assert metrics["rollout/logprob_diff_mean"].value.item() == pytest.approx(DIFF_MEAN, rel=1e-6)
+    assert metrics["rollout/logprob_diff_max"].value.item() == pytest.approx(DIFF_MAX, rel=1e-6)
+    assert metrics["rollout/is_weight_mean"].value.item() == pytest.approx(wmean, rel=1e-6)
+    assert metrics["rollout/is_masked_frac"].value.item() == pytest.approx(masked, rel=1e-6)
 
 
 def test_default_mode_is_token_truncate_with_threshold_2():
@@ -109,7 +109,7 @@ def test_a_wider_threshold_keeps_more():
     w, m, met = rollout_is_weights(t(OLD), t(ROLLOUT), t(MASK), "sequence_mask", 4.0)
     assert torch.equal(m, t(MASK).bool())
     torch.testing.assert_close(w, t([[1.5] * 3, [3, 3, 0], [0.25] * 3], torch.float32), rtol=1e-6, atol=0)
-    assert met["rollout/is_masked_frac"].item() == 0.0
+    assert met["rollout/is_masked_frac"].value.item() == 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def test_padding_content_changes_nothing(mode, garbage):
     got = rollout_is_weights(old, rollout, t(MASK), mode, C)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     for k in ref[2]:
-        assert torch.equal(got[2][k], ref[2][k]), k
+        assert torch.equal(got[2][k].stats, ref[2][k].stats), k
 
 
 @pytest.mark.parametrize("mode", ROLLOUT_IS_MODES)
@@ -140,10 +140,10 @@ def test_own_sampler_gives_weights_exactly_one(mode, dtype):
     weights, kept, metrics = rollout_is_weights(lp, lp.clone(), mask, mode, 1.5)
     assert torch.equal(weights, mask.float())
     assert torch.equal(kept, mask.bool())
-    assert metrics["rollout/logprob_diff_mean"].item() == 0.0
-    assert metrics["rollout/logprob_diff_max"].item() == 0.0
-    assert metrics["rollout/is_weight_mean"].item() == 1.0
-    assert metrics["rollout/is_masked_frac"].item() == 0.0
+    assert metrics["rollout/logprob_diff_mean"].value.item() == 0.0
+    assert metrics["rollout/logprob_diff_max"].value.item() == 0.0
+    assert metrics["rollout/is_weight_mean"].value.item() == 1.0
+    assert metrics["rollout/is_masked_frac"].value.item() == 0.0
 
 
 @pytest.mark.parametrize("mode", ROLLOUT_IS_MODES)
@@ -158,7 +158,7 @@ def test_huge_log_ratios_are_clamped_before_exp(mode):
         assert torch.isfinite(weights).all()
         for k, v in metrics.items():
             if k != "rollout/logprob_diff_max" and k != "rollout/logprob_diff_mean":  # |old - rollout| = inf: honest
-                assert torch.isfinite(v), k
+                assert torch.isfinite(v.value), k
     weights, _, _ = rollout_is_weights(old, rollout, mask, "token_truncate", INF)
     # exp(20) exp(-20) exp(20) 1 | exp(15) x3, 1
     e = math.exp
@@ -180,7 +180,7 @@ def test_no_gradient_through_the_weights(mode):
     weights, kept, metrics = rollout_is_weights(old, rollout, t(MASK), mode, C)
     assert not weights.requires_grad and weights.grad_fn is None
     assert not kept.requires_grad
-    assert all(not v.requires_grad for v in metrics.values())
+    assert all(not v.stats.requires_grad for v in metrics.values())
 
 
 @pytest.mark.parametrize("threshold", [1.0, 0.5, 0.0, -2.0, NAN, True, "2"])
@@ -220,10 +220,10 @@ def test_empty_mask_gives_finite_metrics(mode, shape):
     old = torch.full(shape, NAN, dtype=F64)
     weights, kept, metrics = rollout_is_weights(old, old.clone(), torch.zeros(shape), mode, C)
     assert weights.shape == shape and not weights.any() and not kept.any()
-    assert metrics["rollout/logprob_diff_mean"].item() == 0.0
-    assert metrics["rollout/logprob_diff_max"].item() == 0.0
-    assert metrics["rollout/is_weight_mean"].item() == 1.0
-    assert metrics["rollout/is_masked_frac"].item() == 0.0
+    assert metrics["rollout/logprob_diff_mean"].value.item() == 0.0
+    assert metrics["rollout/logprob_diff_max"].value.item() == 0.0
+    assert metrics["rollout/is_weight_mean"].value.item() == 1.0
+    assert metrics["rollout/is_masked_frac"].value.item() == 0.0
 
 
 def test_weight_mean_is_one_when_every_token_is_masked():
@@ -231,8 +231,8 @@ def test_weight_mean_is_one_when_every_token_is_masked():
     old, rollout = t([[0.0, 0.0]]), t([[-5.0, 5.0]])  # ρ = e^5, e^-5: both outside [1/2, 2]
     weights, kept, metrics = rollout_is_weights(old, rollout, torch.ones(1, 2), "token_mask", C)
     assert not kept.any() and not weights.any()
-    assert metrics["rollout/is_weight_mean"].item() == 1.0
-    assert metrics["rollout/is_masked_frac"].item() == 1.0
+    assert metrics["rollout/is_weight_mean"].value.item() == 1.0
+    assert metrics["rollout/is_masked_frac"].value.item() == 1.0
 
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.uint8, torch.float32, F64])

@@ -41,32 +41,16 @@ def test_traits_say_what_each_mode_does(mode):
 
 
 @pytest.mark.parametrize("mode", ROLLOUT_IS_MODES)
-def test_reduced_metrics_are_those_of_the_whole_batch(mode):
-    """Rows 0-1 on one "process" and row 2 on another, reduced (as the trainer passes
-    ``distributed.reduce_sum`` / ``reduce_tensor_max``), give the metrics of the three rows
-    together; the weights stay the process's own."""
+def test_merged_metrics_are_those_of_the_whole_batch(mode):
+    """Rows 0-1 on one "process" (or micro-batch) and row 2 on another: their metrics' statistics,
+    merged (as the update and ``metrics.reduced`` do), give the metrics of the three rows together;
+    the weights stay each part's own."""
     whole = rollout_is_weights(OLD, ROLLOUT, MASK, mode, C)[2]
-    other = {}
-    rollout_is_weights(
-        OLD[2:],
-        ROLLOUT[2:],
-        MASK[2:],
-        mode,
-        C,
-        reduce=lambda x: other.setdefault("sum", x),
-        reduce_max=lambda x: other.setdefault("max", x),
-    )
-    weights, _, metrics = rollout_is_weights(
-        OLD[:2],
-        ROLLOUT[:2],
-        MASK[:2],
-        mode,
-        C,
-        reduce=lambda x: x + other["sum"],
-        reduce_max=lambda x: torch.maximum(x, other["max"]),
-    )
-    assert {k: v.item() for k, v in metrics.items()} == pytest.approx({k: v.item() for k, v in whole.items()}, abs=1e-7)
-    assert torch.equal(weights, rollout_is_weights(OLD[:2], ROLLOUT[:2], MASK[:2], mode, C)[0])
+    weights, _, first = rollout_is_weights(OLD[:2], ROLLOUT[:2], MASK[:2], mode, C)
+    second = rollout_is_weights(OLD[2:], ROLLOUT[2:], MASK[2:], mode, C)[2]
+    merged = {k: first[k].merge(second[k]).value.item() for k in first}
+    assert merged == pytest.approx({k: v.value.item() for k, v in whole.items()}, abs=1e-7)
+    assert torch.equal(weights, rollout_is_weights(OLD, ROLLOUT, MASK, mode, C)[0][:2])
 
 
 def test_trls_bounds_a_floor_no_cap_and_a_one_sided_mask():

@@ -38,7 +38,7 @@ def test_sapo_by_hand():
     loss, metrics = sapo_policy_loss(logprobs, old, adv, torch.ones(1, 2))
     gate = [4 / 1.0 * sigmoid(1.0 * 0.5), 4 / 1.05 * sigmoid(1.05 * -0.2)]
     assert loss.item() == pytest.approx((-gate[0] * 1 + gate[1] * 1) / 2, abs=1e-12)
-    assert metrics["policy/sapo_gate_mean"].item() == pytest.approx(sum(gate) / 2, abs=1e-12)
+    assert metrics["policy/sapo_gate_mean"].value.item() == pytest.approx(sum(gate) / 2, abs=1e-12)
     loss.backward()  # d/dlogp of -(4/τ)σ(τ(ρ-1))A = -4σ(1-σ)ρA, halved by the row's mean
     s0, s1 = sigmoid(0.5), sigmoid(-0.21)
     expected = [-4 * s0 * (1 - s0) * 1.5 * 1 / 2, -4 * s1 * (1 - s1) * 0.8 * -1 / 2]
@@ -66,7 +66,7 @@ def test_vespo_by_hand():
     lp = logprobs.detach()
     expected = -(phi0 * 1.0 * (lp[0, 0] + lp[0, 1]) + phi1 * -0.5 * lp[1, 0]) / 3
     assert loss.item() == pytest.approx(expected.item(), abs=1e-12)
-    assert metrics["policy/vespo_phi_mean"].item() == pytest.approx((phi0 + phi1) / 2, abs=1e-12)
+    assert metrics["policy/vespo_phi_mean"].value.item() == pytest.approx((phi0 + phi1) / 2, abs=1e-12)
     loss.backward()
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-phi0 / 3, -phi0 / 3], [0.5 * phi1 / 3, 0.0]], dtype=F64))
 
@@ -78,7 +78,7 @@ def test_vespo_folds_the_rollout_weights_into_the_sequence_ratio():
     weights = torch.tensor([[1.0, math.exp(0.5)]], dtype=F64)
     folded = vespo_policy_loss(logprobs, old, adv, mask, weights=weights)[1]["policy/vespo_phi_mean"]
     shifted = vespo_policy_loss(logprobs + torch.tensor([[0.0, 0.5]], dtype=F64), old, adv, mask)
-    assert folded.item() == pytest.approx(shifted[1]["policy/vespo_phi_mean"].item(), abs=1e-12)
+    assert folded.value.item() == pytest.approx(shifted[1]["policy/vespo_phi_mean"].value.item(), abs=1e-12)
 
 
 def test_vespo_on_policy_is_the_policy_gradient_and_refuses_a_sequence_level():

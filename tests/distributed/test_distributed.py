@@ -55,17 +55,27 @@ def run(nproc: int, *args, timeout: int = 300) -> subprocess.CompletedProcess:
 
 def _experience(path: Path, config) -> dict:
     """One batch of experience from the toy trainer, saved as plain tensors to ``path``; returns the
-    trainer's policy weights before any update."""
-    trainer = toy_trainer(**{k: v for k, v in config.items() if k != "checkpoint_above_tokens"})
+    trainer's policy weights before any update. ``engine_noise`` in the config: the engine's own
+    log-probs are the policy's plus that much noise (an engine that is not the trained model, whose
+    rollout correction the experience carries, or the loss computes in its one on-policy pass)."""
+    trainer = toy_trainer(**{k: v for k, v in config.items() if k not in ("checkpoint_above_tokens", "engine_noise")})
     rows = trainer.sampler.sample_prompts()
     rollout = trainer.sampler.engine.generate(
         [trainer.sampler.prompt_ids[i] for i in rows], trainer.args.group_size, trainer.sampler.sampling
     )
+    if config.get("engine_noise"):
+        with torch.no_grad():
+            own = trainer.models.policy_outputs(rollout, with_values=False)[0]
+        noise = torch.randn(own.shape, generator=torch.Generator().manual_seed(5))
+        rollout.logprobs = own + config["engine_noise"] * noise
     scores, valid, metrics = trainer.sampler.score(rows, rollout)
     exp = trainer.make_experience(rollout, scores, valid, metrics)
     data = {k: getattr(exp.rollout, k) for k in ROLLOUT}
     data["prompt_len"] = torch.tensor(exp.rollout.prompt_len)
-    for k in ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns"):
+    data["correct_in_loss"] = torch.tensor(exp.correct_in_loss)
+    if exp.rollout.logprobs is not None:
+        data["logprobs"] = exp.rollout.logprobs
+    for k in ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns", "is_weights"):
         if getattr(exp, k) is not None:
             data[k] = getattr(exp, k)
     torch.save(data, path)
@@ -115,6 +125,31 @@ CASES = {
     # per micro-batch, the policy's output layer gathered differentiably (FSDP2), uneven micro-batches per process
     "distill-full-micro": dict(
         algorithm="distill", distillation_mode="full", distillation_beta=0.5, prompts_per_step=8, micro_batch_size=3
+    ),
+    # every kind of metric the update logs (issue 53): the rollout correction computed in the one on-policy pass of
+    # the loss (an engine's own log-probs, a mask mode that zeroes weights), β·KL in the loss, the off-policy
+    # sequence mask, the adaptive entropy bonus, the dual clip; and VESPO's per-row weight with the correction
+    # made before the update (two minibatches), on uneven micro-batches
+    "grpo-correction-in-loss": dict(
+        algorithm="grpo",
+        prompts_per_step=4,
+        micro_batch_size=3,
+        kl_coef=0.05,
+        rollout_is="token_mask",
+        rollout_is_threshold=1.2,
+        rollout_is_zero_masked=True,
+        off_policy_mask_threshold=0.02,
+        use_adaptive_entropy=True,
+        dual_clip=2.0,
+        engine_noise=0.2,
+    ),
+    "vespo-corrected-minibatches": dict(
+        algorithm="grpo",
+        policy_loss="vespo",
+        prompts_per_step=4,
+        mini_batch_size=8,
+        micro_batch_size=3,
+        engine_noise=0.1,
     ),
     "grpo-checkpointing-auto": dict(
         algorithm="grpo",
@@ -174,6 +209,29 @@ def test_one_update_of_a_fixed_batch_is_the_same_on_one_and_two_processes(one_up
     for name in one:  # equal to 1e-5 relative, in norm per tensor (AdamW's first steps amplify float
         # rounding of near-zero gradients element by element: up to ~2e-6 absolute was measured)
         assert (two[name] - one[name]).norm() <= 1e-5 * one[name].norm(), name
+
+
+@pytest.mark.parametrize("parallelism", PARALLELISMS)
+@pytest.mark.parametrize("case", CASES)
+def test_every_metric_of_the_update_is_the_same_on_one_and_two_processes(one_updates, case, parallelism):
+    """The metrics that update logged (worker.py writes them beside the weights) are the batch's own on
+    any number of processes: their statistics are reduced over the processes by kind (algorithms/metrics.py)."""
+    out = one_updates[case, parallelism][2]
+    one, two = (json.loads((out / f"{name}.json").read_text()) for name in ("one", "two"))
+    assert one.keys() == two.keys() and "policy/loss" in one
+    for name, value in one.items():
+        assert two[name] == pytest.approx(value, rel=1e-4, abs=1e-6), name
+
+
+def test_the_cases_log_every_kind_of_metric(one_updates):
+    """The rollout correction in the loss, the critic's explained variance, VESPO's per-row weight: logged,
+    and measuring something."""
+    logged = lambda case: json.loads((one_updates[case, "ddp"][2] / "one.json").read_text())  # noqa: E731
+    correction = logged("grpo-correction-in-loss")
+    assert correction["rollout/is_weight_std"] > 0.01 and 0 < correction["rollout/is_masked_frac"] < 1
+    assert {"policy/kept_token_frac", "policy/entropy_coef", "kl/k1", "policy/clip_frac_dual"} <= correction.keys()
+    assert logged("ppo-separate-critic")["critic/explained_variance"] != 0
+    assert logged("vespo-corrected-minibatches")["policy/vespo_phi_mean"] > 0
 
 
 def test_auto_checkpointing_mixes_passes_and_two_processes_agree_on_each(one_updates):

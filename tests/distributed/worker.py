@@ -4,6 +4,7 @@ worker.py update <cases.json>
     for each [experience.pt, config.json, out.safetensors] of the list, in turn (one launch, one
     import, serves every case): one RL update of that fixed batch of experience by a fresh trainer
     with that config; this process trains on its share of the rows, rank 0 writes the full weights
+    and, beside them (out.json), the metrics the update logged
 worker.py train <config.json> <out_dir>
     a toy-task run; every process writes, before any gathering, a sha256 of each parameter as it
     holds it (its own replica under DDP, its shard under FSDP) to <out_dir>/weights-<rank>.json
@@ -29,14 +30,18 @@ from rlhfkit.rl.experience import Experience
 from rlhfkit.rollout import Rollout
 from rlhfkit.tasks.toy import toy_trainer
 
-FIELDS = ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns")
+FIELDS = ("mask", "old_logprobs", "ref_logprobs", "old_values", "advantages", "returns", "is_weights")
 ROLLOUT = ("input_ids", "attention_mask", "response_mask", "has_eos", "prompt_index")
 
 
 def load_experience(path, rows):
     data = torch.load(path, weights_only=True)
+    logprobs = data["logprobs"][rows] if "logprobs" in data else None  # an engine's own log-probs
     rollout = Rollout(*(data[k][rows] for k in ROLLOUT[:4]), int(data["prompt_len"]), data["prompt_index"][rows])
-    return Experience(rollout, *(data[k][rows] if k in data else None for k in FIELDS))
+    rollout.logprobs = logprobs
+    exp = Experience(rollout, *(data[k][rows] if k in data else None for k in FIELDS))
+    exp.correct_in_loss = bool(data.get("correct_in_loss", False))
+    return exp
 
 
 def full_weights(trainer) -> dict:
@@ -64,6 +69,7 @@ def update_one(experience, config, out):
     config = json.loads(open(config).read())
     eps = config.pop("adam_eps", None)
     above = config.pop("checkpoint_above_tokens", None)
+    config.pop("engine_noise", None)  # the experience's (test_distributed._experience)
     trainer = set_adam_eps(toy_trainer(**config), eps)
     if above is not None:  # a pass of more than that many tokens (rows x width) checkpoints under 'auto':
         # a fixed cost of 1 byte a token (not the probe's fit, whose count the equivalence does not test)
@@ -73,12 +79,14 @@ def update_one(experience, config, out):
     B = torch.load(experience, weights_only=True)["mask"].shape[0]
     share = B // distributed.role_size()
     rows = torch.arange(distributed.role_rank() * share, (distributed.role_rank() + 1) * share)
-    metrics = trainer.update(load_experience(experience, rows)) | trainer.models.memory.metrics()
+    logged = {k: float(v) for k, v in trainer.update(load_experience(experience, rows)).items()}
+    metrics = logged | trainer.models.memory.metrics()
     if above is not None:  # each process's own share: they decide for themselves
         sys.stderr.write(f"checkpointed_frac[{distributed.role_rank()}]={metrics['perf/checkpointed_frac']}\n")
     weights = full_weights(trainer)
     if distributed.is_main():
         save_file({k: v.contiguous().clone() for k, v in weights.items()}, out)
+        open(out.removesuffix(".safetensors") + ".json", "w").write(json.dumps(logged))  # the update's metrics
 
 
 VARYING = ("xyz 12", "hello")

@@ -132,14 +132,16 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
     def right(t: torch.Tensor) -> torch.Tensor:  # (B, T') -> (B, T)
         return F.pad(t, (0, T - t.shape[1]), value=0)
 
-    index, offset = [], 0
-    for r in rollouts:
-        if r.prompt_index is None:
-            index = None
-            break
-        index.append(r.prompt_index + offset)
-        offset += int(r.prompt_index.max()) + 1 if len(r.prompt_index) else 0
-    logprobs = torch.cat([right(r.logprobs) for r in rollouts]) if all(with_logprobs) else None
+    index = None
+    parts = [r.prompt_index for r in rollouts if r.prompt_index is not None]
+    if len(parts) == len(rollouts):
+        shifted, offset = [], 0
+        for part in parts:
+            shifted.append(part + offset)
+            offset += int(part.max()) + 1 if len(part) else 0
+        index = torch.cat(shifted)
+    drawn = [r.logprobs for r in rollouts if r.logprobs is not None]
+    logprobs = torch.cat([right(t) for t in drawn]) if all(with_logprobs) else None
     segments = None  # a part without segments is one segment per row: zeros
     if any(r.segments is not None for r in rollouts):
         segments = torch.cat(
@@ -151,7 +153,7 @@ def concat_rollouts(rollouts: Sequence[Rollout], pad_id: int = 0) -> Rollout:
         torch.cat([right(r.response_mask) for r in rollouts]),
         torch.cat([r.has_eos for r in rollouts]),
         P,
-        torch.cat(index) if index is not None else None,
+        index,
         logprobs,
         segments,
     )

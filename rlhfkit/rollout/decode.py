@@ -9,7 +9,7 @@ inputs ``generate`` builds (the positions that skip left padding, the 2D mask â€
 prompts have no padding, as ``generate`` drops an all-ones mask â€”, ``logits_to_keep=1``), draws
 with the engine's ``TokenSampler``, and:
 
-- keeps the key/value cache in buffers allocated once for the whole call (``growing_layer``): a
+- keeps the key/value cache in buffers allocated once for the whole call (``rollout.cache``): a
   step writes its one column in place and attends over a view of the filled columns, the same
   keys ``generate`` attends over;
 - drops a row from the batch (its tokens, mask, position and cache rows) the step it draws an
@@ -28,102 +28,24 @@ On a CPU, a model computing in bfloat16 or float16 (``rollout_precision: bfloat1
 attends in its decode steps by two matrix products and a float32 softmax (``decode_attention``)
 instead of PyTorch's CPU flash-attention kernel, which is slow for one query in these dtypes
 (measured 5 ms against 0.13 ms for 16 rows over 50 keys, a third of a bfloat16 decode step;
-float32 is as fast either way and keeps ``sdpa``, so float32 streams stay ``generate``'s).
+float32 is as fast either way and keeps ``sdpa``, so float32 streams stay ``generate``'s). For the
+loop's call only, transformers' ``sdpa`` function is rebound to it (``fast_decode_attention``): no
+config changes, and architectures that call PyTorch's kernel themselves (Falcon) are untouched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
 
-
-@functools.cache
-def growing_layer():
-    """The class ``GrowingLayer``, defined on first use (rlhfkit imports transformers lazily)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        """A full-attention cache layer with room for ``capacity`` columns, allocated at its first
-        update: each update writes its columns in place and returns views of the filled ones
-        (``DynamicLayer`` concatenates, copying the whole cache every step)."""
-
-        def __init__(self, capacity: int):
-            super().__init__()
-            self.capacity, self.length = capacity, 0
-            self.key_buffer = self.value_buffer = None
-
-        def lazy_initialization(self, key_states, value_states):
-            self.device, self.is_initialized = key_states.device, True
-            self._allocate(key_states.shape[0], key_states, value_states)
-
-        def _allocate(self, rows: int, like_k, like_v):
-            b, h, _, d = like_k.shape
-            self.key_buffer = like_k.new_empty((rows, h, self.capacity, d))
-            self.value_buffer = like_v.new_empty((rows, like_v.shape[1], self.capacity, like_v.shape[-1]))
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            start, end = self.length, self.length + key_states.shape[-2]
-            if end > self.capacity:
-                raise RuntimeError(f"decode cache: {end} columns for a capacity of {self.capacity}")
-            self.key_buffer[:, :, start:end].copy_(key_states)
-            self.value_buffer[:, :, start:end].copy_(value_states)
-            self.length = end
-            self.keys, self.values = self.key_buffer[:, :, :end], self.value_buffer[:, :, :end]
-            return self.keys, self.values
-
-        def get_seq_length(self) -> int:
-            return self.length
-
-        def reset(self) -> None:
-            super().reset()
-            self.length, self.key_buffer, self.value_buffer = 0, None, None
-
-        def crop(self, tokens_to_remove: int) -> None:
-            raise NotImplementedError("the decode cache only grows")
-
-        def _rebuild(self, take) -> None:
-            """New buffers holding ``take(old filled part)`` (only the filled columns are copied)."""
-            if not self.length:
-                return
-            keys, values = take(self.keys), take(self.values)
-            self._allocate(keys.shape[0], keys, values)
-            self.key_buffer[:, :, : self.length].copy_(keys)
-            self.value_buffer[:, :, : self.length].copy_(values)
-            self.keys = self.key_buffer[:, :, : self.length]
-            self.values = self.value_buffer[:, :, : self.length]
-
-        def batch_repeat_interleave(self, repeats: int) -> None:
-            self._rebuild(lambda t: t.repeat_interleave(repeats, dim=0))
-
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self._rebuild(lambda t: t.index_select(0, indices.to(t.device)))
-
-    return GrowingLayer
-
-
-def decode_cache(model, capacity: int):
-    """A ``DynamicCache`` for ``model`` whose plain full-attention layers are ``GrowingLayer`` s of
-    ``capacity`` columns (``growing_layer``); other layer kinds stay as transformers builds them."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
-
-    layer = growing_layer()
-    cache = DynamicCache(config=model.config)
-    if not cache.layers:  # a config transformers cannot read layer types from: it adds DynamicLayers lazily
-        cache.layer_class_to_replicate = None
-        cache.layers = [layer(capacity) for _ in range(model.config.get_text_config(decoder=True).num_hidden_layers)]
-    cache.layers = [layer(capacity) if type(old) is DynamicLayer else old for old in cache.layers]
-    return cache
-
-
-DECODE_ATTENTION = "rlhfkit_decode"
+DECODE_ATTENTION_DTYPES = (torch.bfloat16, torch.float16)  # where decode_attention computes by matmuls
 
 
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
@@ -135,7 +57,8 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
 
     b, h, q_len, d = query.shape
     plain = kwargs.get("softcap") is None and kwargs.get("position_bias") is None and dropout == 0.0
-    if q_len != 1 or query.device.type != "cpu" or query.dtype == torch.float32 or not plain:
+    plain = plain and (attention_mask is None or attention_mask.shape[1] == 1)  # one mask for every head
+    if q_len != 1 or query.device.type != "cpu" or query.dtype not in DECODE_ATTENTION_DTYPES or not plain:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
@@ -150,32 +73,68 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return out.to(query.dtype).reshape(b, h, 1, d).transpose(1, 2).contiguous(), None
 
 
-@functools.cache
-def _register_decode_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+class _Binding:
+    """The rebinding of ``sdpa`` (``fast_decode_attention``): how many blocks hold it, and the
+    function it replaced, under ``lock``."""
 
-    AttentionInterface.register(DECODE_ATTENTION, decode_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(DECODE_ATTENTION, sdpa_mask)  # masks built as for sdpa
+    lock = threading.Lock()
+    holders = 0
+    replaced: Callable | None = None
 
 
 @contextlib.contextmanager
 def fast_decode_attention(model):
-    """Within the block, the ``sdpa`` attention of ``model`` (every config among its modules that
-    names it) is ``decode_attention`` when the model is on a CPU; restored after."""
+    """Within the block, transformers' ``sdpa`` attention function is ``decode_attention``, when
+    ``model`` is on a CPU and attends by ``sdpa`` (a config among its modules names it); restored
+    after, on every exit.
+
+    What is rebound is the function behind the name (``ALL_ATTENTION_FUNCTIONS["sdpa"]``, the
+    mapping's own per-instance override, deleted again at the end), not the name a model's config
+    holds: every config keeps ``"sdpa"``, its masks are built for ``sdpa``, and a model that tests
+    the name itself and calls PyTorch's kernel directly (Falcon) is untouched and attends as in
+    ``generate``; only the attention layers that look the function up through transformers'
+    interface (Llama, Qwen, GPT-2 and the rest) reach ``decode_attention``. The rebinding is
+    process-wide while it lasts (nested and concurrent blocks share it, counted under a lock):
+    another model attending by ``sdpa`` meanwhile gets ``decode_attention`` too, which computes
+    the same attention (``sdpa`` itself but for one 16-bit query on a CPU). If something other than
+    transformers' own ``sdpa`` function is bound to the name, it is left alone."""
     configs = {id(c): c for m in model.modules() if (c := getattr(m, "config", None)) is not None}.values()
-    swap = [c for c in configs if getattr(c, "_attn_implementation", None) == "sdpa"]
-    if not swap or next(model.parameters()).device.type != "cpu":
+    uses_sdpa = any(getattr(c, "_attn_implementation", None) == "sdpa" for c in configs)
+    if not uses_sdpa or next(model.parameters()).device.type != "cpu":
         yield
         return
-    _register_decode_attention()
+    _rebind_sdpa()
     try:
-        for c in swap:
-            c._attn_implementation_internal = DECODE_ATTENTION
         yield
     finally:
-        for c in swap:
-            c._attn_implementation_internal = "sdpa"
+        _restore_sdpa()
+
+
+def _rebind_sdpa() -> None:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    with _Binding.lock:
+        if _Binding.holders == 0:
+            _Binding.replaced = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            if _Binding.replaced is sdpa_attention_forward:
+                ALL_ATTENTION_FUNCTIONS["sdpa"] = decode_attention
+        _Binding.holders += 1
+
+
+def _restore_sdpa() -> None:
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    with _Binding.lock:
+        _Binding.holders -= 1
+        if _Binding.holders == 0:
+            replaced, _Binding.replaced = _Binding.replaced, None
+            if ALL_ATTENTION_FUNCTIONS["sdpa"] is decode_attention:
+                if replaced is AttentionInterface()["sdpa"]:  # the class-wide function: drop the override
+                    del ALL_ATTENTION_FUNCTIONS["sdpa"]
+                else:
+                    ALL_ATTENTION_FUNCTIONS["sdpa"] = replaced
 
 
 def _can_drop_rows(cache) -> bool:
@@ -225,6 +184,8 @@ def decode(
     once per prompt and its cache repeated for the ``n`` rows, as ``HFEngine._prompt_cache``.
     ``drop_rows``: drop finished rows (only honoured when ``sampler.row_independent``).
     On a CPU the model attends by ``decode_attention`` meanwhile (``fast_decode_attention``)."""
+    from .cache import decode_cache
+
     (G, P), device = prompt_ids.shape, prompt_ids.device
     B = G * n
     ids, mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
@@ -244,12 +205,12 @@ def decode(
         computed, fed = G * (P - 1) + B, slice(P - 1, P)
     else:
         computed, fed = B * P, slice(0, P)
-    padded = not bool((mask == 1).all())  # generate drops an all-ones mask
-    full_mask = torch.cat([mask, mask.new_ones((B, max_new_tokens))], 1) if padded else None
+    # the mask of every column the call will have (None without padding: generate drops an all-ones mask)
+    full_mask = None if bool((mask == 1).all()) else torch.cat([mask, mask.new_ones((B, max_new_tokens))], 1)
     positions = position_ids_from_mask(mask)
     out = model(
         input_ids=ids[:, fed],
-        attention_mask=full_mask[:, :P] if padded else None,
+        attention_mask=None if full_mask is None else full_mask[:, :P],
         position_ids=positions[:, fed],
         use_cache=True,
         logits_to_keep=1,
@@ -274,7 +235,7 @@ def decode(
         if not drop:
             tokens = torch.where(finished, pad_id, tokens)
         responses[rows, step] = tokens
-        if logprobs:  # the engine masks them past each row's EOS
+        if drawn is not None:  # the engine masks them past each row's EOS
             drawn[rows, step] = token_logprobs[:, 0]
         width = step + 1
         done = torch.isin(tokens, ends) if drop else torch.isin(tokens, ends) | finished
@@ -284,13 +245,13 @@ def decode(
             keep = (~done).nonzero()[:, 0]
             rows, tokens, position = rows[keep], tokens[keep], position[keep]
             cache.batch_select_indices(keep)
-            full_mask = full_mask[keep] if padded else None
+            full_mask = None if full_mask is None else full_mask[keep]
         elif not drop:
             finished = done
         position = position + 1
         out = model(
             input_ids=tokens[:, None],
-            attention_mask=full_mask[:, : P + step + 1] if padded else None,
+            attention_mask=None if full_mask is None else full_mask[:, : P + step + 1],
             position_ids=position[:, None],
             use_cache=True,
             logits_to_keep=1,
@@ -300,4 +261,4 @@ def decode(
         logits = out.logits[:, -1].float()
         del out
         computed += len(rows)
-    return Decoded(responses[:, :width], drawn[:, :width] if logprobs else None, computed)
+    return Decoded(responses[:, :width], None if drawn is None else drawn[:, :width], computed)

@@ -14,7 +14,7 @@ from ..models import efficiency
 from ..models.loading import eos_token_ids
 from ..models.policy import output_cache, position_ids_from_mask, with_cache
 from .base import Rollout, SamplingParams, Seed, group_index, response_mask_from_ids, row_seeds
-from .decode import decode, decode_cache, growing_layer
+from .decode import decode
 from .token_sampler import TokenSampler
 
 DEFAULT_DECODE = "loop"
@@ -25,15 +25,16 @@ class HFEngine:
     own decode loop (``rollout.decode``: the model calls ``generate`` makes, a cache allocated once,
     finished rows dropped from the batch; the same tokens for the same seeds, greedy as
     ``generate``; on a CPU a bfloat16 / float16 model attends by matmuls in its decode steps,
-    ``rollout.decode.decode_attention``) —, "generate" (``model.generate`` with the sampler as its logits processor), or
-    "static" (``generate`` with transformers' ``StaticCache``: on a GPU transformers compiles the
-    decode step, CUDA graphs included, ~3x the decode speed of "generate" on an H200; slower on a
-    CPU; under autocast too, ``_static_cache``). On a CPU in float32 "static" samples the same
-    tokens as "generate" and "loop" for the same seeds (measured); in bfloat16 / float16, weights
-    or autocast, its attention over the whole preallocated buffer rounds differently (a buffer of
-    the exact length gives "generate"'s logits bit for bit), so now and then a token differs (on a
-    CPU under bfloat16 autocast, 4–9% of 48-token rows sampled at temperature 1); on a GPU its
-    compiled kernels round differently too. ``benchmarks/decode.py`` measures them.
+    ``rollout.decode.decode_attention``, for the call only) —, "generate" (``model.generate``
+    with the sampler as its logits processor), or "static" (``generate`` with transformers'
+    ``StaticCache``: on a GPU transformers compiles the decode step, CUDA graphs included, ~3x the
+    decode speed of "generate" on an H200; slower on a CPU; under autocast too, ``_static_cache``).
+    On a CPU in float32 "static" samples the same tokens as "generate" and "loop" for the same
+    seeds (measured); in bfloat16 / float16, weights or autocast, its attention over the whole
+    preallocated buffer rounds differently (a buffer of the exact length gives "generate"'s logits
+    bit for bit), so now and then a token differs (on a CPU under bfloat16 autocast, 4–9% of
+    48-token rows sampled at temperature 1); on a GPU its compiled kernels round differently too.
+    ``benchmarks/decode.py`` measures them.
 
     ``n`` completions per prompt are produced by repeating each prompt ``n`` times, so rows
     ``g*n .. g*n+n-1`` share prompt ``g``. With ``share_prompt`` each prompt is encoded once and its
@@ -242,12 +243,14 @@ class HFEngine:
         token of the first row run through a ``decode_cache`` under the caller's autocast (a model
         call the efficiency counters leave out). Layers of other kinds (sliding windows) are
         allocated by transformers at their first update, the values in the keys' dtype."""
+        from .cache import GrowingLayer, decode_cache
+
         if prompt_cache is None:
             prompt_cache = decode_cache(self.model, capacity=1)
             self.model(input_ids=ids[:1, -1:], use_cache=True, logits_to_keep=1, **with_cache(prompt_cache))
-        growing, rows = growing_layer(), ids.shape[0]
+        rows = ids.shape[0]
         for layer, seen in zip(cache.layers, prompt_cache.layers):
-            if not isinstance(seen, growing) or not seen.length:
+            if not isinstance(seen, GrowingLayer) or not seen.length or seen.keys is None or seen.values is None:
                 continue
             k, v = seen.keys, seen.values
             layer.lazy_initialization(
@@ -264,6 +267,8 @@ class HFEngine:
         keys and the values each in its own dtype, whatever transformers' release."""
         if not self.share_prompt or n < 2 or int(mask[:, :-1].sum(-1).min()) < 1:
             return None
+        from .cache import decode_cache
+
         own = with_cache(decode_cache(self.model, capacity=ids.shape[1] - 1)) if self.decode == "static" else {}
         out = self.model(
             input_ids=ids[:, :-1],

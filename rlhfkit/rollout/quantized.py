@@ -44,7 +44,8 @@ def plain_copy(policy: torch.nn.Module, device=None) -> torch.nn.Module:
     """A plain model of ``policy``'s architecture (its base model's class and config; no adapter,
     no value head), float32 weights on ``device`` (the policy's), in eval mode. Its weights are
     whatever initialisation gives: ``sync_weights`` fills them."""
-    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    get_base = getattr(policy, "get_base_model", None)
+    base = get_base() if callable(get_base) else policy
     device = device or next(policy.parameters()).device
     with torch.device(device):
         model = type(base)(base.config)
@@ -60,7 +61,8 @@ def quantize(model: torch.nn.Module, precision: str) -> torch.nn.Module:
 
     if precision == "bfloat16":
         return copy.deepcopy(model).to(torch.bfloat16)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
     linears = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
     if precision == "int8":  # per-token activation scales: rollout/int8.py
         from .int8 import to_int8

@@ -3,6 +3,8 @@ per-row seeds and the chosen tokens' log-probs (``TokenSampler``); split from ``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .base import SamplingParams
@@ -30,7 +32,9 @@ class TokenSampler:
             TopPLogitsWarper,
         )
 
-        self.greedy, self.warpers, self.logprobs = sampling.greedy, [], []
+        self.greedy = sampling.greedy
+        self.warpers: list[Callable[..., torch.Tensor]] = []  # called as warp(None, scores)
+        self.logprobs: list[torch.Tensor] = []  # each generate step's drawn log-probs (__call__)
         # a logits processor, before the warpers and in greedy decoding too, as generate orders them
         penalty = sampling.repetition_penalty
         self.penalty = RepetitionPenaltyLogitsProcessor(penalty) if penalty != 1.0 else None

@@ -162,14 +162,15 @@ class VLLMEngine:
         # Where a completion ends: the tokenizer's EOS and every EOS id of the policy's generation config (which
         # vLLM never reads here: generation_config="vllm"), as stop_token_ids (``eos_token_ids``).
         self.pad_id, self.eos_ids, self.sleep_mode = tokenizer.pad_token_id, eos_token_ids(tokenizer, policy), sleep
-        self.seed, self.synced_version, self._asleep = seed, None, False
+        self.seed, self.synced_version = seed, None
+        self._asleep: bool | str = False  # True, False, or "kv_cache" (the weights woken, not the cache)
         config = (policy.get_base_model() if hasattr(policy, "get_base_model") else policy).config
         if not self.on_gpu:
             _check_cpu_head_size(config)
         self._dir = tempfile.mkdtemp(prefix="rlhfkit-vllm-")  # config + tokenizer only: no weights
         config.save_pretrained(self._dir)
         tokenizer.save_pretrained(self._dir)
-        memory = {"kv_cache_memory_bytes": int((kv_cache_gb or 1.0) * 2**30)}
+        memory: dict[str, float] = {"kv_cache_memory_bytes": int((kv_cache_gb or 1.0) * 2**30)}
         if self.on_gpu:
             memory = (
                 {"kv_cache_memory_bytes": int(kv_cache_gb * 2**30)}
@@ -285,7 +286,7 @@ class VLLMEngine:
         one per prompt, or an int ``s`` for ``s + g·n``); vLLM draws completion ``j`` of a request
         with its seed + ``j`` (the HF engine's ``row_seeds``). None: the engine's own stream."""
         self.wake_up()
-        seeds = prompt_seeds(seed, len(prompts), n) or [None] * len(prompts)
+        seeds: Sequence[int | None] = prompt_seeds(seed, len(prompts), n) or [None] * len(prompts)
         params = [self.sampling_params(sampling, n, s) for s in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
         responses, logprobs = [], []

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from typing import Any, cast
 
 import torch
 
@@ -47,8 +48,9 @@ def check_engine_weights(model: torch.nn.Module) -> None:
     module's docstring). A model without an adapter always passes."""
     if not (hasattr(model, "peft_config") and hasattr(model, "get_base_model")):
         return
+    configs = cast(dict[str, Any], model.peft_config)  # a peft model's adapter configs, by name
     for adapter in _active(model):
-        config = model.peft_config[adapter]
+        config = configs[adapter]
         if getattr(config, "is_prompt_learning", False):
             raise ValueError(
                 f"peft adapter {adapter!r} is {config.peft_type.value} (prompt learning): its virtual "
@@ -80,7 +82,8 @@ def _plan(model: torch.nn.Module) -> list[tuple[str, torch.Tensor, object, objec
     without its adapter has under that name; ``source`` is what the engine gets (a parameter, or
     the tuner layer that merges into ``original``); ``how`` is a parameter to send as it is, or
     ``(layer, leaf)`` to merge."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
     plan: list = []
     _walk(base, "", plan)
     return plan
@@ -139,7 +142,8 @@ def _check_layer(layer, name: str) -> None:
 
 @torch.no_grad()
 def _weights(plan) -> Iterator[tuple[str, torch.Tensor]]:
-    merged, merged_layer = {}, None
+    merged: dict[str, torch.Tensor] = {}
+    merged_layer = None
     for name, _, _, how in plan:
         if isinstance(how, tuple):
             layer, leaf = how

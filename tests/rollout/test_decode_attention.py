@@ -1,7 +1,7 @@
 """The decode loop's attention on a CPU (``rollout.decode.decode_attention``): for one query per row
 in bfloat16 it computes what ``sdpa`` computes (grouped-query heads, padding masks) by matrix
-products; elsewhere it is ``sdpa`` itself; the loop switches to it only for its own call, and a
-bfloat16 model decodes greedily as ``generate`` does."""
+products; elsewhere it is ``sdpa`` itself; the loop binds it to ``sdpa`` only for its own call,
+and a bfloat16 model decodes greedily as ``generate`` does."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from rlhfkit.rollout import HFEngine, SamplingParams
 from rlhfkit.rollout import decode as decode_module
-from rlhfkit.rollout.decode import DECODE_ATTENTION, decode_attention, fast_decode_attention
+from rlhfkit.rollout.decode import decode_attention, fast_decode_attention
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -73,12 +73,29 @@ def test_float32_and_several_queries_are_sdpa_itself():
     )
 
 
-def test_the_loop_switches_attention_for_its_call_only(monkeypatch):
+def _sdpa_function():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+
+def test_the_loop_rebinds_sdpa_for_its_call_only(monkeypatch):
+    """Within ``fast_decode_attention`` transformers' ``sdpa`` function is ``decode_attention``;
+    the config keeps naming ``sdpa``; after the block, nested blocks and an exception included,
+    ``sdpa`` is transformers' own again. The loop holds it for its call, and only then."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, seed=3).eval()
     with fast_decode_attention(model):
-        assert model.config._attn_implementation == DECODE_ATTENTION
-    assert model.config._attn_implementation == "sdpa"
+        assert _sdpa_function() is decode_attention and model.config._attn_implementation == "sdpa"
+        with fast_decode_attention(model):
+            assert _sdpa_function() is decode_attention
+        assert _sdpa_function() is decode_attention  # the outer block still holds it
+    assert _sdpa_function() is sdpa_attention_forward
+    with pytest.raises(RuntimeError, match="inside"), fast_decode_attention(model):
+        raise RuntimeError("inside")
+    assert _sdpa_function() is sdpa_attention_forward
     seen = []
     original = decode_module.fast_decode_attention
 
@@ -89,7 +106,24 @@ def test_the_loop_switches_attention_for_its_call_only(monkeypatch):
     monkeypatch.setattr(decode_module, "fast_decode_attention", spy)
     engine = HFEngine(model, tok.pad_token_id, tok.eos_token_id, decode="loop")
     engine.generate([[5, 6, 7]], 2, SamplingParams(max_new_tokens=3, greedy=True))
-    assert seen == [model] and model.config._attn_implementation == "sdpa"
+    HFEngine(model, tok.pad_token_id, tok.eos_token_id, decode="generate").generate(
+        [[5, 6, 7]], 2, SamplingParams(max_new_tokens=3, greedy=True)
+    )
+    assert seen == [model] and _sdpa_function() is sdpa_attention_forward
+
+
+def test_another_sdpa_function_is_left_alone(monkeypatch):
+    """A function someone bound to ``sdpa`` themselves is neither replaced nor dropped."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def own(*args, **kwargs):
+        raise AssertionError("not called here")
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", own)
+    model = tiny_causal_lm(char_tokenizer(), seed=3).eval()
+    with fast_decode_attention(model):
+        assert _sdpa_function() is own
+    assert _sdpa_function() is own
 
 
 def _gqa_bf16_model(tok):
@@ -122,10 +156,7 @@ def test_a_bfloat16_grouped_query_model_decodes_greedily_as_generate(monkeypatch
         calls.append(args[1].shape[2])
         return decode_attention(*args, **kwargs)
 
-    from transformers import AttentionInterface
-
-    monkeypatch.setitem(AttentionInterface._global_mapping, DECODE_ATTENTION, counted)
-    monkeypatch.setattr(decode_module, "_register_decode_attention", lambda: None)
+    monkeypatch.setattr(decode_module, "decode_attention", counted)  # what the loop binds to sdpa
     prompts = [tok(w, add_special_tokens=False)["input_ids"] for w in ("ab", "cdefg", "hi", "abcabc")]
     sampling = SamplingParams(max_new_tokens=10, greedy=True)
     runs = {

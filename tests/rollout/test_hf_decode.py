@@ -13,7 +13,7 @@ import torch
 
 from rlhfkit.models import efficiency
 from rlhfkit.rollout import HFEngine, SamplingParams
-from rlhfkit.rollout.decode import decode_cache
+from rlhfkit.rollout.cache import decode_cache
 from rlhfkit.tasks.tiny import char_tokenizer, chatml_tokenizer, tiny_causal_lm, tiny_turn_end_lm
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

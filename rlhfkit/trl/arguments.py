@@ -160,6 +160,13 @@ def field_default(field: dataclasses.Field):
     return field.default_factory() if field.default_factory is not dataclasses.MISSING else None
 
 
+def unset(value) -> bool:
+    """Whether ``value`` is one of the forms an unset ``TrainingArguments`` field takes: None, '', [], False or
+    'no' (``HfArgumentParser``, which TRL's scripts parse with, gives ``debug`` None for its default '' and
+    ``include_num_input_tokens_seen`` False for its 'no'; ``TrainingArguments`` normalises them alike)."""
+    return value is None or value is False or (isinstance(value, (str, list)) and value in ("", [], "no"))
+
+
 def refuse_unsupported(config, handled: frozenset) -> None:
     """Refuse, in one line, a field of ``config`` that is neither ``handled`` (translated by the
     config), translated here (``TRANSLATED``), nor without effect (``NO_EFFECT``) and does not hold
@@ -171,7 +178,7 @@ def refuse_unsupported(config, handled: frozenset) -> None:
         value, default = getattr(config, field.name), field_default(field)
         if field.name == "gradient_checkpointing_kwargs" and set(value or {}) <= {"use_reentrant"}:
             continue  # how the recompute is wired, not what it computes (the gradients are the same)
-        if value != default and not (value is None and default is None):
+        if value != default and not (unset(value) and unset(default)):
             instead = f"; instead: {ADVICE[field.name]}" if field.name in ADVICE else ""
             raise ValueError(
                 f"{name} field {field.name!r}={value!r} is not supported by rlhfkit (only its default "

@@ -59,7 +59,9 @@ class GRPOConfig(GenerationArguments):
     vespo_lambda_neg: float = 2.0
     importance_sampling_level: str = "token"
     multi_objective_aggregation: str = "sum_then_normalize"
-    scale_rewards: str | bool = "group"
+    scale_rewards: str = (
+        "group"  # TRL's annotation (str), so its parsers read --scale_rewards batch; True / False still work
+    )
     loss_type: str = "dapo"
     top_entropy_quantile: float = 1.0
     entropy_coef: float = 0.0

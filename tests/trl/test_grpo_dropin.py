@@ -303,3 +303,13 @@ def test_a_trl_training_test_body_runs_unchanged(model_dir, tmp_path):
     for n, param in previous_trainable_params.items():
         new_param = trainer.model.get_parameter(n)
         assert not torch.equal(param, new_param), f"Parameter {n} has not changed."
+
+
+def test_trl_s_argument_parser_builds_the_config_from_a_command_line():
+    # TRL's scripts parse their config with HfArgumentParser (TrlParser): the fields keep TRL's annotations
+    # (scale_rewards a str), and what the parser gives for an unset field (debug None, not '') is no setting
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", "out", "--scale_rewards", "batch", "--bf16", "False", "--num_generations", "4"]
+    (args,) = HfArgumentParser(GRPOConfig).parse_args_into_dataclasses(argv)
+    assert args.scale_rewards == "batch" and args.num_generations == 4

@@ -125,8 +125,8 @@ def test_an_int8_run_logs_the_mismatch_and_corrects_it(monkeypatch):
     [
         (dict(rollout_precision="int4"), "None or one of bfloat16, int8, fp8"),
         (dict(rollout_precision="fp8", device="cpu"), "'fp8' (torchao's float8 kernels) runs on CUDA only"),
-        (dict(rollout_precision="int8", rollout_engine="vllm"), "None with rollout_engine='vllm' or rollout_workers"),
-        (dict(rollout_precision="int8", rollout_workers=1), "None with rollout_engine='vllm' or rollout_workers"),
+        (dict(rollout_precision="int8", rollout_engine="vllm"), "None with rollout_engine='vllm' (quantized rollouts"),
+        (dict(rollout_precision="int8", rollout_workers=1), "None with rollout_workers (quantized rollouts are the HF"),
     ],
 )
 def test_the_config_refuses_what_cannot_run_in_one_line(changes, expected):

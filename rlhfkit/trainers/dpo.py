@@ -28,7 +28,6 @@ gradients), so N processes take the step one process takes; metrics are global.
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -42,16 +41,10 @@ from ..config.supervised import DPOConfig  # re-exported: rlhfkit.trainers.dpo.D
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
-from ..models import forward_response, load_causal_lm, load_tokenizer
-from ..models.activations import probe_ids
-from ..models.lm_head import streamable
-from ..models.loading import disable_dropout
-from ..models.lora import apply_lora, export_causal_lm, unsharded_template
-from ..models.master_weights import back_to_float16, float32_masters
+from ..models import forward_response
 from ..run.metrics import to_floats
-from ..run.training import seed_everything
-from .dpo_reference import DPOReference
-from .supervised import SupervisedTrainer
+from .preference import PreferenceTrainer
+from .supervised import Datasets
 
 
 @dataclass(frozen=True)
@@ -61,7 +54,7 @@ class PreferencePair:
     rejected: list[int]
 
 
-class DPOTrainer(DPOReference, SupervisedTrainer):
+class DPOTrainer(PreferenceTrainer):
     """``DPOTrainer(model, DPOConfig(...), train_dataset=pairs, eval_dataset=None, processing_class=None,
     ref_model=None, peft_config=None).train()``
 
@@ -75,80 +68,35 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
     """
 
     main_metric = "rewards/accuracies"
+    loop_name = "dpo"
+    train_rows_hold = ": preference pairs with 'prompt', 'chosen' and 'rejected'"
+    load_rows = staticmethod(load_preference_dataset)
     args: DPOConfig
+    args_class = DPOConfig
 
-    def __init__(
-        self,
-        model,
-        args: DPOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        ref_model=None,
-        peft_config=None,
-        callbacks=None,
-    ):
-        self.args = args = args or DPOConfig()
-        if train_dataset is None:
-            raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
-        is_path = self._check_model(model, processing_class)
+    def _check_inputs(self, model, processing_class, ref_model=None, **sources) -> None:
+        """The model and tokenizer as given; a reference-free loss (SimPO) refuses a reference's options;
+        each process an equal share of a step's pairs."""
+        self._check_model(model, processing_class)
+        args = self.args
         self.needs_reference = needs_reference(args.loss_type)
         if not self.needs_reference and (ref_model is not None or args.precompute_ref_logprobs or args.sync_ref_model):
             raise ValueError(
                 f"loss_type={args.loss_type!r} is reference-free: drop ref_model, precompute_ref_logprobs and "
                 "sync_ref_model"
             )
-        world = distributed.planned_world()
-        if args.batch_size % world:
-            raise ValueError(
-                f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
-                "each process scores an equal share of every step's pairs"
-            )
-        train_rows = load_preference_dataset(train_dataset, "train_dataset")
-        eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._check_run(callbacks)
-        self.tokenizer = load_tokenizer(
-            processing_class if processing_class is not None else model,
-            "model" if processing_class is None else "processing_class",
-        )
+        self._check_batch_share("pairs")
+
+    def _encode_inputs(self, datasets: Datasets) -> None:
+        train_rows, eval_rows = self._rows(datasets)
         self.train_pairs = self._encode(train_rows, "train_dataset")
         self.eval_pairs = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
-        seed_everything(args.seed)
-        policy = load_causal_lm(model, args.dtype if is_path else None)
-        if peft_config is not None:
-            policy = disable_dropout(apply_lora(policy, peft_config))
-        # The process group starts here, after every check that could fail the same way on every rank.
-        device = distributed.setup(args.device)
-        self.model = policy.to(device)
-        self.device = next(self.model.parameters()).device
-        self._build_reference(ref_model)  # a frozen reference keeps the weights' dtype
-        self._float16 = float32_masters(self.model)  # float16 weights train as float32 masters (models.master_weights)
-        for m in (self.model, self.reference):  # the head's probe (models.lm_head), before sharding: each process alone
-            if m is not None:
-                streamable(m, args.lm_head)
-        self._checkpoint_activations(self.model, peft_config is not None)  # after the reference copy
-        self._template = unsharded_template(self.model)  # LoRA under torchrun: merged from this copy
-        self.train_model = distributed.shard(self.model, args.parallelism)
-        if self.reference is not None and args.parallelism == "fsdp":
-            distributed.shard(self.reference, "fsdp")
-        self.train_model.train()
-        self._plan_memory(self.model, self._probe, args.max_length)
-        if self.needs_reference and args.precompute_ref_logprobs:
-            self._reference_table(self.train_pairs + (self.eval_pairs or []) + self._pairs_to_precompute())
-        if distributed.role_size() > 1:
-            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
-        self._open_run(
-            model,
-            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
-            peft_config,
-            ref_model=ref_model,
-        )
         self.n_items = len(self.train_pairs)
-        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
-        self._start_training(
-            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
-        )
-        self._policy_is_initial = self.step == 0  # a resumed policy is no longer the reference
+
+    def _before_training(self, total_steps: int) -> None:
+        """With ``precompute_ref_logprobs``: the reference's log-probs of every pair the trainer holds."""
+        if self.needs_reference and self.args.precompute_ref_logprobs:
+            self._reference_table(self.train_pairs + (self.eval_pairs or []) + self._pairs_to_precompute())
 
     def _pairs_to_precompute(self) -> list[PreferencePair]:
         """Pairs besides the training and evaluation sets that ``precompute_ref_logprobs`` scores
@@ -220,38 +168,7 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         half, _ = self._token_logps(model, pairs, temperature=0.5)
         return wpo_weights(token_logps, log_sum_sq_probs(token_logps, half), completion_mask)
 
-    def _probe(self, n: int) -> torch.Tensor:
-        """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
-        ids = probe_ids(self.model, n, self.device)
-        with self._autocast():
-            return forward_response(
-                self.train_model, ids, torch.ones_like(ids), n - 1, lm_head=self.args.lm_head
-            ).logprobs.sum()
-
-    # ---------------------------------------------------------------- the loop
-    def train(self) -> list[dict]:
-        """Train; returns one dict of metrics per step (as in metrics.jsonl)."""
-        args = self.args
-        self._reference_begin()
-        while self.step < self.total_steps:
-            self.run.step_begin()
-            self.step += 1
-            metrics = self._step(self._batch(self.step))
-            self._reference_step()
-            metrics["dpo/epoch"] = self.step / self.steps_per_epoch
-            stop = self.run.step_end(self.step)  # a callback's should_training_stop: this step is the last
-            last = stop or self.step == self.total_steps
-            if self.eval_pairs is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
-                metrics.update(self.evaluate())
-            self._log_step(self.step, metrics)
-            self._step_done()
-            if stop:
-                break
-        if self.total_steps == 0 and self.eval_pairs is not None:
-            self.run.log(0, self.evaluate())
-        back_to_float16(self._float16)  # the policy leaves the run in the dtype it came in
-        return self._finish()  # final/ (every process takes part in gathering), plots, trackers
-
+    # ---------------------------------------------------------------- the loop (PreferenceTrainer.train)
     def _loss(self, model, pairs: list[PreferencePair]):
         """``dpo_loss`` of ``pairs`` (WPO-weighted with ``use_weighting``); the reference log-probs
         from its table (precomputed) or now."""
@@ -329,18 +246,8 @@ class DPOTrainer(DPOReference, SupervisedTrainer):
         metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(losses))
         return to_floats({"eval/" + k.removeprefix("dpo/"): v for k, v in metrics.items()})
 
-    # ---------------------------------------------------------------- saving
-    def _trained_modules(self) -> dict[str, torch.nn.Module]:
-        return {"model": self.model, **self._reference_modules()}
-
-    def _param_groups(self) -> list | None:
-        """The optimizer trains the policy alone (a synced reference is checkpointed, not trained)."""
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def save_model(self, path) -> None:
-        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA: merged, or
-        the adapter alone with ``save_adapter``), with its tokenizer. Every process must call this."""
-        export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
+    def _has_eval_set(self) -> bool:
+        return self.eval_pairs is not None
 
 
 def _pair_metrics(losses, chosen_r, rejected_r, logps, n_real: int) -> dict[str, torch.Tensor]:

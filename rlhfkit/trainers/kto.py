@@ -30,7 +30,6 @@ desirable and of the undesirable rows; absent from a step without such rows), ``
 
 from __future__ import annotations
 
-import math
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -43,16 +42,10 @@ from ..config.supervised import KTOConfig  # re-exported: rlhfkit.trainers.kto.K
 from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.unpaired import load_unpaired_dataset
-from ..models import forward_response, load_causal_lm, load_tokenizer
-from ..models.activations import probe_ids
-from ..models.lm_head import streamable
-from ..models.loading import disable_dropout
-from ..models.lora import apply_lora, export_causal_lm, unsharded_template
-from ..models.master_weights import back_to_float16, float32_masters
-from ..run.training import seed_everything
-from .dpo_reference import DPOReference
+from ..models import forward_response
 from .kto_metrics import kto_metrics, weight_advice
-from .supervised import SupervisedTrainer
+from .preference import PreferenceTrainer
+from .supervised import Datasets
 
 
 @dataclass(frozen=True)
@@ -78,7 +71,7 @@ def item_key(item) -> tuple:
     return item.prompt, item.completion, item.kl_completion
 
 
-class KTOTrainer(DPOReference, SupervisedTrainer):
+class KTOTrainer(PreferenceTrainer):
     """``KTOTrainer(model, KTOConfig(...), train_dataset=rows, eval_dataset=None, processing_class=None,
     ref_model=None, peft_config=None, callbacks=None).train()``
 
@@ -89,85 +82,42 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
     Dropout is off in the policy and the reference, as in DPO."""
 
     main_metric = "kto/loss"
+    loop_name = "kto"
+    train_rows_hold = ": rows with 'prompt', 'completion' and 'label'"
+    load_rows = staticmethod(load_unpaired_dataset)
     args: KTOConfig
+    args_class = KTOConfig
     _reference_key = staticmethod(item_key)
 
-    def __init__(
-        self,
-        model,
-        args: KTOConfig | None = None,
-        train_dataset=None,
-        eval_dataset=None,
-        processing_class=None,
-        ref_model=None,
-        peft_config=None,
-        callbacks=None,
-    ):
-        self.args = args = args or KTOConfig()
-        if train_dataset is None:
-            raise ValueError("train_dataset is required: rows with 'prompt', 'completion' and 'label'")
-        is_path = self._check_model(model, processing_class)
+    def _check_inputs(self, model, processing_class, **sources) -> None:
+        """The model and tokenizer as given; each process an equal share of a step's rows, at least two of them
+        when the loss estimates its KL term from the other rows."""
+        self._check_model(model, processing_class)
+        args, world = self.args, distributed.planned_world()
         self.needs_reference, self.uses_kl = True, kto_needs_kl(args.loss_type)
-        world = distributed.planned_world()
-        if args.batch_size % world:
-            raise ValueError(
-                f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
-                "each process scores an equal share of every step's rows"
-            )
+        self._check_batch_share("rows")
         if self.uses_kl and args.batch_size // world < 2:
             raise ValueError(
                 f"batch_size={args.batch_size} gives each of {world} process(es) fewer than 2 rows per micro-batch: "
                 f"loss_type={args.loss_type!r} estimates its KL term from the other rows' completions (with one "
                 "row it is that row's own reward)"
             )
-        train_rows = load_unpaired_dataset(train_dataset, "train_dataset")
-        eval_rows = load_unpaired_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._check_run(callbacks)
-        self.tokenizer = load_tokenizer(
-            processing_class if processing_class is not None else model,
-            "model" if processing_class is None else "processing_class",
-        )
+
+    def _encode_inputs(self, datasets: Datasets) -> None:
+        """The rows tokenised; TRL's advice when the desirable and undesirable rows' weights look unbalanced."""
+        train_rows, eval_rows = self._rows(datasets)
         self.train_rows = self._encode(train_rows, "train_dataset")
         self.eval_rows = self._encode(eval_rows, "eval_dataset") if eval_rows is not None else None
-        advice = weight_advice(self.train_rows, args.desirable_weight, args.undesirable_weight)
+        advice = weight_advice(self.train_rows, self.args.desirable_weight, self.args.undesirable_weight)
         if advice:
-            warnings.warn(advice, stacklevel=2)
-        seed_everything(args.seed)
-        policy = load_causal_lm(model, args.dtype if is_path else None)
-        if peft_config is not None:
-            policy = disable_dropout(apply_lora(policy, peft_config))
-        device = distributed.setup(args.device)  # after every check that fails alike on every rank
-        self.model = policy.to(device)
-        self.device = next(self.model.parameters()).device
-        self._build_reference(ref_model)
-        self._float16 = float32_masters(self.model)
-        for m in (self.model, self.reference):  # the head's probe (models.lm_head), before sharding
-            if m is not None:
-                streamable(m, args.lm_head)
-        self._checkpoint_activations(self.model, peft_config is not None)
-        self._template = unsharded_template(self.model)
-        self.train_model = distributed.shard(self.model, args.parallelism)
-        if self.reference is not None and args.parallelism == "fsdp":
-            distributed.shard(self.reference, "fsdp")
-        self.train_model.train()
-        self._plan_memory(self.model, self._probe, args.max_length)
+            warnings.warn(advice, stacklevel=4)  # the caller of KTOTrainer(...)
         self.n_items = len(self.train_rows)
-        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
-        total = (
-            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
-        )
-        if args.precompute_ref_logprobs:
-            self._reference_table(self._planned_items(total) + self._eval_items())
-        if distributed.role_size() > 1:
-            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
-        self._open_run(
-            model,
-            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
-            peft_config,
-            ref_model=ref_model,
-        )
-        self._start_training(total)
-        self._policy_is_initial = self.step == 0
+
+    def _before_training(self, total_steps: int) -> None:
+        """With ``precompute_ref_logprobs``: the reference's log-probs of every item the run's steps and its
+        evaluation score."""
+        if self.args.precompute_ref_logprobs:
+            self._reference_table(self._planned_items(total_steps) + self._eval_items())
 
     # ---------------------------------------------------------------- data
     def _encode(self, rows: list[dict], name: str) -> list[KTOExample]:
@@ -271,14 +221,6 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
             )
         return logps, lengths
 
-    def _probe(self, n: int) -> torch.Tensor:
-        """The policy's pass with gradient over one synthetic row of ``n`` tokens (the memory probe)."""
-        ids = probe_ids(self.model, n, self.device)
-        with self._autocast():
-            return forward_response(
-                self.train_model, ids, torch.ones_like(ids), n - 1, lm_head=self.args.lm_head
-            ).logprobs.sum()
-
     def _loss(self, model, items: list[KTOItem], counted: bool = True):
         """(weighted per-row losses (n,), implicit rewards (n,), summed log-probs (n,), z0) of a
         micro-batch; ``counted`` False: a stand-in whose rows join no statistic (z0 included)."""
@@ -303,30 +245,7 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
         )
         return losses, rewards, logps[:n].detach(), z0
 
-    # ---------------------------------------------------------------- the loop
-    def train(self) -> list[dict]:
-        """Train; returns one dict of metrics per step (as in metrics.jsonl)."""
-        args = self.args
-        self._reference_begin()
-        while self.step < self.total_steps:
-            self.run.step_begin()
-            self.step += 1
-            metrics = self._step(self._batch(self.step))
-            self._reference_step()
-            metrics["kto/epoch"] = self.step / self.steps_per_epoch
-            stop = self.run.step_end(self.step)
-            last = stop or self.step == self.total_steps
-            if self.eval_rows is not None and (last or (args.eval_every and self.step % args.eval_every == 0)):
-                metrics.update(self.evaluate())
-            self._log_step(self.step, metrics)
-            self._step_done()
-            if stop:
-                break
-        if self.total_steps == 0 and self.eval_rows is not None:
-            self.run.log(0, self.evaluate())
-        back_to_float16(self._float16)
-        return self._finish()
-
+    # ---------------------------------------------------------------- the loop (PreferenceTrainer.train)
     def _step(self, indices: list[int]) -> dict:
         """One optimizer step on the step's rows (of every process): this process scores its slice
         in micro-batches of ``batch_size / N`` rows; a process left without rows for one scores a
@@ -365,18 +284,8 @@ class KTOTrainer(DPOReference, SupervisedTrainer):
         metrics = kto_metrics(parts)
         return {"eval/" + k.removeprefix("kto/"): float(v) for k, v in metrics.items()}
 
-    # ---------------------------------------------------------------- saving
-    def _trained_modules(self) -> dict[str, torch.nn.Module]:
-        return {"model": self.model, **self._reference_modules()}
-
-    def _param_groups(self) -> list | None:
-        """The optimizer trains the policy alone (a synced reference is checkpointed, not trained)."""
-        return [p for p in self.model.parameters() if p.requires_grad]
-
-    def save_model(self, path) -> None:
-        """The policy as a directory ``AutoModelForCausalLM.from_pretrained`` loads (LoRA: merged, or
-        the adapter alone with ``save_adapter``), with its tokenizer. Every process must call this."""
-        export_causal_lm(self.model, path, self.tokenizer, self.args.save_adapter, self._template)
+    def _has_eval_set(self) -> bool:
+        return self.eval_rows is not None
 
 
 __all__ = ["KTOConfig", "KTOTrainer"]

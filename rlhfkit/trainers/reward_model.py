@@ -24,7 +24,6 @@ mean are all-reduced; rank 0 alone writes the run directory and ``final/``.
 from __future__ import annotations
 
 import copy
-import math
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -39,14 +38,13 @@ from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import is_tokenized, load_completions, load_preference_dataset
 from ..files import writing
-from ..models import ScalarModel, load_tokenizer
+from ..models import ScalarModel
 from ..models.activations import probe_ids
 from ..models.lora import apply_lora, is_peft, merged_backbone
 from ..models.sources import resolve_model_dir
 from ..run.metrics import to_floats
-from ..run.training import seed_everything
 from .reward_scoring import Scorer, global_pair_metrics, load_scalar_model, unsharded_copy
-from .supervised import SupervisedTrainer
+from .supervised import Datasets, SupervisedTrainer
 
 
 @dataclass(frozen=True)
@@ -79,6 +77,9 @@ class RewardModelTrainer(SupervisedTrainer):
     """
 
     main_metric = "rm/accuracy"
+    train_rows_hold = ": preference pairs with 'prompt', 'chosen' and 'rejected'"
+    load_rows = staticmethod(load_preference_dataset)
+    args: RewardModelConfig
 
     def __init__(
         self,
@@ -91,40 +92,58 @@ class RewardModelTrainer(SupervisedTrainer):
         peft_config=None,
         callbacks=None,
     ):
-        self.args = args = args or RewardModelConfig()
-        if train_dataset is None:
-            raise ValueError("train_dataset is required: preference pairs with 'prompt', 'chosen' and 'rejected'")
-        if center_dataset is not None and not args.center:
+        args = args or RewardModelConfig()
+        super().__init__(
+            model,
+            args,
+            train_dataset,
+            eval_dataset,
+            processing_class,
+            peft_config,
+            callbacks,
+            center_dataset=center_dataset,
+        )
+
+    def _check_inputs(self, model, processing_class, center_dataset=None, **sources) -> None:
+        """A centre set only with ``center``; each process an equal share of a step's pairs."""
+        if center_dataset is not None and not self.args.center:
             raise ValueError("center_dataset is given but args.center is False; set center=True or drop it")
-        world = distributed.planned_world()
-        if args.batch_size % world:
-            raise ValueError(
-                f"batch_size={args.batch_size} must be divisible by the number of processes ({world}): "
-                "each process scores an equal share of every step's pairs"
-            )
-        train_rows = load_preference_dataset(train_dataset, "train_dataset")
-        eval_rows = load_preference_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
+        self._check_batch_share("pairs")
+
+    def _read_inputs(self, train_dataset, eval_dataset, center_dataset=None, **sources) -> Datasets:
+        """The training and evaluation pairs, and the completions to centre on (``load_completions``)."""
+        datasets = super()._read_inputs(train_dataset, eval_dataset)
         center_rows = load_completions(center_dataset) if center_dataset is not None else None
-        self._check_run(callbacks)
-        is_path = isinstance(model, (str, os.PathLike))
-        if is_path:
+        return {**datasets, "center_dataset": (center_dataset, center_rows)}
+
+    def _load_tokenizer(self, model, processing_class) -> None:
+        """A model directory that exists (an object comes with its tokenizer), then the tokenizer."""
+        if isinstance(model, (str, os.PathLike)):
             resolve_model_dir(model, "model")
         elif processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
-        self.tokenizer = load_tokenizer(
-            processing_class if processing_class is not None else model,
-            "model" if processing_class is None else "processing_class",
-        )
+        super()._load_tokenizer(model, processing_class)
+
+    def _encode_inputs(self, datasets: Datasets) -> None:
+        """The pairs tokenised, and the centre set: every training completion, chosen and rejected, unless
+        ``center_dataset`` gives its own (prompt + completion, cut as the pairs are)."""
+        train_rows, eval_rows = self._rows(datasets)
+        center_rows, limit = datasets["center_dataset"][1], self.args.max_length
         self.train_pairs = self._encode_pairs(train_rows, "train_dataset")
         self.eval_pairs = self._encode_pairs(eval_rows, "eval_dataset") if eval_rows is not None else None
         if center_rows is None:  # default: every training completion, chosen and rejected
             self.center_ids = [ids for p in self.train_pairs for ids in (p.chosen, p.rejected)]
         else:
-            encoded = [encode_pair(r["prompt"], r["completion"], self.tokenizer, args.max_length) for r in center_rows]
+            encoded = [encode_pair(r["prompt"], r["completion"], self.tokenizer, limit) for r in center_rows]
             self.center_ids = [e.input_ids for e in encoded]
             cut = sum(e.cut for e in encoded)  # as the training pairs' cut rows are said
-            note_cut("center_dataset", cut, len(encoded), "rows", args.max_length, "their prompt's start first")
-        seed_everything(args.seed)  # the same initial head on every process
+            note_cut("center_dataset", cut, len(encoded), "rows", limit, "their prompt's start first")
+        self.n_items = len(self.train_pairs)
+
+    def _build_model(self, model, peft_config, **sources) -> None:
+        """The ``ScalarModel`` (``_load_model``; its head's bias frozen), LoRA on its backbone, placed on its
+        device (the process group starts there) and sharded through its ``Scorer``."""
+        args = self.args
         model = self._load_model(model)
         if model.head.bias is not None:
             # Its Bradley–Terry gradient is exactly 0 (it shifts both scores of a pair), but summed
@@ -149,21 +168,6 @@ class RewardModelTrainer(SupervisedTrainer):
             else None
         )
         self.scorer = distributed.shard(scorer, args.parallelism)
-        self._plan_memory(self.scalar_model, self._probe, args.max_length)
-        self._open_run(
-            model,
-            {
-                "train_dataset": (train_dataset, train_rows),
-                "eval_dataset": (eval_dataset, eval_rows),
-                "center_dataset": (center_dataset, center_rows),
-            },
-            peft_config,
-        )
-        self.n_items = len(self.train_pairs)
-        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
-        self._start_training(
-            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
-        )
 
     def _load_model(self, model) -> ScalarModel:
         """The ``ScalarModel`` to train (``load_scalar_model``: a causal LM gets rlhfkit's fresh

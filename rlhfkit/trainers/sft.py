@@ -21,6 +21,7 @@ loss are global; rank 0 alone writes the run directory.
 from __future__ import annotations
 
 import math
+import os
 from contextlib import nullcontext
 
 import torch
@@ -36,14 +37,14 @@ from ..data.sft import IGNORE_INDEX, collate_groups, encode_sft_rows, load_sft_d
 from ..data.sft_tokens import check_token_ids
 from ..models.activations import probe_ids
 from ..models.lm_head import streamable, streamed_forward
-from ..models.loading import eos_token_ids, load_pretrained, load_tokenizer
+from ..models.loading import eos_token_ids, load_pretrained
 from ..models.lora import apply_lora, export_causal_lm, unsharded_template
 from ..models.master_weights import back_to_float16, float32_masters
 from ..models.packing import packable_model
 from ..models.prompt_learning import is_prompt_learning, prefix_in_cache, virtual_positions
 from ..models.sources import resolve_model_dir
-from ..run.training import epoch_order, seed_everything
-from .supervised import SupervisedTrainer
+from ..run.training import epoch_order
+from .supervised import Datasets, SupervisedTrainer
 
 
 class SFTTrainer(SupervisedTrainer):
@@ -66,6 +67,8 @@ class SFTTrainer(SupervisedTrainer):
     """
 
     main_metric = "sft/loss"
+    load_rows = staticmethod(load_sft_dataset)
+    args: SFTConfig
 
     def __init__(
         self,
@@ -77,38 +80,50 @@ class SFTTrainer(SupervisedTrainer):
         peft_config=None,
         callbacks=None,
     ):
-        self.args = args = _prompt_learning_args(args or SFTConfig(), model if peft_config is None else peft_config)
-        if train_dataset is None:
-            raise ValueError("train_dataset is required (a datasets.Dataset, a list of dicts or a data file path)")
-        is_path = self._check_model(model, processing_class)
-        rows_per_step, world = args.batch_size * args.grad_accumulation, distributed.planned_world()
+        args = _prompt_learning_args(args or SFTConfig(), model if peft_config is None else peft_config)
+        super().__init__(model, args, train_dataset, eval_dataset, processing_class, peft_config, callbacks)
+
+    def _check_inputs(self, model, processing_class, **sources) -> None:
+        """The model and tokenizer as given, each process's equal share of a step's rows, the chat template."""
+        self._check_model(model, processing_class)
+        rows_per_step, world = self._rows_per_step(), distributed.planned_world()
         if rows_per_step % world:
             raise ValueError(
                 f"batch_size x grad_accumulation = {rows_per_step} must be divisible by the number of "
                 f"processes ({world}): each process trains on an equal share of every step's rows"
             )
-        resolve_chat_template(args.chat_template)  # a bad value is one line before anything is loaded
-        train_rows = load_sft_dataset(train_dataset, "train_dataset")
-        eval_rows = load_sft_dataset(eval_dataset, "eval_dataset") if eval_dataset is not None else None
-        self._check_run(callbacks)
-        self.tokenizer = load_tokenizer(
-            processing_class if processing_class is not None else model,
-            "model" if processing_class is None else "processing_class",
-        )
-        use_chat_template(self.tokenizer, args.chat_template)  # saved with the model in final/
-        self.end_ids = _end_ids(model, self.tokenizer)  # where a chat row's assistant turns end
+        resolve_chat_template(self.args.chat_template)  # a bad value is one line before anything is loaded
+
+    def _load_tokenizer(self, model, processing_class) -> None:
+        """The tokenizer with ``chat_template`` (saved with the model in final/), and the ids that end the
+        model's turns (where a chat row's assistant turns end)."""
+        super()._load_tokenizer(model, processing_class)
+        use_chat_template(self.tokenizer, self.args.chat_template)
+        self.end_ids = _end_ids(model, self.tokenizer)
+
+    def _encode_inputs(self, datasets: Datasets) -> None:
+        """The examples, and the training units: a unit is one row of a batch, one example or one packed row
+        of ``max_length``."""
+        a = self.args
+        train_rows, eval_rows = self._rows(datasets)
         train = self._encode_rows(train_rows, "train_dataset")
         self.eval_examples = self._encode_rows(eval_rows, "eval_dataset") if eval_rows is not None else None
-        # A training unit is one row of a batch: one example, or one packed row of max_length.
-        self.units = training_units(train, args.packing, args.packing_strategy, args.max_length)
-        seed_everything(args.seed)  # the same initial weights on every process
-        model = _load_model(model, args.dtype) if is_path else model
+        self.units = training_units(train, a.packing, a.packing_strategy, a.max_length)
+        self._unchecked = (("train_dataset", train), ("eval_dataset", self.eval_examples or []))  # _build_model's
+
+    def _build_model(self, model, peft_config, **sources) -> None:
+        """The model (dropout as it has it), its examples' token ids checked against its vocabulary, a
+        LoRA adapter with ``peft_config``, float32 masters of float16 weights (``models.master_weights``),
+        then placed (the process group starts there), its LM head probed (``models.lm_head``) and sharded."""
+        args = self.args
+        model = _load_model(model, args.dtype) if isinstance(model, (str, os.PathLike)) else model
         vocab = model.get_input_embeddings().num_embeddings  # a tokenised row's ids must be the model's
-        for name, examples in (("train_dataset", train), ("eval_dataset", self.eval_examples or [])):
+        for name, examples in self._unchecked:
             check_token_ids(examples, vocab, name)
+        del self._unchecked
         if peft_config is not None:
             model = apply_lora(model, peft_config)
-        self._float16 = float32_masters(model)  # float16 weights train as float32 masters (models.master_weights)
+        self._float16 = float32_masters(model)
         self._checkpoint_activations(model, peft_config is not None)
         # The process group starts here, after every check that could fail the same way on every rank.
         self.model = model.to(distributed.setup(args.device))
@@ -118,21 +133,21 @@ class SFTTrainer(SupervisedTrainer):
         # The module training and eval passes go through: the model itself (sharded in place by
         # FSDP2, or as it is in a single process) or its DDP wrapper. ``self.model`` stays the model.
         self.train_model = distributed.shard(self.model, args.parallelism)
-        self._plan_memory(self.model, self._probe, args.max_length)  # before the per-process seeds: it draws nothing
-        if distributed.role_size() > 1:  # dropout masks differ from process to process
-            seed_everything(args.seed + 1_000_003 * distributed.role_rank())
-        self._open_run(
-            model,
-            {"train_dataset": (train_dataset, train_rows), "eval_dataset": (eval_dataset, eval_rows)},
-            peft_config,
-        )
+
+    def _total_steps(self) -> int:
+        """``max_steps``, else ``num_epochs`` over the training units."""
+        args = self.args
+        epochs = max(1, math.ceil(args.num_epochs * len(self.units) / self._rows_per_step()))
+        return args.max_steps if args.max_steps is not None else epochs
+
+    def _before_training(self, total_steps: int) -> None:
+        """The data order's start (``_restore`` moves it on a resumed run)."""
         self.epoch, self.data_pos, self.units_seen = 0, 0, 0
         self.order = self._epoch_order(0)
-        self._start_training(
-            args.max_steps
-            if args.max_steps is not None
-            else max(1, math.ceil(args.num_epochs * len(self.units) / rows_per_step))
-        )
+
+    def _open_run(self, model, datasets: Datasets, peft_config=None, **sources) -> None:
+        """The record names the loaded model (``models.sources.model_source``: its directory), not the path given."""
+        super()._open_run(self.model, datasets, peft_config, **sources)
 
     def _encode_rows(self, rows: list[dict], name: str) -> list[Encoded]:
         """The checked rows as training examples (``encode_sft_rows``: its truncation cuts a long

@@ -1,7 +1,8 @@
-"""What the trainers on fixed data (SFT, reward model, DPO) share: the run directory and its
-record, the optimizer and schedule, checkpoints every ``save_steps`` (``run/checkpoint.py``: DCP
-shards of the trainable weights and AdamW's state, the schedule, every process's RNG, the loop's
-counters), ``resume_from``, and the metrics logger with its trackers.
+"""What the trainers on fixed data (SFT, reward model, DPO, KTO) share: their one construction path
+(``SupervisedTrainer.__init__``), the run directory and its record, the optimizer and schedule,
+checkpoints every ``save_steps`` (``run/checkpoint.py``: DCP shards of the trainable weights and
+AdamW's state, the schedule, every process's RNG, the loop's counters), ``resume_from``, and the
+metrics logger with its trackers.
 
 A resumed run ends with the weights of the uninterrupted one: the checkpoint restores every
 input of the remaining steps — weights, optimizer moments, the learning-rate schedule, the RNG
@@ -10,32 +11,157 @@ states (dropout masks) and the position in the seeded data order (``_counters``)
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
+from typing import Any
 
 import torch
 
 from .. import distributed
+from ..config.supervised import TrainConfig
 from ..models.activations import checkpointable_layers, decoder_layer_count, measure_activation_cost
-from ..models.loading import enable_activation_checkpointing
+from ..models.loading import enable_activation_checkpointing, load_tokenizer
 from ..models.memory import MemoryPlan
 from ..run.lifecycle import Run
+from ..run.training import seed_everything
+
+# A run's datasets by name: (the dataset as given, its rows read and checked; None when not given).
+Datasets = dict[str, tuple[Any, list[dict] | None]]
 
 
 class SupervisedTrainer:
-    """Base of ``SFTTrainer``, ``RewardModelTrainer`` and ``DPOTrainer``. A subclass sets ``args``,
-    calls ``_check_run`` before loading anything, ``_open_run`` and ``_start_training`` once its
-    model is built and sharded, ``self.run.optimizer_step`` per update, ``self.run.log`` and
-    ``_step_done`` after each step and ``_finish`` at the end; it names what a checkpoint holds with
-    ``_trained_modules`` and ``_counters`` / ``_restore``. The lifecycle itself is the ``Run`` it
-    holds (``run/lifecycle.py``), the same object the RL trainer holds."""
+    """Base of ``SFTTrainer``, ``RewardModelTrainer``, ``DPOTrainer`` and ``KTOTrainer``. Each is built
+    by ``__init__`` here, the one construction path, whose steps that are a trainer's own are the
+    hooks it overrides (``_check_inputs``, ``_read_inputs``, ``_encode_inputs``, ``_build_model``,
+    ``_total_steps``, ``_before_training``). Then it calls ``self.run.optimizer_step`` per update,
+    ``self.run.log`` and ``_step_done`` after each step and ``_finish`` at the end; it names what a
+    checkpoint holds with ``_trained_modules`` and ``_counters`` / ``_restore``. The lifecycle itself
+    is the ``Run`` it holds (``run/lifecycle.py``), the same object the RL trainer holds."""
 
     main_metric = "loss"
-    device: torch.device  # set by the subclass once its model is placed
+    # what the training rows hold, said when train_dataset is missing
+    train_rows_hold = " (a datasets.Dataset, a list of dicts or a data file path)"
+    # the rows of a dataset (``load(dataset, name)``: read and checked; the trainer's format)
+    load_rows: Callable[[Any, str], list[dict]]
+    args: TrainConfig
+    run: Run
+    tokenizer: Any
+    model: torch.nn.Module  # the model trained (a peft model of it with LoRA)
+    device: torch.device  # set by ``_build_model`` once the model is placed
     memory: MemoryPlan  # the activation policy (_plan_memory)
+    n_items: int  # the training items a step draws from (``_batch``), set by ``_encode_inputs``
+    steps_per_epoch: int
+    total_steps: int
+    step: int
 
+    def __init__(
+        self,
+        model,
+        args: TrainConfig,
+        train_dataset,
+        eval_dataset=None,
+        processing_class=None,
+        peft_config=None,
+        callbacks=None,
+        **sources,
+    ):
+        """The construction every trainer on fixed data goes through, in this order:
+
+        1. what needs nothing loaded: ``train_dataset`` given, the trainer's own refusals
+           (``_check_inputs``), every dataset read and checked (``_read_inputs``), the ``Run``
+           (``_check_run``: its refusals, nothing written yet);
+        2. the tokenizer (``_load_tokenizer``), the rows tokenised (``_encode_inputs``);
+        3. the same initial weights on every process (``args.seed``), the model built
+           (``_build_model``: loaded, adapted, placed, sharded), its memory plan (``_plan_memory``,
+           before the per-process seeds: it draws nothing);
+        4. what the first step needs besides (``_before_training``: a precomputed reference), a seed
+           per process (dropout masks differ from process to process), the run directory and its
+           record (``_open_run``), and the optimizer, schedule and resume (``_start_training``) over
+           ``_total_steps()`` steps.
+
+        ``sources``: the trainer's further inputs (``ref_model``, ``center_dataset``), given to the hooks;
+        the record names those that are not datasets (``_read_inputs``'s) as sources."""
+        self.args = args
+        if train_dataset is None:
+            raise ValueError(f"train_dataset is required{self.train_rows_hold}")
+        self._check_inputs(model, processing_class, **sources)
+        datasets = self._read_inputs(train_dataset, eval_dataset, **sources)
+        self._check_run(callbacks)
+        self._load_tokenizer(model, processing_class)
+        self._encode_inputs(datasets)
+        seed_everything(self.args.seed)  # the same initial weights on every process
+        self._build_model(model, peft_config, **sources)
+        self._plan_memory(self.model, self._probe, self.args.max_length)
+        total = self._total_steps()
+        self._before_training(total)
+        if distributed.role_size() > 1:  # dropout masks differ from process to process
+            seed_everything(self.args.seed + 1_000_003 * distributed.role_rank())
+        self._open_run(model, datasets, peft_config, **{k: v for k, v in sources.items() if k not in datasets})
+        self._start_training(total)
+
+    # ---------------------------------------------------------------- the construction's hooks
+    def _check_inputs(self, model, processing_class, **sources) -> None:
+        """The trainer's refusals that need nothing loaded (the model and tokenizer as given, the
+        batch's share per process, its own options). Like ``_read_inputs`` and ``_build_model`` it is
+        given every further input (``sources``) and names those it reads."""
+        raise NotImplementedError
+
+    def _read_inputs(self, train_dataset, eval_dataset, **sources) -> Datasets:
+        """Every dataset as given and its rows (``load_rows``): the training set, the evaluation set
+        when given (a trainer with more overrides this)."""
+        return {
+            "train_dataset": (train_dataset, self.load_rows(train_dataset, "train_dataset")),
+            "eval_dataset": (
+                eval_dataset,
+                self.load_rows(eval_dataset, "eval_dataset") if eval_dataset is not None else None,
+            ),
+        }
+
+    @staticmethod
+    def _rows(datasets: Datasets) -> tuple[list[dict], list[dict] | None]:
+        """The training rows and the evaluation rows (None: no evaluation set) of ``_read_inputs``'s datasets."""
+        train, evals = datasets["train_dataset"][1], datasets["eval_dataset"][1]
+        assert train is not None  # train_dataset is required (__init__)
+        return train, evals
+
+    def _load_tokenizer(self, model, processing_class) -> None:
+        """``processing_class``, else the tokenizer of the model's directory."""
+        self.tokenizer = load_tokenizer(
+            processing_class if processing_class is not None else model,
+            "model" if processing_class is None else "processing_class",
+        )
+
+    def _encode_inputs(self, datasets: Datasets) -> None:
+        """The rows tokenised and length-checked, as the trainer's steps read them; sets ``n_items``."""
+        raise NotImplementedError
+
+    def _build_model(self, model, peft_config, **sources) -> None:
+        """The trained model loaded (``model``: a path or an object), adapted (``peft_config``), placed
+        on its device (``distributed.setup``: the process group starts there) and sharded; sets
+        ``model`` and ``device``."""
+        raise NotImplementedError
+
+    def _probe(self, n: int) -> torch.Tensor:
+        """The training pass with gradient over one synthetic row of ``n`` tokens, a scalar out (the memory
+        probe, ``_plan_memory``)."""
+        raise NotImplementedError
+
+    def _total_steps(self) -> int:
+        """The run's optimizer steps: ``max_steps``, else ``num_epochs`` over the ``n_items`` training
+        items, ``batch_size x grad_accumulation`` a step (sets ``steps_per_epoch``)."""
+        args = self.args
+        self.steps_per_epoch = math.ceil(self.n_items / self._rows_per_step())
+        return (
+            args.max_steps if args.max_steps is not None else max(1, math.ceil(args.num_epochs * self.steps_per_epoch))
+        )
+
+    def _before_training(self, total_steps: int) -> None:
+        """What the first step needs besides the model, computed before the per-process seeds (none here)."""
+
+    # ---------------------------------------------------------------- the run
     def _check_run(self, callbacks=None) -> None:
         """Before anything loads: the ``Run`` (device, ``resume_from='latest'``, the run
         directory's refusals, the ``callbacks``) — nothing is written yet."""
@@ -65,6 +191,15 @@ class SupervisedTrainer:
         if not is_path and processing_class is None:
             raise ValueError("processing_class (the tokenizer) is required when model is an object, not a path")
         return is_path
+
+    def _check_batch_share(self, items: str) -> None:
+        """Every process scores an equal share of each step's ``batch_size`` ``items``: one line otherwise."""
+        world, size = distributed.planned_world(), self.args.batch_size
+        if size % world:
+            raise ValueError(
+                f"batch_size={size} must be divisible by the number of processes ({world}): "
+                f"each process scores an equal share of every step's {items}"
+            )
 
     def _check_pairs(self, pairs: list, dropped: int, total: int, name: str) -> list:
         """Pairs whose completions fit ``max_length``: none is an error, some dropped a warning."""

@@ -31,8 +31,8 @@ from ..agents import episodes_rollout
 from ..agents.episode import Episode
 from ..agents.source import EpisodeSource
 from ..rollout.base import row_seeds
-from .record import empty_episode, episode_from_calls
-from .server import Endpoint, Serving
+from .record import Serving, empty_episode, episode_from_calls
+from .server import Endpoint
 
 if TYPE_CHECKING:
     import httpx

@@ -24,13 +24,22 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..agents.episode import Episode
 from ..agents.templates import prompt_ids, tool_suffix_ids
+from ..rollout.base import SamplingParams
 
-if TYPE_CHECKING:
-    from .server import Serving
+
+@dataclass(frozen=True)
+class Serving:
+    """What a request is served with: the ``engine``, the run's ``sampling`` and the weights'
+    ``version`` (optimizer steps behind the weights the engine samples; recorded with each call).
+    A training episode's are given when it opens (``Endpoint.new_episode``); other requests get
+    the endpoint's own (``Endpoint.serving``)."""
+
+    engine: object
+    sampling: SamplingParams
+    version: int = 0
 
 
 @dataclass

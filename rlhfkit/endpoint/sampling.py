@@ -17,7 +17,7 @@ from .tokens import TokenBytes, hidden_ids, visible_text
 
 def answer_group(endpoint, group: list, serving) -> list[dict]:
     """The answers of ``group`` (``server.Pending`` requests sharing a sampling setting and ``n``)
-    by ``serving`` (``server.Serving``: the engine, and the weights version recorded with each
+    by ``serving`` (``record.Serving``: the engine, and the weights version recorded with each
     call): one ``engine.generate`` call for all of them, sized for the longest ``max_new_tokens``."""
     n = group[0].request.n
     sampling = replace(group[0].sampling, max_new_tokens=max(p.sampling.max_new_tokens for p in group))

@@ -41,25 +41,13 @@ from typing import TYPE_CHECKING
 from ..rollout.base import SamplingParams, sampling_seed
 from .completions import PromptScoring, parse_completion
 from .protocol import BadRequest, ChatRequest, error_body, length_answer, parse_request, template_messages
-from .record import EpisodeRecord, extends_last_call, request_prompt
+from .record import EpisodeRecord, Serving, extends_last_call, request_prompt
 from .sampling import answer_group
 
 if TYPE_CHECKING:
     import uvicorn
 
     from .tokens import TokenBytes
-
-
-@dataclass(frozen=True)
-class Serving:
-    """What a request is served with: the ``engine``, the run's ``sampling`` and the weights'
-    ``version`` (optimizer steps behind the weights the engine samples; recorded with each call).
-    A training episode's are given when it opens (``Endpoint.new_episode``); other requests get
-    the endpoint's own (``Endpoint.serving``)."""
-
-    engine: object
-    sampling: SamplingParams
-    version: int = 0
 
 
 @dataclass

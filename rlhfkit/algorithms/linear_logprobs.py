@@ -101,11 +101,11 @@ class _LinearLogprobs(torch.autograd.Function):
                 if tau != 1.0:
                     g /= tau
                 g_c = g.to(ctx.dtype)
-                if need_h:
+                if grad_h is not None:
                     grad_h[rows] = (g_c @ w).to(hidden.dtype)
-                if need_w:
+                if grad_w is not None:
                     grad_w += (g_c.t() @ hidden[rows].to(ctx.dtype)).to(acc)
-                if need_b:
+                if grad_b is not None:
                     grad_b += g.sum(0)
         return (
             grad_h,

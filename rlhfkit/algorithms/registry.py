@@ -231,7 +231,7 @@ def _kl_entry(name: str) -> Callable:
 # nothing); k2's E_π[(log π - log ref) ∇log π] = ∇KL(π‖ref) exactly; k3's
 # E_π[(1 - ref/π) ∇log π] = -Σ ref ∇log π = ∇KL(ref‖π); abs's E_π[sign(log π - log ref) ∇log π]
 # is the gradient of no divergence.
-_KL_TRAITS = {
+_KL_TRAITS: dict[str, dict[str, str | None]] = {
     "k1": dict(loss_gradient=None, why_not_in_loss="is zero in expectation, so the penalty would do nothing"),
     "k2": dict(loss_gradient="KL(π‖ref)", why_not_in_loss=""),
     "k3": dict(loss_gradient="KL(ref‖π)", why_not_in_loss=""),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import cast
 
 import torch
 
@@ -227,13 +228,14 @@ class HFEngine:
         dtype``). With those (``_static_values_take_key_dtype``) the layers are allocated here
         before any update (``_allocate_static``)."""
         from transformers import StaticCache
+        from transformers.cache_utils import CacheLayerMixin
 
         cache = StaticCache(config=self.model.config, max_cache_len=length)
         if _static_values_take_key_dtype():
             self._allocate_static(cache, ids, prompt_cache)
         if prompt_cache is not None:
             for layer, prompt in zip(cache.layers, prompt_cache.layers):
-                layer.update(prompt.keys, prompt.values)
+                cast(CacheLayerMixin, layer).update(prompt.keys, prompt.values)  # a static cache's layers attend fully
         return cache
 
     def _allocate_static(self, cache, ids: torch.Tensor, prompt_cache) -> None:

@@ -97,9 +97,13 @@ def updates() -> dict:
         exp = experience(case)
         for budget in BUDGETS:
             t = trainer(case, budget)
-            micro_batches = []
-            run = t.models.train_outputs
-            t.models.train_outputs = lambda r, **kw: micro_batches.append(r.input_ids.shape[0]) or run(r, **kw)
+            micro_batches: list[int] = []
+
+            def counted(r, run=t.models.train_outputs, seen=micro_batches, **kw):
+                seen.append(r.input_ids.shape[0])  # the rows of each micro-batch the update runs
+                return run(r, **kw)
+
+            t.models.train_outputs = counted
             out[case, budget] = {k: float(v) for k, v in t.update(exp).items()}
             out[case, budget, "rows"] = micro_batches
     return out

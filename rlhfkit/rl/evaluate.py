@@ -37,7 +37,7 @@ def check_eval_sizes(samples_per_prompt, batch_size, names=("samples_per_prompt"
         (samples_per_prompt, names[0], MAX_SAMPLES_PER_PROMPT),
         (batch_size, names[1], MAX_BATCH_SIZE),
     ):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= int(value) <= high:
             why = " (a prompt's completions are generated together)" if high == MAX_SAMPLES_PER_PROMPT else ""
             raise ValueError(f"{name} must be an integer in [1, {high}]{why}, got {value!r}")
 
@@ -111,14 +111,14 @@ def evaluate_policy(
 @contextmanager
 def _eval_mode(*models):
     """Eval mode for the duration (no dropout), then each model's own mode back."""
-    models = [m for m in models if m is not None]
-    modes = [m.training for m in models]
-    for m in models:
+    present = [m for m in models if m is not None]
+    modes = [m.training for m in present]
+    for m in present:
         m.eval()
     try:
         yield
     finally:
-        for m, mode in zip(models, modes):
+        for m, mode in zip(present, modes):
             m.train(mode)
 
 

@@ -192,7 +192,9 @@ def run_generator(sampler: Sampler, max_staleness: int) -> None:
         load_weights(models.policy, receive_weights(entries, models.device))
     works: list[list] = []
     for step in range(counters["step"], sampler.config.max_steps):
-        begin, timings, waited = time.perf_counter(), {}, {}
+        begin = time.perf_counter()
+        timings: dict[str, float] = {}
+        waited: dict[str, float] = {}
         with timer(waited, "wait_weights"):  # blocked on the version this step needs (and receiving it)
             while have < version_for(step, counters["step"], max_staleness):
                 have += 1

@@ -160,7 +160,7 @@ class Sampler:
         per-epoch shuffle (every process of the role walks the same order; process r takes the r-th
         slice). With ``drop_last`` a step never spans two epochs: an epoch's last prompts that do not
         fill a step are skipped. Returns their indices in the train rows."""
-        rows = []
+        rows: list[int] = []
         n = self.config.prompts_per_step
         if self.config.drop_last and self.data_pos + n > len(self.order) and n <= len(self.order):
             self.restore((self.data_epoch + 1, 0))

@@ -63,6 +63,7 @@ def sample_batch(sample_round: Callable[[int], tuple], config, shaping: ScoreSha
         totals = distributed.reduce_sum(torch.tensor([min(kept, share), kept, generated], dtype=torch.float64))
         if int(totals[0]) >= config.prompts_per_step:
             break
+    assert first is not None  # max_sampling_rounds >= 1: a round ran
     n_kept = min(kept, share)
     width = max(distributed.reduce_max(n_kept), 1)  # groups per process: equal on every process
     if int(totals[0]) < config.prompts_per_step:

@@ -49,7 +49,7 @@ def score(
     ``rewards/functions.py``."""
     data = [row for row in rows for _ in range(group_size)]
     out, completions = reward_call(rewards, data, rollout, tokenizer, episodes, trainer_state)
-    metrics = {}
+    metrics: dict[str, torch.Tensor | float] = {}
     for name, v in out.per_function.items():
         metrics[f"reward/{name}_mean"], metrics[f"reward/{name}_std"] = nan_mean_std(v)
     metrics.update(logged_metrics(out.metrics))

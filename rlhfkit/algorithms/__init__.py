@@ -28,7 +28,7 @@ from .linear_logprobs import linear_logprobs
 from .logprobs import entropy_from_logits, log_kept_mass, selective_logprobs
 from .loss_interface import Hyperparameter, LossInputs, LossOutputs
 from .loss_registry import POLICY_LOSSES, check_loss_options, loss_hyperparameters
-from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, value_loss
+from .losses import AGGREGATIONS, aggregate, bradley_terry_loss, corrected_loss, value_loss
 from .metrics import (
     Metric,
     StepMetrics,
@@ -44,10 +44,14 @@ from .metrics import (
 from .policy_losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     cispo_policy_loss,
+    cispo_token_loss,
     importance_ratio,
     pg_loss,
+    pg_token_loss,
     ppo_policy_loss,
+    ppo_token_loss,
     sapo_policy_loss,
+    sapo_token_loss,
     vespo_policy_loss,
 )
 from .registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, Registry, sequence_rewards
@@ -104,6 +108,8 @@ __all__ = [
     "broadcast_sequence_advantages",
     "check_loss_options",
     "cispo_policy_loss",
+    "cispo_token_loss",
+    "corrected_loss",
     "entropy_from_logits",
     "log_kept_mass",
     "loss_hyperparameters",
@@ -127,8 +133,11 @@ __all__ = [
     "linear_divergence",
     "divergence_from_logits",
     "pg_loss",
+    "pg_token_loss",
     "ppo_policy_loss",
+    "ppo_token_loss",
     "sapo_policy_loss",
+    "sapo_token_loss",
     "vespo_policy_loss",
     "reinforce_advantages",
     "rloo_advantages",

@@ -7,6 +7,11 @@ its own hyperparameters as keyword arguments, and returns one ``LossOutputs``::
     )
     def mine(inputs: LossInputs, *, tau: float) -> LossOutputs:
         ...
+        return LossOutputs(loss_mat, metrics)  # the per-token loss (B, T)
+
+The loss returns its per-token loss: ``POLICY_LOSSES`` multiplies it by the rollout correction's
+weights and aggregates it (``losses.corrected_loss``), so no loss can leave the correction out; only
+a loss registered with ``applies_correction=True`` sees ``inputs.weights`` and returns the scalar.
 
 ``Hyperparameter`` declares a knob: its name, default, one-line doc and allowed values. A knob
 that is an ``RLConfig`` field (``config_field=True``: the built-in losses' ``clip_low``,
@@ -34,9 +39,11 @@ class LossInputs:
 
     ``logprobs`` (B, T) with gradient, ``old_logprobs`` (B, T), ``advantages`` (B, T) or (B,),
     ``response_mask`` (B, T); ``agg`` / ``horizon``: the aggregation (``losses.aggregate``; ``agg``
-    None: the loss's own default); ``weights`` (B, T) or None: the rollout importance-sampling
-    weights multiplying the per-token loss (``rollout_is_weights``); ``importance_sampling_level``:
-    whose ratio the loss uses ("token", or GSPO's "sequence" / "sequence_token"; ``importance_ratio``).
+    None: the loss's declared default); ``weights`` (B, T) or None: the rollout importance-sampling
+    weights (``rollout_is_weights``), which ``POLICY_LOSSES`` multiplies into the per-token loss the
+    loss returns — the loss itself is called with None, unless it is registered with
+    ``applies_correction=True``; ``importance_sampling_level``: whose ratio the loss uses ("token", or
+    GSPO's "sequence" / "sequence_token"; ``importance_ratio``).
     """
 
     logprobs: torch.Tensor
@@ -51,14 +58,16 @@ class LossInputs:
 
 @dataclass(frozen=True)
 class LossOutputs:
-    """What every policy loss returns: the scalar ``loss`` (a negated objective, for descent) and
+    """What every policy loss returns: ``loss`` (a negated objective, for descent), per token (B, T) —
+    ``POLICY_LOSSES`` weighs it by the rollout correction and aggregates it, and its entry returns the
+    scalar — or the scalar itself from a loss registered with ``applies_correction=True``; and
     ``metrics``, each a ``Metric`` of a declared kind (``metrics.py``: a token mean, a maximum, a
     standard deviation, as sufficient statistics; no ``.item()``), so the update logs the value of the
     whole batch whatever its micro-batches and processes. A plain detached 0-d tensor is read as a
     token mean over the micro-batch's response tokens (``metrics.as_metric``)."""
 
     loss: torch.Tensor
-    metrics: dict[str, Metric | torch.Tensor] = field(default_factory=dict)
+    metrics: Mapping[str, Metric | torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,22 @@ so a new loss with a knob of its own is one function and its registration, in an
     )
     def mine(inputs, *, tau):
         ...
-        return LossOutputs(loss, metrics)
+        return LossOutputs(loss_mat, metrics)  # the per-token loss, (B, T)
 
 trained with ``RLConfig(policy_loss="mine", loss_options={"tau": 0.5})``.
+
+The rollout correction is the registry's, not the loss's: a loss returns its per-token loss and the
+entry multiplies it by the correction's weights and aggregates it (``losses.corrected_loss``, with
+``inputs.agg``, or the loss's declared ``aggregation`` when that is None), so no loss can drop the
+weights — the loss never sees them. A loss that must apply them itself (VESPO folds them into its
+sequence ratio) registers with ``applies_correction=True``: it gets ``inputs.weights`` and returns the
+aggregated scalar.
+
+A loss in the user's own module is named by its path, ``policy_loss="my_pkg.losses:my_loss"`` (in
+YAML and on the command line alike, as prime-rl names them): ``get``, ``traits`` and
+``hyperparameters`` (so ``check_loss_options`` and the loop) import the module, which may register
+the function under any name (``@POLICY_LOSSES.register(...)``); a function it did not register is
+registered under its path with the safe traits (token level, ``zero_at_zero_advantage=False``, no knobs).
 
 Traits: ``importance_sampling_levels`` (the levels of ``importance_sampling_level`` the loss takes:
 a loss without an importance ratio takes "token" only) and ``zero_at_zero_advantage`` (True: a row
@@ -24,15 +37,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from collections.abc import Callable
 
+import torch
+
 from .loss_interface import Hyperparameter, LossInputs, LossOutputs, resolve_hyperparameters
+from .losses import AGGREGATIONS, corrected_loss
 from .policy_losses import (
     IMPORTANCE_SAMPLING_LEVELS,
-    cispo_policy_loss,
-    pg_loss,
-    ppo_policy_loss,
-    sapo_policy_loss,
+    cispo_token_loss,
+    pg_token_loss,
+    ppo_token_loss,
+    sapo_token_loss,
     vespo_policy_loss,
 )
 from .registry import Registry
@@ -47,9 +64,21 @@ class PolicyLossRegistry(Registry):
     def __init__(self):
         super().__init__("policy loss", ("inputs",), traits=("importance_sampling_levels", "zero_at_zero_advantage"))
         self._hyperparameters: dict[str, tuple[Hyperparameter, ...]] = {}
+        self._paths: dict[str, str] = {}  # "module:function" -> the name its function is registered under
 
-    def register(self, name: str, *, hyperparameters=(), **traits) -> Callable[[Callable], Callable]:
-        """Decorator adding the loss ``fn`` under ``name`` with its ``traits`` and ``hyperparameters``."""
+    def register(
+        self,
+        name: str,
+        *,
+        hyperparameters=(),
+        applies_correction: bool = False,
+        aggregation: str = "token-mean",
+        **traits,
+    ) -> Callable[[Callable], Callable]:
+        """Decorator adding the loss ``fn`` under ``name`` with its ``traits`` and ``hyperparameters``.
+        ``fn`` returns its per-token loss, which the entry weighs by the rollout correction and
+        aggregates (``aggregation``: the mode when ``inputs.agg`` is None); ``applies_correction``:
+        ``fn`` gets ``inputs.weights`` and returns the aggregated scalar itself."""
         add = super().register(name, **traits)
         declared = tuple(hyperparameters)
         if not all(isinstance(h, Hyperparameter) for h in declared):
@@ -57,6 +86,8 @@ class PolicyLossRegistry(Registry):
         names = [h.name for h in declared]
         if len(set(names)) != len(names):
             raise ValueError(f"policy loss {name!r} declares a hyperparameter twice: {names}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"policy loss {name!r}: aggregation must be one of {', '.join(AGGREGATIONS)}")
 
         def decorator(fn: Callable) -> Callable:
             code = getattr(fn, "__code__", None)
@@ -71,7 +102,10 @@ class PolicyLossRegistry(Registry):
             defaults = {h.name: h.default for h in declared}
 
             def entry(inputs: LossInputs, **knobs) -> LossOutputs:
-                return fn(inputs, **{**defaults, **knobs})
+                if applies_correction:
+                    return fn(inputs, **{**defaults, **knobs})
+                out = fn(dataclasses.replace(inputs, weights=None), **{**defaults, **knobs})
+                return LossOutputs(_corrected(name, out.loss, inputs, aggregation), out.metrics)
 
             functools.update_wrapper(entry, fn)
             add(entry)
@@ -83,13 +117,59 @@ class PolicyLossRegistry(Registry):
     def _check_signature(self, name: str, fn: Callable) -> None:
         super()._check_signature(name, getattr(fn, "__wrapped__", fn))
 
+    def resolve(self, name: str) -> str:
+        """The registered name ``name`` stands for: itself, or for a ``"module:function"`` path the
+        name its function is registered under, the module imported first (it may register it) and the
+        function registered under the path when it did not. One ``ValueError`` line naming
+        ``policy_loss`` when the module cannot be imported or has no such function."""
+        if not isinstance(name, str) or name in self._entries or ":" not in name:
+            return name
+        if name not in self._paths:
+            self._paths[name] = self._load(name)
+        return self._paths[name]
+
+    def _load(self, path: str) -> str:
+        module_name, _, fn_name = path.partition(":")
+        if not module_name or not fn_name.isidentifier():
+            raise ValueError(f"policy_loss {path!r}: a loss named by path is 'module:function' (my_pkg.losses:my_loss)")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as err:  # the user's module: whatever its import raises is told in one line
+            why = (str(err).splitlines() or [""])[0]
+            raise ValueError(
+                f"policy_loss {path!r}: cannot import the module {module_name!r} ({type(err).__name__}: {why})"
+            ) from None
+        if path in self._entries:  # the module registered the loss under its path
+            return path
+        fn = getattr(module, fn_name, None)
+        if not callable(fn):
+            raise ValueError(f"policy_loss {path!r}: the module {module_name!r} has no function {fn_name!r}")
+        for registered, entry in self._entries.items():
+            if getattr(entry, "__wrapped__", entry) is fn:
+                return registered
+        self.register(path, importance_sampling_levels=("token",), zero_at_zero_advantage=False)(fn)
+        return path
+
+    def get(self, name: str) -> Callable:
+        """The entry of ``name`` (a registered name, or a ``"module:function"`` path: ``resolve``)."""
+        return super().get(self.resolve(name))
+
+    def traits(self, name: str) -> dict:
+        return super().traits(self.resolve(name))
+
     def unregister(self, name: str) -> None:
-        """Remove the loss ``name`` and its declared knobs (one a test or a plugin registered)."""
+        """Remove the loss ``name`` and its declared knobs (one a test or a plugin registered), and the
+        paths that named it; a path naming a loss registered under another name forgets the path alone."""
+        if self._paths.get(name, name) != name:
+            del self._paths[name]
+            return
         super().unregister(name)
         del self._hyperparameters[name]
+        self._paths = {path: target for path, target in self._paths.items() if target != name}
 
     def hyperparameters(self, name: str) -> tuple[Hyperparameter, ...]:
         """The knobs the loss ``name`` declared at registration; unknown names as in ``get``."""
+        name = self.resolve(name)
         self.get(name)
         return self._hyperparameters[name]
 
@@ -112,8 +192,8 @@ def check_loss_options(policy_loss: str, config) -> dict:
     and a config field that another registered loss reads as a knob is refused when the user set it
     (not filled by the preset, not its default) and ``policy_loss`` does not read it: it would be
     ignored. Returns ``loss_hyperparameters``'s values."""
-    values = _resolve(policy_loss, config, _elsewhere(policy_loss))
-    filled = getattr(config, "preset_filled", frozenset())
+    values = _resolve(policy_loss, config, _elsewhere(POLICY_LOSSES.resolve(policy_loss)))
+    filled: frozenset[str] = getattr(config, "preset_filled", frozenset())
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for field_name, readers in _config_field_readers().items():
         value = getattr(config, field_name, None)
@@ -161,14 +241,20 @@ def _elsewhere(policy_loss: str) -> dict[str, str]:
     return {k: "; ".join(v) for k, v in out.items()}
 
 
-def _tensors(inputs: LossInputs) -> tuple:
+def _corrected(name: str, loss: torch.Tensor, inputs: LossInputs, aggregation: str) -> torch.Tensor:
+    """The per-token ``loss`` of the policy loss ``name`` weighed by the rollout correction and aggregated
+    (``corrected_loss``); a loss of another shape is refused in one line."""
+    if tuple(loss.shape) != tuple(inputs.logprobs.shape):
+        raise ValueError(
+            f"policy loss {name!r} returned a loss of shape {tuple(loss.shape)}: a loss returns its per-token loss, "
+            f"shape {tuple(inputs.logprobs.shape)} (the rollout correction and the aggregation are applied around "
+            "it), or is registered with applies_correction=True and weighs it by inputs.weights itself"
+        )
+    return corrected_loss(loss, inputs.response_mask, inputs.weights, inputs.agg or aggregation, inputs.horizon)
+
+
+def _tensors(inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return inputs.logprobs, inputs.old_logprobs, inputs.advantages, inputs.response_mask
-
-
-def _aggregation(inputs: LossInputs) -> dict:
-    """``agg`` (left out when None: the formula's own default), ``horizon`` and ``weights``."""
-    agg = {} if inputs.agg is None else {"agg": inputs.agg}
-    return {**agg, "horizon": inputs.horizon, "weights": inputs.weights}
 
 
 # The built-in losses' knobs are RLConfig fields under their user-facing names (TRL's epsilon and
@@ -197,28 +283,29 @@ _CISPO_CAP = Hyperparameter("clip_high", 4.0, "the detached ratio's cap 1 + clip
     hyperparameters=(_CLIP_LOW, _CLIP_HIGH, _DUAL_CLIP),
 )
 def _ppo_clip(inputs: LossInputs, *, clip_low, clip_high, dual_clip) -> LossOutputs:
-    """PPO's clipped surrogate; ``importance_sampling_level="sequence"`` is GSPO (``ppo_policy_loss``)."""
-    loss, metrics = ppo_policy_loss(
+    """PPO's clipped surrogate per token; ``importance_sampling_level="sequence"`` is GSPO (``ppo_policy_loss``)."""
+    loss_mat, metrics = ppo_token_loss(
         *_tensors(inputs),
         clip_low=clip_low,
         clip_high=clip_high,
         dual_clip=dual_clip,
         importance_sampling_level=inputs.importance_sampling_level,
-        **_aggregation(inputs),
     )
-    return LossOutputs(loss, metrics)
+    return LossOutputs(loss_mat, metrics)
 
 
-@POLICY_LOSSES.register("vanilla", importance_sampling_levels=("token",), zero_at_zero_advantage=True)
+@POLICY_LOSSES.register(
+    "vanilla", importance_sampling_levels=("token",), zero_at_zero_advantage=True, aggregation="seq-mean-token-sum"
+)
 def _vanilla(inputs: LossInputs) -> LossOutputs:
-    """Plain policy gradient (``pg_loss``), by default ``agg="seq-mean-token-sum"``. It has no
+    """Plain policy gradient per token (``pg_loss``), by default ``agg="seq-mean-token-sum"``. It has no
     importance ratio, so ``importance_sampling_level`` can only be "token"."""
     if inputs.importance_sampling_level != "token":
         raise ValueError(
             f"policy loss 'vanilla' has no importance ratio: importance_sampling_level must be "
             f"'token', got {inputs.importance_sampling_level!r}"
         )
-    return LossOutputs(*pg_loss(*_tensors(inputs), **_aggregation(inputs)))
+    return LossOutputs(*pg_token_loss(*_tensors(inputs)))
 
 
 @POLICY_LOSSES.register(
@@ -228,43 +315,41 @@ def _vanilla(inputs: LossInputs) -> LossOutputs:
     hyperparameters=(_CISPO_CAP,),
 )
 def _cispo(inputs: LossInputs, *, clip_high) -> LossOutputs:
-    """CISPO (``cispo_policy_loss``): the ratio capped at ``1 + clip_high``. It reads no ``clip_low``
+    """CISPO per token (``cispo_policy_loss``): the ratio capped at ``1 + clip_high``. It reads no ``clip_low``
     (the paper sets no lower bound on the weight) and no ``dual_clip`` (a capped weight needs none)."""
-    loss, metrics = cispo_policy_loss(
-        *_tensors(inputs),
-        clip_high=clip_high,
-        importance_sampling_level=inputs.importance_sampling_level,
-        **_aggregation(inputs),
+    loss_mat, metrics = cispo_token_loss(
+        *_tensors(inputs), clip_high=clip_high, importance_sampling_level=inputs.importance_sampling_level
     )
-    return LossOutputs(loss, metrics)
+    return LossOutputs(loss_mat, metrics)
 
 
 @POLICY_LOSSES.register(
     "sapo",
     importance_sampling_levels=IMPORTANCE_SAMPLING_LEVELS,
     zero_at_zero_advantage=True,
+    aggregation="seq-mean-token-mean",
     hyperparameters=(
         Hyperparameter("temperature_pos", 1.0, "the gate's temperature where the advantage is > 0", "> 0"),
         Hyperparameter("temperature_neg", 1.05, "the gate's temperature where the advantage is <= 0", "> 0"),
     ),
 )
 def _sapo(inputs: LossInputs, *, temperature_pos, temperature_neg) -> LossOutputs:
-    """SAPO's soft gate (``sapo_policy_loss``), by default per sequence (``seq-mean-token-mean``);
+    """SAPO's soft gate per token (``sapo_policy_loss``), by default per sequence (``seq-mean-token-mean``);
     TRL's ``sapo_temperature_pos`` / ``sapo_temperature_neg``."""
-    loss, metrics = sapo_policy_loss(
+    loss_mat, metrics = sapo_token_loss(
         *_tensors(inputs),
         temperature_pos=temperature_pos,
         temperature_neg=temperature_neg,
         importance_sampling_level=inputs.importance_sampling_level,
-        **_aggregation(inputs),
     )
-    return LossOutputs(loss, metrics)
+    return LossOutputs(loss_mat, metrics)
 
 
 @POLICY_LOSSES.register(
     "vespo",
     importance_sampling_levels=("token",),
     zero_at_zero_advantage=True,
+    applies_correction=True,  # the weights fold into the sequence ratio, not multiply the loss
     hyperparameters=(
         Hyperparameter("k_pos", 2.0, "the weight's power where the advantage is >= 0", ">= 0"),
         Hyperparameter("lambda_pos", 3.0, "the weight's decay where the advantage is >= 0", "> 0"),
@@ -275,7 +360,8 @@ def _sapo(inputs: LossInputs, *, temperature_pos, temperature_neg) -> LossOutput
 def _vespo(inputs: LossInputs, *, k_pos, lambda_pos, k_neg, lambda_neg) -> LossOutputs:
     """VESPO's Gamma-weighted sequence ratio (``vespo_policy_loss``), by default over every token of
     the batch (``token-mean``). It builds its own sequence ratio (a product over the row), so
-    ``importance_sampling_level`` can only be "token"; TRL's ``vespo_k_pos`` ... ``vespo_lambda_neg``."""
+    ``importance_sampling_level`` can only be "token", and folds the rollout correction's weights into
+    that ratio (``applies_correction``); TRL's ``vespo_k_pos`` ... ``vespo_lambda_neg``."""
     if inputs.importance_sampling_level != "token":
         raise ValueError(
             "policy loss 'vespo' weighs each row by its own sequence ratio: importance_sampling_level must be "
@@ -287,6 +373,8 @@ def _vespo(inputs: LossInputs, *, k_pos, lambda_pos, k_neg, lambda_neg) -> LossO
         lambda_pos=lambda_pos,
         k_neg=k_neg,
         lambda_neg=lambda_neg,
-        **_aggregation(inputs),
+        agg=inputs.agg or "token-mean",  # None: the formula's own default
+        horizon=inputs.horizon,
+        weights=inputs.weights,
     )
     return LossOutputs(loss, metrics)

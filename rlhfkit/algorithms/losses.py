@@ -60,6 +60,28 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
     raise ValueError(f"unknown aggregation mode {mode!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
+def corrected_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor | None = None,
+    mode: str = "token-mean",
+    horizon: int | None = None,
+) -> torch.Tensor:
+    """The rollout correction around a per-token policy loss: ``loss_mat`` (B, T) times the
+    correction's ``weights`` (B, T) — detached (constants of the loss) and 0 off the mask (a NaN there
+    would otherwise reach the gradient of the padding); None: 1 — then ``aggregate``d. The one place
+    the weights meet a loss: ``POLICY_LOSSES`` applies it around every loss that does not declare it
+    applies them itself (``loss_registry.py``), and the built-in losses' scalar forms call it."""
+    m = check_mask(mask, loss_mat.shape, "mask")
+    if weights is not None:
+        check_tensor("weights", weights)
+        if tuple(weights.shape) != tuple(loss_mat.shape):
+            raise ValueError(f"weights must have shape {tuple(loss_mat.shape)}, got {tuple(weights.shape)}")
+        zero = torch.zeros((), dtype=weights.dtype, device=weights.device)
+        loss_mat = loss_mat * torch.where(m, weights.detach(), zero)
+    return aggregate(loss_mat, m, mode, horizon)
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

@@ -6,6 +6,12 @@ All losses are negated objectives (for gradient descent) and return ``(loss, met
 ``metrics`` maps each name to a ``Metric`` of a declared kind (``metrics.py``: a token mean, a
 maximum, ... as sufficient statistics), so the update reads the metric of a whole batch from those of
 its micro-batches and processes (no ``.item()``; the caller decides when to synchronise).
+
+Each loss but VESPO is written once, per token (``ppo_token_loss``, ``cispo_token_loss``,
+``sapo_token_loss``, ``pg_token_loss``: ``(loss_mat, metrics)``); the rollout correction's weights and
+the aggregation are applied around it by ``losses.corrected_loss`` — by ``POLICY_LOSSES`` in the RL
+loop, by the scalar forms (``ppo_policy_loss``, ...) when called alone. VESPO folds the weights into
+its sequence ratio, so it applies them itself.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import math
 
 import torch
 
-from ._checks import check_mask, check_same_shape, check_tensor, masked_mean
-from .kl import MAX_LOG_RATIO, kl_penalty
-from .losses import aggregate
-from .metrics import Metric, token_max, token_mean
+from ._checks import check_mask, check_same_shape, masked_mean
+from ._policy_terms import approx_kl_metrics, check_policy_inputs, ratio_metrics, scalar_like
+from .kl import MAX_LOG_RATIO
+from .losses import aggregate, corrected_loss
+from .metrics import Metric, token_mean
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence", "sequence_token", "sequence_sum")
 
@@ -68,6 +75,43 @@ def importance_ratio(
     return torch.exp(log_s.detach() + torch.where(mask, logprobs - logprobs.detach(), zero))
 
 
+def ppo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    importance_sampling_level: str = "token",
+) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """The per-token loss ``loss_t`` (B, T) of ``ppo_policy_loss`` (its formula, paper and metrics there),
+    before the rollout correction's weights and the aggregation: ``(loss_mat, metrics)``; the
+    ``"ppo_clip"`` entry of ``POLICY_LOSSES``, whose caller weighs and aggregates it (``corrected_loss``)."""
+    mask, advantages = check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    ratio = importance_ratio(logprobs, old_logprobs, mask, importance_sampling_level)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss_mat = torch.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    is_dual = torch.zeros_like(is_clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        bound = -advantages * dual_clip
+        is_dual = (advantages < 0) & (loss_mat > bound)
+        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
+    with torch.no_grad():
+        metrics = {
+            "policy/clip_frac": token_mean(is_clipped.to(logprobs.dtype), mask),
+            "policy/clip_frac_dual": token_mean(is_dual.to(logprobs.dtype), mask),
+            **ratio_metrics(logprobs, old_logprobs, ratio, mask),
+        }
+    return loss_mat, metrics
+
+
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -106,29 +150,35 @@ def ppo_policy_loss(
     (k1, ``mean(old - new)``), ``policy/approx_kl_k3``, ``policy/ratio_mean`` (token-means over
     the mask) and ``policy/ratio_max`` (the largest ``ρ`` on the mask; 0 when it is empty).
     """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low}, {clip_high}")
+    loss_mat, metrics = ppo_token_loss(
+        logprobs, old_logprobs, advantages, response_mask, clip_low, clip_high, dual_clip, importance_sampling_level
+    )
+    return corrected_loss(loss_mat, response_mask, weights, agg, horizon), metrics
+
+
+def cispo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_high: float,
+    importance_sampling_level: str = "token",
+) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """The per-token loss ``loss_t`` (B, T) of ``cispo_policy_loss`` (its formula, paper and metrics
+    there), before the rollout correction's weights and the aggregation: ``(loss_mat, metrics)``; the
+    ``"cispo"`` entry of ``POLICY_LOSSES``."""
+    mask, advantages = check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    if clip_high <= -1:
+        raise ValueError(f"clip_high must be > -1 (the weight's cap 1 + clip_high > 0), got {clip_high}")
     ratio = importance_ratio(logprobs, old_logprobs, mask, importance_sampling_level)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss_mat = torch.maximum(unclipped, clipped)
-    is_clipped = clipped > unclipped
-    is_dual = torch.zeros_like(is_clipped)
-    if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-        bound = -advantages * dual_clip
-        is_dual = (advantages < 0) & (loss_mat > bound)
-        loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
-    loss = aggregate(_weighted(loss_mat, weights, mask), mask, agg, horizon)
+    capped = ratio.clamp(max=1.0 + clip_high).detach()
+    loss_mat = -advantages * capped * logprobs
     with torch.no_grad():
         metrics = {
-            "policy/clip_frac": token_mean(is_clipped.to(logprobs.dtype), mask),
-            "policy/clip_frac_dual": token_mean(is_dual.to(logprobs.dtype), mask),
-            **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
+            "policy/clip_frac": token_mean((ratio > 1.0 + clip_high).to(logprobs.dtype), mask),
+            **ratio_metrics(logprobs, old_logprobs, ratio, mask),
         }
-    return loss, metrics
+    return loss_mat, metrics
 
 
 def cispo_policy_loss(
@@ -161,18 +211,40 @@ def cispo_policy_loss(
     Returns ``(loss, metrics)``: ``policy/clip_frac`` (tokens whose weight is capped),
     ``policy/approx_kl``, ``policy/approx_kl_k3``, ``policy/ratio_mean``, ``policy/ratio_max``.
     """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    if clip_high <= -1:
-        raise ValueError(f"clip_high must be > -1 (the weight's cap 1 + clip_high > 0), got {clip_high}")
+    loss_mat, metrics = cispo_token_loss(
+        logprobs, old_logprobs, advantages, response_mask, clip_high, importance_sampling_level
+    )
+    return corrected_loss(loss_mat, response_mask, weights, agg, horizon), metrics
+
+
+def sapo_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
+    importance_sampling_level: str = "token",
+) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """The per-token loss ``loss_t`` (B, T) of ``sapo_policy_loss`` (its formula, paper and metrics
+    there), before the rollout correction's weights and the aggregation: ``(loss_mat, metrics)``; the
+    ``"sapo"`` entry of ``POLICY_LOSSES``."""
+    mask, advantages = check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    if temperature_pos <= 0 or temperature_neg <= 0:
+        raise ValueError(f"SAPO temperatures must be > 0, got {temperature_pos}, {temperature_neg}")
     ratio = importance_ratio(logprobs, old_logprobs, mask, importance_sampling_level)
-    capped = ratio.clamp(max=1.0 + clip_high).detach()
-    loss = aggregate(_weighted(-advantages * capped * logprobs, weights, mask), mask, agg, horizon)
+    tau = torch.where(advantages > 0, scalar_like(temperature_pos, ratio), scalar_like(temperature_neg, ratio))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    loss_mat = -gate * advantages
     with torch.no_grad():
         metrics = {
-            "policy/clip_frac": token_mean((ratio > 1.0 + clip_high).to(logprobs.dtype), mask),
-            **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
+            "policy/sapo_gate_mean": token_mean(gate, mask),
+            **ratio_metrics(logprobs, old_logprobs, ratio, mask),
         }
-    return loss, metrics
+    return loss_mat, metrics
+
+
+VESPO_LOG_FLOOR = math.log(1e-8)  # the sequence weight's floor (TRL's and the paper's code: log(1e-8))
 
 
 def sapo_policy_loss(
@@ -202,22 +274,10 @@ def sapo_policy_loss(
     Returns ``(loss, metrics)``: ``policy/sapo_gate_mean`` (the gate ``(4 / τ) σ(τ (ρ - 1))``,
     1 on policy) and the ratio metrics of ``ppo_policy_loss``.
     """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    if temperature_pos <= 0 or temperature_neg <= 0:
-        raise ValueError(f"SAPO temperatures must be > 0, got {temperature_pos}, {temperature_neg}")
-    ratio = importance_ratio(logprobs, old_logprobs, mask, importance_sampling_level)
-    tau = torch.where(advantages > 0, _scalar(temperature_pos, ratio), _scalar(temperature_neg, ratio))
-    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
-    loss = aggregate(_weighted(-gate * advantages, weights, mask), mask, agg, horizon)
-    with torch.no_grad():
-        metrics = {
-            "policy/sapo_gate_mean": token_mean(gate, mask),
-            **_ratio_metrics(logprobs, old_logprobs, ratio, mask),
-        }
-    return loss, metrics
-
-
-VESPO_LOG_FLOOR = math.log(1e-8)  # the sequence weight's floor (TRL's and the paper's code: log(1e-8))
+    loss_mat, metrics = sapo_token_loss(
+        logprobs, old_logprobs, advantages, response_mask, temperature_pos, temperature_neg, importance_sampling_level
+    )
+    return corrected_loss(loss_mat, response_mask, weights, agg, horizon), metrics
 
 
 def vespo_policy_loss(
@@ -252,7 +312,7 @@ def vespo_policy_loss(
     Returns ``(loss, metrics)``: ``policy/vespo_phi_mean`` (``φ`` averaged over the rows with a
     token), ``policy/approx_kl`` and ``policy/approx_kl_k3``.
     """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    mask, advantages = check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     with torch.no_grad():
         log_ratio = torch.where(mask, (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), zero)
@@ -263,8 +323,8 @@ def vespo_policy_loss(
             seq = seq + torch.where(mask, log_w, zero).sum(-1, keepdim=True)
         log_w = seq.clamp(VESPO_LOG_FLOOR, MAX_LOG_RATIO)
         nonneg = advantages >= 0
-        k = torch.where(nonneg, _scalar(k_pos, logprobs), _scalar(k_neg, logprobs))
-        lam = torch.where(nonneg, _scalar(lambda_pos, logprobs), _scalar(lambda_neg, logprobs)).clamp(min=1e-4)
+        k = torch.where(nonneg, scalar_like(k_pos, logprobs), scalar_like(k_neg, logprobs))
+        lam = torch.where(nonneg, scalar_like(lambda_pos, logprobs), scalar_like(lambda_neg, logprobs)).clamp(min=1e-4)
         phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     loss = aggregate(-phi * advantages * logprobs, mask, agg, horizon)
     with torch.no_grad():
@@ -272,9 +332,25 @@ def vespo_policy_loss(
         phi_row = torch.where(mask, phi.expand_as(mask), zero).sum(-1) / mask.sum(-1).clamp(min=1)
         metrics = {
             "policy/vespo_phi_mean": Metric.mean(torch.where(rows, phi_row, zero).sum(), rows.sum()),  # per row
-            **_approx_kl(logprobs, old_logprobs, mask),
+            **approx_kl_metrics(logprobs, old_logprobs, mask),
         }
     return loss, metrics
+
+
+def pg_token_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, Metric]]:
+    """The per-token loss ``loss_t = -A_t · log π(y_t)`` (B, T) of ``pg_loss`` (its metrics there),
+    before the rollout correction's weights and the aggregation: ``(loss_mat, metrics)``; the
+    ``"vanilla"`` entry of ``POLICY_LOSSES``."""
+    mask, advantages = check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
+    loss_mat = -advantages * logprobs
+    with torch.no_grad():
+        metrics = approx_kl_metrics(logprobs, old_logprobs, mask)
+    return loss_mat, metrics
 
 
 def pg_loss(
@@ -295,57 +371,5 @@ def pg_loss(
     (``rollout_is_weights``), multiplying each ``loss_t`` (detached) before ``aggregate``.
     Returns ``(loss, metrics)`` with ``policy/approx_kl`` and ``policy/approx_kl_k3``.
     """
-    mask, advantages = _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask)
-    loss = aggregate(_weighted(-advantages * logprobs, weights, mask), mask, agg, horizon)
-    with torch.no_grad():
-        metrics = _approx_kl(logprobs, old_logprobs, mask)
-    return loss, metrics
-
-
-def _approx_kl(logprobs, old_logprobs, mask) -> dict[str, Metric]:
-    """approx-KL between the old and the current policy, k1 and k3, token means."""
-    return {
-        "policy/approx_kl": token_mean(old_logprobs - logprobs, mask),
-        "policy/approx_kl_k3": token_mean(kl_penalty(logprobs, old_logprobs, "k3"), mask),
-    }
-
-
-def _ratio_metrics(logprobs, old_logprobs, ratio, mask) -> dict[str, Metric]:
-    """approx-KL (k1, k3) between the old and the current policy, and the ratio's mean and maximum."""
-    return {
-        **_approx_kl(logprobs, old_logprobs, mask),
-        "policy/ratio_mean": token_mean(ratio, mask),
-        "policy/ratio_max": token_max(ratio, mask),
-    }
-
-
-def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
-    """``value`` as a 0-d tensor of ``like``'s dtype and device (a knob, exact in float64)."""
-    return torch.tensor(value, dtype=like.dtype, device=like.device)
-
-
-def _weighted(loss_mat: torch.Tensor, weights: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
-    """``loss_mat * weights`` with the weights detached (constants of the loss) and set to 0 off the
-    mask (a NaN there would otherwise reach the gradient of the padding); ``None``: as is."""
-    if weights is None:
-        return loss_mat
-    check_tensor("weights", weights)
-    if tuple(weights.shape) != tuple(loss_mat.shape):
-        raise ValueError(f"weights must have shape {tuple(loss_mat.shape)}, got {tuple(weights.shape)}")
-    return loss_mat * torch.where(mask, weights.detach(), torch.zeros((), dtype=weights.dtype, device=weights.device))
-
-
-def _check_policy_inputs(logprobs, old_logprobs, advantages, response_mask):
-    check_same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
-    check_tensor("logprobs", logprobs, ndim=2)
-    check_tensor("advantages", advantages)
-    if advantages.dim() == 1 and advantages.shape[0] == logprobs.shape[0]:
-        advantages = advantages[:, None]
-    elif tuple(advantages.shape) != tuple(logprobs.shape):
-        raise ValueError(
-            f"advantages must have shape {tuple(logprobs.shape)} or ({logprobs.shape[0]},), "
-            f"got {tuple(advantages.shape)}"
-        )
-    mask = check_mask(response_mask, logprobs.shape)
-    # Advantages are constants of the surrogate: never let a gradient flow into them.
-    return mask, advantages.detach()
+    loss_mat, metrics = pg_token_loss(logprobs, old_logprobs, advantages, response_mask)
+    return corrected_loss(loss_mat, response_mask, weights, agg, horizon), metrics

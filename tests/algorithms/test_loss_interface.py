@@ -108,11 +108,11 @@ def test_an_entry_fills_its_declared_defaults_and_returns_one_outputs_object():
         hyperparameters=(Hyperparameter("tau", 2.0, "a knob", "> 0"), Hyperparameter("n", 3, "a count", "[1, 9]", int)),
     )
     def mine(inputs, *, tau, n):
-        return LossOutputs(inputs.logprobs.sum() * tau * n)
+        return LossOutputs(inputs.logprobs * torch.tensor([[1.0, 3.0]]) * tau * n)  # per token
 
     assert mine.__name__ == "mine"  # the decorator hands the function back unchanged
     inputs = LossInputs(torch.ones(1, 2), torch.ones(1, 2), torch.ones(1), torch.ones(1, 2))
-    assert reg.get("mine")(inputs).loss.item() == 12.0
+    assert reg.get("mine")(inputs).loss.item() == 12.0  # the token mean of [6, 18] (token-mean when agg is None)
     assert reg.get("mine")(inputs, n=1).loss.item() == 4.0 and reg.get("mine")(inputs).metrics == {}
     reg.unregister("mine")
     assert "mine" not in reg

@@ -5,7 +5,7 @@ the knob, and a run of the RL loop with ``policy_loss=<it>`` and ``loss_options=
 import pytest
 import torch
 
-from rlhfkit.algorithms import POLICY_LOSSES, Hyperparameter, LossInputs, LossOutputs, aggregate
+from rlhfkit.algorithms import POLICY_LOSSES, Hyperparameter, LossInputs, LossOutputs
 from rlhfkit.config import RLConfig
 from rlhfkit.config.io import load_config
 from rlhfkit.config.jobs import RLJob
@@ -17,12 +17,11 @@ SEEN = []  # the knob values the loss was called with
 
 
 def scaled_pg(inputs: LossInputs, *, scale: float) -> LossOutputs:
-    """``scale`` x the plain policy gradient ``-A_t log π(y_t)``; reports ``scale`` as a metric."""
+    """``scale`` x the plain policy gradient ``-A_t log π(y_t)``, per token (the registry applies the rollout
+    correction and aggregates it); reports ``scale`` as a metric."""
     SEEN.append(scale)
     advantages = inputs.advantages if inputs.advantages.dim() == 2 else inputs.advantages[:, None]
-    loss_mat = -scale * advantages.detach() * inputs.logprobs
-    loss = aggregate(loss_mat, inputs.response_mask, inputs.agg or "token-mean", inputs.horizon)
-    return LossOutputs(loss, {"policy/scale": torch.tensor(float(scale))})
+    return LossOutputs(-scale * advantages.detach() * inputs.logprobs, {"policy/scale": torch.tensor(float(scale))})
 
 
 @pytest.fixture(autouse=True)

@@ -71,17 +71,17 @@ class Counters:
         device = next((x.device for x in self.needed.values() if isinstance(x, torch.Tensor)), torch.device("cpu"))
         needed = [torch.as_tensor(self.needed[p], device=device).to(torch.float64) for p in PASSES]
         computed = torch.tensor([float(self.computed[p]) for p in PASSES], dtype=torch.float64, device=device)
-        values = torch.cat([computed, torch.stack(needed)])
+        counts = torch.cat([computed, torch.stack(needed)])
         if reduce_sum is not None:
-            values = reduce_sum(values)
-        values = values.tolist()
+            counts = reduce_sum(counts)
+        values: list[float] = counts.tolist()
         self.reset()
-        out = {}
+        out: dict[str, float] = {}
         for i, p in enumerate(PASSES):
-            computed, needed = values[i], values[len(PASSES) + i]
-            out[f"perf/tokens_computed_{p}"], out[f"perf/tokens_needed_{p}"] = computed, needed
-            if computed > 0:
-                out[f"perf/{p}_efficiency"] = needed / computed
+            made, used = values[i], values[len(PASSES) + i]
+            out[f"perf/tokens_computed_{p}"], out[f"perf/tokens_needed_{p}"] = made, used
+            if made > 0:
+                out[f"perf/{p}_efficiency"] = used / made
         return out
 
 

@@ -34,9 +34,9 @@ def model_fingerprint(modules: dict[str, torch.nn.Module]) -> dict:
         parts[prefix] = {"lora": any("lora_" in name for name, _ in module.named_parameters())}
         for name, p in module.named_parameters():
             layout.update(f"{prefix}.{name}:{tuple(p.shape)}:{p.dtype};".encode())
-            is_sharded = hasattr(p, "to_local")
-            part = p.to_local() if is_sharded else p
-            (sharded if is_sharded else local).add_(_sums(part.detach()))
+            to_local = getattr(p, "to_local", None)  # a DTensor's (FSDP2): this process's shard
+            part = to_local() if to_local is not None else p
+            (sharded if to_local is not None else local).add_(_sums(part.detach()))
     if distributed.role_active():
         sharded = torch.tensor(distributed.sum_floats(sharded.tolist()), dtype=torch.float64)
     return {"layout": layout.hexdigest()[:16], "sums": (local + sharded).tolist(), "source": source, "parts": parts}

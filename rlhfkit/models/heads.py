@@ -39,6 +39,7 @@ import json
 import math
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -50,6 +51,10 @@ from .sources import from_hub_or_dir, resolve_model_dir
 META_FILE, HEAD_FILE = "rlhfkit_scalar.json", "scalar_head.safetensors"
 OFFSET_KEY, BIAS_KEY, SHIFT_KEY = "rlhfkit_score_offset", "rlhfkit_head_bias", "rlhfkit_score_shift"
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedConfig, PreTrainedModel
+
 
 class ScalarModel(torch.nn.Module):
     """``backbone`` returns ``last_hidden_state``; ``head`` maps it to one number per position.
@@ -58,10 +63,12 @@ class ScalarModel(torch.nn.Module):
     reference set there, so loaded scores are centred (its head stays untouched).
     """
 
+    offset: torch.Tensor  # a buffer (not saved in the state dict)
+
     def __init__(self, backbone: torch.nn.Module, head: torch.nn.Module | None = None, offset: float = 0.0):
         super().__init__()
         self.backbone = disable_dropout(backbone)
-        hidden = backbone.config.hidden_size
+        hidden = self.config.hidden_size
         if head is None:
             # std 1/sqrt(H+1): the value/reward head init of "The N Implementation Details of RLHF with PPO".
             head = torch.nn.Linear(hidden, 1)
@@ -72,13 +79,14 @@ class ScalarModel(torch.nn.Module):
         self.register_buffer("offset", torch.tensor(float(offset)), persistent=False)
 
     @property
-    def config(self):
-        return self.backbone.config
+    def config(self) -> PreTrainedConfig:
+        """The backbone's config (a transformers model's; a peft model forwards its base model's)."""
+        return cast("PreTrainedConfig", self.backbone.config)
 
     @classmethod
     def from_causal_lm(cls, model: torch.nn.Module) -> ScalarModel:
         """A new scalar model whose backbone is a *copy* of the causal LM's transformer."""
-        return cls(copy.deepcopy(model.base_model))
+        return cls(copy.deepcopy(cast(torch.nn.Module, model.base_model)))  # the transformer under the LM head
 
     @classmethod
     def from_pretrained(cls, path, dtype="float32") -> ScalarModel:
@@ -197,11 +205,12 @@ class ScalarModel(torch.nn.Module):
         text = config.get_text_config()
         text.pad_token_id = _pooling_pad_id(text, tokenizer)
         setattr(seq, prefix, self.backbone)
-        weight = self.head.weight
+        linear = cast(torch.nn.Linear, self.head)  # H -> 1 (peft's wrapper of a trained head forwards these)
+        weight = linear.weight
         head = torch.nn.Linear(
             weight.shape[1], 1, bias=hf_head.bias is not None, device=weight.device, dtype=weight.dtype
         )
-        bias = float(self.head.bias.detach()) if self.head.bias is not None else None
+        bias = float(linear.bias.detach()) if linear.bias is not None else None
         offset = float(self.offset)
         with torch.no_grad():
             head.weight.copy_(weight)
@@ -217,7 +226,7 @@ class ScalarModel(torch.nn.Module):
         """The older layout: an ``AutoModel`` backbone, ``scalar_head.safetensors`` and ``rlhfkit_scalar.json``."""
         from safetensors.torch import save_file
 
-        self.backbone.save_pretrained(path)
+        cast("PreTrainedModel | PeftModel", self.backbone).save_pretrained(str(path))
         state = {k: v.detach().contiguous() for k, v in self.head.state_dict().items()}
         save_file(state, str(path / HEAD_FILE))
         meta = {"hidden_size": self.config.hidden_size, "bias": "bias" in state, "offset": float(self.offset)}

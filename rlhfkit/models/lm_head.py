@@ -30,6 +30,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -143,7 +144,7 @@ def streamed_forward(
     entropy_grad: bool = False,
     support: tuple[int, float] | None = None,
     **model_kwargs,
-):
+) -> tuple[Any, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
     """Call ``model(**model_kwargs)`` with its output layer streamed; returns ``(out, stats)``.
 
     ``select`` maps the hidden states the head receives (``(B, K, H)`` for ``logits_to_keep=K``) to

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -18,6 +19,10 @@ from .. import distributed
 from ..files import writing
 from .loading import check_finite_weights
 from .sources import quiet_weight_bars
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 def is_peft(model) -> bool:
@@ -78,15 +83,16 @@ def export_causal_lm(
         path = Path(path)
         with writing(path), quiet_weight_bars():  # a full disk: one line naming the directory
             if is_peft(model):
-                source = template if template is not None else model
-                if template is not None:
+                source = cast("PeftModel", template if template is not None else model)
+                if template is not None:  # a multi-process run (unsharded_template): the weights gathered above
+                    assert state is not None
                     source.load_state_dict(state)
                 if adapter:
                     source.save_pretrained(path)
                 else:
                     copy.deepcopy(source).merge_and_unload().save_pretrained(path)
             else:
-                model.save_pretrained(path, state_dict=state)
+                cast("PreTrainedModel", model).save_pretrained(path, state_dict=state)
             if tokenizer is not None:
                 tokenizer.save_pretrained(path)
     distributed.role_barrier()
@@ -94,4 +100,4 @@ def export_causal_lm(
 
 def merged_backbone(backbone: torch.nn.Module) -> torch.nn.Module:
     """A plain copy of a (possibly LoRA) backbone with the adapter merged in."""
-    return copy.deepcopy(backbone).merge_and_unload() if is_peft(backbone) else backbone
+    return cast("PeftModel", copy.deepcopy(backbone)).merge_and_unload() if is_peft(backbone) else backbone

@@ -66,8 +66,8 @@ def _width(lead: int, tail: int, prompt_region: bool) -> int:
 
 def split_rows(
     rows: torch.Tensor,
-    lead: torch.Tensor,
-    tail: torch.Tensor,
+    lead: torch.Tensor | None,
+    tail: torch.Tensor | None,
     *,
     max_rows: int | None = None,
     max_tokens: int | None = None,
@@ -78,17 +78,20 @@ def split_rows(
     ``max_tokens`` tokens (``padded_tokens``; ``lead``, ``tail``: ``row_spans`` of the whole batch).
 
     Without ``max_tokens``: consecutive slices of ``max_rows`` rows (all rows when None), as the
-    row-counted micro-batches always were. With it: units sorted by their longest row (longest first,
-    ties in the given order) fill micro-batches greedily; a micro-batch is closed when the next unit
-    would break a bound. A unit is a row, or with ``groups`` ((B,) the prompt of each row, when the
-    caller keeps a prompt's group together for packing) the rows of one prompt — kept whole when they
-    fit both bounds on their own, else split into rows. A single row longer than ``max_tokens`` is a
+    row-counted micro-batches always were (``lead`` and ``tail`` unread: None will do). With it: units
+    sorted by their longest row (longest first, ties in the given order) fill micro-batches greedily;
+    a micro-batch is closed when the next unit would break a bound. A unit is a row, or with
+    ``groups`` ((B,) the prompt of each row, when the caller keeps a prompt's group together for
+    packing) the rows of one prompt — kept whole when they fit both bounds on their own, else split
+    into rows. A single row longer than ``max_tokens`` is a
     micro-batch of its own. Each micro-batch lists its rows in the order of ``rows``."""
     rows = rows.cpu()
     if not len(rows):
         return []
     if max_tokens is None:
         return list(rows.split(max_rows or len(rows)))
+    if lead is None or tail is None:
+        raise ValueError("split_rows: max_tokens needs the batch's lead and tail (row_spans)")
     lead, tail = lead.cpu(), tail.cpu()
     row_lead, row_tail = lead[rows].tolist(), tail[rows].tolist()
     units: list[list[int]] = [[i] for i in range(len(rows))]  # positions in ``rows``
@@ -103,7 +106,9 @@ def split_rows(
             ) <= max_tokens
             units.extend([members] if fits else [[i] for i in members])
     units.sort(key=lambda u: -max(row_lead[i] + row_tail[i] for i in u))  # stable: ties keep their order
-    chunks, current, n, most_lead, most_tail = [], [], 0, 0, 0
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    n, most_lead, most_tail = 0, 0, 0
     for unit in units:
         u_lead, u_tail = max(row_lead[i] for i in unit), max(row_tail[i] for i in unit)
         new_n, new_lead, new_tail = n + len(unit), max(most_lead, u_lead), max(most_tail, u_tail)

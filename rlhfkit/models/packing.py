@@ -89,7 +89,7 @@ class PackedGroups:
         fails on a 4-D one; rlhfkit never reads that loss (its losses are those of ``algorithms``, its
         TRL configs refuse ``router_aux_loss_coef``), and turning it off changes no logit, so packing
         stays exact and skips that loss's work."""
-        inputs = {
+        inputs: dict[str, torch.Tensor | bool] = {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask(model),
             "position_ids": self.position_ids,
@@ -181,8 +181,9 @@ def packable_model(model, width: int) -> bool:
     if limit is not None and width > limit:
         return False
     window = getattr(config, "sliding_window", None)
-    uses_window = window is not None and (not layer_types or "sliding_attention" in layer_types)
-    return not uses_window or width <= window
+    if window is None or (layer_types and "sliding_attention" not in layer_types):
+        return True  # no layer attends through a sliding window
+    return width <= window
 
 
 def packing_computes_less(model, packed: tuple[int, int], padded: tuple[int, int]) -> bool:
@@ -190,8 +191,8 @@ def packing_computes_less(model, packed: tuple[int, int], padded: tuple[int, int
     layers' weights (``2 * (4 h^2 + 3 h i)`` per layer), per attended pair ``4 h`` per layer, every
     pair of a row counted (neither a dense 4-D mask nor a padding mask skips any)."""
     config = model_config(model)
-    h = getattr(config, "hidden_size", None) or getattr(config, "n_embd", 0)
-    inner = getattr(config, "intermediate_size", None) or 4 * h
+    h = int(getattr(config, "hidden_size", None) or getattr(config, "n_embd", None) or 0)
+    inner = int(getattr(config, "intermediate_size", None) or 4 * h)
     per_position, per_pair = 2 * (4 * h * h + 3 * h * inner), 4 * h
 
     def cost(rows, columns):

@@ -10,7 +10,9 @@ occupying the last ``T`` columns, so the logits that predict response token ``t`
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -28,6 +30,16 @@ class ResponseForward:
     entropy: torch.Tensor | None  # (B, T) float32, when asked for
     hidden: torch.Tensor | None  # (B, T, H) last hidden states at the predicting positions
     log_kept_mass: torch.Tensor | None = None  # (B, T) float32, log of the mass top-k/top-p keep, when asked for
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> ResponseForward:
+        """Each output through ``fn`` (a layout change: padded, scattered, packed back); one not asked for
+        stays None."""
+        return ResponseForward(
+            fn(self.logprobs),
+            None if self.entropy is None else fn(self.entropy),
+            None if self.hidden is None else fn(self.hidden),
+            None if self.log_kept_mass is None else fn(self.log_kept_mass),
+        )
 
 
 @functools.cache
@@ -106,12 +118,7 @@ def forward_response(
             support,
             lm_head,
         )
-        return ResponseForward(
-            *(
-                None if x is None else _pad_columns(x, T)
-                for x in (out.logprobs, out.entropy, out.hidden, out.log_kept_mass)
-            )
-        )
+        return out.map(lambda x: _pad_columns(x, T))
     if prompt_index is not None:
         packed = pack_groups(model, input_ids, attention_mask, T, prompt_index)
         if packed is not None:
@@ -120,6 +127,7 @@ def forward_response(
             )
     efficiency.add_computed(input_ids.numel() * (2 if _recomputes(model) else 1))
     aligned = align_left(model, input_ids, attention_mask, T)
+    inputs: dict[str, Any]
     if aligned is not None:  # no attention mask: SDPA's fused causal kernels (models.aligned)
         keep, pick = aligned.keep, aligned.pick
         inputs = dict(input_ids=aligned.input_ids, attention_mask=None)
@@ -131,19 +139,16 @@ def forward_response(
     inputs.update(logits_to_keep=keep, output_hidden_states=with_hidden, use_cache=False)
     B = input_ids.shape[0]
     if streamable(model, lm_head):
-        out, stats = streamed_forward(
+        out, (logprobs, entropy, kept) = streamed_forward(
             model,
             lambda h: pick(h).reshape(-1, h.shape[-1]),
             input_ids[:, -T:].reshape(-1),
             **_stream_options(temperature, with_entropy, entropy_grad, support),
             **inputs,
         )
-        hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
-        return ResponseForward(
-            *(None if x is None else x.reshape(B, T) for x in stats[:2]),
-            hidden,
-            None if stats[2] is None else stats[2].reshape(B, T),
-        )
+        rows = ResponseForward(logprobs, entropy, None, kept).map(lambda x: x.reshape(B, T))
+        rows.hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
+        return rows
     out = model(**inputs)
     hidden = pick(out.hidden_states[-1][:, -keep:]) if with_hidden else None
     return _response_outputs(
@@ -205,9 +210,7 @@ def _forward_packed(
             **inputs,
         )
         hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
-        return ResponseForward(
-            *(None if x is None else packed.scatter(x, B, T) for x in (*stats[:2], hidden, stats[2]))
-        )
+        return ResponseForward(stats[0], stats[1], hidden, stats[2]).map(lambda x: packed.scatter(x, B, T))
     out = model(**inputs)
     logits = out.logits
     first = packed.step == 0
@@ -221,13 +224,13 @@ def _forward_packed(
         return taken if head_values is None else taken.masked_scatter(first, head_values)
 
     hidden = out.hidden_states[-1][:, packed.first_kept :][packed.group, packed.column] if with_hidden else None
-    outputs = (
+    outputs = ResponseForward(
         pick(per_column.logprobs, heads.logprobs),
         None if per_column.entropy is None else pick(per_column.entropy),
         hidden,
         None if support is None else pick(per_column.log_kept_mass, heads.log_kept_mass),
     )
-    return ResponseForward(*(None if x is None else packed.scatter(x, B, T) for x in outputs))
+    return outputs.map(lambda x: packed.scatter(x, B, T))
 
 
 def _response_outputs(logits, targets, hidden, temperature, with_entropy, entropy_grad, support) -> ResponseForward:

@@ -105,6 +105,8 @@ class RLModels:
         self.is_peft = hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
         self.reference = self.critic = self.value_head = self.teacher = None
         self.memory: MemoryPlan | None = None  # plan_memory
+        self.train_critic: torch.nn.Module | None  # the critic the passes run (sharded), when there is one
+        self._peft_template: torch.nn.Module | None  # save_policy's unsharded LoRA copy (lora.unsharded_template)
         if generation_only:  # a generator rank: the policy alone, unsharded, given the trainers' weights
             self.train_policy, self.train_critic, self._peft_template = policy, None, None
             self._probe_output_layers()
@@ -209,10 +211,14 @@ class RLModels:
             support=self.engine_support(rollout),
         )
         values = None
-        if with_values and self.value_head is not None:
-            values = self.train_critic(out.hidden).squeeze(-1).float()
-        elif with_values:
-            values = rollout_values(self.train_critic, rollout)  # ScalarModel.values
+        if with_values:
+            critic = self.train_critic
+            if critic is None:
+                raise ValueError("values asked of RLModels without a critic (use_critic is off)")
+            if self.value_head is not None:
+                values = critic(out.hidden).squeeze(-1).float()
+            else:
+                values = rollout_values(critic, rollout)  # ScalarModel.values
         return out.logprobs, values, out.entropy, out.log_kept_mass, out.hidden
 
     @torch.no_grad()

@@ -34,10 +34,8 @@ class SegmentView:
     response_len: int
     index: torch.Tensor
 
-    def pack(self, x: torch.Tensor | None) -> torch.Tensor | None:
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T', ...) outputs of the segment rows → (B, T, ...) in the packed rows' columns."""
-        if x is None:
-            return None
         flat = torch.cat([x.reshape(-1, *x.shape[2:]), x.new_zeros((1, *x.shape[2:]))])
         return flat[self.index.reshape(-1).to(x.device)].reshape(*self.index.shape, *x.shape[2:])
 
@@ -64,8 +62,8 @@ def segment_view(
     mask = torch.tensor([[0] * (W - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
     T = max(1, max(len(n) for _, n in needs))
     index = torch.full((B, response_len), len(rows) * T, dtype=torch.long)
-    for r, (b, need) in enumerate(needs):
-        index[b, need] = torch.arange(r * T + T - len(need), (r + 1) * T, dtype=torch.long)
+    for r, (b, columns) in enumerate(needs):
+        index[b, columns] = torch.arange(r * T + T - len(columns), (r + 1) * T, dtype=torch.long)
     device = input_ids.device
     return SegmentView(ids.to(device), mask.to(device), T, index.to(device))
 
@@ -80,7 +78,7 @@ def forward_rollout(model, rollout, temperature: float = 1.0, **kwargs) -> Respo
     view = segment_view(rollout.input_ids, rollout.attention_mask, segments, T)
     kwargs.pop("prompt_index", None)
     out = forward_response(model, view.input_ids, view.attention_mask, view.response_len, temperature, **kwargs)
-    return ResponseForward(*(view.pack(x) for x in (out.logprobs, out.entropy, out.hidden, out.log_kept_mass)))
+    return out.map(view.pack)
 
 
 def rollout_values(critic, rollout) -> torch.Tensor:

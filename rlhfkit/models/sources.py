@@ -323,7 +323,7 @@ def _convert(path: Path, out: Path) -> None:
     except (ValueError, KeyError, NotImplementedError) as err:  # e.g. an architecture transformers cannot read
         raise ValueError(f"{path}: cannot load this GGUF model with transformers ({err})") from err
     # The weights are de-quantised float32 now: drop the quantizer so the model saves as plain safetensors.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]  # from_pretrained sets it; transformers does not declare it
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)

@@ -205,7 +205,8 @@ class DPOTrainer(PreferenceTrainer):
         self.train_model.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
         mine = indices[n * rank // world : n * (rank + 1) // world]
-        chunks, parts = self._micro_batches(mine, n), []
+        chunks = self._micro_batches(mine, n)
+        parts: list[tuple[torch.Tensor, ...]] = []
         for k, chunk in enumerate(chunks):
             used = chunk or indices[:1]
             with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():

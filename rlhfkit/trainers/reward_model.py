@@ -256,7 +256,8 @@ class RewardModelTrainer(SupervisedTrainer):
         self.scorer.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(pairs)
         mine, coef = pairs[n * rank // world : n * (rank + 1) // world], self.args.center_rewards_coefficient
-        chunks, scored = self._micro_batches(mine, n), []
+        chunks = self._micro_batches(mine, n)
+        scored: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         for k, chunk in enumerate(chunks):
             with distributed.no_sync(self.scorer) if k < len(chunks) - 1 else nullcontext():
                 chosen, rejected, margin = self._score_pairs(chunk or pairs[:1])

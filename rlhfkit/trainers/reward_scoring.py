@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from typing import cast
 
 import torch
 
@@ -64,7 +65,8 @@ def unsharded_copy(model: ScalarModel, state: dict) -> ScalarModel:
     device, so nothing is initialised twice."""
     with torch.device("meta"):
         backbone = type(model.backbone)(copy.deepcopy(model.config))
-        head = torch.nn.Linear(model.head.in_features, 1, bias=model.head.bias is not None)
+        trained = cast(torch.nn.Linear, model.head)  # H -> 1 (peft's wrapper of a trained head forwards these)
+        head = torch.nn.Linear(trained.in_features, 1, bias=trained.bias is not None)
         out = ScalarModel(backbone, head)
     out.to_empty(device="cpu")  # buffers outside the state dict (rotary tables) are never saved
     out.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, assign=True)

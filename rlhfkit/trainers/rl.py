@@ -272,14 +272,16 @@ class RLTrainer:
     def _sync_reference(self) -> None:
         """TR-DPO's soft update (``sync_ref_model``): ``ref ← α policy + (1 - α) ref``, parameter by parameter
         (Gorbatovski et al. 2024, arXiv:2404.09656, §3; TRL's ``SyncRefModelCallback``)."""
-        soft_update(self.models.reference, self.models.policy, self.config.ref_model_mixup_alpha)
+        reference = self.models.reference
+        assert reference is not None  # _keep_reference_in_sync refused a run without one
+        soft_update(reference, self.models.policy, self.config.ref_model_mixup_alpha)
 
     def evaluate(self) -> dict:
         """Greedy completions of the eval prompts scored by the training reward sources:
         ``eval/<source>_mean``, ``eval/score_mean``, length and truncation (as ``rlhfkit eval``);
         with tools or an environment factory, greedy agent episodes (``eval/turns_mean``,
         ``eval/tool_calls_mean``)."""
-        if self.eval_rows is None:
+        if self.eval_rows is None or self.eval_set is None:  # build_sampler: an EvalSet of the eval rows, if any
             raise ValueError("evaluate() needs an eval_dataset")
         # Every process evaluates the whole set with the current weights (greedy: the same numbers).
         rows, prompt_ids, sampling = self.eval_set

@@ -255,7 +255,7 @@ class SFTTrainer(SupervisedTrainer):
                     self.train_model, lambda h: h[:, skip:-1][keep], target, with_entropy=measure,
                     support=(1, 1.0) if measure else None, **inputs,
                 )  # fmt: skip
-                top1 = is_top1(logprobs, top) if measure else None
+                top1 = is_top1(logprobs, top) if top is not None else None  # measured: support given
             else:
                 logits = self.train_model(**inputs).logits
         if logprobs is None:  # only completion positions reach the (N, vocab) float32 cast: no (B, L, V) copy
@@ -296,11 +296,11 @@ class SFTTrainer(SupervisedTrainer):
             if real:
                 total, count = total + float(loss_sum), count + k
         self.train_model.train(was_training)
-        total, count, entropy, top1 = distributed.sum_floats(
+        loss, tokens, entropy, top1 = distributed.sum_floats(
             [total, count, stats.get("entropy", 0.0), stats.get("top1", 0.0)]
         )
-        count = max(count, 1)
-        return {"eval/loss": total / count, "eval/entropy": entropy / count, "eval/token_accuracy": top1 / count}
+        tokens = max(tokens, 1)
+        return {"eval/loss": loss / tokens, "eval/entropy": entropy / tokens, "eval/token_accuracy": top1 / tokens}
 
     # ---------------------------------------------------------------- data order and saving
     def _collate(self, units: list[list[Encoded]]) -> dict:
@@ -309,7 +309,7 @@ class SFTTrainer(SupervisedTrainer):
 
     def _next_units(self, n: int) -> list[list[Encoded]]:
         """The next ``n`` training units of a seeded per-epoch shuffle (epochs roll over mid-step)."""
-        out = []
+        out: list[list[Encoded]] = []
         while len(out) < n:
             if self.data_pos >= len(self.order):
                 self.epoch, self.data_pos = self.epoch + 1, 0

@@ -16,7 +16,7 @@ import os
 import warnings
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -27,6 +27,9 @@ from ..models.loading import enable_activation_checkpointing, load_tokenizer
 from ..models.memory import MemoryPlan
 from ..run.lifecycle import Run
 from ..run.training import seed_everything
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # A run's datasets by name: (the dataset as given, its rows read and checked; None when not given).
 Datasets = dict[str, tuple[Any, list[dict] | None]]
@@ -251,7 +254,7 @@ class SupervisedTrainer:
         if self.args.gradient_checkpointing != "off":
             enable_activation_checkpointing(model)
             if lora:
-                model.enable_input_require_grads()
+                cast("PreTrainedModel", model).enable_input_require_grads()  # (a peft model forwards it)
 
     def _plan_memory(self, model: torch.nn.Module, probe: Callable[[int], torch.Tensor], longest: int) -> None:
         """The activation policy (``models.memory.MemoryPlan``) of the trained ``model``: under 'auto'
@@ -300,6 +303,10 @@ class SupervisedTrainer:
     def save_checkpoint(self, path) -> None:
         """Every process calls this (DCP writes each process's shards); complete when it returns."""
         self.run.save_checkpoint(path, self._counters())
+
+    def save_model(self, path) -> None:
+        """The trained model as a directory its loader reads (each trainer's); every process calls this."""
+        raise NotImplementedError
 
     def _finish(self) -> list[dict]:
         """``final/`` and the plots, the trackers closed, every process waiting (``Run.finish``)."""

@@ -190,6 +190,7 @@ class ProgramAgent(EpisodeSource):
                 self.model_name,
                 training=True,
                 logprob_model=policy,
+                lm_head=getattr(getattr(self.models, "args", None), "lm_head", "chunked"),  # as the trainer's passes
                 max_positions=positions,
                 request_timeout=self.program.timeout,
                 window=self.window,

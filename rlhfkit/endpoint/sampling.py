@@ -30,7 +30,7 @@ def answer_group(endpoint, group: list, serving) -> list[dict]:
     engine_logprobs = out.logprobs.tolist() if out.logprobs is not None else None
     policy_logprobs = None
     if engine_logprobs is None and endpoint.logprob_model is not None and any(p.request.logprobs for p in group):
-        policy_logprobs = _policy_logprobs(endpoint.logprob_model, out, sampling.temperature)
+        policy_logprobs = _policy_logprobs(endpoint.logprob_model, out, sampling.temperature, endpoint.lm_head)
     answers = []
     for g, p in enumerate(group):
         choices = []
@@ -135,15 +135,17 @@ def _cut_at_stop(endpoint, ids: list[int], stop: list[str]) -> tuple[list[int], 
 
 
 @torch.no_grad()
-def _policy_logprobs(model, out, temperature: float) -> list[list[float]]:
+def _policy_logprobs(model, out, temperature: float, lm_head: str) -> list[list[float]]:
     """The policy's log-prob of each sampled token, as the trainer computes old log-probs
-    (``models.policy.forward_response``: logits over the sampling temperature)."""
+    (``models.policy.forward_response``: logits over the sampling temperature, the output layer read as
+    ``lm_head`` says)."""
     from ..models.policy import forward_response
 
     was_training = model.training
     model.eval()
     try:
-        lp = forward_response(model, out.input_ids, out.attention_mask, out.response_ids.shape[1], temperature).logprobs
+        n = out.response_ids.shape[1]
+        lp = forward_response(model, out.input_ids, out.attention_mask, n, temperature, lm_head=lm_head).logprobs
     finally:
         model.train(was_training)
     return (lp.float() * out.response_mask).tolist()

@@ -69,7 +69,8 @@ class Endpoint:
     """The server (``start``/``stop``, ``url``) and its engine loop (``serve``); see the module
     docstring. ``engine`` and ``sampling``: what requests outside a training episode are served
     with (a training episode brings its own: ``new_episode``); ``logprob_model``: the model that
-    reports log-probs when the engine gives none (the policy: the HF engine in a synchronous run);
+    reports log-probs when the engine gives none (the policy: the HF engine in a synchronous run),
+    reading its output layer as ``lm_head`` says (``models.lm_head``: the run's ``lm_head``);
     ``max_positions``: the model's positions."""
 
     def __init__(
@@ -81,6 +82,7 @@ class Endpoint:
         *,
         training=True,
         logprob_model=None,
+        lm_head: str = "chunked",
         max_positions: int | None = None,
         window: float = 0.005,
         request_timeout: float = 600.0,
@@ -89,6 +91,7 @@ class Endpoint:
     ):
         self.serving, self.tokenizer, self.model_name = Serving(engine, sampling), tokenizer, model_name
         self.training, self.logprob_model, self.max_positions = training, logprob_model, max_positions
+        self.lm_head = lm_head  # how logprob_model's passes read its output layer (models.lm_head), as the trainer's
         self.window, self.request_timeout, self.host, self.port = window, request_timeout, host, port
         self.queue: queue.Queue[Pending] = queue.Queue()
         self.episodes: dict[str, EpisodeRecord] = {}

@@ -15,11 +15,13 @@ import torch
 from rlhfkit.agents.agent import Agent
 from rlhfkit.endpoint import ProgramAgent
 from rlhfkit.models import forward_response
+from rlhfkit.models.lm_head import streamable
 from rlhfkit.rollout import HFEngine
 from rlhfkit.rollout.base import SamplingParams
 from rlhfkit.tasks.calculator_demo import TINY_TOOLS_TEMPLATE
 from rlhfkit.tasks.tiny import openai_tool_loop
 
+from ..models.test_lm_head import head_outputs
 from .conftest import ScriptedEngine, add, turn_ending_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,10 +41,13 @@ TOOLS = [
 ]
 
 
-def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
+@pytest.mark.parametrize("lm_head", ["chunked", "full"])
+def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml, lm_head):
     chatml.chat_template = TINY_TOOLS_TEMPLATE
     model = turn_ending_model(chatml)
     engine = HFEngine(model, chatml.pad_token_id, chatml.eos_token_id)  # reports no log-probs (a synchronous run)
+    assert streamable(model)  # the one-token probe runs before the hook watches
+    widths = head_outputs(model)  # sampling reads the whole vocabulary; the log-prob pass as the run's lm_head says
     seen = {}
 
     def program(client, row):  # an agent loop: each turn answered with a tool message
@@ -62,7 +67,7 @@ def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
         seen[row["prompt"]] = turns
         return None
 
-    agent = ProgramAgent(program, chatml, SimpleNamespace(policy=model))
+    agent = ProgramAgent(program, chatml, SimpleNamespace(policy=model, args=SimpleNamespace(lm_head=lm_head)))
     rows = [{"prompt": f"{i}+1?"} for i in range(4)]
     try:
         episodes = agent.start(rows, range(4), 1)
@@ -74,7 +79,9 @@ def test_trained_ids_and_logprobs_are_what_the_endpoint_returned(chatml):
     assert sum(len(t) >= 2 for t in seen.values()) >= 2  # multi-turn episodes happened
     assert all(e.timed_out is False for e in episodes)
     mask = rollout.response_mask.bool()
-    trainer = forward_response(model, rollout.input_ids, rollout.attention_mask, mask.shape[1], 0.8).logprobs
+    assert (3 in widths) == (lm_head == "chunked")  # the endpoint's log-prob pass streamed the head or did not
+    n = mask.shape[1]
+    trainer = forward_response(model, rollout.input_ids, rollout.attention_mask, n, 0.8, lm_head=lm_head).logprobs
     for i, row in enumerate(rows):
         turns = seen[row["prompt"]]
         sampled = [t for ids, _, _ in turns for t in ids]

@@ -364,3 +364,12 @@ def test_the_objectives_fields_accept_good_values():
         True,
     )
     assert RLConfig(algorithm="cispo", importance_sampling_level="sequence_token").policy_loss == "cispo"
+
+
+@pytest.mark.parametrize("name", ["vespo", "rlhfkit.algorithms.loss_registry:_vespo"])
+def test_a_loss_that_weighs_its_tokens_itself_takes_no_token_filter_by_name_or_by_path(name):
+    # the rule reads the registration (applies_correction), not the name: the path to VESPO's function is VESPO
+    for filters in (dict(top_entropy_quantile=0.5), dict(off_policy_mask_threshold=0.5)):
+        with pytest.raises(ValueError, match="'policy_loss' must be a loss the framework weighs by the correction"):
+            RLConfig(policy_loss=name, **filters)
+    assert RLConfig(policy_loss=name).policy_loss == name

@@ -65,6 +65,7 @@ class PolicyLossRegistry(Registry):
         super().__init__("policy loss", ("inputs",), traits=("importance_sampling_levels", "zero_at_zero_advantage"))
         self._hyperparameters: dict[str, tuple[Hyperparameter, ...]] = {}
         self._paths: dict[str, str] = {}  # "module:function" -> the name its function is registered under
+        self._self_correcting: set[str] = set()  # registered with applies_correction=True
 
     def register(
         self,
@@ -110,6 +111,8 @@ class PolicyLossRegistry(Registry):
             functools.update_wrapper(entry, fn)
             add(entry)
             self._hyperparameters[name] = declared
+            if applies_correction:
+                self._self_correcting.add(name)
             return fn
 
         return decorator
@@ -165,7 +168,14 @@ class PolicyLossRegistry(Registry):
             return
         super().unregister(name)
         del self._hyperparameters[name]
+        self._self_correcting.discard(name)
         self._paths = {path: target for path, target in self._paths.items() if target != name}
+
+    def applies_correction(self, name: str) -> bool:
+        """Whether the loss ``name`` weighs its tokens by the rollout correction itself (registered with
+        ``applies_correction=True``: VESPO folds the weights into its sequence ratio); unknown names as in
+        ``get``."""
+        return self.resolve(name) in self._self_correcting
 
     def hyperparameters(self, name: str) -> tuple[Hyperparameter, ...]:
         """The knobs the loss ``name`` declared at registration; unknown names as in ``get``."""

@@ -29,7 +29,9 @@ class AlgorithmConfig:
     """Name in POLICY_LOSSES: ppo_clip (clipped surrogate), vanilla (plain policy gradient), cispo (policy gradient
     weighted by the detached ratio capped at 1 + clip_high: MiniMax-M1's CISPO), sapo (a soft sigmoid gate in place of
     the clip; loss_options temperature_pos, temperature_neg) or vespo (policy gradient weighted by a Gamma function of
-    the sequence ratio; loss_options k_pos, lambda_pos, k_neg, lambda_neg)."""
+    the sequence ratio; loss_options k_pos, lambda_pos, k_neg, lambda_neg); or a loss of your own module named by path,
+    'module:function' (my_pkg.losses:my_loss; the module is imported, and a function it did not register itself is
+    registered under the path). The rollout correction weighs every loss's per-token loss (docs/guides/rl.md)."""
     loss_agg: str = preset()
     """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm, or
     micro-batch-token-mean (each micro-batch's token mean, the micro-batches of a step weighed alike: TRL's bnpo)."""
@@ -219,13 +221,15 @@ def loss_rules(c) -> list[Rule]:
     from ..algorithms import AGGREGATIONS, IMPORTANCE_SAMPLING_LEVELS, POLICY_LOSSES
 
     levels = POLICY_LOSSES.traits(c.policy_loss)["importance_sampling_levels"]
+    filtered = c.top_entropy_quantile < 1.0 or c.off_policy_mask_threshold is not None
     return [
         (c.loss_agg in AGGREGATIONS, "loss_agg", f"one of {', '.join(AGGREGATIONS)}"),
         (
-            c.policy_loss != "vespo" or (c.top_entropy_quantile == 1.0 and c.off_policy_mask_threshold is None),
+            not POLICY_LOSSES.applies_correction(c.policy_loss) or not filtered,
             "policy_loss",
-            "not 'vespo' with top_entropy_quantile < 1 or off_policy_mask_threshold: VESPO folds its token "
-            "weights into the sequence ratio, where a token filter has no place",
+            "a loss the framework weighs by the correction with top_entropy_quantile < 1 or "
+            "off_policy_mask_threshold: this one applies its token weights itself (VESPO folds them into its "
+            "sequence ratio), where a token filter has no place",
         ),
         (
             c.entropy_coef_min <= c.entropy_coef_max,

@@ -182,8 +182,8 @@ def test_no_class_of_the_phases_declares_a_config_field_itself():
 def test_an_engine_group_stands_for_its_fields_and_stays_flat_in_rlconfig():
     """HF's options are a group of EngineConfig; vLLM's are its registry entry's options (the engine
     reads them, EngineConfig does not); both stay flat, TRL-style fields of RLConfig."""
-    from rlhfkit.rollout.engines import EngineConfig
     from rlhfkit.config.engines import engine_entry, engine_options
+    from rlhfkit.rollout.engines import EngineConfig
 
     engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
     hf = [f.name for f in dataclasses.fields(HFOptions)]

@@ -228,41 +228,52 @@ def _split_top(text: str, sep: str) -> list[str]:
     return parts + [text[start:]]
 
 
+def _to_float(value) -> tuple[bool, object]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return True, float(value)
+    # PyYAML reads 1e-5 (no dot) as a string, following YAML 1.1; accept what float() reads.
+    try:
+        return isinstance(value, str), float(value)
+    except (TypeError, ValueError):
+        return False, value
+
+
+# How a value of each plain annotation is checked (and converted): (whether it is one, the value).
+_SCALARS = {
+    "bool": lambda v: (isinstance(v, bool), v),
+    "int": lambda v: (isinstance(v, int) and not isinstance(v, bool), v),
+    "float": _to_float,
+    "str": lambda v: (isinstance(v, str), v),
+    "None": lambda v: (v is None, v),
+}
+
+
 def _convert(value, ann: str) -> tuple[bool, object]:
     if ann.startswith("Optional[") and ann.endswith("]"):
         ann = ann[len("Optional[") : -1] + "|None"
     options = _split_top(ann, "|")
     if len(options) > 1:
-        if value is None and "None" in options:
-            return True, None
-        for option in options:
-            if option != "None":
-                ok, converted = _convert(value, option)
-                if ok:
-                    return True, converted
-        return False, value
-    if ann == "bool":
-        return isinstance(value, bool), value
-    if ann == "int":
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if ann == "float":
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return True, float(value)
-        # PyYAML reads 1e-5 (no dot) as a string, following YAML 1.1; accept what float() reads.
-        try:
-            return isinstance(value, str), float(value)
-        except (TypeError, ValueError):
-            return False, value
-    if ann == "str":
-        return isinstance(value, str), value
-    if ann == "None":
-        return value is None, value
+        return _convert_union(value, options)
+    if ann in _SCALARS:
+        return _SCALARS[ann](value)
     if ann == "dict" or ann.startswith("dict["):
         return isinstance(value, dict), value
     for kind, make in (("tuple", tuple), ("list", list)):
         if ann.startswith(kind + "[") and ann.endswith("]"):
             return _convert_sequence(value, _split_top(ann[len(kind) + 1 : -1], ","), make)
     return True, value  # an annotation this reader does not know: the config's validation decides
+
+
+def _convert_union(value, options: list[str]) -> tuple[bool, object]:
+    """``value`` as the first of a union's ``options`` it is (None only where the union admits it)."""
+    if value is None and "None" in options:
+        return True, None
+    for option in options:
+        if option != "None":
+            ok, converted = _convert(value, option)
+            if ok:
+                return True, converted
+    return False, value
 
 
 def _convert_sequence(value, items: list[str], make) -> tuple[bool, object]:

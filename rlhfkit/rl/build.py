@@ -24,13 +24,13 @@ from ..agents.agent import build_agent, model_name
 from ..agents.episode import AgentOptions
 from ..agents.source import EpisodeSource
 from ..config import RLConfig, part
+from ..config.engines import engine_options
 from ..data.encode import prompt_limit, tokenize_prompts
 from ..endpoint.program import program_agent
 from ..models.loading import eos_token_ids
 from ..rewards.sources import build_rewards
 from ..rollout import SamplingParams
 from ..rollout.engines import EngineConfig, build_engine
-from ..config.engines import engine_options
 from .advantages import ScoreShaping
 from .pipeline import RemoteSampler
 from .sampler import Sampler, SamplerConfig

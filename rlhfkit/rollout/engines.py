@@ -11,10 +11,10 @@ import torch
 
 from .. import distributed
 from ..config import HFOptions
+from ..config.engines import engine_entry, resolve
 from ..config.parts import ConfigFields, takes
 from ..models.rl_models import RLModels
 from .hf import HFEngine
-from ..config.engines import engine_entry, resolve
 
 
 @takes(

@@ -157,7 +157,7 @@ def completions_per_step(config: dict) -> int:
     """prompts x group size; a group size left to the preset (``null`` in config.yaml) is the preset's."""
     group = config.get("group_size")
     if group is None:
-        from rlhfkit.config.algorithm import PRESETS
+        from rlhfkit.config import PRESETS
 
         group = PRESETS[config.get("algorithm", "grpo")]["group_size"]
     return int(config.get("prompts_per_step", 0)) * int(group)

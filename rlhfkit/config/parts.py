@@ -18,7 +18,8 @@ builds a part from a config or from a larger part.
 For the type checker a part derives from ``ConfigFields``, which it reads as ``RLConfig`` (at run time
 ``object``), and ``takes`` is a ``dataclass_transform``: mypy sees every config field a part may take,
 with its type, and the part's own fields; what it cannot see is which of them a part leaves out (reading
-one it did not take is an ``AttributeError`` at run time, on the first test that reaches it)."""
+one it did not take is an ``AttributeError`` at run time). ``tests/test_config_part_reads.py`` checks it
+statically instead: every read of a parameter annotated with a part names a field the part takes."""
 
 from __future__ import annotations
 

@@ -94,16 +94,7 @@ def _walk(module: torch.nn.Module, prefix: str, plan: list) -> None:
     from peft.utils.other import ModulesToSaveWrapper, TrainableTokensWrapper
 
     if isinstance(module, ModulesToSaveWrapper):
-        original = dict(module.original_module.named_parameters(remove_duplicate=False))
-        active = module.active_adapters
-        target = module.modules_to_save[active[0]] if active else module.original_module
-        if any(isinstance(m, BaseTunerLayer) for m in target.modules()):
-            raise ValueError(
-                f"{prefix.rstrip('.')}: a modules_to_save copy holding another adapter cannot be exported "
-                f"to the engine ({SUPPORTED})"
-            )
-        for leaf, param in target.named_parameters(remove_duplicate=False):
-            plan.append((prefix + leaf, original[leaf], param, param))
+        _plan_modules_to_save(module, prefix, plan)
         return
     if isinstance(module, TrainableTokensWrapper):
         module = module.token_adapter
@@ -119,6 +110,23 @@ def _walk(module: torch.nn.Module, prefix: str, plan: list) -> None:
     for name, child in module._modules.items():
         if child is not None:
             _walk(child, f"{prefix}{name}.", plan)
+
+
+def _plan_modules_to_save(wrapper, prefix: str, plan: list) -> None:
+    """A ``modules_to_save`` wrapper's plan: its active trained copy (the original when no adapter
+    is active), each parameter under the original's name."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    original = dict(wrapper.original_module.named_parameters(remove_duplicate=False))
+    active = wrapper.active_adapters
+    target = wrapper.modules_to_save[active[0]] if active else wrapper.original_module
+    if any(isinstance(m, BaseTunerLayer) for m in target.modules()):
+        raise ValueError(
+            f"{prefix.rstrip('.')}: a modules_to_save copy holding another adapter cannot be exported "
+            f"to the engine ({SUPPORTED})"
+        )
+    for leaf, param in target.named_parameters(remove_duplicate=False):
+        plan.append((prefix + leaf, original[leaf], param, param))
 
 
 def _check_layer(layer, name: str) -> None:

@@ -140,19 +140,23 @@ def save_checkpoint(
         raise ValueError(f"cannot write checkpoint {path}: {reason}; the previous checkpoints are intact")
     distributed.role_barrier()
     if distributed.is_main():
-        record = {**counters, "settings": settings} if settings else counters
-        try:
-            (partial / STATE_FILE).write_text(json.dumps(record, indent=2))
-        except OSError as err:  # a full disk at the last file: still no half-written checkpoint
-            shutil.rmtree(partial, ignore_errors=True)
-            raise ValueError(
-                f"cannot write checkpoint {path}: {_first_line(err)}; the previous checkpoints are intact"
-            ) from None
-        if path.exists() or path.is_symlink():  # an earlier checkpoint of this step, or an empty directory
-            _remove_checkpoint(path)
-        partial.rename(path)
-        NEWEST[:] = [path]
+        _complete(path, partial, {**counters, "settings": settings} if settings else counters)
     distributed.role_barrier()
+
+
+def _complete(path: Path, partial: Path, record: dict) -> None:
+    """Rank 0 completes the checkpoint: ``record`` written last into ``partial``, renamed to ``path``."""
+    try:
+        (partial / STATE_FILE).write_text(json.dumps(record, indent=2))
+    except OSError as err:  # a full disk at the last file: still no half-written checkpoint
+        shutil.rmtree(partial, ignore_errors=True)
+        raise ValueError(
+            f"cannot write checkpoint {path}: {_first_line(err)}; the previous checkpoints are intact"
+        ) from None
+    if path.exists() or path.is_symlink():  # an earlier checkpoint of this step, or an empty directory
+        _remove_checkpoint(path)
+    partial.rename(path)
+    NEWEST[:] = [path]
 
 
 def _read_counters(path: Path) -> dict:  # trainer_state.json: the counters, an integer step; else one line
@@ -201,17 +205,7 @@ def load_checkpoint(
     if not (path / DCP_DIR).is_dir():
         return _load_single_process_format(path, modules, optimizer, scheduler)
     counters = _read_counters(path)  # damaged: one line, before anything is loaded
-    saved, settings = counters.get("settings") or {}, dict(settings or {})
-    base = settings.pop("base_model", None)  # models.fingerprint: compared within float tolerance
-    problem = fingerprint_change(saved["base_model"], base) if base and saved.get("base_model") else None
-    if problem:
-        raise ValueError(f"resume_from={str(path)!r}: {problem}")
-    changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in settings.items() if k in saved and saved[k] != v]
-    if changed:  # settings whose change a resumed run cannot honour: refused, never silently ignored
-        raise ValueError(
-            f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
-            "states and data order follow that value, so resume with it (or start a new run)"
-        )
+    _check_settings(path, counters.get("settings") or {}, dict(settings or {}))
     for file in (META_FILE, f"{DCP_DIR}/.metadata"):
         if not (path / file).is_file():
             raise ValueError(f"checkpoint {path} has no {file}")
@@ -249,6 +243,20 @@ def load_checkpoint(
         assert fresh_seed is not None  # a rank without its RNG file was refused above otherwise
         seed_everything(fresh_seed)
     return _read_counters(path)
+
+
+def _check_settings(path: Path, saved: dict, settings: dict) -> None:
+    """Settings whose change a resumed run cannot honour: refused, never silently ignored."""
+    base = settings.pop("base_model", None)  # models.fingerprint: compared within float tolerance
+    problem = fingerprint_change(saved["base_model"], base) if base and saved.get("base_model") else None
+    if problem:
+        raise ValueError(f"resume_from={str(path)!r}: {problem}")
+    changed = [f"{k}={saved[k]!r} (now {v!r})" for k, v in settings.items() if k in saved and saved[k] != v]
+    if changed:
+        raise ValueError(
+            f"resume_from={str(path)!r}: the checkpoint was saved with {', '.join(changed)}; its RNG "
+            "states and data order follow that value, so resume with it (or start a new run)"
+        )
 
 
 _HYPERPARAMETERS = ("initial_lr", "weight_decay")

@@ -198,10 +198,24 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
     teacher = sources.pop("teacher_model", None)
     if teacher is not None:  # an object given to the trainer: by the directory it was loaded from
         values["teacher_model"] = model_source(teacher)
+    _record_agents(values, sources)
+    peft = sources.pop("peft_config", None)
+    if peft is not None:
+        values.update(_lora_fields(peft))
+    if sources:
+        raise ValueError(f"record_run: unknown sources {sorted(sources)}")
+    target = run_config_path(args.output_dir, resume_from)
+    with writing(target):
+        return save_config(job_cls(**values), target)
+
+
+def _record_agents(values: dict, sources: dict) -> None:
+    """Record the agents' ``tools`` and ``environment`` in ``values``, popped from ``sources``:
+    importable functions / classes by 'module:qualname'."""
     from ..rewards.functions import unrecorded_reward
 
     tools, environment = sources.pop("tools", None), sources.pop("environment_factory", None)
-    if tools:  # agents: importable functions / classes by 'module:qualname'
+    if tools:
         values["tools"] = tuple(reward_source(t) for t in tools)
     if environment is not None:
         values["environment"] = (
@@ -212,14 +226,6 @@ def record_run(args, model, datasets: dict, resume_from=None, **sources) -> Path
                 "a dict of environment factories has no import path; the command line takes one class",
             )
         )
-    peft = sources.pop("peft_config", None)
-    if peft is not None:
-        values.update(_lora_fields(peft))
-    if sources:
-        raise ValueError(f"record_run: unknown sources {sorted(sources)}")
-    target = run_config_path(args.output_dir, resume_from)
-    with writing(target):
-        return save_config(job_cls(**values), target)
 
 
 def reward_source(spec) -> str:

@@ -6,6 +6,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import numpy as np
@@ -34,20 +35,28 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int) ->
     max(1, total - w))`` or ``max(0, 0.5 (1 + cos(π p)))`` with ``p = (s - w) / max(1, total - w)``."""
     if kind not in SCHEDULERS:
         raise ValueError(f"lr_scheduler must be one of {', '.join(SCHEDULERS)}, got {kind!r}")
+    build = _hf_factor if kind.startswith("hf_") else _factor
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, build(kind, warmup_steps, total_steps))
 
-    if kind.startswith("hf_"):
 
-        def hf_factor(step: int) -> float:
-            if step < warmup_steps:
-                return step / max(1, warmup_steps)
-            if kind == "hf_linear":
-                return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-            if kind == "hf_cosine":
-                progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-                return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
-            return 1.0
+def _hf_factor(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The factor of the ``hf_*`` schedules, transformers' (``make_scheduler``)."""
 
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, hf_factor)
+    def hf_factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        if kind == "hf_linear":
+            return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        if kind == "hf_cosine":
+            progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+            return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+        return 1.0
+
+    return hf_factor
+
+
+def _factor(kind: str, warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """The factor of rlhfkit's own schedules (``make_scheduler``)."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -59,7 +68,7 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int) ->
             return 0.5 * (1.0 + math.cos(math.pi * progress))
         return 1.0
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return factor
 
 
 class NonFiniteGuard:

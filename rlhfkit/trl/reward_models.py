@@ -77,15 +77,20 @@ def trl_reward_model(model, seed: int, dtype, trust_remote_code: bool, peft_conf
             f"model must be a model directory or Hub id, a sequence-classification model (or a peft model of one) "
             f"or a causal-LM object, got {type(model).__name__}"
         )
-    if peft_config is not None:
-        if is_peft(seq):  # TRL's message
-            raise ValueError(
-                "You passed a `PeftModel` instance together with a `peft_config` to the trainer. Please first merge "
-                "and unload the existing adapter, save the resulting base model, and then pass that base model "
-                "along with the new `peft_config` to the trainer."
-            )
-        seq = apply_lora(seq, peft_config, task_type=getattr(peft_config, "task_type", None))
-    return seq
+    return _with_adapter(seq, peft_config)
+
+
+def _with_adapter(seq, peft_config):
+    """``seq`` wrapped by ``peft`` with ``peft_config`` as TRL wraps it (None: ``seq`` as it is)."""
+    if peft_config is None:
+        return seq
+    if is_peft(seq):  # TRL's message
+        raise ValueError(
+            "You passed a `PeftModel` instance together with a `peft_config` to the trainer. Please first merge "
+            "and unload the existing adapter, save the resulting base model, and then pass that base model "
+            "along with the new `peft_config` to the trainer."
+        )
+    return apply_lora(seq, peft_config, task_type=getattr(peft_config, "task_type", None))
 
 
 def _has_sequence_classifier(source, trust_remote_code: bool) -> bool:

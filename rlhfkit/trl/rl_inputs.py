@@ -123,24 +123,30 @@ def reward_sources(reward_funcs, reward_processing_classes) -> tuple[list, list,
             sources.append(spec)
             names.append(_name(spec))
             continue
-        scalar = ScalarModel.from_pretrained(spec) if model is None else _scalar(model, i)
-        source = spec if isinstance(spec, str) else checkpoint_id(model)
-        if tokenizer is None:
-            if not source:
-                raise ValueError(
-                    f"reward_funcs[{i}]: a reward model object that names no checkpoint (config._name_or_path); "
-                    "pass its tokenizer in reward_processing_classes"
-                )
-            tokenizer = load_tokenizer(source, "reward model")
-        if tokenizer.pad_token_id is None:  # TRL's rule: the EOS pads
-            tokenizer.pad_token = tokenizer.eos_token
-        from ..data.encode import encode_pair
-
-        name = source.rstrip("/").split("/")[-1] or f"reward_model_{i}"
-        sources.append(RewardModelFunction(freeze(scalar), tokenizer, encode=encode_pair, name=name))
-        classes[i] = tokenizer
+        reward_model, classes[i], name = _reward_model_function(spec, model, tokenizer, i)
+        sources.append(reward_model)
         names.append(name)
     return sources, classes, names
+
+
+def _reward_model_function(spec, model, tokenizer, i: int) -> tuple[RewardModelFunction, Any, str]:
+    """``(function, tokenizer, name)`` of ``reward_funcs[i]``, a reward model: its id or directory
+    ``spec``, or the model object ``model``; scored with ``tokenizer`` (None: its checkpoint's)."""
+    scalar = ScalarModel.from_pretrained(spec) if model is None else _scalar(model, i)
+    source = spec if isinstance(spec, str) else checkpoint_id(model)
+    if tokenizer is None:
+        if not source:
+            raise ValueError(
+                f"reward_funcs[{i}]: a reward model object that names no checkpoint (config._name_or_path); "
+                "pass its tokenizer in reward_processing_classes"
+            )
+        tokenizer = load_tokenizer(source, "reward model")
+    if tokenizer.pad_token_id is None:  # TRL's rule: the EOS pads
+        tokenizer.pad_token = tokenizer.eos_token
+    from ..data.encode import encode_pair
+
+    name = source.rstrip("/").split("/")[-1] or f"reward_model_{i}"
+    return RewardModelFunction(freeze(scalar), tokenizer, encode=encode_pair, name=name), tokenizer, name
 
 
 def _sequence_classifier(spec):

@@ -28,7 +28,6 @@ gradients), so N processes take the step one process takes; metrics are global.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -197,27 +196,15 @@ class DPOTrainer(PreferenceTrainer):
             losses = losses * self._wpo_weights(model, pairs, token_logps, completion_mask)
         return losses, chosen_r, rejected_r, logps.detach()
 
-    def _step(self, indices: list[int]) -> dict:
-        """One optimizer step on the step's pairs (of every process): this process scores its
-        slice in micro-batches of ``batch_size / N`` pairs (``grad_accumulation`` of them); a
-        process left without pairs for one scores a stand-in with weight 0. DDP synchronises
-        gradients on the last micro-batch only."""
-        self.train_model.train()
-        world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
-        mine = indices[n * rank // world : n * (rank + 1) // world]
-        chunks = self._micro_batches(mine, n)
-        parts: list[tuple[torch.Tensor, ...]] = []
-        for k, chunk in enumerate(chunks):
-            used = chunk or indices[:1]
-            with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
-                out = self._loss(self.train_model, [self.train_pairs[i] for i in used])
-                (out[0].sum() * (world / n if chunk else 0.0)).backward()  # its share of the global mean, x N
-            if chunk or not parts and k == len(chunks) - 1:  # a process without pairs: the stand-in, counted 0
-                parts.append(out)
-        losses, chosen_r, rejected_r = (torch.cat([p[i] for p in parts]) for i in range(3))
-        logps = torch.cat([p[3].view(2, -1) for p in parts], 1).flatten()
-        metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(mine))
-        return {**metrics, **self.run.optimizer_step(metrics["dpo/loss"])}
+    def _micro_batch(self, indices: list[int], counted: bool) -> tuple[torch.Tensor, tuple]:
+        """The losses of the training pairs ``indices``; the part is ``_loss``'s output and ``counted``."""
+        out = self._loss(self.train_model, [self.train_pairs[i] for i in indices])
+        return out[0], (out, counted)
+
+    def _step_metrics(self, parts: list, n_mine: int) -> dict[str, torch.Tensor]:
+        """``_pair_metrics`` of the counted micro-batches (a process without pairs: its last stand-in, counted 0)."""
+        outs = [out for out, counted in parts if counted] or [parts[-1][0]]
+        return _pair_metrics(*_joined(outs), n_mine)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -239,8 +226,7 @@ class DPOTrainer(PreferenceTrainer):
                 parts.append(out)
         self.train_model.train()
         if parts:
-            losses, chosen_r, rejected_r = (torch.cat([p[i] for p in parts]) for i in range(3))
-            logps = torch.cat([p[3].view(2, -1) for p in parts], 1).flatten()
+            losses, chosen_r, rejected_r, logps = _joined(parts)
         else:
             losses = chosen_r = rejected_r = torch.zeros(0, device=self.device)
             logps = torch.zeros(0, device=self.device)
@@ -249,6 +235,13 @@ class DPOTrainer(PreferenceTrainer):
 
     def _has_eval_set(self) -> bool:
         return self.eval_pairs is not None
+
+
+def _joined(outs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``_loss``'s outputs of several micro-batches as one: losses, chosen and rejected rewards (pairs in
+    order), and the (2n,) summed log-probs (every chosen completion, then every rejected one)."""
+    losses, chosen_r, rejected_r = (torch.cat([out[i] for out in outs]) for i in range(3))
+    return losses, chosen_r, rejected_r, torch.cat([out[3].view(2, -1) for out in outs], 1).flatten()
 
 
 def _pair_metrics(losses, chosen_r, rejected_r, logps, n_real: int) -> dict[str, torch.Tensor]:

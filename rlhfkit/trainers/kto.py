@@ -31,7 +31,6 @@ desirable and of the undesirable rows; absent from a step without such rows), ``
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -246,24 +245,22 @@ class KTOTrainer(PreferenceTrainer):
         return losses, rewards, logps[:n].detach(), z0
 
     # ---------------------------------------------------------------- the loop (PreferenceTrainer.train)
-    def _step(self, indices: list[int]) -> dict:
-        """One optimizer step on the step's rows (of every process): this process scores its slice
-        in micro-batches of ``batch_size / N`` rows; a process left without rows for one scores a
-        stand-in with weight 0. The loss is the mean over the step's rows (``x N``: the processes'
-        gradients are averaged)."""
-        self.train_model.train()
-        world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
-        mine = indices[n * rank // world : n * (rank + 1) // world]
-        chunks, parts = self._micro_batches(mine, n), []
-        for k, chunk in enumerate(chunks):
-            used = chunk or indices[:1]
-            with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
-                items = self._items([self.train_rows[i] for i in used])
-                out = self._loss(self.train_model, items, counted=bool(chunk))
-                (out[0].sum() * (world / n if chunk else 0.0)).backward()
-            parts.append((out, [it.label for it in items] if chunk else []))
-        metrics = kto_metrics(parts)
-        return {**metrics, **self.run.optimizer_step(metrics["kto/loss"])}
+    def _micro_batch(self, indices: list[int], counted: bool) -> tuple[torch.Tensor, tuple]:
+        """The weighted losses of the training rows ``indices`` (each with its micro-batch's mismatched
+        completion, ``_items``); the part is ``_scored``'s."""
+        out, part = self._scored([self.train_rows[i] for i in indices], counted)
+        return out[0], part
+
+    def _step_metrics(self, parts: list, n_mine: int) -> dict[str, torch.Tensor]:
+        """``kto_metrics`` of the step's passes (a step's loss: the mean over its rows of the weighted losses)."""
+        return kto_metrics(parts)
+
+    def _scored(self, rows: list[KTOExample], counted: bool) -> tuple[tuple, tuple]:
+        """``_loss`` of a micro-batch of ``rows`` by ``train_model``, and its ``kto_metrics`` part: that
+        output and the labels of the rows that count (none for a stand-in)."""
+        items = self._items(rows)
+        out = self._loss(self.train_model, items, counted=counted)
+        return out, (out, [it.label for it in items] if counted else [])
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -277,9 +274,8 @@ class KTOTrainer(PreferenceTrainer):
         self.train_model.eval()
         chunks, parts = self._eval_chunks(), []
         for k in range(distributed.reduce_max(len(chunks))):  # as many passes on every process
-            items = self._items([rows[i] for i in (chunks[k] if k < len(chunks) else [0])])
-            out = self._loss(self.train_model, items, counted=k < len(chunks))
-            parts.append((out, [it.label for it in items] if k < len(chunks) else []))
+            chunk, counted = (chunks[k], True) if k < len(chunks) else ([0], False)
+            parts.append(self._scored([rows[i] for i in chunk], counted)[1])
         self.train_model.train()
         metrics = kto_metrics(parts)
         return {"eval/" + k.removeprefix("kto/"): float(v) for k, v in metrics.items()}

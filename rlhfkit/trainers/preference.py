@@ -6,6 +6,8 @@ the same pass and save the same way; each keeps its data, its loss and its preco
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
+from typing import Any
 
 import torch
 
@@ -23,9 +25,9 @@ from .supervised import SupervisedTrainer
 
 class PreferenceTrainer(DPOReference, SupervisedTrainer):
     """Base of ``DPOTrainer`` and ``KTOTrainer``. A subclass names its config (``args_class``) and its
-    metrics' prefix (``loop_name``), and gives ``_step`` (one optimizer step on item indices),
-    ``evaluate`` and ``_has_eval_set``, besides ``SupervisedTrainer``'s hooks and ``DPOReference``'s
-    ``_logps``."""
+    metrics' prefix (``loop_name``), and gives ``_micro_batch`` (the losses of one micro-batch of
+    training items), ``_step_metrics`` (a step's metrics from its micro-batches), ``evaluate`` and
+    ``_has_eval_set``, besides ``SupervisedTrainer``'s hooks and ``DPOReference``'s ``_logps``."""
 
     args: DPOConfig | KTOConfig
     loop_name: str  # the prefix of the loop's own metrics: "dpo", "kto"
@@ -106,7 +108,34 @@ class PreferenceTrainer(DPOReference, SupervisedTrainer):
         return self._finish()  # final/ (every process takes part in gathering), plots, trackers
 
     def _step(self, indices: list[int]) -> dict:
-        """One optimizer step on the training items ``indices`` (of every process); its metrics."""
+        """One optimizer step on the step's training items ``indices`` (of every process); its metrics.
+        This process scores its slice in micro-batches of ``batch_size / N`` items (``grad_accumulation``
+        of them, ``_micro_batch``), each backpropagating its share of the mean over the step's items,
+        ``x N`` (FSDP2 and DDP average the processes' gradients: N processes take the step one process
+        takes); a process left without items for one scores a stand-in (the step's first item) with
+        weight 0, so that every process runs as many passes. DDP synchronises gradients on the last
+        micro-batch only. ``_step_metrics`` reads every micro-batch's part, stand-ins included."""
+        self.train_model.train()
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
+        mine = indices[n * rank // world : n * (rank + 1) // world]
+        chunks, parts = self._micro_batches(mine, n), []
+        for k, chunk in enumerate(chunks):
+            with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
+                losses, part = self._micro_batch(chunk or indices[:1], counted=bool(chunk))
+                (losses.sum() * (world / n if chunk else 0.0)).backward()
+            parts.append(part)
+        metrics = self._step_metrics(parts, len(mine))
+        return {**metrics, **self.run.optimizer_step(metrics[f"{self.loop_name}/loss"])}
+
+    def _micro_batch(self, indices: list[int], counted: bool) -> tuple[torch.Tensor, Any]:
+        """The per-item losses of the training items ``indices`` scored by ``train_model`` (with graph:
+        the step backpropagates their sum) and what ``_step_metrics`` reads of them; ``counted`` False:
+        a stand-in, whose items join no statistic."""
+        raise NotImplementedError
+
+    def _step_metrics(self, parts: list, n_mine: int) -> dict[str, torch.Tensor]:
+        """A step's metrics over every process from this process's ``_micro_batch`` parts (one a pass,
+        as many passes on every process) and its ``n_mine`` items; ``<loop_name>/loss`` among them."""
         raise NotImplementedError
 
     def evaluate(self) -> dict[str, float]:

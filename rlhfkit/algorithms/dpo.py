@@ -216,9 +216,8 @@ def _sigmoid_norm(chosen, rejected, ref_chosen, ref_rejected, *, beta, score, ch
     return -F.logsigmoid(beta * (sc - sr))
 
 
-def check_loss_settings(loss_type, loss_weights=None, label_smoothing=0.0, f_divergence_type="reverse_kl"):
-    """``(loss types, weights, each one's ε)`` of a loss setting, checked against the registry's traits
-    (one line naming the setting otherwise): the configs and ``dpo_loss`` call this."""
+def _check_types(loss_type) -> list[str]:
+    """The loss types named by ``loss_type`` (one name or several): each registered, none twice."""
     types = [loss_type] if isinstance(loss_type, str) else list(loss_type)
     if not types:
         raise ValueError("loss_type must name at least one loss")
@@ -227,11 +226,13 @@ def check_loss_settings(loss_type, loss_weights=None, label_smoothing=0.0, f_div
             raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {name!r}")
     if len(set(types)) != len(types):
         raise ValueError(f"loss_type names a loss twice: {types}")
-    weights = [1.0] * len(types) if loss_weights is None else [float(w) for w in loss_weights]
-    if len(weights) != len(types):
-        raise ValueError(f"loss_weights must give one weight per loss type ({len(types)}), got {list(loss_weights)}")
-    traits = {name: DPO_LOSS_TYPES.traits(name) for name in types}
-    takes = [name for name in types if traits[name]["smoothing"]]
+    return types
+
+
+def _check_smoothing(types, label_smoothing, loss_type) -> list[str]:
+    """The loss types that take ``label_smoothing`` ε, checked: ε in [0, 0.5), given only to a loss
+    that takes it, and given (> 0) to ``exo_pair``, whose loss has log ε."""
+    takes = [name for name in types if DPO_LOSS_TYPES.traits(name)["smoothing"]]
     if not 0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing!r}")
     if label_smoothing and not takes:
@@ -242,14 +243,31 @@ def check_loss_settings(loss_type, loss_weights=None, label_smoothing=0.0, f_div
             "Label smoothing must be greater than 0.0 when using 'exo_pair' loss. The EXO paper recommends a "
             "value of 1e-3."
         )
+    return takes
+
+
+def _check_f_divergence(types, f_divergence_type) -> None:
+    """``f_divergence_type`` one of ``F_DIVERGENCES``, and other than reverse KL only when every loss
+    type reads its log-ratios through it."""
     if f_divergence_type not in F_DIVERGENCES:
         raise ValueError(f"f_divergence_type must be one of {', '.join(F_DIVERGENCES)}, got {f_divergence_type!r}")
-    if f_divergence_type != "reverse_kl" and not all(t["f_divergence"] for t in traits.values()):
+    if f_divergence_type != "reverse_kl" and not all(DPO_LOSS_TYPES.traits(n)["f_divergence"] for n in types):
         supported = sorted(n for n in DPO_LOSS_TYPES if DPO_LOSS_TYPES.traits(n)["f_divergence"])
         raise ValueError(  # TRL's message
             f"`f_divergence_type='{f_divergence_type}'` is only supported for the following loss types: "
             f"{supported}. You provided {types}. Use the default `f_divergence_type='reverse_kl'` with these losses."
         )
+
+
+def check_loss_settings(loss_type, loss_weights=None, label_smoothing=0.0, f_divergence_type="reverse_kl"):
+    """``(loss types, weights, each one's ε)`` of a loss setting, checked against the registry's traits
+    (one line naming the setting otherwise): the configs and ``dpo_loss`` call this."""
+    types = _check_types(loss_type)
+    weights = [1.0] * len(types) if loss_weights is None else [float(w) for w in loss_weights]
+    if len(weights) != len(types):
+        raise ValueError(f"loss_weights must give one weight per loss type ({len(types)}), got {list(loss_weights)}")
+    takes = _check_smoothing(types, label_smoothing, loss_type)
+    _check_f_divergence(types, f_divergence_type)
     return types, weights, [label_smoothing if name in takes else 0.0 for name in types]
 
 
@@ -289,23 +307,17 @@ def dpo_loss(
     if not discopop_tau > 0:
         raise ValueError(f"discopop_tau must be > 0, got {discopop_tau!r}")
     named = types[0] if len(types) == 1 else types
-    with_ref = ref_chosen_logps is not None or ref_rejected_logps is not None
-    if not any(t["reference"] for t in traits) and with_ref:
-        raise ValueError(f"loss_type={named!r} is reference-free: pass no reference log-probs")
-    if any(t["reference"] for t in traits) and (ref_chosen_logps is None or ref_rejected_logps is None):
-        raise ValueError(f"loss_type={named!r} needs ref_chosen_logps and ref_rejected_logps")
-    lengths = chosen_lengths is not None and rejected_lengths is not None
-    if any(t["length_normalised"] for t in traits) and not lengths:
-        raise ValueError(f"loss_type={named!r} needs chosen_lengths and rejected_lengths (completion tokens)")
-    tensors = {"chosen_logps": chosen_logps, "rejected_logps": rejected_logps}
-    if with_ref:
-        tensors.update(ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    if lengths:
-        tensors.update(
-            chosen_lengths=torch.as_tensor(chosen_lengths), rejected_lengths=torch.as_tensor(rejected_lengths)
-        )
-    check_tensor("chosen_logps", chosen_logps, ndim=1)
-    check_same_shape(**tensors)
+    tensors = _given_tensors(
+        named,
+        traits,
+        chosen_logps,
+        rejected_logps,
+        ref_chosen_logps,
+        ref_rejected_logps,
+        chosen_lengths,
+        rejected_lengths,
+    )
+    with_ref, lengths = "ref_chosen_logps" in tensors, "chosen_lengths" in tensors
     dtype = torch.promote_types(chosen_logps.dtype, torch.float32)
     c, r = chosen_logps.to(dtype), rejected_logps.to(dtype)
     # The reference is a fixed baseline: no gradient reaches it, whatever its inputs require.
@@ -330,10 +342,45 @@ def dpo_loss(
             rejected_lengths=n_r,
         )
         losses = losses + weight * loss
-    if n_c is not None and n_r is not None and all(t["length_normalised"] for t in traits):  # per-token rewards
+    per_token = lengths and all(t["length_normalised"] for t in traits)
+    chosen_rewards, rejected_rewards = _implicit_rewards(beta, c, r, c_ref, r_ref, (n_c, n_r) if per_token else None)
+    return losses, chosen_rewards, rejected_rewards
+
+
+def _given_tensors(
+    named, traits, chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, rejected_lengths
+) -> dict:
+    """``dpo_loss``'s tensors by name, checked against what its loss types read (``traits``): the
+    reference log-probs when any reads them and none when none does, the lengths when any is
+    length-normalised; all (B,). The reference's and the lengths' are absent when not given."""
+    with_ref = ref_chosen_logps is not None or ref_rejected_logps is not None
+    if not any(t["reference"] for t in traits) and with_ref:
+        raise ValueError(f"loss_type={named!r} is reference-free: pass no reference log-probs")
+    if any(t["reference"] for t in traits) and (ref_chosen_logps is None or ref_rejected_logps is None):
+        raise ValueError(f"loss_type={named!r} needs ref_chosen_logps and ref_rejected_logps")
+    lengths = chosen_lengths is not None and rejected_lengths is not None
+    if any(t["length_normalised"] for t in traits) and not lengths:
+        raise ValueError(f"loss_type={named!r} needs chosen_lengths and rejected_lengths (completion tokens)")
+    tensors = {"chosen_logps": chosen_logps, "rejected_logps": rejected_logps}
+    if with_ref:
+        tensors.update(ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    if lengths:
+        tensors.update(
+            chosen_lengths=torch.as_tensor(chosen_lengths), rejected_lengths=torch.as_tensor(rejected_lengths)
+        )
+    check_tensor("chosen_logps", chosen_logps, ndim=1)
+    check_same_shape(**tensors)
+    return tensors
+
+
+def _implicit_rewards(beta, c, r, c_ref, r_ref, lengths=None):
+    """The implicit rewards of chosen and rejected, detached: ``β c̃`` and ``β r̃``, or ``β c`` and ``β r``
+    without a reference (``c_ref`` None); per token when ``lengths`` ``(|c|, |r|)`` are given."""
+    if lengths is not None:
+        n_c, n_r = lengths
         c, r = c / n_c, r / n_r
-        if with_ref:
+        if c_ref is not None:
             c_ref, r_ref = c_ref / n_c, r_ref / n_r
-    if not with_ref:  # reference-free: the implicit rewards are the scaled log-probs themselves
-        return losses, (beta * c).detach(), (beta * r).detach()
-    return losses, (beta * (c - c_ref)).detach(), (beta * (r - r_ref)).detach()
+    if c_ref is None:  # reference-free: the implicit rewards are the scaled log-probs themselves
+        return (beta * c).detach(), (beta * r).detach()
+    return (beta * (c - c_ref)).detach(), (beta * (r - r_ref)).detach()

@@ -178,20 +178,38 @@ def load_completions(source: Any, name: str = "center_dataset") -> list[dict]:
 
 
 def _completion_row(row: Any) -> tuple[dict | None, str | None]:
+    """One row of a completion set as ``{"prompt", "completion"}``, or what is wrong with it (naming
+    the field), by its form: a string, or a dict of ``messages``, of ``text`` or of ``prompt`` and
+    ``completion``."""
     if isinstance(row, str):
         return {"prompt": "", "completion": row}, (None if row.strip() else "the text is an empty string")
     if not isinstance(row, dict):
         return None, f"expected a string or an object (dict), got {type_name(row)}"
     if "messages" in row:
-        text, problem = read_completion(row["messages"])
-        if problem:
-            return None, f"field 'messages': {problem}"
-        return {"prompt": split_messages(list(row["messages"]))[0] or "", "completion": text}, None
+        return _messages_row(row)
     if "text" in row and "completion" not in row:
-        text = row["text"]
-        if not isinstance(text, str) or not text.strip():
-            return None, f"field 'text': expected a non-empty string, got {type_name(text)} {short_repr(text)}"
-        return {"prompt": "", "completion": text}, None
+        return _text_row(row)
+    return _prompt_completion_row(row)
+
+
+def _messages_row(row: dict) -> tuple[dict | None, str | None]:
+    """A chat row: the last, assistant message is the completion, the messages before it the prompt."""
+    text, problem = read_completion(row["messages"])
+    if problem:
+        return None, f"field 'messages': {problem}"
+    return {"prompt": split_messages(list(row["messages"]))[0] or "", "completion": text}, None
+
+
+def _text_row(row: dict) -> tuple[dict | None, str | None]:
+    """A ``text`` row: a completion with an empty prompt."""
+    text = row["text"]
+    if not isinstance(text, str) or not text.strip():
+        return None, f"field 'text': expected a non-empty string, got {type_name(text)} {short_repr(text)}"
+    return {"prompt": "", "completion": text}, None
+
+
+def _prompt_completion_row(row: dict) -> tuple[dict | None, str | None]:
+    """A ``{"prompt", "completion"}`` row, each checked as a preference row's prompt and completion are."""
     for field in ("prompt", "completion"):
         if field not in row:
             present = ", ".join(map(repr, row)) or "none"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
@@ -70,42 +71,49 @@ def _kind(value) -> str:
     return kinds.get(type(value), type(value).__name__)
 
 
+def _refuse(i: int, where: str, expected: str, value) -> NoReturn:
+    """``BadRequest`` naming the field ``where`` of ``messages[i]``, what it must be and what it is."""
+    raise BadRequest(f"messages[{i}].{where}: expected {expected}, got {_kind(value)}", "messages")
+
+
 def _check_message(i: int, m: dict) -> None:
     """The fields of ``messages[i]`` as OpenAI's API has them: content parts objects (a text
     part's ``text`` a string), an assistant's ``tool_calls`` a list of ``{"id", "type":
     "function", "function": {"name", "arguments"}}`` with ``arguments`` a JSON string (an object is
     taken too; absent: no arguments), a tool message's ``tool_call_id`` a string; ``BadRequest``
     naming the message index and the field otherwise."""
-
-    def refuse(where: str, expected: str, value):
-        raise BadRequest(f"messages[{i}].{where}: expected {expected}, got {_kind(value)}", "messages")
-
     if isinstance(m.get("content"), list):
         for k, part in enumerate(m["content"]):
             if not isinstance(part, dict):
-                refuse(f"content[{k}]", "an object (a content part)", part)
+                _refuse(i, f"content[{k}]", "an object (a content part)", part)
             if "text" in part and not isinstance(part["text"], str):
-                refuse(f"content[{k}].text", "a string", part["text"])
+                _refuse(i, f"content[{k}].text", "a string", part["text"])
     if m["role"] == "tool" and m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
-        refuse("tool_call_id", "a string", m["tool_call_id"])
+        _refuse(i, "tool_call_id", "a string", m["tool_call_id"])
     calls = m.get("tool_calls") if m["role"] == "assistant" else None
     if calls is None:
         return
     if not isinstance(calls, list):
-        refuse("tool_calls", "a list of tool calls", calls)
+        _refuse(i, "tool_calls", "a list of tool calls", calls)
     for k, call in enumerate(calls):
-        where = f"tool_calls[{k}]"
-        if not isinstance(call, dict):
-            refuse(where, "an object with 'id', 'type' and 'function'", call)
-        if call.get("id") is not None and not isinstance(call["id"], str):
-            refuse(f"{where}.id", "a string", call["id"])
-        fn = call.get("function")
-        if not isinstance(fn, dict):
-            refuse(f"{where}.function", "an object with 'name' and 'arguments'", fn)
-        if not isinstance(fn.get("name"), str) or not fn["name"]:
-            refuse(f"{where}.function.name", "a string", fn.get("name"))
-        if fn.get("arguments") is not None and not isinstance(fn["arguments"], (str, dict)):
-            refuse(f"{where}.function.arguments", "a JSON string (or an object)", fn["arguments"])
+        _check_tool_call(i, f"tool_calls[{k}]", call)
+
+
+def _check_tool_call(i: int, where: str, call) -> None:
+    """One of an assistant message's ``tool_calls`` (at ``where`` in ``messages[i]``): ``{"id", "type":
+    "function", "function": {"name", "arguments"}}``, the id a string, the name a non-empty string,
+    the arguments a JSON string or an object (absent: none)."""
+    if not isinstance(call, dict):
+        _refuse(i, where, "an object with 'id', 'type' and 'function'", call)
+    if call.get("id") is not None and not isinstance(call["id"], str):
+        _refuse(i, f"{where}.id", "a string", call["id"])
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        _refuse(i, f"{where}.function", "an object with 'name' and 'arguments'", fn)
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        _refuse(i, f"{where}.function.name", "a string", fn.get("name"))
+    if fn.get("arguments") is not None and not isinstance(fn["arguments"], (str, dict)):
+        _refuse(i, f"{where}.function.arguments", "a JSON string (or an object)", fn["arguments"])
 
 
 def parse_request(body) -> ChatRequest:
@@ -114,31 +122,14 @@ def parse_request(body) -> ChatRequest:
         raise BadRequest("the request body must be a JSON object")
     if body.get("stream"):
         raise BadRequest("stream=true is not supported: ask without streaming", "stream")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list of messages", "messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise BadRequest(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", "messages")
-        if m["role"] != "assistant" and not isinstance(m.get("content"), (str, list)):
-            raise BadRequest(f"messages[{i}] ({m['role']}) needs a content", "messages")
-        _check_message(i, m)
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
-            for t in tools
-        ):
-            raise BadRequest('tools must be a list of {"type": "function", "function": {"name": ...}}', "tools")
+    messages = _messages(body)
+    tools = _tools(body)
     choice = body.get("tool_choice", "auto")
     if not (choice in ("auto", "none", "required") or isinstance(choice, dict)):
         raise BadRequest(
             f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r:.40}", "tool_choice"
         )
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-        raise BadRequest("stop must be a string or a list of at most 4 non-empty strings", "stop")
+    stop = _stop(body)
     if body.get("top_logprobs"):
         raise BadRequest("top_logprobs is not supported (logprobs=true reports each sampled token's)", "top_logprobs")
     logprobs = body.get("logprobs", False)
@@ -162,6 +153,42 @@ def parse_request(body) -> ChatRequest:
         bool(logprobs),
         model or None,
     )
+
+
+def _messages(body: dict) -> list[dict]:
+    """``body["messages"]`` checked: a non-empty list of objects, each with a role of ``ROLES`` and a
+    content (an assistant's may have none), their fields as ``_check_message`` has them."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list of messages", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}] must be an object with a role in {', '.join(ROLES)}", "messages")
+        if m["role"] != "assistant" and not isinstance(m.get("content"), (str, list)):
+            raise BadRequest(f"messages[{i}] ({m['role']}) needs a content", "messages")
+        _check_message(i, m)
+    return messages
+
+
+def _tools(body: dict) -> list[dict] | None:
+    """``body["tools"]`` checked: a list of functions, each with a name; None if absent."""
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools
+        ):
+            raise BadRequest('tools must be a list of {"type": "function", "function": {"name": ...}}', "tools")
+    return tools
+
+
+def _stop(body: dict) -> list[str]:
+    """``body["stop"]`` as a list: a string, or a list of at most 4 non-empty strings; [] if absent."""
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("stop must be a string or a list of at most 4 non-empty strings", "stop")
+    return stop
 
 
 def _arguments(value):

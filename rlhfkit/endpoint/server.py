@@ -1,7 +1,7 @@
 """``Endpoint``: an OpenAI-compatible chat-completions server on a rollout engine.
 
-The HTTP side (Starlette on uvicorn, in a thread of its own, on 127.0.0.1 and a free port) checks
-each request (``protocol``), renders it with the trainer's chat template (``record.request_prompt``)
+The HTTP side (``routes``: Starlette on uvicorn, in a thread of its own, on 127.0.0.1 and a free port)
+checks each request (``protocol``), renders it with the trainer's chat template (``record.request_prompt``)
 and queues it. The engine side runs on the *caller's* thread (``serve``): the trainer's, inside
 ``engine_ready`` (its autocast and gathered weights), so the engine is never called from two
 threads. It takes the queued requests as one batch — every request that arrived within ``window``
@@ -26,7 +26,6 @@ the text without special tokens (``tokens.visible_text``); log-probs carry each 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import queue
 import random
@@ -39,8 +38,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..rollout.base import SamplingParams, sampling_seed
-from .completions import PromptScoring, parse_completion
-from .protocol import BadRequest, ChatRequest, error_body, length_answer, parse_request, template_messages
+from .completions import PromptScoring
+from .protocol import BadRequest, ChatRequest, length_answer, template_messages
 from .record import EpisodeRecord, Serving, extends_last_call, request_prompt
 from .sampling import answer_group
 
@@ -171,93 +170,10 @@ class Endpoint:
             self.server = self.thread = None
 
     def app(self):
-        from starlette.applications import Starlette
-        from starlette.exceptions import HTTPException
-        from starlette.responses import JSONResponse
-        from starlette.routing import Route
+        """The Starlette application serving this endpoint (``routes.application``)."""
+        from .routes import application
 
-        async def models(request):
-            return JSONResponse(
-                {
-                    "object": "list",
-                    "data": [
-                        {"id": name, "object": "model", "created": 0, "owned_by": "rlhfkit"} for name in self.served
-                    ],
-                }
-            )
-
-        async def chat(request):
-            try:
-                body = await request.json()
-            except ValueError:
-                return JSONResponse(error_body("the request body is not JSON"), status_code=400)
-            try:
-                parsed = parse_request(body)
-                if parsed.model is not None and parsed.model not in self.served:
-                    served = ", ".join(f"`{m}`" for m in self.served)
-                    return JSONResponse(
-                        error_body(
-                            f"The model `{parsed.model}` does not exist or you do not have "
-                            f"access to it; this endpoint serves {served}",
-                            param="model",
-                            code="model_not_found",
-                        ),
-                        status_code=404,
-                    )
-                pending = self.prepare(
-                    parsed, request.path_params.get("episode") or request.headers.get("x-episode-id")
-                )
-            except BadRequest as err:
-                return JSONResponse(error_body(str(err), param=err.param), status_code=400)
-            if isinstance(pending, dict):  # answered without sampling (no budget left)
-                return JSONResponse(pending)
-            return await reply(pending)
-
-        async def completions(request):  # rlhfkit serve's /completions, with vLLM's prompt_logprobs
-            try:
-                pending = parse_completion(self, await request.json())
-                if pending.model not in self.served:
-                    raise BadRequest(
-                        f"The model `{pending.model}` does not exist; this endpoint serves `{self.model_name}`", "model"
-                    )
-            except ValueError as err:  # BadRequest, or a body that is not JSON
-                param = getattr(err, "param", None)
-                message = str(err) if isinstance(err, BadRequest) else "the request body is not JSON"
-                return JSONResponse(error_body(message, param=param), status_code=404 if param == "model" else 400)
-            return await reply(pending)
-
-        async def reply(pending):  # queued for the engine's thread (serve), answered when it is done
-            self.queue.put(pending)
-            try:
-                answer = await asyncio.wait_for(asyncio.wrap_future(pending.future), self.request_timeout)
-            except (asyncio.TimeoutError, TimeoutError):
-                pending.future.cancel()
-                return JSONResponse(
-                    error_body(
-                        f"no answer within {self.request_timeout} s (the engine is not serving this request)", "timeout"
-                    ),
-                    status_code=504,
-                )
-            except BadRequest as err:
-                return JSONResponse(error_body(str(err)), status_code=400)
-            except Exception as err:  # noqa: BLE001 — the engine's errors, in one line
-                return JSONResponse(error_body(f"{type(err).__name__}: {err}", "server_error"), status_code=500)
-            return JSONResponse(answer)
-
-        async def http_error(request, exc):
-            return JSONResponse(
-                error_body(f"{request.method} {request.url.path}: {exc.detail}"), status_code=exc.status_code
-            )
-
-        routes = [
-            Route("/v1/models", models),
-            Route("/episodes/{episode}/v1/models", models),
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/episodes/{episode}/v1/chat/completions", chat, methods=["POST"]),
-        ]
-        if not self.training:  # rlhfkit serve: the served model also scores and continues prompts
-            routes.append(Route("/v1/completions", completions, methods=["POST"]))
-        return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+        return application(self)
 
     def prepare(self, request: ChatRequest, episode_id: str | None) -> Pending | dict:
         """The request rendered and its sampling chosen (module docstring); refused in one line

@@ -41,7 +41,6 @@ from ..data.encode import encode_pair, note_cut, note_unknown
 from ..data.padding import pad
 from ..data.preferences import load_preference_dataset
 from ..models import forward_response
-from ..run.metrics import to_floats
 from .preference import PreferenceTrainer
 from .supervised import Datasets
 
@@ -196,52 +195,26 @@ class DPOTrainer(PreferenceTrainer):
             losses = losses * self._wpo_weights(model, pairs, token_logps, completion_mask)
         return losses, chosen_r, rejected_r, logps.detach()
 
-    def _micro_batch(self, indices: list[int], counted: bool) -> tuple[torch.Tensor, tuple]:
-        """The losses of the training pairs ``indices``; the part is ``_loss``'s output and ``counted``."""
-        out = self._loss(self.train_model, [self.train_pairs[i] for i in indices])
+    def _train_set(self) -> list[PreferencePair]:
+        return self.train_pairs
+
+    def _eval_set(self) -> list[PreferencePair] | None:
+        return self.eval_pairs
+
+    def _eval_items(self) -> list[PreferencePair]:
+        return self.eval_pairs or []
+
+    def _micro_batch(self, items: list[PreferencePair], counted: bool) -> tuple[torch.Tensor, tuple]:
+        """The (WPO-weighted) losses of the pairs ``items``; the part is ``_loss``'s output and ``counted``."""
+        out = self._loss(self.train_model, items)
         return out[0], (out, counted)
 
     def _step_metrics(self, parts: list, n_mine: int) -> dict[str, torch.Tensor]:
         """``_pair_metrics`` of the counted micro-batches (a process without pairs: its last stand-in, counted 0)."""
         outs = [out for out, counted in parts if counted] or [parts[-1][0]]
-        return _pair_metrics(*_joined(outs), n_mine)
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Loss and reward metrics over ``eval_dataset`` as ``eval/loss``, ``eval/rewards/accuracies``, ..."""
-        if self.eval_pairs is None:
-            raise ValueError("evaluate() needs an eval_dataset")
-        if self.needs_reference and self.args.precompute_ref_logprobs:
-            self._reference_table(self.eval_pairs)  # pairs given after the trainer was built (none otherwise)
-        self.train_model.eval()
-        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_pairs)
-        lo, hi = n * rank // world, n * (rank + 1) // world
-        size = max(1, self.args.batch_size // world)
-        starts = list(range(lo, hi, size))
-        parts = []
-        for k in range(distributed.reduce_max(len(starts))):  # as many passes on every process
-            idx = list(range(starts[k], min(starts[k] + size, hi))) if k < len(starts) else [0]
-            out = self._loss(self.train_model, [self.eval_pairs[i] for i in idx])
-            if k < len(starts):
-                parts.append(out)
-        self.train_model.train()
-        if parts:
-            losses, chosen_r, rejected_r, logps = _joined(parts)
-        else:
-            losses = chosen_r = rejected_r = torch.zeros(0, device=self.device)
-            logps = torch.zeros(0, device=self.device)
-        metrics = _pair_metrics(losses, chosen_r, rejected_r, logps, len(losses))
-        return to_floats({"eval/" + k.removeprefix("dpo/"): v for k, v in metrics.items()})
-
-    def _has_eval_set(self) -> bool:
-        return self.eval_pairs is not None
-
-
-def _joined(outs: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``_loss``'s outputs of several micro-batches as one: losses, chosen and rejected rewards (pairs in
-    order), and the (2n,) summed log-probs (every chosen completion, then every rejected one)."""
-    losses, chosen_r, rejected_r = (torch.cat([out[i] for out in outs]) for i in range(3))
-    return losses, chosen_r, rejected_r, torch.cat([out[3].view(2, -1) for out in outs], 1).flatten()
+        losses, chosen_r, rejected_r = (torch.cat([out[i] for out in outs]) for i in range(3))
+        logps = torch.cat([out[3].view(2, -1) for out in outs], 1).flatten()  # every chosen, then every rejected
+        return _pair_metrics(losses, chosen_r, rejected_r, logps, n_mine)
 
 
 def _pair_metrics(losses, chosen_r, rejected_r, logps, n_real: int) -> dict[str, torch.Tensor]:

@@ -175,13 +175,8 @@ class KTOTrainer(PreferenceTrainer):
                         seen.update((item_key(it), it) for it in self._items([self.train_rows[i] for i in chunk]))
         return list(seen.values())
 
-    def _eval_chunks(self) -> list[list[int]]:
-        """This process's evaluation micro-batches (row indices) of ``batch_size / N`` rows."""
-        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self.eval_rows or [])
-        lo, hi, size = n * rank // world, n * (rank + 1) // world, max(1, self.args.batch_size // world)
-        return [list(range(s, min(s + size, hi))) for s in range(lo, hi, size)]
-
     def _eval_items(self) -> list[KTOItem]:
+        """The items of this process's evaluation micro-batches (``_eval_chunks``)."""
         rows = self.eval_rows or []
         return [it for chunk in self._eval_chunks() for it in self._items([rows[i] for i in chunk])]
 
@@ -245,43 +240,23 @@ class KTOTrainer(PreferenceTrainer):
         return losses, rewards, logps[:n].detach(), z0
 
     # ---------------------------------------------------------------- the loop (PreferenceTrainer.train)
-    def _micro_batch(self, indices: list[int], counted: bool) -> tuple[torch.Tensor, tuple]:
-        """The weighted losses of the training rows ``indices`` (each with its micro-batch's mismatched
-        completion, ``_items``); the part is ``_scored``'s."""
-        out, part = self._scored([self.train_rows[i] for i in indices], counted)
-        return out[0], part
+    def _train_set(self) -> list[KTOExample]:
+        return self.train_rows
+
+    def _eval_set(self) -> list[KTOExample] | None:
+        return self.eval_rows
+
+    def _micro_batch(self, items: list[KTOExample], counted: bool) -> tuple[torch.Tensor, tuple]:
+        """The weighted losses of the rows ``items`` (each with its micro-batch's mismatched completion,
+        ``_items``); the part is ``_loss``'s output and the labels of the rows that count (none for a
+        stand-in)."""
+        scored = self._items(items)
+        out = self._loss(self.train_model, scored, counted=counted)
+        return out[0], (out, [it.label for it in scored] if counted else [])
 
     def _step_metrics(self, parts: list, n_mine: int) -> dict[str, torch.Tensor]:
-        """``kto_metrics`` of the step's passes (a step's loss: the mean over its rows of the weighted losses)."""
+        """``kto_metrics`` of the passes (a step's loss: the mean over its rows of the weighted losses)."""
         return kto_metrics(parts)
-
-    def _scored(self, rows: list[KTOExample], counted: bool) -> tuple[tuple, tuple]:
-        """``_loss`` of a micro-batch of ``rows`` by ``train_model``, and its ``kto_metrics`` part: that
-        output and the labels of the rows that count (none for a stand-in)."""
-        items = self._items(rows)
-        out = self._loss(self.train_model, items, counted=counted)
-        return out, (out, [it.label for it in items] if counted else [])
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Loss, KL and reward metrics over ``eval_dataset`` as ``eval/loss``, ``eval/kl``,
-        ``eval/rewards/chosen``, ... (micro-batches of ``batch_size / N`` rows in the dataset's order)."""
-        if self.eval_rows is None:
-            raise ValueError("evaluate() needs an eval_dataset")
-        rows = self.eval_rows
-        if self.args.precompute_ref_logprobs:
-            self._reference_table(self._eval_items())  # rows given after the trainer was built (none otherwise)
-        self.train_model.eval()
-        chunks, parts = self._eval_chunks(), []
-        for k in range(distributed.reduce_max(len(chunks))):  # as many passes on every process
-            chunk, counted = (chunks[k], True) if k < len(chunks) else ([0], False)
-            parts.append(self._scored([rows[i] for i in chunk], counted)[1])
-        self.train_model.train()
-        metrics = kto_metrics(parts)
-        return {"eval/" + k.removeprefix("kto/"): float(v) for k, v in metrics.items()}
-
-    def _has_eval_set(self) -> bool:
-        return self.eval_rows is not None
 
 
 __all__ = ["KTOConfig", "KTOTrainer"]

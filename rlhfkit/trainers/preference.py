@@ -1,7 +1,8 @@
 """What the DPO and KTO trainers share: a causal-LM policy trained on fixed data against a frozen
 reference (``dpo_reference.DPOReference``). Built on ``SupervisedTrainer``'s construction path, they
-build their two models alike (``PreferenceTrainer._build_model``), run the same loop, probe memory with
-the same pass and save the same way; each keeps its data, its loss and its precomputed reference."""
+build their two models alike (``PreferenceTrainer._build_model``), run the same loop (a step's and an
+evaluation's micro-batches included), probe memory with the same pass and save the same way; each keeps
+its data, its loss of a micro-batch, its metrics and its precomputed reference."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ from .supervised import SupervisedTrainer
 
 class PreferenceTrainer(DPOReference, SupervisedTrainer):
     """Base of ``DPOTrainer`` and ``KTOTrainer``. A subclass names its config (``args_class``) and its
-    metrics' prefix (``loop_name``), and gives ``_micro_batch`` (the losses of one micro-batch of
-    training items), ``_step_metrics`` (a step's metrics from its micro-batches), ``evaluate`` and
-    ``_has_eval_set``, besides ``SupervisedTrainer``'s hooks and ``DPOReference``'s ``_logps``."""
+    metrics' prefix (``loop_name``), and gives its items (``_train_set``, ``_eval_set``,
+    ``_eval_items``), the losses of one micro-batch (``_micro_batch``) and the metrics of several
+    (``_step_metrics``), besides ``SupervisedTrainer``'s hooks and ``DPOReference``'s ``_logps``: the
+    training step and the evaluation run their micro-batches here."""
 
     args: DPOConfig | KTOConfig
     loop_name: str  # the prefix of the loop's own metrics: "dpo", "kto"
@@ -118,31 +120,69 @@ class PreferenceTrainer(DPOReference, SupervisedTrainer):
         self.train_model.train()
         world, rank, n = distributed.role_size(), distributed.role_rank(), len(indices)
         mine = indices[n * rank // world : n * (rank + 1) // world]
-        chunks, parts = self._micro_batches(mine, n), []
+        chunks, parts, items = self._micro_batches(mine, n), [], self._train_set()
         for k, chunk in enumerate(chunks):
             with distributed.no_sync(self.train_model) if k < len(chunks) - 1 else nullcontext():
-                losses, part = self._micro_batch(chunk or indices[:1], counted=bool(chunk))
+                losses, part = self._micro_batch([items[i] for i in chunk or indices[:1]], counted=bool(chunk))
                 (losses.sum() * (world / n if chunk else 0.0)).backward()
             parts.append(part)
         metrics = self._step_metrics(parts, len(mine))
         return {**metrics, **self.run.optimizer_step(metrics[f"{self.loop_name}/loss"])}
 
-    def _micro_batch(self, indices: list[int], counted: bool) -> tuple[torch.Tensor, Any]:
-        """The per-item losses of the training items ``indices`` scored by ``train_model`` (with graph:
-        the step backpropagates their sum) and what ``_step_metrics`` reads of them; ``counted`` False:
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """The step's metrics over ``eval_dataset`` as ``eval/loss``, ``eval/rewards/chosen``, ... (the
+        ``<loop_name>/`` prefix dropped): this process's slice in micro-batches of ``batch_size / N`` items
+        in the dataset's order (``_eval_chunks``), as many passes on every process (a stand-in, the first
+        item, counted 0, where a process's slice runs out). With ``precompute_ref_logprobs`` the
+        reference first scores the items it has not (a set given after the trainer was built)."""
+        items = self._eval_set()
+        if items is None:
+            raise ValueError("evaluate() needs an eval_dataset")
+        if self.needs_reference and self.args.precompute_ref_logprobs:
+            self._reference_table(self._eval_items())
+        self.train_model.eval()
+        chunks, parts = self._eval_chunks(), []
+        for k in range(distributed.reduce_max(len(chunks))):  # as many passes on every process
+            chunk, counted = (chunks[k], True) if k < len(chunks) else ([0], False)
+            parts.append(self._micro_batch([items[i] for i in chunk], counted)[1])
+        self.train_model.train()
+        metrics = self._step_metrics(parts, sum(len(chunk) for chunk in chunks))
+        return {"eval/" + k.removeprefix(f"{self.loop_name}/"): float(v) for k, v in metrics.items()}
+
+    def _eval_chunks(self) -> list[list[int]]:
+        """This process's evaluation micro-batches (item indices) of ``batch_size / N`` items."""
+        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self._eval_set() or [])
+        lo, hi, size = n * rank // world, n * (rank + 1) // world, max(1, self.args.batch_size // world)
+        return [list(range(s, min(s + size, hi))) for s in range(lo, hi, size)]
+
+    def _has_eval_set(self) -> bool:
+        """Whether the trainer holds an evaluation set (``evaluate`` runs on it)."""
+        return self._eval_set() is not None
+
+    # ---------------------------------------------------------------- each trainer's own
+    def _train_set(self) -> list:
+        """The training items (``_batch``'s indices point into it)."""
+        raise NotImplementedError
+
+    def _eval_set(self) -> list | None:
+        """The evaluation items; None without an ``eval_dataset``."""
+        raise NotImplementedError
+
+    def _eval_items(self) -> list:
+        """What the reference scores for ``evaluate`` with ``precompute_ref_logprobs``
+        (``DPOReference._reference_table``)."""
+        raise NotImplementedError
+
+    def _micro_batch(self, items: list, counted: bool) -> tuple[torch.Tensor, Any]:
+        """The per-item losses of a micro-batch of ``items`` scored by ``train_model`` (with graph in a
+        step: it backpropagates their sum) and what ``_step_metrics`` reads of them; ``counted`` False:
         a stand-in, whose items join no statistic."""
         raise NotImplementedError
 
     def _step_metrics(self, parts: list, n_mine: int) -> dict[str, torch.Tensor]:
-        """A step's metrics over every process from this process's ``_micro_batch`` parts (one a pass,
-        as many passes on every process) and its ``n_mine`` items; ``<loop_name>/loss`` among them."""
-        raise NotImplementedError
-
-    def evaluate(self) -> dict[str, float]:
-        raise NotImplementedError
-
-    def _has_eval_set(self) -> bool:
-        """Whether the trainer holds an evaluation set (``evaluate`` runs on it)."""
+        """The metrics over every process from this process's ``_micro_batch`` parts (one a pass, as
+        many passes on every process) and its ``n_mine`` items; ``<loop_name>/loss`` among them."""
         raise NotImplementedError
 
     # ---------------------------------------------------------------- checkpoints and saving

@@ -171,14 +171,19 @@ class KTOTrainer(PreferenceTrainer):
             n = len(indices)
             for rank in range(world):
                 for chunk in self._micro_batches(indices[n * rank // world : n * (rank + 1) // world], n):
-                    if chunk:
-                        seen.update((item_key(it), it) for it in self._items([self.train_rows[i] for i in chunk]))
+                    chunk = chunk or indices[:1]  # a process without items scores a stand-in (``_step``)
+                    seen.update((item_key(it), it) for it in self._items([self.train_rows[i] for i in chunk]))
         return list(seen.values())
 
     def _eval_items(self) -> list[KTOItem]:
-        """The items of this process's evaluation micro-batches (``_eval_chunks``)."""
+        """The items of every process's evaluation micro-batches (``_eval_chunks``) and of the stand-in a
+        process scores when its slice runs out, with the mismatched completions each micro-batch pairs: the
+        reference table is filled alike on every process (``DPOReference._reference_table``), each scoring
+        its slice of the same list."""
         rows = self.eval_rows or []
-        return [it for chunk in self._eval_chunks() for it in self._items([rows[i] for i in chunk])]
+        chunks = [c for rank in range(distributed.role_size()) for c in self._eval_chunks(rank)]
+        stand_in = [[0]] if rows else []  # what a process whose slice runs out scores (``evaluate``)
+        return [it for chunk in chunks + stand_in for it in self._items([rows[i] for i in chunk])]
 
     def _batch(self, step: int) -> list[int]:
         """The step's row indices: the seeded shuffle of ``SupervisedTrainer``, or with

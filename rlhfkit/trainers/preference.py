@@ -150,9 +150,11 @@ class PreferenceTrainer(DPOReference, SupervisedTrainer):
         metrics = self._step_metrics(parts, sum(len(chunk) for chunk in chunks))
         return {"eval/" + k.removeprefix(f"{self.loop_name}/"): float(v) for k, v in metrics.items()}
 
-    def _eval_chunks(self) -> list[list[int]]:
-        """This process's evaluation micro-batches (item indices) of ``batch_size / N`` items."""
-        world, rank, n = distributed.role_size(), distributed.role_rank(), len(self._eval_set() or [])
+    def _eval_chunks(self, rank: int | None = None) -> list[list[int]]:
+        """The evaluation micro-batches (item indices) of ``batch_size / N`` items of the process ``rank``
+        (None: this one)."""
+        world, n = distributed.role_size(), len(self._eval_set() or [])
+        rank = distributed.role_rank() if rank is None else rank
         lo, hi, size = n * rank // world, n * (rank + 1) // world, max(1, self.args.batch_size // world)
         return [list(range(s, min(s + size, hi))) for s in range(lo, hi, size)]
 

@@ -3,7 +3,7 @@
     supervised_worker.py <jobs.json>
 
 ``jobs``: a list of [spec, out_dir], trained in turn in this one launch (one import serves them all).
-``spec``: ``{"trainer": "sft" | "rm" | "dpo", "model": <dir>, "args": {config fields}, "train": rows,
+``spec``: ``{"trainer": "sft" | "rm" | "dpo" | "kto", "model": <dir>, "args": {config fields}, "train": rows,
 "eval": rows or null, "lora": LoraConfig kwargs (dpo) or absent}``. Trains, then rank 0 writes the full weights to
 ``<out_dir>/weights.safetensors`` and every process its metrics to ``<out_dir>/history-<rank>.json``.
 """
@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from rlhfkit import distributed
 from rlhfkit.trainers.dpo import DPOConfig, DPOTrainer
+from rlhfkit.trainers.kto import KTOConfig, KTOTrainer
 from rlhfkit.trainers.reward_model import RewardModelConfig, RewardModelTrainer
 from rlhfkit.trainers.sft import SFTConfig, SFTTrainer
 
@@ -37,6 +38,9 @@ def train(spec, out_dir):
         trainer = DPOTrainer(
             spec["model"], DPOConfig(**spec["args"]), spec["train"], spec.get("eval"), peft_config=peft
         )
+        module = trainer.model
+    elif spec["trainer"] == "kto":
+        trainer = KTOTrainer(spec["model"], KTOConfig(**spec["args"]), spec["train"], spec.get("eval"))
         module = trainer.model
     else:
         trainer = RewardModelTrainer(spec["model"], RewardModelConfig(**spec["args"]), spec["train"], spec.get("eval"))

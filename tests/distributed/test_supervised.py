@@ -159,6 +159,30 @@ def dpo_spec(model: str, run_dir: Path, lora: bool, reference: str = "synced") -
     return spec
 
 
+# KTO's unpaired rows: each pair's chosen completion desirable, its rejected one not (18 rows, 9 eval rows).
+KTO_ROWS = [
+    {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"} for r in RM_ROWS for k in ("chosen", "rejected")
+]
+KTO_EVAL = [{"prompt": r["prompt"], "completion": r["chosen"], "label": i % 2 == 0} for i, r in enumerate(RM_EVAL)]
+
+
+def kto_spec(model: str, run_dir: Path, precomputed: bool) -> dict:
+    # the reference scored as it goes, or once before the first step (precompute_ref_logprobs): the table holds
+    # every process's items, training's and evaluation's, so both runs train and evaluate alike
+    args = dict(
+        learning_rate=1e-3,
+        batch_size=8,
+        max_steps=2,
+        log_every=0,
+        seed=0,
+        max_length=64,
+        eval_every=1,
+        precompute_ref_logprobs=precomputed,
+        output_dir=str(run_dir),
+    )
+    return dict(trainer="kto", model=model, args=args, train=KTO_ROWS, eval=KTO_EVAL)
+
+
 def run_directory_spec(model: str, run_dir: Path) -> dict:
     args = dict(
         learning_rate=1e-3, batch_size=4, max_steps=3, log_every=0, seed=0, max_length=64, output_dir=str(run_dir)
@@ -183,6 +207,8 @@ SPECS = {
     "dpo-full": lambda m, d: dpo_spec(m, d, False),
     "dpo-full-precomputed": lambda m, d: dpo_spec(m, d, False, "precomputed"),
     "dpo-lora-precomputed": lambda m, d: dpo_spec(m, d, True),
+    "kto-live": lambda m, d: kto_spec(m, d, False),
+    "kto-precomputed": lambda m, d: kto_spec(m, d, True),
     "run-directory": run_directory_spec,
 }
 
@@ -255,6 +281,15 @@ def test_dpo_steps_and_final_are_the_same_on_one_and_two_processes(runs, variant
     assert_same_weights(w1, w2)
     final = [AutoModelForCausalLM.from_pretrained(out / name / "run" / "final") for name in ("one", "two")]
     assert_same_weights(final[0].state_dict(), final[1].state_dict())
+
+
+def test_kto_s_precomputed_reference_is_the_live_one_on_two_processes(runs):
+    # each process scores its slice of one table of every process's items: with an evaluation split unevenly over
+    # the processes, a table of this process's own items would pair the wrong rows (or differ in length)
+    for label, nproc in (("one", 1), ("two", 2)):
+        live, precomputed = (history(runs / f"kto-{kind}" / label, nproc) for kind in ("live", "precomputed"))
+        assert "eval/loss" in live[-1] and "eval/kl" in live[-1]
+        assert_same_metrics(live, precomputed)
 
 
 def test_a_two_process_sft_run_writes_the_run_directory_of_one_process(runs):

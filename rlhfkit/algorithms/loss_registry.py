@@ -28,9 +28,11 @@ the function under any name (``@POLICY_LOSSES.register(...)``); a function it di
 registered under its path with the safe traits (token level, ``zero_at_zero_advantage=False``, no knobs).
 
 Traits: ``importance_sampling_levels`` (the levels of ``importance_sampling_level`` the loss takes:
-a loss without an importance ratio takes "token" only) and ``zero_at_zero_advantage`` (True: a row
+a loss without an importance ratio takes "token" only), ``zero_at_zero_advantage`` (True: a row
 whose advantage is 0 on every token has no gradient, as when the per-token loss is a multiple of
-the advantage; the update may then leave such rows out, ``skip_zero_gradient_rows``).
+the advantage; the update may then leave such rows out, ``skip_zero_gradient_rows``) and
+``applies_correction`` (``register``'s keyword, False by default: the loss weighs its tokens by the
+rollout correction itself, so the config refuses token filters with it).
 """
 
 from __future__ import annotations
@@ -62,10 +64,13 @@ class PolicyLossRegistry(Registry):
     the declared defaults filled in, so ``POLICY_LOSSES.get(name)(inputs)`` runs any loss alone."""
 
     def __init__(self):
-        super().__init__("policy loss", ("inputs",), traits=("importance_sampling_levels", "zero_at_zero_advantage"))
+        super().__init__(
+            "policy loss",
+            ("inputs",),
+            traits=("importance_sampling_levels", "zero_at_zero_advantage", "applies_correction"),
+        )
         self._hyperparameters: dict[str, tuple[Hyperparameter, ...]] = {}
         self._paths: dict[str, str] = {}  # "module:function" -> the name its function is registered under
-        self._self_correcting: set[str] = set()  # registered with applies_correction=True
 
     def register(
         self,
@@ -80,7 +85,7 @@ class PolicyLossRegistry(Registry):
         ``fn`` returns its per-token loss, which the entry weighs by the rollout correction and
         aggregates (``aggregation``: the mode when ``inputs.agg`` is None); ``applies_correction``:
         ``fn`` gets ``inputs.weights`` and returns the aggregated scalar itself."""
-        add = super().register(name, **traits)
+        add = super().register(name, applies_correction=applies_correction, **traits)
         declared = tuple(hyperparameters)
         if not all(isinstance(h, Hyperparameter) for h in declared):
             raise ValueError(f"policy loss {name!r}: hyperparameters must be Hyperparameter(...) declarations")
@@ -111,8 +116,6 @@ class PolicyLossRegistry(Registry):
             functools.update_wrapper(entry, fn)
             add(entry)
             self._hyperparameters[name] = declared
-            if applies_correction:
-                self._self_correcting.add(name)
             return fn
 
         return decorator
@@ -168,14 +171,7 @@ class PolicyLossRegistry(Registry):
             return
         super().unregister(name)
         del self._hyperparameters[name]
-        self._self_correcting.discard(name)
         self._paths = {path: target for path, target in self._paths.items() if target != name}
-
-    def applies_correction(self, name: str) -> bool:
-        """Whether the loss ``name`` weighs its tokens by the rollout correction itself (registered with
-        ``applies_correction=True``: VESPO folds the weights into its sequence ratio); unknown names as in
-        ``get``."""
-        return self.resolve(name) in self._self_correcting
 
     def hyperparameters(self, name: str) -> tuple[Hyperparameter, ...]:
         """The knobs the loss ``name`` declared at registration; unknown names as in ``get``."""

@@ -39,9 +39,14 @@ def _mean(stats: torch.Tensor, empty: float) -> torch.Tensor:
     return torch.where(n > 0, total / n.clamp(min=1), torch.full_like(total, empty))
 
 
+def _variance(total: torch.Tensor, squares: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """The population variance ``Σx²/n − (Σx/n)²`` of ``n`` values from their sums (``n`` clamped to 1)."""
+    n = n.clamp(min=1)
+    return (squares / n - (total / n) ** 2).clamp(min=0)
+
+
 def _std(stats: torch.Tensor, empty: float) -> torch.Tensor:
-    total, squares, n = stats[0], stats[1], stats[2].clamp(min=1)
-    return (squares / n - (total / n) ** 2).clamp(min=0).sqrt()
+    return _variance(stats[0], stats[1], stats[2]).sqrt()
 
 
 def _max(stats: torch.Tensor, empty: float) -> torch.Tensor:
@@ -49,11 +54,11 @@ def _max(stats: torch.Tensor, empty: float) -> torch.Tensor:
 
 
 def _explained_variance(stats: torch.Tensor, empty: float) -> torch.Tensor:
-    n = stats[0].clamp(min=1)
-    var_returns = (stats[2] / n - (stats[1] / n) ** 2).clamp(min=0)
-    var_errors = (stats[4] / n - (stats[3] / n) ** 2).clamp(min=0)
+    var_returns, var_errors = _variance(stats[1], stats[2], stats[0]), _variance(stats[3], stats[4], stats[0])
     # Constant returns leave nothing to explain: 0 rather than a huge negative number.
-    return torch.where(var_returns > 1e-8, 1.0 - var_errors / var_returns.clamp(min=1e-8), torch.zeros_like(n))
+    return torch.where(
+        var_returns > 1e-8, 1.0 - var_errors / var_returns.clamp(min=1e-8), torch.zeros_like(var_returns)
+    )
 
 
 def _step(stats: torch.Tensor, empty: float) -> torch.Tensor:

@@ -225,7 +225,7 @@ def loss_rules(c) -> list[Rule]:
     return [
         (c.loss_agg in AGGREGATIONS, "loss_agg", f"one of {', '.join(AGGREGATIONS)}"),
         (
-            not POLICY_LOSSES.applies_correction(c.policy_loss) or not filtered,
+            not POLICY_LOSSES.traits(c.policy_loss)["applies_correction"] or not filtered,
             "policy_loss",
             "a loss the framework weighs by the correction with top_entropy_quantile < 1 or "
             "off_policy_mask_threshold: this one applies its token weights itself (VESPO folds them into its "

@@ -87,6 +87,8 @@ def micro_batch_split(
     ``max_tokens_per_micro_batch``, capped by what fits in memory), a prompt's group kept whole with
     ``share_prompt`` when it fits. Without a budget, consecutive slices of ``micro_batch_size`` rows
     (the whole minibatch when None)."""
+    if budget is None:  # no token bound: the rows' spans are not needed
+        return lambda rows: split_rows(rows, None, None, max_rows=args.micro_batch_size)
     rollout = exp.rollout
     T = rollout.response_mask.shape[1]
     lead, tail = row_spans(rollout.attention_mask, T)
@@ -120,10 +122,11 @@ def plan_minibatch(
     chunks = split(rows)
     tokens = exp.mask[rows].sum().to(weight.device).float()
     total = distributed.reduce_sum(torch.stack([weight, tokens, weight.new_tensor(float(len(chunks)))]))
+    _, all_tokens, all_chunks = total.tolist()  # one read of the sums
     return Minibatch(
         chunks,
         weight=(total[2] if loss_agg == "micro-batch-token-mean" else total[0]).clamp(min=1),
-        ran=bool(total[1] > 0),
+        ran=all_tokens > 0,
         passes=max(distributed.reduce_max(len(chunks)), 1),
-        micro_steps=float(total[2]) / distributed.role_size(),
+        micro_steps=all_chunks / distributed.role_size(),
     )

@@ -91,5 +91,6 @@ def decode_cache(model, capacity: int) -> DynamicCache:
         cache.layer_class_to_replicate = None
         layers = model.config.get_text_config(decoder=True).num_hidden_layers
         cache.layers = [GrowingLayer(capacity) for _ in range(layers)]
+        return cache
     cache.layers = [GrowingLayer(capacity) if type(old) is DynamicLayer else old for old in cache.layers]
     return cache

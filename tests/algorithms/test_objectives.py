@@ -292,7 +292,12 @@ def test_registry_entries_forward_the_level(name, direct, kw):
 
 
 def test_the_levels_each_loss_takes():
-    assert POLICY_LOSSES.traits("vanilla") == {"importance_sampling_levels": ("token",), "zero_at_zero_advantage": True}
+    assert POLICY_LOSSES.traits("vanilla") == {
+        "importance_sampling_levels": ("token",),
+        "zero_at_zero_advantage": True,
+        "applies_correction": False,
+    }
+    assert POLICY_LOSSES.traits("vespo")["applies_correction"] is True
     assert POLICY_LOSSES.traits("ppo_clip")["importance_sampling_levels"] == IMPORTANCE_SAMPLING_LEVELS
     assert POLICY_LOSSES.traits("cispo")["importance_sampling_levels"] == IMPORTANCE_SAMPLING_LEVELS
     lp = torch.zeros(1, 2)

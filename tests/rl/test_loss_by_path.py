@@ -79,7 +79,11 @@ def test_a_loss_named_by_path_in_yaml_and_on_the_command_line_trains(tmp_path, u
     assert load_config(RLJob, recipe).policy_loss == path
     assert load_config(RLJob, None, [f"policy_loss={path}"]).policy_loss == path
     # a function its module did not register: registered under its path, with the safe traits
-    assert POLICY_LOSSES.traits(path) == {"importance_sampling_levels": ("token",), "zero_at_zero_advantage": False}
+    assert POLICY_LOSSES.traits(path) == {
+        "importance_sampling_levels": ("token",),
+        "zero_at_zero_advantage": False,
+        "applies_correction": False,
+    }
     t = trainer(config(policy_loss=path))
     before = [p.detach().clone() for p in t.models.policy.parameters()]
     t.train()

@@ -302,11 +302,13 @@ def main(argv: list[str] | None = None) -> int:
     args.argv, args.job_config = tokens, None
     with interrupts.handlers():  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (run/interrupts.py)
         try:
-            return _run(args)
+            status = _run(args)
         except BaseException:
             if interrupts.received() is None:
                 raise
-        return interrupts.report(args.command, args.argv, args.job_config)
+            status = interrupts.report(args.command, args.argv, args.job_config)
+        interrupts.release_run()  # the run's objects freed now, not while the interpreter finalizes
+        return status
 
 
 def _run(args) -> int:

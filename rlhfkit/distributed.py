@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import gc
 import os
 from contextlib import contextmanager
 from typing import cast
@@ -37,6 +38,7 @@ TIMEOUT_ENV = "RLHFKIT_DIST_TIMEOUT"
 _DEVICE = [torch.device("cpu")]  # this process's device, set by setup: where collectives run
 # With rollout_workers: this process's role group (trainers or generators), and rank 0 + generators.
 _GROUPS: dict = {"role": None, "sync": None, "objects": None, "workers": 0}
+_FINISHED: list = []  # the end-of-run all-reduce's tensor and work, kept to exit (see finished)
 
 
 def launched() -> bool:
@@ -205,6 +207,7 @@ def _teardown() -> None:
     """Destroy the process group at exit (as torch asks): a gloo group still alive at interpreter
     shutdown can abort the process ("terminate called without an active exception", seen once
     after a run had finished and saved). Local: it waits on no other process."""
+    gc.collect()  # what a run left in reference cycles, freed while gloo's threads can still take the GIL
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
@@ -291,13 +294,25 @@ def role_barrier() -> None:
 
 
 def finished() -> None:
-    """Every process has reached the end of its run (a barrier over every process, whatever its role;
-    nothing without torchrun). Called on the normal path only, after the final save: a process that
+    """Every process has reached the end of its run (a synchronisation over every process, whatever its
+    role; nothing without torchrun). Called on the normal path only, after the final save: a process that
     left at once would tear its gloo group down while rank 0 still writes, which aborted it now and
     then ("terminate called without an active exception"). A process that fails never gets here;
-    torchrun ends the others."""
+    torchrun ends the others.
+
+    A one-element all-reduce, not ``dist.barrier``: gloo's barrier keeps the collectives still in its
+    queue (the final weights' all-gathers, whose tensors' Python objects C++ then owns) until the
+    barrier itself is destroyed, and when a gloo worker thread destroyed it while the interpreter was
+    already finalizing, the thread could not take the GIL and the process aborted with the message
+    above (a core dump showed it: ``~AsyncBarrierWork`` -> ``~AsyncAllgatherCoalescedWork`` ->
+    ``decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``). The all-reduce holds nothing of theirs, and
+    its own tensor and work are kept here to the end, so no gloo thread frees a Python object late."""
     if joined():
-        dist.barrier()
+        flag = torch.ones(1, device=_DEVICE[0])
+        work = dist.all_reduce(flag, async_op=True)
+        assert work is not None  # async_op=True returns the work
+        work.wait()
+        _FINISHED.append((flag, work))
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -35,6 +35,7 @@ runs, in the process that runs it.
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import signal
@@ -98,6 +99,19 @@ def _quiet() -> None:
             return
         except Interrupted:
             continue
+
+
+def release_run() -> None:
+    """Free what the ended run (finished or interrupted) left in reference cycles (its trainer, models,
+    optimizer and autograd graph: an interrupted step's traceback holds them, and so does a cycle of
+    frames from a first import made inside the trainer's construction) now, while the interpreter is
+    whole. Left to the interpreter's own final collection they are freed while it finalizes, when a C++
+    thread of torch's (a gloo worker) that drops a Python object can no longer take the GIL and the
+    process aborts ("terminate called without an active exception"; an interrupted run once ended in
+    "Fatal Python error: PyThreadState_Get" there). A signal arriving meanwhile is ignored: the run has
+    ended and its line, if any, is printed."""
+    _quiet()
+    gc.collect()
 
 
 def report(command: str, argv: list[str], job=None) -> int:

@@ -312,6 +312,7 @@ def finished() -> None:
         work = dist.all_reduce(flag, async_op=True)
         assert work is not None  # async_op=True returns the work
         work.wait()
+        flag.item()  # on a GPU wait() orders only the stream; reading the sum waits on the host, as a barrier does
         _FINISHED.append((flag, work))
 
 

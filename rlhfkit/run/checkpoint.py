@@ -52,6 +52,7 @@ from .checkpoint_format import (  # noqa: F401  (read_dcp_metadata: also read th
     save_tree,
     single_process_quiet,
 )
+from . import interrupts
 from .checkpoint_state import (  # noqa: F401  (trainable_state, rng_state: also read through this module)
     load_legacy_training_state,
     load_trainable_state,
@@ -120,7 +121,7 @@ def save_checkpoint(
             shutil.rmtree(partial, ignore_errors=True)
         distributed.role_barrier()
         partial.mkdir(parents=True, exist_ok=True)
-        with single_process_quiet():
+        with single_process_quiet(), interrupts.deferred():  # a signal waits for the shards (see deferred)
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR), **distributed.dcp_options())
         save_tree(partial, f"rng-{distributed.role_rank()}", rng_state(), format=FORMAT)
         if distributed.is_main():

@@ -6,8 +6,9 @@ Python's ``KeyboardInterrupt``, as ever): ``cli.main`` alone installs ``handlers
 runs, in the process that runs it.
 
 - The first signal raises ``Interrupted`` (a ``KeyboardInterrupt`` carrying the signal) in the main
-  thread, wherever it is: a step, a save, a collective. So does any later one until ``report``
-  starts (a signal swallowed by some library still ends the run); from then on they are ignored.
+  thread, wherever it is: a step, a save, a collective; only inside ``deferred()`` (DCP's shard writes)
+  it waits for the end of the block. So does any later one until ``report`` starts (a signal
+  swallowed by some library still ends the run); from then on they are ignored.
 - ``report(...)``: ``main`` calls it for ``Interrupted`` and, once a signal has arrived, for any
   other exception as well (a gloo collective failing because a peer already exited, a save that
   failed because it was interrupted), so an interrupted run never ends in a traceback. It prints
@@ -81,6 +82,24 @@ def handlers():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+@contextmanager
+def deferred():
+    """A signal arriving inside is held and raised as ``Interrupted`` on leaving (after a body that ended
+    normally; a body's own exception goes on as it is): for a call that must not be cut in the middle.
+    DCP writes every tensor with ``torch.save``; cut there, the zip writer left in the traceback writes
+    its end record into the closed shard file when it is freed, and the process aborts ("terminate
+    called after throwing an instance of 'pybind11::error_already_set'", or a fatal error when that is
+    at exit). Outside ``handlers()`` (no signal is ever recorded) it changes nothing."""
+    previous = _STATE["deferred"]
+    _STATE["deferred"] = True
+    try:
+        yield
+    finally:
+        _STATE["deferred"] = previous
+    if not previous and _STATE["signum"] is not None and not _STATE["quiet"]:
+        raise Interrupted(_STATE["signum"])
 
 
 def received() -> int | None:

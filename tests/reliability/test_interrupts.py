@@ -238,6 +238,42 @@ def test_a_signal_at_a_random_moment_then_the_printed_command_ends_bit_identical
     assert set(got) == set(reference) and all(bool((got[k] == reference[k]).all()) for k in reference)
 
 
+CUT_TORCH_SAVE = """
+import os, signal, sys, torch
+from rlhfkit.cli import main
+
+writer, out, sent = torch._C.PyTorchFileWriter, sys.argv[1], []
+real = writer.write_end_of_file
+
+
+def write_end_of_file(self):  # SIGINT as torch.save ends the first shard item of checkpoint-2
+    if not sent and os.path.exists(os.path.join(out, "checkpoint-1", "trainer_state.json")):
+        sent.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(self)
+
+
+writer.write_end_of_file = write_end_of_file
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_inside_a_shard_write_waits_for_it_then_ends_with_one_line(tmp_path, tiny_model_dir, prompts):
+    """SIGINT while DCP's ``torch.save`` ends a shard item of checkpoint-2: the shards are finished first
+    (cut there, the zip writer, freed later, wrote its end into the closed shard file and the process
+    aborted), then the run ends as any interrupted one: 130, one line naming checkpoint-1, checkpoint-2
+    left partial."""
+    out = tmp_path / "run"
+    argv = rl(tiny_model_dir, prompts, out, "max_steps=3")
+    done = subprocess.run(
+        [sys.executable, "-c", CUT_TORCH_SAVE, str(out), *argv], env=env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert check_line(done.stderr, "SIGINT", out)[-1] == f"resume_from={out / 'checkpoint-1'}"
+    assert (out / "checkpoint-2.partial").is_dir() and not (out / "checkpoint-2").exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_under_torchrun_stops_every_process_and_prints_one_line(tmp_path, tiny_model_dir, prompts):
     out = tmp_path / "run"

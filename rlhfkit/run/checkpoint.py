@@ -43,6 +43,7 @@ import torch
 from .. import distributed
 from ..models.fingerprint import fingerprint_change
 from ..models.loading import check_finite_weights
+from . import interrupts
 from .checkpoint_format import (  # noqa: F401  (read_dcp_metadata: also read through this module)
     dcp_reader_and_planner,
     flat_items,
@@ -52,7 +53,6 @@ from .checkpoint_format import (  # noqa: F401  (read_dcp_metadata: also read th
     save_tree,
     single_process_quiet,
 )
-from . import interrupts
 from .checkpoint_state import (  # noqa: F401  (trainable_state, rng_state: also read through this module)
     load_legacy_training_state,
     load_trainable_state,

@@ -38,7 +38,7 @@ TIMEOUT_ENV = "RLHFKIT_DIST_TIMEOUT"
 _DEVICE = [torch.device("cpu")]  # this process's device, set by setup: where collectives run
 # With rollout_workers: this process's role group (trainers or generators), and rank 0 + generators.
 _GROUPS: dict = {"role": None, "sync": None, "objects": None, "workers": 0}
-_FINISHED: list = []  # the end-of-run all-reduce's tensor and work, kept to exit (see finished)
+_FINISHED: list = []  # the end-of-run all-reduce's tensor, kept to exit (see finished)
 
 
 def launched() -> bool:
@@ -294,26 +294,15 @@ def role_barrier() -> None:
 
 
 def finished() -> None:
-    """Every process has reached the end of its run (a synchronisation over every process, whatever its
-    role; nothing without torchrun). Called on the normal path only, after the final save: a process that
-    left at once would tear its gloo group down while rank 0 still writes, which aborted it now and
-    then ("terminate called without an active exception"). A process that fails never gets here;
-    torchrun ends the others.
-
-    A one-element all-reduce, not ``dist.barrier``: gloo's barrier keeps the collectives still in its
-    queue (the final weights' all-gathers, whose tensors' Python objects C++ then owns) until the
-    barrier itself is destroyed, and when a gloo worker thread destroyed it while the interpreter was
-    already finalizing, the thread could not take the GIL and the process aborted with the message
-    above (a core dump showed it: ``~AsyncBarrierWork`` -> ``~AsyncAllgatherCoalescedWork`` ->
-    ``decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``). The all-reduce holds nothing of theirs, and
-    its own tensor and work are kept here to the end, so no gloo thread frees a Python object late."""
+    """Every process has reached the end of its run (all of them, whatever their role; nothing without
+    torchrun): called after the final save, so none tears its group down while rank 0 still writes. An
+    all-reduce on a tensor kept to exit, not gloo's barrier: the barrier held the last all-gathers until a
+    gloo thread freed them, once while the interpreter finalized, which aborted the process ("terminate
+    called without an active exception"). A failed process never gets here; torchrun ends the others."""
     if joined():
-        flag = torch.ones(1, device=_DEVICE[0])
-        work = dist.all_reduce(flag, async_op=True)
-        assert work is not None  # async_op=True returns the work
-        work.wait()
-        flag.item()  # on a GPU wait() orders only the stream; reading the sum waits on the host, as a barrier does
-        _FINISHED.append((flag, work))
+        _FINISHED.append(torch.ones(1, device=_DEVICE[0]))  # alive to exit: no gloo thread frees its Python object
+        dist.all_reduce(_FINISHED[-1])
+        _FINISHED[-1].item()  # on a GPU the read waits on the host, as a barrier does
 
 
 def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

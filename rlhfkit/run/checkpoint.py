@@ -43,7 +43,7 @@ import torch
 from .. import distributed
 from ..models.fingerprint import fingerprint_change
 from ..models.loading import check_finite_weights
-from . import interrupts
+from . import signals
 from .checkpoint_format import (  # noqa: F401  (read_dcp_metadata: also read through this module)
     dcp_reader_and_planner,
     flat_items,
@@ -121,7 +121,7 @@ def save_checkpoint(
             shutil.rmtree(partial, ignore_errors=True)
         distributed.role_barrier()
         partial.mkdir(parents=True, exist_ok=True)
-        with single_process_quiet(), interrupts.deferred():  # a signal waits for the shards (see deferred)
+        with single_process_quiet(), signals.deferred():  # a signal waits for the shards (see deferred)
             dcp.save(tensors, storage_writer=dcp.FileSystemWriter(partial / DCP_DIR), **distributed.dcp_options())
         save_tree(partial, f"rng-{distributed.role_rank()}", rng_state(), format=FORMAT)
         if distributed.is_main():

@@ -45,24 +45,18 @@ import sys
 import threading
 from contextlib import contextmanager
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from .signals import (  # noqa: F401  (Interrupted, deferred, received, exit_status: read through this module too)
+    SIGNALS,
+    STATE,
+    Interrupted,
+    deferred,
+    exit_status,
+    handler,
+    quiet,
+    received,
+)
+
 ARGV_ENV = "RLHFKIT_COMMAND_ARGV"  # the command as typed (--nproc-per-node N too), for torchrun's ranks
-_STATE: dict = {"signum": None, "quiet": False, "deferred": False}
-
-
-class Interrupted(KeyboardInterrupt):
-    """A SIGINT or SIGTERM received by the ``rlhfkit`` command (``signum``)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _handler(signum, frame) -> None:
-    if _STATE["signum"] is None:
-        _STATE["signum"] = signum
-    if not (_STATE["quiet"] or _STATE["deferred"]):
-        raise Interrupted(_STATE["signum"])
 
 
 @contextmanager
@@ -74,8 +68,8 @@ def handlers():
         return
     from .checkpoint import NEWEST
 
-    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
-    _STATE.update(signum=None, quiet=False, deferred=False)
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
+    STATE.update(signum=None, quiet=False, deferred=False)
     NEWEST.clear()
     try:
         yield
@@ -84,52 +78,14 @@ def handlers():
             signal.signal(s, h)
 
 
-@contextmanager
-def deferred():
-    """A signal arriving inside is held and raised as ``Interrupted`` on leaving (after a body that ended
-    normally; a body's own exception goes on as it is): for a call that must not be cut in the middle.
-    DCP writes every tensor with ``torch.save``; cut there, the zip writer left in the traceback writes
-    its end record into the closed shard file when it is freed, and the process aborts ("terminate
-    called after throwing an instance of 'pybind11::error_already_set'", or a fatal error when that is
-    at exit). Outside ``handlers()`` (no signal is ever recorded) it changes nothing."""
-    previous = _STATE["deferred"]
-    _STATE["deferred"] = True
-    try:
-        yield
-    finally:
-        _STATE["deferred"] = previous
-    if not previous and _STATE["signum"] is not None and not _STATE["quiet"]:
-        raise Interrupted(_STATE["signum"])
-
-
-def received() -> int | None:
-    """The first signal received inside ``handlers()``, or None."""
-    return _STATE["signum"]
-
-
-def exit_status() -> int:
-    return 128 + int(_STATE["signum"])
-
-
-def _quiet() -> None:
-    while True:  # a signal arriving in between raises again: retry until set
-        try:
-            _STATE["quiet"] = True
-            return
-        except Interrupted:
-            continue
-
-
 def release_run() -> None:
-    """Free what the ended run (finished or interrupted) left in reference cycles (its trainer, models,
-    optimizer and autograd graph: an interrupted step's traceback holds them, and so does a cycle of
-    frames from a first import made inside the trainer's construction) now, while the interpreter is
+    """Free what the ended run left in reference cycles (a finished run's trainer, with its models and
+    optimizer, is in one; an interrupted step's traceback may hold more) now, while the interpreter is
     whole. Left to the interpreter's own final collection they are freed while it finalizes, when a C++
-    thread of torch's (a gloo worker) that drops a Python object can no longer take the GIL and the
-    process aborts ("terminate called without an active exception"; an interrupted run once ended in
-    "Fatal Python error: PyThreadState_Get" there). A signal arriving meanwhile is ignored: the run has
-    ended and its line, if any, is printed."""
-    _quiet()
+    thread of torch's (a gloo worker) that drops a Python object can no longer take the GIL and aborts
+    the process ("terminate called without an active exception"). A signal arriving meanwhile is
+    ignored: the run has ended and its line, if any, is printed."""
+    quiet()
     gc.collect()
 
 
@@ -137,8 +93,8 @@ def report(command: str, argv: list[str], job=None) -> int:
     """After an interrupt: one line on stderr (rank 0 only) and the exit status (128 + signal).
     ``argv``: the arguments after ``rlhfkit`` (``command`` first); ``job``: the training job's config, when it
     had loaded (its ``output_dir``, ``overwrite``, ``resume_from`` and ``save_steps``)."""
-    _quiet()
-    name = signal.Signals(_STATE["signum"]).name
+    quiet()
+    name = signal.Signals(STATE["signum"]).name
     argv = shlex.split(os.environ[ARGV_ENV]) if ARGV_ENV in os.environ else argv
     from .. import distributed
 
@@ -195,11 +151,11 @@ def supervise(command: list[str], argv: list[str]) -> int:
         size = os.get_terminal_size(sys.stderr.fileno())
         env.setdefault("COLUMNS", str(size.columns))
         env.setdefault("LINES", str(size.lines))
-    _STATE["deferred"] = True  # a signal during the start is forwarded once the process exists
+    STATE["deferred"] = True  # a signal during the start is forwarded once the process exists
     try:
         proc = subprocess.Popen(command, stderr=subprocess.PIPE, env=env, preexec_fn=_own_group())
     finally:
-        _STATE["deferred"] = False
+        STATE["deferred"] = False
     filtering = threading.Event()
     passed: list[bytes] = []
     pump = threading.Thread(target=_pump, args=(proc.stderr, filtering, passed), daemon=True)
@@ -207,15 +163,15 @@ def supervise(command: list[str], argv: list[str]) -> int:
     forwarded = None
     while True:
         try:
-            if _STATE["signum"] is not None and forwarded is None:
-                raise Interrupted(_STATE["signum"])
+            if STATE["signum"] is not None and forwarded is None:
+                raise Interrupted(STATE["signum"])
             proc.wait()
             break
         except Interrupted as err:
             if forwarded is None:
                 forwarded = err.signum
                 filtering.set()
-                _quiet()
+                quiet()
                 proc.send_signal(forwarded)
     pump.join()
     if forwarded is None or proc.returncode == 0:

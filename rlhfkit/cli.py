@@ -302,13 +302,11 @@ def main(argv: list[str] | None = None) -> int:
     args.argv, args.job_config = tokens, None
     with interrupts.handlers():  # Ctrl-C / SIGTERM: one line, exit 130 / 143 (run/interrupts.py)
         try:
-            status = _run(args)
+            return _run(args)
         except BaseException:
             if interrupts.received() is None:
                 raise
-            status = interrupts.report(args.command, args.argv, args.job_config)
-        interrupts.release_run()  # the run's objects freed now, not while the interpreter finalizes
-        return status
+        return interrupts.report(args.command, args.argv, args.job_config)
 
 
 def _run(args) -> int:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import gc
 import os
 from contextlib import contextmanager
 from typing import cast
@@ -207,7 +206,6 @@ def _teardown() -> None:
     """Destroy the process group at exit (as torch asks): a gloo group still alive at interpreter
     shutdown can abort the process ("terminate called without an active exception", seen once
     after a run had finished and saved). Local: it waits on no other process."""
-    gc.collect()  # what a run left in reference cycles, freed while gloo's threads can still take the GIL
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

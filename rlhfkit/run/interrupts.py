@@ -36,7 +36,6 @@ runs, in the process that runs it.
 
 from __future__ import annotations
 
-import gc
 import os
 import shlex
 import signal
@@ -76,17 +75,6 @@ def handlers():
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-
-
-def release_run() -> None:
-    """Free what the ended run left in reference cycles (a finished run's trainer, with its models and
-    optimizer, is in one; an interrupted step's traceback may hold more) now, while the interpreter is
-    whole. Left to the interpreter's own final collection they are freed while it finalizes, when a C++
-    thread of torch's (a gloo worker) that drops a Python object can no longer take the GIL and aborts
-    the process ("terminate called without an active exception"). A signal arriving meanwhile is
-    ignored: the run has ended and its line, if any, is printed."""
-    quiet()
-    gc.collect()
 
 
 def report(command: str, argv: list[str], job=None) -> int:

@@ -6,6 +6,7 @@ below it (``checkpoint``) mark their uncuttable calls with ``deferred()`` withou
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -34,7 +35,12 @@ def deferred():
     DCP writes every tensor with ``torch.save``; cut there, the zip writer left in the traceback writes
     its end record into the closed shard file when it is freed, and the process aborts ("terminate
     called after throwing an instance of 'pybind11::error_already_set'", or a fatal error when that is
-    at exit). Outside ``handlers()`` (no signal is ever recorded) it changes nothing."""
+    at exit). Outside the command (a trainer called from Python) SIGINT is held the same way and then
+    given to the handler it found: Python's ``KeyboardInterrupt``, a notebook's."""
+    if signal.getsignal(signal.SIGINT) is not handler:
+        with _held_sigint():
+            yield
+        return
     previous = STATE["deferred"]
     STATE["deferred"] = True
     try:
@@ -43,6 +49,24 @@ def deferred():
         STATE["deferred"] = previous
     if not previous and STATE["signum"] is not None and not STATE["quiet"]:
         raise Interrupted(STATE["signum"])
+
+
+@contextmanager
+def _held_sigint():
+    """SIGINT recorded while inside, then raised again (``signal.raise_signal``) for the handler found on
+    entry, once it is back. Nothing off the main thread (only it gets signals) or when the handler found
+    was not set from Python (it could not be put back)."""
+    held: list[int] = []
+    found = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+        found = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        if found is not None:
+            signal.signal(signal.SIGINT, found)
+    if held:
+        signal.raise_signal(signal.SIGINT)
 
 
 def received() -> int | None:

@@ -213,7 +213,6 @@ def test_a_signal_at_a_random_moment_then_the_printed_command_ends_bit_identical
 
 CUT_TORCH_SAVE = """
 import os, signal, sys, torch
-from rlhfkit.cli import main
 
 writer, out, sent = torch._C.PyTorchFileWriter, sys.argv[1], []
 real = writer.write_end_of_file
@@ -227,8 +226,33 @@ def write_end_of_file(self):  # SIGINT as torch.save ends the first shard item o
 
 
 writer.write_end_of_file = write_end_of_file
-sys.exit(main(sys.argv[2:]))
 """
+THE_COMMAND = "from rlhfkit.cli import main\nsys.exit(main(sys.argv[2:]))\n"
+FROM_PYTHON = """
+from rlhfkit import RLConfig, RLTrainer
+from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
+
+tokenizer = char_tokenizer()
+args = RLConfig(max_new_tokens=4, max_steps=3, prompts_per_step=4, save_steps=1, output_dir=out, log_every=0)
+RLTrainer(
+    model=tiny_causal_lm(tokenizer),
+    processing_class=tokenizer,
+    reward_funcs=[lambda prompts, completions, **columns: [float(len(c)) for c in completions]],
+    args=args,
+    train_dataset=[{"prompt": p} for p in ["abc", "hello", "xyz 12", "qq"]],
+).train()
+"""
+
+
+def cut_in_a_shard_write(out: Path, code: str, *argv: str) -> subprocess.CompletedProcess:
+    """``code`` run with SIGINT sent inside the end record of checkpoint-2's first shard item."""
+    return subprocess.run(
+        [sys.executable, "-c", CUT_TORCH_SAVE + code, str(out), *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -238,12 +262,20 @@ def test_a_signal_inside_a_shard_write_waits_for_it_then_ends_with_one_line(tmp_
     aborted), then the run ends as any interrupted one: 130, one line naming checkpoint-1, checkpoint-2
     left partial."""
     out = tmp_path / "run"
-    argv = rl(tiny_model_dir, prompts, out, "max_steps=3")
-    done = subprocess.run(
-        [sys.executable, "-c", CUT_TORCH_SAVE, str(out), *argv], env=env(), capture_output=True, text=True, timeout=300
-    )
+    done = cut_in_a_shard_write(out, THE_COMMAND, *rl(tiny_model_dir, prompts, out, "max_steps=3"))
     assert done.returncode == 130, done.stderr[-3000:]
     assert check_line(done.stderr, "SIGINT", out)[-1] == f"resume_from={out / 'checkpoint-1'}"
+    assert (out / "checkpoint-2.partial").is_dir() and not (out / "checkpoint-2").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_inside_a_shard_write_from_python_is_a_keyboard_interrupt_after_it(tmp_path):
+    """A trainer called from Python (no command, no handlers of ours): Ctrl-C inside a shard write is
+    held to its end, then Python's own KeyboardInterrupt; the process is not aborted."""
+    out = tmp_path / "run"
+    done = cut_in_a_shard_write(out, FROM_PYTHON)
+    assert done.returncode in (1, -signal.SIGINT), done.stderr[-3000:]  # an uncaught KeyboardInterrupt, not -6
+    assert done.stderr.rstrip().endswith("KeyboardInterrupt"), done.stderr[-3000:]
     assert (out / "checkpoint-2.partial").is_dir() and not (out / "checkpoint-2").exists()
 
 

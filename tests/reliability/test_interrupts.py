@@ -229,6 +229,7 @@ writer.write_end_of_file = write_end_of_file
 """
 THE_COMMAND = "from rlhfkit.cli import main\nsys.exit(main(sys.argv[2:]))\n"
 FROM_PYTHON = """
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (xdist's children inherit it ignored)
 from rlhfkit import RLConfig, RLTrainer
 from rlhfkit.tasks.tiny import char_tokenizer, tiny_causal_lm
 

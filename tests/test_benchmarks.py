@@ -96,6 +96,7 @@ def test_async_rollouts_benchmark_runs_both_ways_and_compares(tiny_model_dir, tm
 GPU_CHECK = SCRIPT.with_name("gpu_check.py")
 
 
+@pytest.mark.slow  # ~14 s of a 2-core CI worker: make test-slow (CI runs it)
 def test_gpu_check_runs_every_check_on_the_cpu():
     """``benchmarks/gpu_check.py --device cpu``: the GPU check's very code on a tiny Qwen2 (~10 s), so it
     cannot rot before a GPU runs it."""
@@ -179,6 +180,7 @@ def run_scale(tmp_path, *args: str) -> tuple[list[dict], str]:
     return [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()], out.stdout
 
 
+@pytest.mark.slow  # ~14 s of a 2-core CI worker: make test-slow (CI runs it)
 def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
     """``benchmarks/scale.py --only rlhfkit --layers 1`` on a tiny Qwen2 (seconds): a JSON line per run, GRPO's
     completions of exactly L tokens (the EOS the model cannot sample), the memory model, the table."""
@@ -196,6 +198,7 @@ def test_scale_benchmark_runs_rlhfkit_at_a_tiny_size(tmp_path):
     assert '{"per_layer"' not in stdout  # one depth: no slope
 
 
+@pytest.mark.slow  # ~14 s of a 2-core CI worker: make test-slow (CI runs it)
 def test_scale_benchmark_reports_the_activation_memory_per_layer_from_two_depths(tmp_path):
     """``--depths 1,2`` (seconds): each configuration at both depths, and the per-layer table's number is
     (what autograd kept for backward at 2 layers - at 1 layer) / 1 layer / (tokens / 1000), in MB (the CPU's
